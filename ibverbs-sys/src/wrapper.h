@@ -1,0 +1,3 @@
+/* Headers bound by ibverbs-sys. */
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>

@@ -1,0 +1,130 @@
+//! The crate's error type.
+
+use std::io;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in a verbs call.
+///
+/// Each variant names the C verb that failed (or that the crate refused to call) and, where the
+/// operating system reported one, carries its error as [`source`](std::error::Error::source).
+/// Completion statuses are *not* errors of this type: they are data on a
+/// [`WorkCompletion`](crate::WorkCompletion).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A verb returned an error code or `NULL` with `errno` set.
+    #[error("{verb} failed: {source}")]
+    Verb {
+        /// The C verb, e.g. `"ibv_create_qp"`.
+        verb: &'static str,
+        /// The OS error it reported.
+        #[source]
+        source: io::Error,
+    },
+    /// No RDMA device of the requested name exists.
+    #[error("no RDMA device named {name:?} (devices present: {available})")]
+    DeviceNotFound {
+        /// The name asked for.
+        name: String,
+        /// The names that do exist, comma separated, or `"none"`.
+        available: String,
+    },
+    /// An argument was rejected before any verb was called.
+    #[error("{verb}: invalid argument: {reason}")]
+    InvalidArgument {
+        /// The C verb that would have been called.
+        verb: &'static str,
+        /// What was wrong.
+        reason: &'static str,
+    },
+    /// A local slice or remote range lies (partly) outside its memory region.
+    #[error("{verb}: range {offset}..{offset}+{len} is outside the region of {size} bytes")]
+    OutOfBounds {
+        /// The C verb that would have been called.
+        verb: &'static str,
+        /// Start of the requested range, relative to the region.
+        offset: u64,
+        /// Length of the requested range.
+        len: u64,
+        /// Size of the region.
+        size: u64,
+    },
+    /// A post would overfill a work queue: more work requests are outstanding than it holds.
+    #[error("{verb}: work queue full ({capacity} work requests outstanding); poll completions first")]
+    QueueFull {
+        /// `"ibv_post_send"` or `"ibv_post_recv"`.
+        verb: &'static str,
+        /// The queue's capacity in work requests.
+        capacity: u32,
+    },
+}
+
+impl Error {
+    /// The error of a verb that reported failure through `errno`.
+    pub(crate) fn last_os(verb: &'static str) -> Self {
+        Error::Verb { verb, source: io::Error::last_os_error() }
+    }
+
+    /// The error of a verb that returned an errno value (positive or negated).
+    pub(crate) fn from_ret(verb: &'static str, ret: i32) -> Self {
+        Error::Verb { verb, source: io::Error::from_raw_os_error(ret.abs()) }
+    }
+
+    /// The OS error code carried by this error, if any.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            Error::Verb { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+/// Checks a pointer returned by a verb: `NULL` becomes [`Error::Verb`] with `errno`.
+pub(crate) fn cvt_p<T>(verb: &'static str, p: *mut T) -> Result<std::ptr::NonNull<T>> {
+    std::ptr::NonNull::new(p).ok_or_else(|| Error::last_os(verb))
+}
+
+/// Checks the return value of a verb that returns 0 on success and an errno value (or -1 with
+/// `errno` set) on failure.
+pub(crate) fn cvt(verb: &'static str, ret: i32) -> Result<()> {
+    match ret {
+        0 => Ok(()),
+        -1 => Err(Error::last_os(verb)),
+        e => Err(Error::from_ret(verb, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cvt_maps_return_conventions() {
+        assert!(cvt("ibv_x", 0).is_ok());
+        let e = cvt("ibv_modify_qp", libc::EINVAL).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+        assert!(e.to_string().starts_with("ibv_modify_qp failed: "), "{e}");
+        let e = cvt("ibv_modify_qp", -libc::ENOMEM).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOMEM));
+    }
+
+    #[test]
+    fn cvt_p_reads_errno() {
+        // SAFETY: __errno_location returns this thread's errno slot.
+        unsafe { *libc::__errno_location() = libc::ENODEV };
+        let e = cvt_p::<u8>("ibv_open_device", std::ptr::null_mut()).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENODEV));
+        let mut x = 0u8;
+        assert!(cvt_p("ibv_open_device", &mut x).is_ok());
+    }
+
+    #[test]
+    fn error_is_send_sync_and_has_source() {
+        fn assert_send_sync<T: Send + Sync + 'static>() {}
+        assert_send_sync::<Error>();
+        let e = cvt("ibv_x", libc::EIO).unwrap_err();
+        assert!(std::error::Error::source(&e).is_some());
+    }
+}
