@@ -30,12 +30,21 @@ extern "C" {
     /// `ibv_query_port()` (a macro in `verbs.h`): queries a port's attributes into the full,
     /// current `struct ibv_port_attr`.
     #[link_name = "ibverbs_sys_query_port"]
-    pub fn ibv_query_port(context: *mut ibv_context, port_num: u8, port_attr: *mut ibv_port_attr) -> core::ffi::c_int;
+    pub fn ibv_query_port(
+        context: *mut ibv_context,
+        port_num: u8,
+        port_attr: *mut ibv_port_attr,
+    ) -> core::ffi::c_int;
 
     /// `ibv_reg_mr()` (a macro in `verbs.h`): registers `length` bytes at `addr`; access flags that
     /// need the newer entry point (`IBV_ACCESS_OPTIONAL_RANGE`) are routed to `ibv_reg_mr_iova2`.
     #[link_name = "ibverbs_sys_reg_mr"]
-    pub fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut core::ffi::c_void, length: usize, access: core::ffi::c_int) -> *mut ibv_mr;
+    pub fn ibv_reg_mr(
+        pd: *mut ibv_pd,
+        addr: *mut core::ffi::c_void,
+        length: usize,
+        access: core::ffi::c_int,
+    ) -> *mut ibv_mr;
 
     /// `ibv_reg_mr_iova()` (a macro in `verbs.h`): like [`ibv_reg_mr`] with a chosen I/O virtual address.
     #[link_name = "ibverbs_sys_reg_mr_iova"]

@@ -40,7 +40,8 @@ fn function_like_macros(text: &str) -> BTreeSet<String> {
             let l = l.trim_start();
             let end = l.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))?;
             let (name, after) = l.split_at(end);
-            (after.starts_with('(') && (name.starts_with("ibv_") || name.starts_with("rdma_"))).then(|| name.to_string())
+            (after.starts_with('(') && (name.starts_with("ibv_") || name.starts_with("rdma_")))
+                .then(|| name.to_string())
         })
         .collect()
 }
@@ -102,7 +103,8 @@ fn every_shim_symbol_links() {
 
 #[test]
 fn parser_finds_known_shapes() {
-    let text = "static inline int ibv_a(int x)\n{}\n__attribute__((x)) static inline struct s *\nibv_b(void)\n\
+    let text =
+        "static inline int ibv_a(int x)\n{}\n__attribute__((x)) static inline struct s *\nibv_b(void)\n\
                 static inline void __ibv_c(void)\n#define ibv_d(a, b) __ibv_c()\n#define IBV_E 1\n";
     let f: Vec<_> = static_inline_functions(text).into_iter().collect();
     assert_eq!(f, ["ibv_a", "ibv_b"]);

@@ -59,6 +59,35 @@ pub enum Error {
         /// The queue's capacity in work requests.
         capacity: u32,
     },
+    /// The queue pair is not in a state that allows the operation (e.g. posting a send before
+    /// it reached RTS).
+    #[error("{verb}: queue pair is in state {state:?}, needs {expected}")]
+    QpState {
+        /// The C verb that would have been called.
+        verb: &'static str,
+        /// The state the queue pair is in.
+        state: crate::QpState,
+        /// The state(s) the operation needs.
+        expected: &'static str,
+    },
+    /// A completion queue cannot hold every completion its queue pairs could produce at once
+    /// (the sum of their work queue sizes): the safe level refuses to let a CQ overflow.
+    #[error("{verb}: completion queue of {capacity} entries is too small: its queue pairs need {needed}")]
+    CqTooSmall {
+        /// The C verb that would have been called.
+        verb: &'static str,
+        /// Entries needed.
+        needed: u64,
+        /// Entries the CQ has.
+        capacity: u32,
+    },
+    /// A completion queue already serves the most work queues it can track
+    /// (4096; dropped queue pairs are reclaimed when it is polled).
+    #[error("{verb}: completion queue serves too many queue pairs")]
+    TooManyQueuePairs {
+        /// The C verb that would have been called.
+        verb: &'static str,
+    },
 }
 
 impl Error {

@@ -1,0 +1,74 @@
+//! Address handles: the destination of Sends on UD queue pairs.
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::{cvt_p, Result};
+use crate::ffi;
+use crate::pd::{PdInner, ProtectionDomain};
+use crate::qp::{ConnectOptions, Endpoint};
+
+pub(crate) struct AhInner {
+    raw: NonNull<ffi::ibv_ah>,
+    _pd: Arc<PdInner>,
+}
+
+// SAFETY: an AH is an immutable handle once created; rdma-core allows using it from any thread.
+unsafe impl Send for AhInner {}
+// SAFETY: as above.
+unsafe impl Sync for AhInner {}
+
+impl Drop for AhInner {
+    fn drop(&mut self) {
+        // SAFETY: created once, destroyed once; posted UD sends hold an Arc of this inner until
+        // their completion, so no outstanding request uses it.
+        unsafe { ffi::ibv_destroy_ah(self.raw.as_ptr()) };
+    }
+}
+
+/// An address handle (`struct ibv_ah`): the path to a remote port, for UD sends.
+///
+/// Cloning is cheap (an `Arc`); a posted UD send keeps its handle alive until its completion.
+#[derive(Clone)]
+pub struct AddressHandle {
+    pub(crate) inner: Arc<AhInner>,
+}
+
+impl fmt::Debug for AddressHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AddressHandle").field("raw", &self.inner.raw).finish()
+    }
+}
+
+impl AddressHandle {
+    /// The raw `struct ibv_ah *`; valid while this handle lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_ah {
+        self.inner.raw.as_ptr()
+    }
+}
+
+impl ProtectionDomain {
+    /// Creates an address handle for `remote`'s port (`ibv_create_ah()`), addressed by GID on
+    /// RoCE and by LID on InfiniBand, with `opts`' port, GID index and service level.
+    ///
+    /// # Errors
+    /// [`Error::Verb`](crate::Error::Verb) from `ibv_create_ah()` (e.g. a bad GID index), or
+    /// from the port/GID queries.
+    #[doc(alias = "ibv_create_ah")]
+    pub fn create_ah(&self, remote: &Endpoint, opts: &ConnectOptions) -> Result<AddressHandle> {
+        let mut attr = crate::qp::ah_attr(&self.context(), remote, opts)?;
+        self.create_ah_raw(&mut attr)
+    }
+
+    /// Creates an address handle from raw attributes (`ibv_create_ah()`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`](crate::Error::Verb) from `ibv_create_ah()`.
+    #[doc(alias = "ibv_create_ah")]
+    pub fn create_ah_raw(&self, attr: &mut ffi::ibv_ah_attr) -> Result<AddressHandle> {
+        // SAFETY: valid PD and attribute struct; the AH is destroyed once in AhInner::drop.
+        let raw = cvt_p("ibv_create_ah", unsafe { ffi::ibv_create_ah(self.as_raw(), attr) })?;
+        Ok(AddressHandle { inner: Arc::new(AhInner { raw, _pd: self.inner.clone() }) })
+    }
+}

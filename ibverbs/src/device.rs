@@ -1,0 +1,850 @@
+//! Devices, device contexts, and the attributes of devices, ports and GIDs.
+
+use std::ffi::CStr;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::{cvt, cvt_p, Error, Result};
+use crate::ffi;
+
+/// The list of RDMA devices present on this host (`ibv_get_device_list()`).
+///
+/// Freed with `ibv_free_device_list()` on drop; devices borrowed from it must be opened (which
+/// yields an owned [`Context`]) before the list is dropped.
+pub struct DeviceList {
+    list: NonNull<*mut ffi::ibv_device>,
+    len: usize,
+}
+
+// SAFETY: the list is an immutable array of device pointers; libibverbs allows reading it and
+// opening its devices from any thread.
+unsafe impl Send for DeviceList {}
+// SAFETY: as above, nothing in it is mutated after ibv_get_device_list() returns.
+unsafe impl Sync for DeviceList {}
+
+/// Lists the RDMA devices present on this host.
+///
+/// # Errors
+/// [`Error::Verb`] when `ibv_get_device_list()` fails (e.g. `ENOSYS` without kernel support).
+#[doc(alias = "ibv_get_device_list")]
+pub fn devices() -> Result<DeviceList> {
+    let mut n = 0;
+    // SAFETY: `n` is a valid out-pointer; the returned array is owned by the DeviceList.
+    let list = unsafe { ffi::ibv_get_device_list(&mut n) };
+    let list = cvt_p("ibv_get_device_list", list)?;
+    Ok(DeviceList { list, len: usize::try_from(n).unwrap_or(0) })
+}
+
+impl DeviceList {
+    /// Number of devices.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no device is present.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device at `index`.
+    pub fn get(&self, index: usize) -> Option<Device<'_>> {
+        if index >= self.len {
+            return None;
+        }
+        // SAFETY: index < len, the array holds `len` valid device pointers.
+        let raw = unsafe { *self.list.as_ptr().add(index) };
+        NonNull::new(raw).map(|raw| Device { raw, _list: self })
+    }
+
+    /// Iterates over the devices.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = Device<'_>> + '_ {
+        (0..self.len).filter_map(|i| self.get(i)).collect::<Vec<_>>().into_iter()
+    }
+
+    /// The device named `name` (e.g. `"rxe0"`, `"mlx5_0"`).
+    ///
+    /// # Errors
+    /// [`Error::DeviceNotFound`], naming the devices that exist.
+    pub fn find(&self, name: &str) -> Result<Device<'_>> {
+        self.iter()
+            .find(|d| d.name() == name)
+            .ok_or_else(|| Error::DeviceNotFound { name: name.to_string(), available: self.names() })
+    }
+
+    fn names(&self) -> String {
+        let names: Vec<String> = self.iter().map(|d| d.name().to_string()).collect();
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        }
+    }
+}
+
+impl Drop for DeviceList {
+    fn drop(&mut self) {
+        // SAFETY: the list came from ibv_get_device_list() and is freed once; opened contexts
+        // stay valid after the free.
+        unsafe { ffi::ibv_free_device_list(self.list.as_ptr()) };
+    }
+}
+
+impl fmt::Debug for DeviceList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// One RDMA device of a [`DeviceList`].
+#[derive(Clone, Copy)]
+pub struct Device<'a> {
+    raw: NonNull<ffi::ibv_device>,
+    _list: &'a DeviceList,
+}
+
+/// The kind of node a device is (`enum ibv_node_type`): sound for any value a library reports.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct NodeType(pub i32);
+
+impl NodeType {
+    /// An InfiniBand channel adapter (also RoCE HCAs and SoftRoCE).
+    pub const CA: NodeType = NodeType(ffi::ibv_node_type::IBV_NODE_CA.0);
+    /// An InfiniBand switch.
+    pub const SWITCH: NodeType = NodeType(ffi::ibv_node_type::IBV_NODE_SWITCH.0);
+    /// An InfiniBand router.
+    pub const ROUTER: NodeType = NodeType(ffi::ibv_node_type::IBV_NODE_ROUTER.0);
+    /// An iWARP RNIC.
+    pub const RNIC: NodeType = NodeType(ffi::ibv_node_type::IBV_NODE_RNIC.0);
+
+    /// The C library's name for it (`ibv_node_type_str()`), e.g. `"InfiniBand channel adapter"`.
+    #[doc(alias = "ibv_node_type_str")]
+    pub fn as_str(self) -> &'static str {
+        // SAFETY: ibv_node_type_str returns a static string for any value ("unknown" otherwise).
+        unsafe { static_str(ffi::ibv_node_type_str(ffi::ibv_node_type(self.0))) }
+    }
+}
+
+impl fmt::Debug for NodeType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NodeType({}: {})", self.0, self.as_str())
+    }
+}
+
+/// The transport a device speaks (`enum ibv_transport_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct TransportType(pub i32);
+
+impl TransportType {
+    /// InfiniBand transport (also RoCE and SoftRoCE).
+    pub const IB: TransportType = TransportType(ffi::ibv_transport_type::IBV_TRANSPORT_IB.0);
+    /// iWARP.
+    pub const IWARP: TransportType = TransportType(ffi::ibv_transport_type::IBV_TRANSPORT_IWARP.0);
+
+    /// The name `ibv_devinfo` prints: `"InfiniBand"`, `"iWARP"`, or `"unknown"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportType::IB => "InfiniBand",
+            TransportType::IWARP => "iWARP",
+            _ => "unknown",
+        }
+    }
+}
+
+/// Reads a static C string (or `""` for `NULL`).
+///
+/// # Safety
+/// `p` is `NULL` or points to a NUL-terminated string that lives for the rest of the program.
+unsafe fn static_str(p: *const libc::c_char) -> &'static str {
+    if p.is_null() {
+        return "";
+    }
+    // SAFETY: per this function's contract.
+    unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("")
+}
+
+impl<'a> Device<'a> {
+    /// The kernel name of the device, e.g. `"rxe0"` (`ibv_get_device_name()`).
+    #[doc(alias = "ibv_get_device_name")]
+    pub fn name(&self) -> &'a str {
+        // SAFETY: the device pointer is valid while the list lives ('a); the name is stored in the
+        // device struct.
+        let p = unsafe { ffi::ibv_get_device_name(self.raw.as_ptr()) };
+        if p.is_null() {
+            return "";
+        }
+        // SAFETY: non-NULL, NUL-terminated, lives as long as the device list.
+        unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("")
+    }
+
+    /// The node GUID, in host order (`ibv_get_device_guid()`).
+    #[doc(alias = "ibv_get_device_guid")]
+    pub fn guid(&self) -> Guid {
+        // SAFETY: valid device pointer.
+        Guid::from_be(unsafe { ffi::ibv_get_device_guid(self.raw.as_ptr()) })
+    }
+
+    /// The node type.
+    pub fn node_type(&self) -> NodeType {
+        // SAFETY: valid device pointer; node_type is a plain field written at discovery.
+        NodeType(unsafe { (*self.raw.as_ptr()).node_type.0 })
+    }
+
+    /// The transport type.
+    pub fn transport_type(&self) -> TransportType {
+        // SAFETY: as above.
+        TransportType(unsafe { (*self.raw.as_ptr()).transport_type.0 })
+    }
+
+    /// Opens the device (`ibv_open_device()`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the device cannot be opened (permissions on `/dev/infiniband`, ...).
+    #[doc(alias = "ibv_open_device")]
+    pub fn open(&self) -> Result<Context> {
+        // SAFETY: valid device pointer; the context is closed once in ContextInner::drop.
+        let raw = unsafe { ffi::ibv_open_device(self.raw.as_ptr()) };
+        let raw = cvt_p("ibv_open_device", raw)?;
+        Ok(Context { inner: Arc::new(ContextInner { raw, name: self.name().to_string() }) })
+    }
+
+    /// The raw `struct ibv_device *`.
+    pub fn as_raw(&self) -> *mut ffi::ibv_device {
+        self.raw.as_ptr()
+    }
+}
+
+impl fmt::Debug for Device<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device").field("name", &self.name()).field("guid", &self.guid()).finish()
+    }
+}
+
+/// A 64-bit GUID (node, system image or port GUID), in host byte order.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Guid(pub u64);
+
+impl Guid {
+    /// From the network-order (`__be64`) value the C structs hold.
+    pub fn from_be(raw: u64) -> Guid {
+        Guid(u64::from_be(raw))
+    }
+}
+
+impl fmt::Display for Guid {
+    /// Formats as `ibv_devinfo` does: `0011:2233:4455:6677`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v = self.0;
+        write!(f, "{:04x}:{:04x}:{:04x}:{:04x}", v >> 48, (v >> 32) & 0xffff, (v >> 16) & 0xffff, v & 0xffff)
+    }
+}
+
+impl fmt::Debug for Guid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Guid({self})")
+    }
+}
+
+pub(crate) struct ContextInner {
+    pub(crate) raw: NonNull<ffi::ibv_context>,
+    name: String,
+}
+
+// SAFETY: libibverbs contexts are thread-safe: every verb taking a context may be called from any
+// thread concurrently (rdma-core documents the verbs as thread-safe).
+unsafe impl Send for ContextInner {}
+// SAFETY: as above.
+unsafe impl Sync for ContextInner {}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        // SAFETY: every child (PD, CQ, channel...) holds an Arc of this inner, so none is left;
+        // the context is closed exactly once.
+        unsafe { ffi::ibv_close_device(self.raw.as_ptr()) };
+    }
+}
+
+/// An open RDMA device (`struct ibv_context`): the parent of every other verbs object.
+///
+/// Cloning is cheap (an `Arc`); the device is closed (`ibv_close_device()`) when the last clone
+/// and the last object created from it are gone.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context").field("device", &self.inner.name).finish()
+    }
+}
+
+impl Context {
+    /// Opens the device named `name`, or the first device when `name` is `None`.
+    ///
+    /// # Errors
+    /// [`Error::DeviceNotFound`] (listing the devices present) when no device matches, or the
+    /// error of `ibv_get_device_list()`/`ibv_open_device()`.
+    pub fn open(name: Option<&str>) -> Result<Context> {
+        let list = devices()?;
+        match name {
+            Some(name) => list.find(name)?.open(),
+            None => list
+                .get(0)
+                .ok_or_else(|| Error::DeviceNotFound { name: "<any>".to_string(), available: "none".into() })?
+                .open(),
+        }
+    }
+
+    /// The device's kernel name, e.g. `"rxe0"`.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The raw `struct ibv_context *`, for use with [`ffi`](crate::ffi). It stays valid while
+    /// this context (or any object created from it) lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_context {
+        self.inner.raw.as_ptr()
+    }
+
+    /// Queries the device's attributes (`ibv_query_device()`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the verb fails.
+    #[doc(alias = "ibv_query_device")]
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        let mut attr = ffi::ibv_device_attr::default();
+        // SAFETY: valid context; attr is a valid out-pointer of the right type.
+        cvt("ibv_query_device", unsafe { ffi::ibv_query_device(self.as_raw(), &mut attr) })?;
+        Ok(DeviceAttr(attr))
+    }
+
+    /// Queries port `port` (numbered from 1) (`ibv_query_port()`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for port 0, [`Error::Verb`] (`EINVAL`) for a port the device does
+    /// not have.
+    #[doc(alias = "ibv_query_port")]
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        if port == 0 {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_query_port",
+                reason: "ports are numbered from 1",
+            });
+        }
+        let mut attr = ffi::ibv_port_attr::default();
+        // SAFETY: valid context; attr is a full, current struct ibv_port_attr (the shim calls the
+        // macro version).
+        cvt("ibv_query_port", unsafe { ffi::ibv_query_port(self.as_raw(), port, &mut attr) })?;
+        Ok(PortAttr(attr))
+    }
+
+    /// Reads GID table entry `index` of `port` with its type and network device
+    /// (`ibv_query_gid_ex()`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`]: `EINVAL` for a bad port or index, `ENODATA` for an empty entry.
+    #[doc(alias = "ibv_query_gid_ex")]
+    #[doc(alias = "ibv_query_gid")]
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<GidEntry> {
+        let mut entry = ffi::ibv_gid_entry::default();
+        // SAFETY: valid context and out-pointer; entry_size is the size of the struct we pass.
+        let ret = unsafe {
+            ffi::_ibv_query_gid_ex(
+                self.as_raw(),
+                u32::from(port),
+                index,
+                &mut entry,
+                0,
+                std::mem::size_of::<ffi::ibv_gid_entry>(),
+            )
+        };
+        cvt("ibv_query_gid_ex", ret)?;
+        Ok(GidEntry::from_raw(&entry))
+    }
+
+    /// The populated entries of `port`'s GID table (`ibv_query_gid_table()`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the verb fails, e.g. for a port the device does not have.
+    #[doc(alias = "ibv_query_gid_table")]
+    pub fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>> {
+        let len = usize::try_from(self.query_port(port)?.0.gid_tbl_len).unwrap_or(0);
+        let all_ports = usize::from(self.query_device()?.0.phys_port_cnt.max(1));
+        // The verb returns the entries of every port: room for all of them.
+        let mut entries = vec![ffi::ibv_gid_entry::default(); len * all_ports];
+        // SAFETY: valid context; `entries` has room for `entries.len()` entries of the given size.
+        let n = unsafe {
+            ffi::_ibv_query_gid_table(
+                self.as_raw(),
+                entries.as_mut_ptr(),
+                entries.len(),
+                0,
+                std::mem::size_of::<ffi::ibv_gid_entry>(),
+            )
+        };
+        if n < 0 {
+            return Err(Error::from_ret("ibv_query_gid_table", i32::try_from(n).unwrap_or(libc::EINVAL)));
+        }
+        let n = usize::try_from(n).unwrap_or(0).min(entries.len());
+        Ok(entries[..n].iter().filter(|e| e.port_num == u32::from(port)).map(GidEntry::from_raw).collect())
+    }
+
+    /// The GID index to use for RoCE v2 over IPv4 on `port`: the first RoCE v2 entry whose GID is
+    /// an IPv4-mapped address (`::ffff:a.b.c.d`). On an InfiniBand port, index 0. This is what
+    /// `NCCL_IB_GID_INDEX` or the `-g`/`-x` flags of the C tools are usually set to by hand (1 on
+    /// a freshly created SoftRoCE device).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] (`ENODATA`) when the port has no such GID (no IPv4 address on its netdev).
+    pub fn roce_v2_ipv4_gid_index(&self, port: u8) -> Result<u32> {
+        let attr = self.query_port(port)?;
+        if attr.link_layer() == LinkLayer::INFINIBAND {
+            return Ok(0);
+        }
+        self.gid_table(port)?
+            .into_iter()
+            .find(|e| e.gid_type == GidType::ROCE_V2 && e.gid.is_ipv4_mapped())
+            .map(|e| e.index)
+            .ok_or_else(|| Error::Verb {
+                verb: "ibv_query_gid_table",
+                source: std::io::Error::from_raw_os_error(libc::ENODATA),
+            })
+    }
+
+    /// Creates a protection domain (`ibv_alloc_pd()`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the verb fails.
+    #[doc(alias = "ibv_alloc_pd")]
+    pub fn alloc_pd(&self) -> Result<crate::ProtectionDomain> {
+        crate::ProtectionDomain::new(self)
+    }
+
+    /// Creates a completion queue with room for at least `depth` completions
+    /// (`ibv_create_cq()`), optionally reporting to a completion `channel`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a depth of 0, [`Error::Verb`] (`EINVAL`) for a depth above
+    /// the device's `max_cqe`.
+    #[doc(alias = "ibv_create_cq")]
+    pub fn create_cq(
+        &self,
+        depth: u32,
+        channel: Option<&crate::CompletionChannel>,
+    ) -> Result<crate::CompletionQueue> {
+        crate::CompletionQueue::new(self, depth, channel)
+    }
+
+    /// Creates a completion event channel (`ibv_create_comp_channel()`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the verb fails.
+    #[doc(alias = "ibv_create_comp_channel")]
+    pub fn create_comp_channel(&self) -> Result<crate::CompletionChannel> {
+        crate::CompletionChannel::new(self)
+    }
+}
+
+/// Device attributes (`struct ibv_device_attr`), from [`Context::query_device`].
+#[derive(Clone, Copy)]
+pub struct DeviceAttr(pub ffi::ibv_device_attr);
+
+macro_rules! int_getters {
+    ($( $(#[$m:meta])* $name:ident : $ty:ty ),* $(,)?) => {
+        $( $(#[$m])* pub fn $name(&self) -> $ty { <$ty>::try_from(self.0.$name).unwrap_or_default() } )*
+    };
+}
+
+impl DeviceAttr {
+    /// Firmware version string.
+    pub fn fw_ver(&self) -> String {
+        let bytes: Vec<u8> = self.0.fw_ver.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+    /// Node GUID.
+    pub fn node_guid(&self) -> Guid {
+        Guid::from_be(self.0.node_guid)
+    }
+    /// System image GUID.
+    pub fn sys_image_guid(&self) -> Guid {
+        Guid::from_be(self.0.sys_image_guid)
+    }
+    int_getters! {
+        /// Largest registrable memory region, in bytes.
+        max_mr_size: u64,
+        /// IEEE vendor ID.
+        vendor_id: u32,
+        /// Vendor part ID.
+        vendor_part_id: u32,
+        /// Hardware version.
+        hw_ver: u32,
+        /// Maximum number of queue pairs.
+        max_qp: u32,
+        /// Maximum work requests per queue.
+        max_qp_wr: u32,
+        /// Maximum scatter/gather entries per work request.
+        max_sge: u32,
+        /// Maximum number of completion queues.
+        max_cq: u32,
+        /// Maximum completions per completion queue.
+        max_cqe: u32,
+        /// Maximum number of memory regions.
+        max_mr: u32,
+        /// Maximum number of protection domains.
+        max_pd: u32,
+        /// Maximum outstanding RDMA Read/atomic operations a QP can be the target of.
+        max_qp_rd_atom: u32,
+        /// Maximum outstanding RDMA Read/atomic operations a QP can initiate.
+        max_qp_init_rd_atom: u32,
+        /// Maximum number of address handles.
+        max_ah: u32,
+        /// Number of physical ports.
+        phys_port_cnt: u8,
+    }
+    /// Atomic operation support (`IBV_ATOMIC_NONE/HCA/GLOB`).
+    pub fn atomic_cap(&self) -> ffi::ibv_atomic_cap {
+        self.0.atomic_cap
+    }
+}
+
+impl fmt::Debug for DeviceAttr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceAttr")
+            .field("fw_ver", &self.fw_ver())
+            .field("node_guid", &self.node_guid())
+            .field("max_qp", &self.max_qp())
+            .field("max_qp_wr", &self.max_qp_wr())
+            .field("max_sge", &self.max_sge())
+            .field("max_cqe", &self.max_cqe())
+            .field("max_mr_size", &self.max_mr_size())
+            .field("atomic_cap", &self.atomic_cap())
+            .field("phys_port_cnt", &self.phys_port_cnt())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A path MTU (`enum ibv_mtu`): sound for any value a device reports.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(transparent)]
+pub struct Mtu(pub u32);
+
+impl Mtu {
+    /// 256 bytes.
+    pub const MTU_256: Mtu = Mtu(1);
+    /// 512 bytes.
+    pub const MTU_512: Mtu = Mtu(2);
+    /// 1024 bytes.
+    pub const MTU_1024: Mtu = Mtu(3);
+    /// 2048 bytes.
+    pub const MTU_2048: Mtu = Mtu(4);
+    /// 4096 bytes.
+    pub const MTU_4096: Mtu = Mtu(5);
+
+    /// The MTU in bytes, or `None` for a value outside the enum.
+    pub fn bytes(self) -> Option<u32> {
+        (1..=5).contains(&self.0).then(|| 128 << self.0)
+    }
+
+    /// The MTU for a byte count (256, 512, 1024, 2048 or 4096).
+    pub fn from_bytes(bytes: u32) -> Option<Mtu> {
+        match bytes {
+            256 => Some(Mtu::MTU_256),
+            512 => Some(Mtu::MTU_512),
+            1024 => Some(Mtu::MTU_1024),
+            2048 => Some(Mtu::MTU_2048),
+            4096 => Some(Mtu::MTU_4096),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Debug for Mtu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.bytes() {
+            Some(b) => write!(f, "Mtu({b})"),
+            None => write!(f, "Mtu(invalid {})", self.0),
+        }
+    }
+}
+
+impl fmt::Display for Mtu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.bytes() {
+            Some(b) => write!(f, "{b}"),
+            None => write!(f, "invalid MTU enum ({})", self.0),
+        }
+    }
+}
+
+/// The logical state of a port (`enum ibv_port_state`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct PortState(pub u32);
+
+impl PortState {
+    /// Down.
+    pub const DOWN: PortState = PortState(1);
+    /// Initializing.
+    pub const INIT: PortState = PortState(2);
+    /// Armed.
+    pub const ARMED: PortState = PortState(3);
+    /// Active: ready to move data.
+    pub const ACTIVE: PortState = PortState(4);
+
+    /// The C library's name for it (`ibv_port_state_str()`), e.g. `"active"`.
+    #[doc(alias = "ibv_port_state_str")]
+    pub fn as_str(self) -> &'static str {
+        // SAFETY: returns a static string for any value.
+        unsafe { static_str(ffi::ibv_port_state_str(ffi::ibv_port_state(self.0))) }
+    }
+}
+
+impl fmt::Debug for PortState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PortState({})", self.as_str())
+    }
+}
+
+/// The link layer of a port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct LinkLayer(pub u8);
+
+impl LinkLayer {
+    /// Unspecified (treated as InfiniBand by the C tools).
+    pub const UNSPECIFIED: LinkLayer = LinkLayer(0);
+    /// InfiniBand: addressing by LID.
+    pub const INFINIBAND: LinkLayer = LinkLayer(1);
+    /// Ethernet (RoCE, SoftRoCE): addressing by GID.
+    pub const ETHERNET: LinkLayer = LinkLayer(2);
+
+    /// The name `ibv_devinfo` prints.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkLayer::UNSPECIFIED | LinkLayer::INFINIBAND => "InfiniBand",
+            LinkLayer::ETHERNET => "Ethernet",
+            _ => "Unknown",
+        }
+    }
+}
+
+/// Port attributes (`struct ibv_port_attr`), from [`Context::query_port`].
+#[derive(Clone, Copy)]
+pub struct PortAttr(pub ffi::ibv_port_attr);
+
+impl PortAttr {
+    /// Logical port state.
+    pub fn state(&self) -> PortState {
+        PortState(self.0.state.0)
+    }
+    /// Largest MTU the port supports.
+    pub fn max_mtu(&self) -> Mtu {
+        Mtu(self.0.max_mtu.0)
+    }
+    /// MTU currently in effect.
+    pub fn active_mtu(&self) -> Mtu {
+        Mtu(self.0.active_mtu.0)
+    }
+    /// Base LID (InfiniBand).
+    pub fn lid(&self) -> u16 {
+        self.0.lid
+    }
+    /// LID of the subnet manager.
+    pub fn sm_lid(&self) -> u16 {
+        self.0.sm_lid
+    }
+    /// LID mask control.
+    pub fn lmc(&self) -> u8 {
+        self.0.lmc
+    }
+    /// Link layer: InfiniBand (LID addressing) or Ethernet (GID addressing).
+    pub fn link_layer(&self) -> LinkLayer {
+        LinkLayer(self.0.link_layer)
+    }
+    /// Length of the GID table.
+    pub fn gid_tbl_len(&self) -> u32 {
+        u32::try_from(self.0.gid_tbl_len).unwrap_or(0)
+    }
+    /// Active link width (encoded as in `ibv_port_attr`).
+    pub fn active_width(&self) -> u8 {
+        self.0.active_width
+    }
+    /// Active link speed (encoded as in `ibv_port_attr`).
+    pub fn active_speed(&self) -> u8 {
+        self.0.active_speed
+    }
+    /// Physical port state.
+    pub fn phys_state(&self) -> u8 {
+        self.0.phys_state
+    }
+    /// Largest message size.
+    pub fn max_msg_sz(&self) -> u32 {
+        self.0.max_msg_sz
+    }
+}
+
+impl fmt::Debug for PortAttr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PortAttr")
+            .field("state", &self.state())
+            .field("max_mtu", &self.max_mtu())
+            .field("active_mtu", &self.active_mtu())
+            .field("lid", &self.lid())
+            .field("link_layer", &self.link_layer())
+            .field("gid_tbl_len", &self.gid_tbl_len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A 128-bit global identifier (`union ibv_gid`), in network byte order.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    /// Whether this is an IPv4-mapped address (`::ffff:a.b.c.d`), as RoCE v2 GIDs of IPv4
+    /// addresses are.
+    pub fn is_ipv4_mapped(&self) -> bool {
+        self.0[..10].iter().all(|&b| b == 0) && self.0[10] == 0xff && self.0[11] == 0xff
+    }
+
+    /// Whether the GID is all zeroes (an unused entry).
+    pub fn is_zero(&self) -> bool {
+        self.0.iter().all(|&b| b == 0)
+    }
+
+    /// The raw union, for C structs.
+    pub fn to_raw(self) -> ffi::ibv_gid {
+        ffi::ibv_gid { raw: self.0 }
+    }
+
+    /// From the raw union.
+    pub fn from_raw(raw: &ffi::ibv_gid) -> Gid {
+        // SAFETY: every bit pattern of the union is a valid [u8; 16].
+        Gid(unsafe { raw.raw })
+    }
+}
+
+impl fmt::Display for Gid {
+    /// Formats as `ibv_devinfo -v` does: eight groups of four hex digits, e.g.
+    /// `0000:0000:0000:0000:0000:ffff:c000:0201`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, pair) in self.0.chunks(2).enumerate() {
+            if i > 0 {
+                f.write_str(":")?;
+            }
+            write!(f, "{:02x}{:02x}", pair[0], pair[1])?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Gid({self})")
+    }
+}
+
+/// The type of a GID table entry (`enum ibv_gid_type`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct GidType(pub u32);
+
+impl GidType {
+    /// InfiniBand.
+    pub const IB: GidType = GidType(ffi::ibv_gid_type::IBV_GID_TYPE_IB.0);
+    /// RoCE v1 (Ethernet, no IP header).
+    pub const ROCE_V1: GidType = GidType(ffi::ibv_gid_type::IBV_GID_TYPE_ROCE_V1.0);
+    /// RoCE v2 (UDP/IP encapsulation): the only type SoftRoCE supports.
+    pub const ROCE_V2: GidType = GidType(ffi::ibv_gid_type::IBV_GID_TYPE_ROCE_V2.0);
+
+    /// The name `ibv_devinfo -v` prints: `"IB"`, `"RoCE v1"`, `"RoCE v2"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GidType::IB => "IB",
+            GidType::ROCE_V1 => "RoCE v1",
+            GidType::ROCE_V2 => "RoCE v2",
+            _ => "unknown",
+        }
+    }
+}
+
+impl fmt::Debug for GidType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GidType({})", self.as_str())
+    }
+}
+
+/// One GID table entry (`struct ibv_gid_entry`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GidEntry {
+    /// The GID.
+    pub gid: Gid,
+    /// Its index in the port's table.
+    pub index: u32,
+    /// The port.
+    pub port: u32,
+    /// Its type.
+    pub gid_type: GidType,
+    /// Interface index of the associated network device (0 for none).
+    pub ndev_ifindex: u32,
+}
+
+impl GidEntry {
+    fn from_raw(e: &ffi::ibv_gid_entry) -> GidEntry {
+        GidEntry {
+            gid: Gid::from_raw(&e.gid),
+            index: e.gid_index,
+            port: e.port_num,
+            gid_type: GidType(e.gid_type),
+            ndev_ifindex: e.ndev_ifindex,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gid_formats_like_ibv_devinfo() {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&[192, 0, 2, 1]);
+        let gid = Gid(g);
+        assert_eq!(gid.to_string(), "0000:0000:0000:0000:0000:ffff:c000:0201");
+        assert!(gid.is_ipv4_mapped());
+        assert!(!Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]).is_ipv4_mapped());
+        assert_eq!(Gid::from_raw(&gid.to_raw()), gid);
+    }
+
+    #[test]
+    fn guid_formats_like_ibv_devinfo() {
+        assert_eq!(Guid(0x0011_2233_4455_6677).to_string(), "0011:2233:4455:6677");
+        assert_eq!(Guid::from_be(0x0011_2233_4455_6677u64.to_be()).0, 0x0011_2233_4455_6677);
+    }
+
+    #[test]
+    fn mtu_round_trips_and_survives_unknown_values() {
+        for b in [256, 512, 1024, 2048, 4096] {
+            assert_eq!(Mtu::from_bytes(b).unwrap().bytes(), Some(b));
+        }
+        assert_eq!(Mtu::from_bytes(1500), None);
+        assert_eq!(Mtu(77).bytes(), None);
+        assert_eq!(format!("{:?}", Mtu(77)), "Mtu(invalid 77)");
+        assert!(Mtu::MTU_1024 < Mtu::MTU_4096);
+    }
+
+    #[test]
+    fn enum_newtypes_name_any_value() {
+        assert_eq!(PortState::ACTIVE.as_str(), "active");
+        assert!(!PortState(999).as_str().is_empty());
+        assert_eq!(NodeType::CA.as_str(), "InfiniBand channel adapter");
+        assert_eq!(GidType(42).as_str(), "unknown");
+        assert_eq!(LinkLayer(9).as_str(), "Unknown");
+        assert_eq!(TransportType::IB.as_str(), "InfiniBand");
+    }
+}

@@ -1,0 +1,528 @@
+//! Typed work requests for the safe posting level.
+
+use std::fmt;
+use std::ops::RangeBounds;
+use std::sync::Arc;
+
+use crate::ah::AddressHandle;
+use crate::error::{Error, Result};
+use crate::ffi;
+use crate::mr::{MemoryRegion, MrInner, RemoteMemoryRegion, RemoteSlice};
+
+/// Most scatter/gather entries one safe work request carries.
+pub const MAX_SGE: usize = 4;
+
+/// A registered buffer handed to a safe post, kept alive by the queue pair until the request's
+/// completion hands it back (see [`Completion::take_buffers`](crate::Completion::take_buffers)).
+pub enum LocalBuf {
+    /// A local-only region, moved in: the device may read or write it, nothing else can touch it
+    /// until it comes back.
+    Owned(MemoryRegion),
+    /// A shared local-only region: the device only reads it (sends, RDMA Write sources), as may
+    /// every other holder of the `Arc`.
+    Shared(Arc<MemoryRegion>),
+    /// A remote-exposed region: it is racy by nature (only copied out of in safe code), so the
+    /// device may read or write it while others hold the `Arc`.
+    Remote(Arc<RemoteMemoryRegion>),
+}
+
+impl LocalBuf {
+    pub(crate) fn mr(&self) -> &MrInner {
+        match self {
+            LocalBuf::Owned(m) => &m.inner,
+            LocalBuf::Shared(m) => &m.inner,
+            LocalBuf::Remote(m) => &m.inner,
+        }
+    }
+
+    /// Whether the device may write into it through this handle.
+    pub(crate) fn device_writable(&self) -> bool {
+        !matches!(self, LocalBuf::Shared(_))
+    }
+
+    /// The owned region back, if this is [`LocalBuf::Owned`].
+    pub fn into_region(self) -> Option<MemoryRegion> {
+        match self {
+            LocalBuf::Owned(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Debug for LocalBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LocalBuf::Owned(m) => f.debug_tuple("Owned").field(m).finish(),
+            LocalBuf::Shared(m) => f.debug_tuple("Shared").field(m).finish(),
+            LocalBuf::Remote(m) => f.debug_tuple("Remote").field(m).finish(),
+        }
+    }
+}
+
+impl From<MemoryRegion> for LocalBuf {
+    fn from(m: MemoryRegion) -> Self {
+        LocalBuf::Owned(m)
+    }
+}
+impl From<Arc<MemoryRegion>> for LocalBuf {
+    fn from(m: Arc<MemoryRegion>) -> Self {
+        LocalBuf::Shared(m)
+    }
+}
+impl From<Arc<RemoteMemoryRegion>> for LocalBuf {
+    fn from(m: Arc<RemoteMemoryRegion>) -> Self {
+        LocalBuf::Remote(m)
+    }
+}
+
+/// A bounds-checked range of a registered buffer: one scatter/gather entry (`struct ibv_sge`).
+#[derive(Debug)]
+pub struct Local {
+    pub(crate) buf: LocalBuf,
+    pub(crate) offset: usize,
+    pub(crate) len: u32,
+}
+
+impl Local {
+    /// The bytes `range` of `buf`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] when the range leaves the region, [`Error::InvalidArgument`] for a
+    /// range of 4 GiB or more (the limit of one `ibv_sge`). The buffer is lost on error only if it
+    /// was moved in: check ranges of owned regions before, or use [`Local::whole`].
+    pub fn new(buf: impl Into<LocalBuf>, range: impl RangeBounds<usize>) -> Result<Local> {
+        let buf = buf.into();
+        let (offset, len) = buf.mr().range("ibv_post_send", range)?;
+        let len = u32::try_from(len).map_err(|_| Error::InvalidArgument {
+            verb: "ibv_post_send",
+            reason: "a scatter/gather entry is at most 4 GiB - 1",
+        })?;
+        Ok(Local { buf, offset, len })
+    }
+
+    /// The whole of `buf` (regions of 4 GiB or more are truncated to the first 4 GiB - 1 bytes).
+    pub fn whole(buf: impl Into<LocalBuf>) -> Local {
+        let buf = buf.into();
+        let len = u32::try_from(buf.mr().len()).unwrap_or(u32::MAX);
+        Local { buf, offset: 0, len }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The buffer back.
+    pub fn into_buf(self) -> LocalBuf {
+        self.buf
+    }
+
+    pub(crate) fn sge(&self) -> ffi::ibv_sge {
+        let mr = self.buf.mr();
+        ffi::ibv_sge { addr: mr.addr() as u64 + self.offset as u64, length: self.len, lkey: mr.lkey() }
+    }
+}
+
+/// The operation of a [`SendRequest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Send,
+    Write(RemoteSlice),
+    Read(RemoteSlice),
+    CompareSwap { remote: RemoteSlice, compare: u64, swap: u64 },
+    FetchAdd { remote: RemoteSlice, add: u64 },
+}
+
+/// A typed send-queue work request (`struct ibv_send_wr`): Send, RDMA Write, RDMA Read or an
+/// atomic, with optional immediate data, inline data, and signaling.
+///
+/// Required arguments go in the constructor, options are setters:
+///
+/// ```no_run
+/// # fn f(mr: ibverbs::MemoryRegion, peer: ibverbs::RemoteSlice) -> ibverbs::Result<()> {
+/// use ibverbs::{Local, SendRequest};
+/// let wr = SendRequest::write(Local::new(mr, 0..64)?, peer).imm(7).wr_id(42);
+/// # let _ = wr; Ok(()) }
+/// ```
+pub struct SendRequest<'a> {
+    pub(crate) op: Op,
+    pub(crate) sges: [Option<Local>; MAX_SGE],
+    pub(crate) inline: Option<&'a [u8]>,
+    pub(crate) imm: Option<u32>,
+    pub(crate) wr_id: u64,
+    pub(crate) signaled: bool,
+    pub(crate) fence: bool,
+    pub(crate) solicited: bool,
+    pub(crate) ud: Option<(AddressHandle, u32, u32)>,
+}
+
+impl fmt::Debug for SendRequest<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendRequest")
+            .field("op", &self.op)
+            .field("sges", &self.sges.iter().flatten().collect::<Vec<_>>())
+            .field("inline_len", &self.inline.map(<[u8]>::len))
+            .field("imm", &self.imm)
+            .field("wr_id", &self.wr_id)
+            .field("signaled", &self.signaled)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> SendRequest<'a> {
+    fn with(op: Op, first: Option<Local>) -> Self {
+        SendRequest {
+            op,
+            sges: [first, None, None, None],
+            inline: None,
+            imm: None,
+            wr_id: 0,
+            signaled: true,
+            fence: false,
+            solicited: false,
+            ud: None,
+        }
+    }
+
+    /// A Send of `local` (`IBV_WR_SEND`; with [`imm`](Self::imm), `IBV_WR_SEND_WITH_IMM`).
+    pub fn send(local: Local) -> Self {
+        Self::with(Op::Send, Some(local))
+    }
+
+    /// A Send of `data`, copied into the work queue while posting (`IBV_SEND_INLINE`): `data` is
+    /// free again when the post returns. At most the QP's `max_inline_data` bytes; may be empty.
+    pub fn send_inline(data: &'a [u8]) -> Self {
+        let mut wr = Self::with(Op::Send, None);
+        wr.inline = Some(data);
+        wr
+    }
+
+    /// An RDMA Write of `local` to `remote` (`IBV_WR_RDMA_WRITE`; with [`imm`](Self::imm),
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`). `local` must fit in `remote`.
+    pub fn write(local: Local, remote: RemoteSlice) -> Self {
+        Self::with(Op::Write(remote), Some(local))
+    }
+
+    /// An RDMA Write of inline `data` to `remote` (`IBV_SEND_INLINE`).
+    pub fn write_inline(data: &'a [u8], remote: RemoteSlice) -> Self {
+        let mut wr = Self::with(Op::Write(remote), None);
+        wr.inline = Some(data);
+        wr
+    }
+
+    /// An RDMA Read of `remote` into `local` (`IBV_WR_RDMA_READ`). `local` must be writable by
+    /// the device: an owned [`MemoryRegion`] or a [`RemoteMemoryRegion`].
+    pub fn read(local: Local, remote: RemoteSlice) -> Self {
+        Self::with(Op::Read(remote), Some(local))
+    }
+
+    /// An atomic compare-and-swap of the 8 bytes at `remote` (`IBV_WR_ATOMIC_CMP_AND_SWP`): if
+    /// they equal `compare` they become `swap`; the old value lands in `local` (8 bytes, device
+    /// writable), in the byte order of the remote host.
+    pub fn compare_swap(local: Local, remote: RemoteSlice, compare: u64, swap: u64) -> Self {
+        Self::with(Op::CompareSwap { remote, compare, swap }, Some(local))
+    }
+
+    /// An atomic fetch-and-add on the 8 bytes at `remote` (`IBV_WR_ATOMIC_FETCH_AND_ADD`); the old
+    /// value lands in `local` (8 bytes, device writable).
+    pub fn fetch_add(local: Local, remote: RemoteSlice, add: u64) -> Self {
+        Self::with(Op::FetchAdd { remote, add }, Some(local))
+    }
+
+    /// Adds a scatter/gather entry: more local data gathered into the Send or Write, or more
+    /// room scattered into by the Read (at most [`MAX_SGE`] and the QP's `max_send_sge`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] (with the entry dropped) when the request already has
+    /// [`MAX_SGE`] entries or carries inline data.
+    pub fn gather(mut self, local: Local) -> Result<Self> {
+        if self.inline.is_some() {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_post_send",
+                reason: "inline requests take no SGEs",
+            });
+        }
+        match self.sges.iter_mut().find(|s| s.is_none()) {
+            Some(s) => {
+                *s = Some(local);
+                Ok(self)
+            }
+            None => {
+                Err(Error::InvalidArgument { verb: "ibv_post_send", reason: "more than MAX_SGE entries" })
+            }
+        }
+    }
+
+    /// Immediate data delivered with a Send or RDMA Write to the peer's receive completion.
+    pub fn imm(mut self, imm: u32) -> Self {
+        self.imm = Some(imm);
+        self
+    }
+
+    /// The caller's identifier, returned in the completion.
+    pub fn wr_id(mut self, wr_id: u64) -> Self {
+        self.wr_id = wr_id;
+        self
+    }
+
+    /// Requests no completion (clears `IBV_SEND_SIGNALED`). Its buffers are released by the next
+    /// signaled completion of the queue, so they must be shared (`Arc`) handles: posting an
+    /// unsignaled request holding an owned region is refused.
+    pub fn unsignaled(mut self) -> Self {
+        self.signaled = false;
+        self
+    }
+
+    /// Waits for earlier RDMA Reads and atomics to finish first (`IBV_SEND_FENCE`).
+    pub fn fence(mut self) -> Self {
+        self.fence = true;
+        self
+    }
+
+    /// Sets the solicited-event bit (`IBV_SEND_SOLICITED`) for Sends and Writes with immediate.
+    pub fn solicited(mut self) -> Self {
+        self.solicited = true;
+        self
+    }
+
+    /// The destination of a Send on a UD queue pair: an address handle, the remote QP number
+    /// and Q_Key. The handle is kept alive until the completion.
+    pub fn ud(mut self, ah: &AddressHandle, remote_qpn: u32, remote_qkey: u32) -> Self {
+        self.ud = Some((ah.clone(), remote_qpn, remote_qkey));
+        self
+    }
+
+    /// Total bytes the request moves (inline length, or the sum of its SGEs).
+    pub fn len(&self) -> u64 {
+        match self.inline {
+            Some(d) => d.len() as u64,
+            None => self.sges.iter().flatten().map(|s| u64::from(s.len)).sum(),
+        }
+    }
+
+    /// Whether it moves no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The buffers back (when a request is abandoned).
+    pub fn into_buffers(self) -> impl Iterator<Item = LocalBuf> {
+        self.sges.into_iter().flatten().map(Local::into_buf)
+    }
+
+    /// Checks everything that does not depend on the queue pair.
+    pub(crate) fn validate(&self) -> Result<()> {
+        let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_post_send", reason });
+        let device_writes = matches!(self.op, Op::Read(_) | Op::CompareSwap { .. } | Op::FetchAdd { .. });
+        if device_writes && self.sges.iter().flatten().any(|s| !s.buf.device_writable()) {
+            return bad("the device writes this buffer: pass an owned MemoryRegion or a RemoteMemoryRegion");
+        }
+        if !self.signaled && self.sges.iter().flatten().any(|s| matches!(s.buf, LocalBuf::Owned(_))) {
+            return bad("an unsignaled request can only hold shared (Arc) buffers");
+        }
+        if self.imm.is_some() && !matches!(self.op, Op::Send | Op::Write(_)) {
+            return bad("immediate data only goes with Send and RDMA Write");
+        }
+        if self.inline.is_some() && !matches!(self.op, Op::Send | Op::Write(_)) {
+            return bad("inline data only goes with Send and RDMA Write");
+        }
+        let len = self.len();
+        match self.op {
+            Op::Send => {}
+            Op::Write(r) | Op::Read(r) => {
+                if len > r.len {
+                    return Err(Error::OutOfBounds { verb: "ibv_post_send", offset: 0, len, size: r.len });
+                }
+            }
+            Op::CompareSwap { remote, .. } | Op::FetchAdd { remote, .. } => {
+                if len != 8 || self.sges.iter().flatten().count() != 1 {
+                    return bad("an atomic's local buffer is exactly one 8-byte entry");
+                }
+                if remote.len < 8 {
+                    return Err(Error::OutOfBounds {
+                        verb: "ibv_post_send",
+                        offset: 0,
+                        len: 8,
+                        size: remote.len,
+                    });
+                }
+                if remote.addr % 8 != 0 {
+                    return bad("atomic remote address not 8-byte aligned");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Fills `wr` and `sges` (the caller links `next`).
+    pub(crate) fn fill(
+        &self,
+        wr: &mut ffi::ibv_send_wr,
+        sges: &mut [ffi::ibv_sge; MAX_SGE],
+        device_wr_id: u64,
+    ) {
+        use ffi::ibv_wr_opcode as O;
+        let mut n = 0;
+        for s in self.sges.iter().flatten() {
+            sges[n] = s.sge();
+            n += 1;
+        }
+        let mut flags = 0;
+        if self.signaled {
+            flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        if self.fence {
+            flags |= ffi::ibv_send_flags::IBV_SEND_FENCE.0;
+        }
+        if self.solicited {
+            flags |= ffi::ibv_send_flags::IBV_SEND_SOLICITED.0;
+        }
+        if let Some(d) = self.inline {
+            flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+            // The provider copies inline data during ibv_post_send, reading it through the SGE.
+            sges[0] = ffi::ibv_sge { addr: d.as_ptr() as u64, length: d.len() as u32, lkey: 0 };
+            n = usize::from(!d.is_empty());
+        }
+        wr.wr_id = device_wr_id;
+        wr.next = std::ptr::null_mut();
+        wr.sg_list = sges.as_mut_ptr();
+        wr.num_sge = n as i32;
+        wr.send_flags = flags;
+        if let Some(imm) = self.imm {
+            wr.__bindgen_anon_1.imm_data = imm.to_be();
+        }
+        wr.opcode = match self.op {
+            Op::Send if self.imm.is_some() => O::IBV_WR_SEND_WITH_IMM,
+            Op::Send => O::IBV_WR_SEND,
+            Op::Write(r) => {
+                wr.wr.rdma =
+                    ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: r.addr, rkey: r.rkey };
+                if self.imm.is_some() {
+                    O::IBV_WR_RDMA_WRITE_WITH_IMM
+                } else {
+                    O::IBV_WR_RDMA_WRITE
+                }
+            }
+            Op::Read(r) => {
+                wr.wr.rdma =
+                    ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: r.addr, rkey: r.rkey };
+                O::IBV_WR_RDMA_READ
+            }
+            Op::CompareSwap { remote, compare, swap } => {
+                wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr: remote.addr,
+                    compare_add: compare,
+                    swap,
+                    rkey: remote.rkey,
+                };
+                O::IBV_WR_ATOMIC_CMP_AND_SWP
+            }
+            Op::FetchAdd { remote, add } => {
+                wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr: remote.addr,
+                    compare_add: add,
+                    swap: 0,
+                    rkey: remote.rkey,
+                };
+                O::IBV_WR_ATOMIC_FETCH_AND_ADD
+            }
+        };
+        if let Some((ah, qpn, qkey)) = &self.ud {
+            wr.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                ah: ah.as_raw(),
+                remote_qpn: *qpn,
+                remote_qkey: *qkey,
+            };
+        }
+    }
+}
+
+/// A receive-queue work request (`struct ibv_recv_wr`): where an incoming Send lands.
+///
+/// Every buffer must be writable by the device: owned [`MemoryRegion`]s or
+/// [`RemoteMemoryRegion`]s.
+pub struct RecvRequest {
+    pub(crate) sges: [Option<Local>; MAX_SGE],
+    pub(crate) wr_id: u64,
+}
+
+impl fmt::Debug for RecvRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecvRequest")
+            .field("sges", &self.sges.iter().flatten().collect::<Vec<_>>())
+            .field("wr_id", &self.wr_id)
+            .finish()
+    }
+}
+
+impl RecvRequest {
+    /// A receive into `local`.
+    pub fn new(local: Local) -> Self {
+        RecvRequest { sges: [Some(local), None, None, None], wr_id: 0 }
+    }
+
+    /// A receive with no buffer: takes a zero-length Send or an RDMA Write with immediate.
+    pub fn empty() -> Self {
+        RecvRequest { sges: [None, None, None, None], wr_id: 0 }
+    }
+
+    /// Adds a scatter entry: the message fills the entries in order.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the request already has [`MAX_SGE`] entries.
+    pub fn scatter(mut self, local: Local) -> Result<Self> {
+        match self.sges.iter_mut().find(|s| s.is_none()) {
+            Some(s) => {
+                *s = Some(local);
+                Ok(self)
+            }
+            None => {
+                Err(Error::InvalidArgument { verb: "ibv_post_recv", reason: "more than MAX_SGE entries" })
+            }
+        }
+    }
+
+    /// The caller's identifier, returned in the completion.
+    pub fn wr_id(mut self, wr_id: u64) -> Self {
+        self.wr_id = wr_id;
+        self
+    }
+
+    /// The buffers back (when a request is abandoned).
+    pub fn into_buffers(self) -> impl Iterator<Item = LocalBuf> {
+        self.sges.into_iter().flatten().map(Local::into_buf)
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.sges.iter().flatten().any(|s| !s.buf.device_writable()) {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_post_recv",
+                reason:
+                    "the device writes receive buffers: pass an owned MemoryRegion or a RemoteMemoryRegion",
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn fill(
+        &self,
+        wr: &mut ffi::ibv_recv_wr,
+        sges: &mut [ffi::ibv_sge; MAX_SGE],
+        device_wr_id: u64,
+    ) {
+        let mut n = 0;
+        for s in self.sges.iter().flatten() {
+            sges[n] = s.sge();
+            n += 1;
+        }
+        wr.wr_id = device_wr_id;
+        wr.next = std::ptr::null_mut();
+        wr.sg_list = sges.as_mut_ptr();
+        wr.num_sge = n as i32;
+    }
+}
