@@ -1,0 +1,2 @@
+//! Micro-benchmark of the post/poll path (placeholder until the benchmark issue lands).
+fn main() {}

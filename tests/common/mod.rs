@@ -1,0 +1,101 @@
+//! Shared helpers of the device tests: they run over a real verbs device (SoftRoCE in the
+//! `cargo xtask test` VM) and fail, never skip, when there is none.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use ibverbs::{Completion, CompletionQueue, ConnectOptions, Context, ProtectionDomain, QpType, QueuePair};
+
+/// Opens the test device: `IBVERBS_TEST_DEVICE` (set by the harness) or the first one.
+pub fn context() -> Context {
+    let name = std::env::var("IBVERBS_TEST_DEVICE").ok();
+    Context::open(name.as_deref()).unwrap_or_else(|e| {
+        panic!("device tests need an RDMA device ({e}); run them with `cargo xtask test`")
+    })
+}
+
+/// Connection options for loopback tests: a finite retry count (rxe treats 7 as forever).
+pub fn opts() -> ConnectOptions {
+    ConnectOptions { retry_cnt: 6, timeout: 14, ..ConnectOptions::default() }
+}
+
+/// Polls `cq` until one completion arrives, or panics after 10 s.
+pub fn poll_one(cq: &mut CompletionQueue) -> Completion {
+    poll_n(cq, 1).pop().unwrap()
+}
+
+/// Polls `cq` until `n` completions arrived, or panics after 10 s.
+pub fn poll_n(cq: &mut CompletionQueue, n: usize) -> Vec<Completion> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut out: Vec<Completion> = Vec::new();
+    let mut buf: Vec<Completion> = (0..16).map(|_| Completion::default()).collect();
+    while out.len() < n {
+        let want = (n - out.len()).min(buf.len());
+        let got = cq.poll(&mut buf[..want]).expect("ibv_poll_cq");
+        let k = got.len();
+        for c in got.iter_mut() {
+            out.push(std::mem::take(c));
+        }
+        if k == 0 {
+            assert!(Instant::now() < deadline, "timed out waiting for completions: {} of {n}", out.len());
+            std::thread::yield_now();
+        }
+    }
+    out
+}
+
+/// Asserts that no completion arrives on `cq` within `wait`.
+pub fn assert_quiet(cq: &mut CompletionQueue, wait: Duration) {
+    let deadline = Instant::now() + wait;
+    let mut buf = [Completion::default()];
+    while Instant::now() < deadline {
+        let got = cq.poll(&mut buf).expect("ibv_poll_cq");
+        assert!(got.is_empty(), "unexpected completion {:?}", got[0]);
+    }
+}
+
+/// Two connected queue pairs of one type on the test device, each with its own CQ.
+pub struct Pair {
+    pub ctx: Context,
+    pub pd: ProtectionDomain,
+    pub cq_a: CompletionQueue,
+    pub cq_b: CompletionQueue,
+    pub a: QueuePair,
+    pub b: QueuePair,
+}
+
+/// Creates and connects an RC pair with `depth` work requests per queue.
+pub fn rc_pair(depth: u32) -> Pair {
+    pair(QpType::RC, depth, 1, 0)
+}
+
+/// Creates and connects a pair of `qp_type` (RC or UC).
+pub fn pair(qp_type: QpType, depth: u32, sge: u32, inline: u32) -> Pair {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq_a = ctx.create_cq(2 * depth, None).unwrap();
+    let cq_b = ctx.create_cq(2 * depth, None).unwrap();
+    let build = |cq| {
+        pd.create_qp(cq, qp_type)
+            .max_send_wr(depth)
+            .max_recv_wr(depth)
+            .max_send_sge(sge)
+            .max_recv_sge(sge)
+            .max_inline_data(inline)
+            .build()
+            .unwrap()
+    };
+    let mut a = build(&cq_a);
+    let mut b = build(&cq_b);
+    let o = opts();
+    let ea = a.endpoint(&o).unwrap();
+    let eb = b.endpoint(&o).unwrap();
+    a.connect(&eb, &o).unwrap();
+    b.connect(&ea, &o).unwrap();
+    Pair { ctx, pd, cq_a, cq_b, a, b }
+}
+
+/// A deterministic byte pattern.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}

@@ -1,0 +1,643 @@
+//! Device tests of the safe core over a real verbs device (SoftRoCE in the `cargo xtask test` VM).
+//! Every operation moves bytes and the test compares them.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use ibverbs::{
+    AccessFlags, Completion, ConnectOptions, Error, GidType, LinkLayer, Local, LocalBuf, MemoryRegion, Mtu,
+    PortState, QpState, QpType, RecvRequest, RemoteSlice, SendRequest, WcOpcode, WcStatus,
+};
+
+#[test]
+fn devices_are_listed_and_opened_by_name() {
+    let list = ibverbs::devices().unwrap();
+    assert!(!list.is_empty(), "no RDMA device");
+    let ctx = context();
+    let dev = list.find(ctx.name()).unwrap();
+    assert_eq!(dev.name(), ctx.name());
+    assert_eq!(dev.node_type(), ibverbs::NodeType::CA);
+    assert_eq!(dev.transport_type(), ibverbs::TransportType::IB);
+    match ibverbs::Context::open(Some("no_such_dev9")) {
+        Err(Error::DeviceNotFound { name, available }) => {
+            assert_eq!(name, "no_such_dev9");
+            assert!(available.contains(ctx.name()), "{available}");
+        }
+        other => panic!("expected DeviceNotFound, got {other:?}"),
+    }
+}
+
+#[test]
+fn device_port_and_gid_attributes() {
+    let ctx = context();
+    let dev = ctx.query_device().unwrap();
+    assert!(dev.max_qp() > 0 && dev.max_qp_wr() > 0 && dev.max_sge() > 0 && dev.max_cqe() > 0);
+    assert!(dev.phys_port_cnt() >= 1);
+    let port = ctx.query_port(1).unwrap();
+    assert_eq!(port.state(), PortState::ACTIVE);
+    assert_eq!(port.link_layer(), LinkLayer::ETHERNET);
+    assert!(port.active_mtu().bytes().is_some());
+    assert!(port.gid_tbl_len() > 1);
+    // The RoCE v2 IPv4-mapped GID: index 1 on a fresh rxe device, 192.0.2.1 in the harness.
+    let idx = ctx.roce_v2_ipv4_gid_index(1).unwrap();
+    let entry = ctx.query_gid(1, idx).unwrap();
+    assert_eq!(entry.gid_type, GidType::ROCE_V2);
+    assert!(entry.gid.is_ipv4_mapped(), "{}", entry.gid);
+    assert_eq!(entry.index, idx);
+    let table = ctx.gid_table(1).unwrap();
+    assert!(table.iter().any(|e| e.index == idx && e.gid == entry.gid), "{table:?}");
+    if std::env::var("IBVERBS_TEST_GID_INDEX").is_ok() {
+        assert_eq!(idx, 1);
+        assert_eq!(&entry.gid.0[12..], &[192, 0, 2, 1]);
+    }
+}
+
+#[test]
+fn bad_port_and_gid_index_are_typed_errors() {
+    let ctx = context();
+    assert!(matches!(ctx.query_port(0), Err(Error::InvalidArgument { .. })));
+    let e = ctx.query_port(9).unwrap_err();
+    assert!(matches!(e, Error::Verb { verb: "ibv_query_port", .. }), "{e:?}");
+    assert!(ctx.query_gid(1, 100_000).is_err());
+
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8, None).unwrap();
+    let mut qp = pd.create_qp(&cq, QpType::RC).max_send_wr(2).max_recv_wr(2).build().unwrap();
+    let peer = qp.endpoint(&opts()).unwrap();
+    let e = qp.connect(&peer, &ConnectOptions { port: 7, ..opts() }).unwrap_err();
+    assert!(matches!(e, Error::Verb { verb: "ibv_query_port", .. }), "{e:?}");
+    assert_eq!(qp.state(), QpState::RESET);
+    let e = qp.connect(&peer, &ConnectOptions { gid_index: Some(200), ..opts() }).unwrap_err();
+    assert!(matches!(e, Error::Verb { verb: "ibv_query_gid_ex", .. }), "{e:?}");
+    let e = qp.connect(&peer, &ConnectOptions { retry_cnt: 8, ..opts() }).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+}
+
+#[test]
+fn registration_errors_are_typed() {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    assert!(matches!(pd.allocate(0), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(pd.register(Vec::new(), AccessFlags::LOCAL_WRITE), Err(Error::InvalidArgument { .. })));
+    // Far beyond any memory: the allocation (or registration) fails with ENOMEM-like errors.
+    assert!(pd.allocate(1 << 46).is_err());
+    assert!(matches!(
+        pd.register(vec![0u8; 8], AccessFlags::REMOTE_WRITE),
+        Err(Error::InvalidArgument { .. })
+    ));
+    let mr = pd.register(vec![7u8; 100], AccessFlags::LOCAL_WRITE).unwrap();
+    assert_eq!(mr.len(), 100);
+    assert!(mr.as_slice().iter().all(|&b| b == 7));
+    assert!(matches!(Local::new(mr, 50..101), Err(Error::OutOfBounds { size: 100, .. })));
+}
+
+#[test]
+fn send_recv_with_and_without_immediate() {
+    let mut p = rc_pair(8);
+    for (i, imm) in [None, Some(0xdead_beef_u32)].into_iter().enumerate() {
+        let data = pattern(1000, i as u8);
+        let recv = p.pd.allocate(1024).unwrap();
+        p.b.post_recv(RecvRequest::new(Local::whole(recv)).wr_id(10 + i as u64)).unwrap();
+        let mut src = p.pd.allocate(1000).unwrap();
+        src.copy_from_slice(&data);
+        let mut wr = SendRequest::send(Local::whole(src)).wr_id(20 + i as u64);
+        if let Some(imm) = imm {
+            wr = wr.imm(imm);
+        }
+        p.a.post_send(wr).unwrap();
+        let mut sc = poll_one(&mut p.cq_a);
+        assert_eq!(sc.status(), WcStatus::SUCCESS, "{sc:?}");
+        assert_eq!(sc.opcode(), WcOpcode::SEND);
+        assert_eq!(sc.wr_id(), 20 + i as u64);
+        assert_eq!(sc.take_region().unwrap().as_slice(), &data[..], "the send buffer comes back intact");
+        let mut rc = poll_one(&mut p.cq_b);
+        assert_eq!(rc.status(), WcStatus::SUCCESS, "{rc:?}");
+        assert_eq!(rc.opcode(), WcOpcode::RECV);
+        assert_eq!(rc.wr_id(), 10 + i as u64);
+        assert_eq!(rc.byte_len(), 1000);
+        assert_eq!(rc.imm_data(), imm);
+        assert_eq!(rc.qp_num(), p.b.qp_num());
+        let got = rc.take_region().unwrap();
+        assert_eq!(&got[..1000], &data[..]);
+        assert!(got[1000..].iter().all(|&b| b == 0));
+    }
+}
+
+#[test]
+fn rdma_write_and_write_with_immediate() {
+    let mut p = rc_pair(8);
+    let target = Arc::new(p.pd.allocate_remote(4096, AccessFlags::REMOTE_WRITE).unwrap());
+    let data = pattern(3000, 3);
+    let mut src = p.pd.allocate(3000).unwrap();
+    src.copy_from_slice(&data);
+    let remote = target.remote().slice(100, 3000).unwrap();
+    p.a.post_send(SendRequest::write(Local::whole(src), remote).wr_id(1)).unwrap();
+    let mut c = poll_one(&mut p.cq_a);
+    assert_eq!(c.status(), WcStatus::SUCCESS, "{c:?}");
+    assert_eq!(c.opcode(), WcOpcode::RDMA_WRITE);
+    let src = c.take_region().unwrap();
+    let got = target.to_vec();
+    assert_eq!(&got[100..3100], &data[..]);
+    assert!(got[..100].iter().chain(&got[3100..]).all(|&b| b == 0), "bytes outside the range untouched");
+    assert_quiet(&mut p.cq_b, Duration::from_millis(50));
+
+    // With immediate: consumes a receive on the target, which gets the immediate and the length.
+    p.b.post_recv(RecvRequest::empty().wr_id(5)).unwrap();
+    let remote = target.remote().slice(0, 64).unwrap();
+    p.a.post_send(SendRequest::write(Local::new(src, 0..64).unwrap(), remote).imm(0x0102_0304)).unwrap();
+    assert!(poll_one(&mut p.cq_a).is_ok());
+    let rc = poll_one(&mut p.cq_b);
+    assert_eq!(rc.status(), WcStatus::SUCCESS);
+    assert_eq!(rc.opcode(), WcOpcode::RECV_RDMA_WITH_IMM);
+    assert_eq!(rc.imm_data(), Some(0x0102_0304));
+    assert_eq!(rc.wr_id(), 5);
+    assert_eq!(&target.to_vec()[..64], &data[..64]);
+}
+
+#[test]
+fn rdma_read() {
+    let mut p = rc_pair(8);
+    let data = pattern(5000, 9);
+    let source = p.pd.register(data.clone(), AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ).unwrap();
+    let dst = p.pd.allocate(5000).unwrap();
+    p.a.post_send(SendRequest::read(Local::whole(dst), source.remote())).unwrap();
+    let mut c = poll_one(&mut p.cq_a);
+    assert_eq!(c.status(), WcStatus::SUCCESS, "{c:?}");
+    assert_eq!(c.opcode(), WcOpcode::RDMA_READ);
+    assert_eq!(c.take_region().unwrap().as_slice(), &data[..]);
+    // A shared (read-only) handle cannot be an RDMA Read target.
+    let shared = Arc::new(p.pd.allocate(16).unwrap());
+    let e = p.a.post_send(SendRequest::read(Local::whole(shared), source.remote().slice(0, 16).unwrap()));
+    assert!(matches!(e.map_err(|e| e.error), Err(Error::InvalidArgument { .. })));
+}
+
+#[test]
+fn atomics_compare_swap_and_fetch_add() {
+    let mut p = rc_pair(8);
+    let target = Arc::new(p.pd.allocate_remote(64, AccessFlags::REMOTE_ATOMIC).unwrap());
+    target.write(8, &100u64.to_ne_bytes()).unwrap();
+    let word = target.remote().slice(8, 8).unwrap();
+    let res = p.pd.allocate(8).unwrap();
+
+    // Compare fails: nothing swapped, old value returned.
+    p.a.post_send(SendRequest::compare_swap(Local::whole(res), word, 5, 7)).unwrap();
+    let mut c = poll_one(&mut p.cq_a);
+    assert_eq!(c.status(), WcStatus::SUCCESS, "{c:?}");
+    assert_eq!(c.opcode(), WcOpcode::COMP_SWAP);
+    let res = c.take_region().unwrap();
+    assert_eq!(u64::from_ne_bytes(res[..8].try_into().unwrap()), 100);
+    assert_eq!(target.load_u64(8).unwrap(), 100);
+
+    // Compare matches: swapped.
+    p.a.post_send(SendRequest::compare_swap(Local::whole(res), word, 100, 777)).unwrap();
+    let mut c = poll_one(&mut p.cq_a);
+    let res = c.take_region().unwrap();
+    assert_eq!(u64::from_ne_bytes(res[..8].try_into().unwrap()), 100);
+    assert_eq!(target.load_u64(8).unwrap(), 777);
+
+    p.a.post_send(SendRequest::fetch_add(Local::whole(res), word, 23)).unwrap();
+    let mut c = poll_one(&mut p.cq_a);
+    assert_eq!(c.opcode(), WcOpcode::FETCH_ADD);
+    let res = c.take_region().unwrap();
+    assert_eq!(u64::from_ne_bytes(res[..8].try_into().unwrap()), 777);
+    assert_eq!(target.load_u64(8).unwrap(), 800);
+    assert_eq!(target.load_u64(0).unwrap(), 0, "neighbouring words untouched");
+    assert_eq!(target.load_u64(16).unwrap(), 0);
+
+    // Misaligned or short remote words are refused before posting.
+    let e = p.a.post_send(SendRequest::fetch_add(Local::whole(res), target.remote().slice(4, 8).unwrap(), 1));
+    assert!(matches!(e.map_err(|e| e.error), Err(Error::InvalidArgument { .. })));
+}
+
+#[test]
+fn scatter_gather_lists() {
+    let mut p = pair(QpType::RC, 8, 3, 0);
+    let (d1, d2, d3) = (pattern(100, 1), pattern(200, 2), pattern(50, 3));
+    let mk = |d: &[u8]| {
+        let mut m = p.pd.allocate(d.len()).unwrap();
+        m.copy_from_slice(d);
+        m
+    };
+    let (m1, m2, m3) = (mk(&d1), mk(&d2), mk(&d3));
+    // Receive scattered into 3 buffers of other sizes.
+    let r1 = p.pd.allocate(120).unwrap();
+    let r2 = p.pd.allocate(30).unwrap();
+    let r3 = p.pd.allocate(400).unwrap();
+    let rwr = RecvRequest::new(Local::whole(r1))
+        .scatter(Local::whole(r2))
+        .unwrap()
+        .scatter(Local::whole(r3))
+        .unwrap();
+    p.b.post_recv(rwr).unwrap();
+    let swr = SendRequest::send(Local::whole(m1))
+        .gather(Local::new(m2, ..).unwrap())
+        .unwrap()
+        .gather(Local::whole(m3))
+        .unwrap();
+    assert_eq!(swr.len(), 350);
+    p.a.post_send(swr).unwrap();
+    let mut sc = poll_one(&mut p.cq_a);
+    assert!(sc.is_ok(), "{sc:?}");
+    assert_eq!(sc.take_buffers().count(), 3, "all gathered buffers come back");
+    let mut rc = poll_one(&mut p.cq_b);
+    assert!(rc.is_ok(), "{rc:?}");
+    assert_eq!(rc.byte_len(), 350);
+    let bufs: Vec<MemoryRegion> = rc.take_buffers().map(|b| b.into_region().unwrap()).collect();
+    let mut got = Vec::new();
+    for b in &bufs {
+        got.extend_from_slice(b.as_slice());
+    }
+    let want: Vec<u8> = [d1, d2, d3].concat();
+    assert_eq!(&got[..350], &want[..]);
+    assert!(got[350..].iter().all(|&b| b == 0));
+    // More SGEs than the QP takes is a typed error and hands the request back.
+    let mut wr = SendRequest::send(Local::whole(p.pd.allocate(1).unwrap()));
+    for _ in 0..3 {
+        wr = wr.gather(Local::whole(p.pd.allocate(1).unwrap())).unwrap();
+    }
+    let e = p.a.post_send(wr).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }));
+    assert_eq!(e.request.into_buffers().count(), 4);
+}
+
+#[test]
+fn inline_send_copies_at_post_time() {
+    let mut p = pair(QpType::RC, 8, 1, 64);
+    assert!(p.a.caps().max_inline_data >= 64);
+    let recv = p.pd.allocate(64).unwrap();
+    p.b.post_recv(RecvRequest::new(Local::whole(recv))).unwrap();
+    let mut data = pattern(48, 5);
+    let want = data.clone();
+    p.a.post_send(SendRequest::send_inline(&data)).unwrap();
+    data.fill(0xff); // the buffer is free again as soon as the post returns
+    assert!(poll_one(&mut p.cq_a).is_ok());
+    let mut rc = poll_one(&mut p.cq_b);
+    assert_eq!(rc.byte_len(), 48);
+    assert_eq!(&rc.take_region().unwrap()[..48], &want[..]);
+    let big = vec![0u8; 65];
+    let e = p.a.post_send(SendRequest::send_inline(&big[..])).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }));
+}
+
+#[test]
+fn ud_send_recv_through_an_address_handle() {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut cq_a = ctx.create_cq(16, None).unwrap();
+    let mut cq_b = ctx.create_cq(16, None).unwrap();
+    let mut a = pd.create_qp(&cq_a, QpType::UD).max_send_wr(4).max_recv_wr(4).build().unwrap();
+    let mut b = pd.create_qp(&cq_b, QpType::UD).max_send_wr(4).max_recv_wr(4).build().unwrap();
+    let o = opts();
+    a.activate_ud(&o).unwrap();
+    b.activate_ud(&o).unwrap();
+    let recv = pd.allocate(40 + 512).unwrap();
+    b.post_recv(RecvRequest::new(Local::whole(recv)).wr_id(3)).unwrap();
+    let ah = pd.create_ah(&b.endpoint(&o).unwrap(), &o).unwrap();
+    let data = pattern(512, 11);
+    let mut src = pd.allocate(512).unwrap();
+    src.copy_from_slice(&data);
+    a.post_send(SendRequest::send(Local::whole(src)).ud(&ah, b.qp_num(), o.qkey).imm(99)).unwrap();
+    drop(ah); // the posted request keeps the address handle alive
+    assert!(poll_one(&mut cq_a).is_ok());
+    let mut rc = poll_one(&mut cq_b);
+    assert!(rc.is_ok(), "{rc:?}");
+    assert_eq!(rc.byte_len(), 40 + 512, "UD receives start with the 40-byte GRH");
+    assert!(rc.work_completion().has_grh());
+    assert_eq!(rc.src_qp(), a.qp_num());
+    assert_eq!(rc.imm_data(), Some(99));
+    assert_eq!(&rc.take_region().unwrap()[40..], &data[..]);
+    // A UD send without a destination is refused.
+    let e = a.post_send(SendRequest::send(Local::whole(pd.allocate(8).unwrap()))).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }));
+}
+
+#[test]
+fn uc_write() {
+    let mut p = pair(QpType::UC, 4, 1, 0);
+    let target = Arc::new(p.pd.allocate_remote(256, AccessFlags::REMOTE_WRITE).unwrap());
+    let data = pattern(256, 77);
+    let mut src = p.pd.allocate(256).unwrap();
+    src.copy_from_slice(&data);
+    p.a.post_send(SendRequest::write(Local::whole(src), target.remote())).unwrap();
+    assert!(poll_one(&mut p.cq_a).is_ok());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while target.to_vec() != data {
+        assert!(Instant::now() < deadline, "UC write did not land");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let e = p.a.post_send(SendRequest::read(Local::whole(p.pd.allocate(8).unwrap()), target.remote()));
+    assert!(matches!(e.map_err(|e| e.error), Err(Error::InvalidArgument { .. })));
+}
+
+#[test]
+fn chain_of_64_requests_in_one_post() {
+    let mut p = rc_pair(64);
+    let mut recvs: Vec<RecvRequest> =
+        (0..64).map(|i| RecvRequest::new(Local::whole(p.pd.allocate(16).unwrap())).wr_id(i)).collect();
+    p.b.post_recv_chain(&mut recvs).unwrap();
+    assert!(recvs.is_empty());
+    let mut sends: Vec<SendRequest> = (0..64u64)
+        .map(|i| {
+            let mut m = p.pd.allocate(16).unwrap();
+            m.fill(i as u8);
+            SendRequest::send(Local::whole(m)).wr_id(1000 + i)
+        })
+        .collect();
+    p.a.post_send_chain(&mut sends).unwrap();
+    assert!(sends.is_empty());
+    assert_eq!(p.a.outstanding_sends(), 64);
+    let sc = poll_n(&mut p.cq_a, 64);
+    for (i, c) in sc.iter().enumerate() {
+        assert!(c.is_ok(), "{c:?}");
+        assert_eq!(c.wr_id(), 1000 + i as u64, "in order");
+    }
+    let mut rc = poll_n(&mut p.cq_b, 64);
+    for (i, c) in rc.iter_mut().enumerate() {
+        assert_eq!(c.wr_id(), i as u64);
+        assert!(c.take_region().unwrap().iter().all(|&b| b == i as u8));
+    }
+    assert_eq!(p.a.outstanding_sends(), 0);
+    assert_eq!(p.b.outstanding_recvs(), 0);
+}
+
+#[test]
+fn queue_and_cq_capacity_are_enforced() {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    // A CQ that cannot hold every completion of its queue pairs is refused up front: the safe
+    // level never lets a CQ overflow.
+    let small = ctx.create_cq(4, None).unwrap();
+    let e = pd.create_qp(&small, QpType::RC).max_send_wr(8).max_recv_wr(8).build().unwrap_err();
+    assert!(matches!(e, Error::CqTooSmall { .. }), "{e:?}");
+
+    // Posting beyond the queue's depth is a typed error that hands the request back.
+    let mut p = rc_pair(4);
+    let shared = Arc::new(p.pd.allocate(8).unwrap());
+    let remote = p.pd.allocate_remote(8, AccessFlags::REMOTE_WRITE).unwrap().remote();
+    let mut posted = 0;
+    let err = loop {
+        match p.a.post_send(SendRequest::write(Local::whole(shared.clone()), remote).unsignaled()) {
+            Ok(()) => posted += 1,
+            Err(e) => break e,
+        }
+        assert!(posted <= 4);
+    };
+    assert_eq!(posted, 4);
+    assert!(matches!(err.error, Error::QueueFull { capacity: 4, .. }), "{:?}", err.error);
+    let mut chain = vec![SendRequest::send(Local::whole(shared.clone()))];
+    assert!(matches!(p.a.post_send_chain(&mut chain), Err(Error::QueueFull { .. })));
+    assert_eq!(chain.len(), 1, "the chain is handed back");
+    let mut r = 0;
+    while p.b.post_recv(RecvRequest::new(Local::whole(p.pd.allocate(8).unwrap()))).is_ok() {
+        r += 1;
+        assert!(r <= 4);
+    }
+    assert_eq!(r, 4);
+}
+
+#[test]
+fn unsignaled_requests_are_released_by_a_later_signaled_one() {
+    let mut p = rc_pair(16);
+    let target = Arc::new(p.pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap());
+    let mut m = p.pd.allocate(64).unwrap();
+    m.fill(0x5a);
+    let src = Arc::new(m);
+    for _ in 0..10 {
+        p.a.post_send(SendRequest::write(Local::whole(src.clone()), target.remote()).unsignaled()).unwrap();
+    }
+    assert_eq!(Arc::strong_count(&src), 11);
+    // An owned region cannot ride on an unsignaled request (nothing would hand it back).
+    let e =
+        p.a.post_send(SendRequest::send(Local::whole(p.pd.allocate(8).unwrap())).unsignaled()).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }));
+    assert_quiet(&mut p.cq_a, Duration::from_millis(20));
+    p.a.post_send(SendRequest::write(Local::whole(src.clone()), target.remote()).wr_id(77)).unwrap();
+    let c = poll_one(&mut p.cq_a);
+    assert_eq!(c.wr_id(), 77);
+    drop(c);
+    assert_eq!(Arc::strong_count(&src), 1, "all 11 requests released");
+    assert_eq!(p.a.outstanding_sends(), 0);
+    assert!(target.to_vec().iter().all(|&b| b == 0x5a));
+}
+
+#[test]
+fn posting_before_rts_is_a_typed_error() {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8, None).unwrap();
+    let mut qp = pd.create_qp(&cq, QpType::RC).max_send_wr(2).max_recv_wr(2).build().unwrap();
+    let e = qp.post_recv(RecvRequest::new(Local::whole(pd.allocate(8).unwrap()))).unwrap_err();
+    assert!(matches!(e.error, Error::QpState { state: QpState::RESET, .. }), "{:?}", e.error);
+    let e = qp.post_send(SendRequest::send_inline(b"x")).unwrap_err();
+    assert!(matches!(e.error, Error::QpState { .. }));
+    qp.init(&opts()).unwrap();
+    assert_eq!(qp.query_state().unwrap(), QpState::INIT);
+    qp.post_recv(RecvRequest::new(Local::whole(pd.allocate(8).unwrap()))).unwrap();
+    let e = qp.post_send(SendRequest::send_inline(b"x")).unwrap_err();
+    assert!(matches!(e.error, Error::QpState { state: QpState::INIT, .. }));
+    assert!(matches!(qp.init(&opts()), Err(Error::QpState { .. })));
+}
+
+/// Fills a fresh pair's remote-writable target with a pattern, lets `a` try `write` against it,
+/// and checks the completion status and that the target is byte-for-byte unchanged.
+fn remote_write_is_refused(make_remote: impl FnOnce(&Pair) -> (RemoteSlice, Box<dyn Fn() -> Vec<u8>>)) {
+    let mut p = rc_pair(4);
+    let (remote, snapshot) = make_remote(&p);
+    let before = snapshot();
+    let mut src = p.pd.allocate(64).unwrap();
+    src.fill(0xee);
+    p.a.post_send(SendRequest::write(Local::whole(src), remote)).unwrap();
+    let mut c = poll_one(&mut p.cq_a);
+    assert_eq!(c.status(), WcStatus::REM_ACCESS_ERR, "{c:?}");
+    assert!(c.take_region().is_some(), "the buffer comes back on error too");
+    assert_eq!(snapshot(), before, "target memory changed");
+    assert_eq!(p.a.query_state().unwrap(), QpState::ERR);
+}
+
+#[test]
+fn remote_write_outside_the_registered_range_fails() {
+    remote_write_is_refused(|p| {
+        let t = Arc::new(p.pd.allocate_remote(4096, AccessFlags::REMOTE_WRITE).unwrap());
+        t.fill(0x11);
+        let r = t.remote();
+        // Hand-crafted past the end (the bounds-checked API would refuse to build it).
+        let bad = RemoteSlice { addr: r.addr + r.len - 32, len: 64, rkey: r.rkey };
+        (bad, Box::new(move || t.to_vec()))
+    });
+}
+
+#[test]
+fn remote_write_to_a_region_without_remote_write_fails() {
+    remote_write_is_refused(|p| {
+        let m =
+            p.pd.register(vec![0x22u8; 4096], AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ).unwrap();
+        let r = m.remote().slice(0, 64).unwrap();
+        let m = Arc::new(m);
+        (r, Box::new(move || m.as_slice().to_vec()))
+    });
+}
+
+#[test]
+fn remote_write_with_the_rkey_of_a_deregistered_region_fails() {
+    remote_write_is_refused(|p| {
+        let gone = p.pd.allocate_remote(4096, AccessFlags::REMOTE_WRITE).unwrap();
+        let r = gone.remote().slice(0, 64).unwrap();
+        drop(gone);
+        // Whatever memory now lives near there must not change: watch a live region too.
+        let live = Arc::new(p.pd.allocate_remote(4096, AccessFlags::REMOTE_WRITE).unwrap());
+        live.fill(0x33);
+        (r, Box::new(move || live.to_vec()))
+    });
+}
+
+#[test]
+fn destroyed_peer_gives_retry_exceeded_in_bounded_time() {
+    let Pair { pd, mut cq_a, cq_b: _cq_b, mut a, b, ctx: _ctx } = rc_pair(4);
+    let target = Arc::new(pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap());
+    drop(b);
+    let start = Instant::now();
+    let src = pd.allocate(64).unwrap();
+    a.post_send(SendRequest::write(Local::whole(src), target.remote())).unwrap();
+    let mut c = poll_one(&mut cq_a);
+    let took = start.elapsed();
+    assert_eq!(c.status(), WcStatus::RETRY_EXC_ERR, "{c:?}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(c.take_region().is_some());
+    eprintln!("retry exceeded after {took:?}");
+}
+
+#[test]
+fn error_state_flushes_and_returns_every_buffer() {
+    let mut p = rc_pair(8);
+    for i in 0..5 {
+        p.b.post_recv(RecvRequest::new(Local::whole(p.pd.allocate(32).unwrap())).wr_id(i)).unwrap();
+    }
+    p.b.set_error().unwrap();
+    let mut cs = poll_n(&mut p.cq_b, 5);
+    for (i, c) in cs.iter_mut().enumerate() {
+        assert_eq!(c.status(), WcStatus::WR_FLUSH_ERR);
+        assert_eq!(c.wr_id(), i as u64);
+        assert!(c.take_region().is_some());
+    }
+    assert_eq!(p.b.outstanding_recvs(), 0);
+}
+
+#[test]
+fn dropping_a_qp_with_work_outstanding_releases_buffers_at_the_next_poll() {
+    let Pair { pd, cq_a: _cq_a, mut cq_b, a: _a, mut b, ctx: _ctx } = rc_pair(8);
+    let shared = Arc::new(pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap());
+    for _ in 0..3 {
+        b.post_recv(RecvRequest::new(Local::whole(shared.clone()))).unwrap();
+    }
+    assert_eq!(Arc::strong_count(&shared), 4);
+    drop(b);
+    let mut out = [Completion::default(), Completion::default()];
+    let _ = cq_b.poll(&mut out).unwrap();
+    assert_eq!(Arc::strong_count(&shared), 1, "the CQ released the dropped QP's buffers");
+    // The CQ's room came back: a new QP of the same size fits.
+    let _b2 = pd.create_qp(&cq_b, QpType::RC).max_send_wr(8).max_recv_wr(8).build().unwrap();
+}
+
+#[test]
+fn reset_and_reconnect() {
+    let mut p = rc_pair(4);
+    p.b.post_recv(RecvRequest::new(Local::whole(p.pd.allocate(8).unwrap()))).unwrap();
+    p.a.reset().unwrap();
+    p.b.reset().unwrap();
+    assert_eq!(p.a.state(), QpState::RESET);
+    assert_eq!(p.b.outstanding_recvs(), 0, "fresh, empty queues");
+    let o = opts();
+    let (ea, eb) = (p.a.endpoint(&o).unwrap(), p.b.endpoint(&o).unwrap());
+    p.a.connect(&eb, &o).unwrap();
+    p.b.connect(&ea, &o).unwrap();
+    let recv = p.pd.allocate(8).unwrap();
+    p.b.post_recv(RecvRequest::new(Local::whole(recv))).unwrap();
+    p.a.post_send(SendRequest::send_inline(b"")).unwrap();
+    // (inline with max_inline_data 0 is fine for an empty message)
+    assert!(poll_one(&mut p.cq_a).is_ok());
+    let rc = poll_one(&mut p.cq_b);
+    assert!(rc.is_ok(), "{rc:?}");
+    assert_eq!(rc.byte_len(), 0);
+}
+
+#[test]
+fn completion_channel_events() {
+    let ctx = context();
+    let ch = ctx.create_comp_channel().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut cq = ctx.create_cq(16, Some(&ch)).unwrap();
+    let other = ctx.create_cq(16, None).unwrap();
+    assert_ne!(cq.id(), other.id());
+    let mut a = pd.create_qp(&cq, QpType::RC).max_send_wr(4).max_recv_wr(4).build().unwrap();
+    let mut b = pd.create_qp(&other, QpType::RC).max_send_wr(4).max_recv_wr(4).build().unwrap();
+    let o = opts();
+    let (ea, eb) = (a.endpoint(&o).unwrap(), b.endpoint(&o).unwrap());
+    a.connect(&eb, &o).unwrap();
+    b.connect(&ea, &o).unwrap();
+    cq.req_notify(false).unwrap();
+    assert_eq!(ch.get_event(Some(Duration::from_millis(50))).unwrap(), None, "no event yet");
+    b.post_recv(RecvRequest::new(Local::whole(pd.allocate(8).unwrap()))).unwrap();
+    a.post_send(SendRequest::send_inline(b"")).unwrap();
+    let ev = ch.get_event(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(ev, Some(cq.id()));
+    assert!(poll_one(&mut cq).is_ok());
+    use std::os::fd::AsFd;
+    let _fd = ch.as_fd();
+}
+
+#[test]
+fn handles_are_static_send_sync_and_work_across_threads() {
+    fn assert_send_sync<T: Send + Sync + 'static>() {}
+    assert_send_sync::<ibverbs::Context>();
+    assert_send_sync::<ibverbs::ProtectionDomain>();
+    assert_send_sync::<MemoryRegion>();
+    assert_send_sync::<ibverbs::RemoteMemoryRegion>();
+    assert_send_sync::<ibverbs::CompletionQueue>();
+    assert_send_sync::<ibverbs::QueuePair>();
+    assert_send_sync::<ibverbs::AddressHandle>();
+    assert_send_sync::<LocalBuf>();
+
+    let p = rc_pair(32);
+    let Pair { pd, mut cq_a, mut cq_b, mut a, mut b, ctx: _ctx } = p;
+    let n = 200u64;
+    let pd2 = pd.clone();
+    let receiver = std::thread::spawn(move || {
+        let mut sum = 0u64;
+        for i in 0..n {
+            b.post_recv(RecvRequest::new(Local::whole(pd2.allocate(8).unwrap())).wr_id(i)).unwrap();
+            let mut c = poll_one(&mut cq_b);
+            assert!(c.is_ok(), "{c:?}");
+            sum += u64::from_le_bytes(c.take_region().unwrap()[..8].try_into().unwrap());
+        }
+        (b, sum)
+    });
+    // The sender posts from this thread and polls its CQ from another.
+    let poller = std::thread::spawn(move || {
+        for _ in 0..n {
+            assert!(poll_one(&mut cq_a).is_ok());
+        }
+        cq_a
+    });
+    for i in 0..n {
+        let mut m = pd.allocate(8).unwrap();
+        m.copy_from_slice(&i.to_le_bytes());
+        loop {
+            match a.post_send(SendRequest::send(Local::whole(m))) {
+                Ok(()) => break,
+                Err(e) if matches!(e.error, Error::QueueFull { .. }) => {
+                    m = e.request.into_buffers().next().unwrap().into_region().unwrap();
+                    std::thread::yield_now();
+                }
+                Err(e) => panic!("{}", e.error),
+            }
+        }
+        // The receiver may not have posted yet: rnr_retry 7 retries until it has.
+    }
+    let _cq_a = poller.join().unwrap();
+    let (_b, sum) = receiver.join().unwrap();
+    assert_eq!(sum, n * (n - 1) / 2);
+    let _ = Mtu::MTU_1024;
+}
