@@ -277,7 +277,13 @@ fn inline_send_copies_at_post_time() {
     let mut rc = poll_one(&mut p.cq_b);
     assert_eq!(rc.byte_len(), 48);
     assert_eq!(&rc.take_region().unwrap()[..48], &want[..]);
-    let big = vec![0u8; 65];
+    // A region of another protection domain is refused before the device sees it.
+    let other_pd = p.ctx.alloc_pd().unwrap();
+    let e = p.b.post_recv(RecvRequest::new(Local::whole(other_pd.allocate(8).unwrap()))).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }), "{:?}", e.error);
+    let e = p.a.post_send(SendRequest::send(Local::whole(other_pd.allocate(8).unwrap()))).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }), "{:?}", e.error);
+    let big = [0u8; 65];
     let e = p.a.post_send(SendRequest::send_inline(&big[..])).unwrap_err();
     assert!(matches!(e.error, Error::InvalidArgument { .. }));
 }

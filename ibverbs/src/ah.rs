@@ -11,7 +11,7 @@ use crate::qp::{ConnectOptions, Endpoint};
 
 pub(crate) struct AhInner {
     raw: NonNull<ffi::ibv_ah>,
-    _pd: Arc<PdInner>,
+    pub(crate) pd: Arc<PdInner>,
 }
 
 // SAFETY: an AH is an immutable handle once created; rdma-core allows using it from any thread.
@@ -69,6 +69,6 @@ impl ProtectionDomain {
     pub fn create_ah_raw(&self, attr: &mut ffi::ibv_ah_attr) -> Result<AddressHandle> {
         // SAFETY: valid PD and attribute struct; the AH is destroyed once in AhInner::drop.
         let raw = cvt_p("ibv_create_ah", unsafe { ffi::ibv_create_ah(self.as_raw(), attr) })?;
-        Ok(AddressHandle { inner: Arc::new(AhInner { raw, _pd: self.inner.clone() }) })
+        Ok(AddressHandle { inner: Arc::new(AhInner { raw, pd: self.inner.clone() }) })
     }
 }

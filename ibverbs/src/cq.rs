@@ -453,9 +453,8 @@ impl Completion {
             return;
         }
         // SAFETY: called from poll(), which holds &mut CompletionQueue: the only consumer.
-        if let Some(slot) =
-            unsafe { registry.lookup(wc.wr_id).and_then(|ring| ring.complete(wc.wr_id as u32)) }
-        {
+        let slot = unsafe { registry.lookup(wc.wr_id).and_then(|ring| ring.complete(wc.wr_id as u32)) };
+        if let Some(slot) = slot {
             self.wc.0.wr_id = slot.wr_id;
             self.bufs = slot.bufs;
             self.tracked = true;

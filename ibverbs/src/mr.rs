@@ -227,6 +227,11 @@ impl MrInner {
         }
     }
 
+    /// Whether the region belongs to protection domain `pd`.
+    pub(crate) fn in_pd(&self, pd: &Arc<PdInner>) -> bool {
+        Arc::ptr_eq(&self._pd, pd)
+    }
+
     fn remote(&self) -> RemoteSlice {
         RemoteSlice { addr: self.addr() as u64, len: self.len() as u64, rkey: self.rkey() }
     }

@@ -820,6 +820,12 @@ impl QueuePair {
         }
         wr.validate()?;
         let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_post_send", reason });
+        if wr.sges.iter().flatten().any(|s| !s.buf.mr().in_pd(&self.pd)) {
+            return bad("a buffer's memory region belongs to another protection domain");
+        }
+        if wr.ud.as_ref().is_some_and(|(ah, _, _)| !Arc::ptr_eq(&ah.inner.pd, &self.pd)) {
+            return bad("the address handle belongs to another protection domain");
+        }
         if let Some(d) = wr.inline {
             if d.len() > self.caps.max_inline_data as usize {
                 return bad("inline data larger than the QP's max_inline_data");
@@ -848,6 +854,12 @@ impl QueuePair {
             });
         }
         wr.validate()?;
+        if wr.sges.iter().flatten().any(|s| !s.buf.mr().in_pd(&self.pd)) {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_post_recv",
+                reason: "a buffer's memory region belongs to another protection domain",
+            });
+        }
         if wr.sges.iter().flatten().count() > self.caps.max_recv_sge as usize {
             return Err(Error::InvalidArgument {
                 verb: "ibv_post_recv",
