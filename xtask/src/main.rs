@@ -1,1 +1,317 @@
-fn main() { println!("xtask: not yet implemented"); std::process::exit(1) }
+//! `cargo xtask`: the project's automation, chiefly a SoftRoCE (rxe) harness.
+//!
+//! Our machines have no RDMA in their kernel, so the device tests run in a QEMU VM that boots the host's
+//! Debian kernel, sees the host's root read-only through 9p (under a tmpfs overlay, so host-built
+//! binaries run unchanged) and creates `rxe0` over a dummy netdev. On a host that already has an active
+//! RDMA device, commands run directly on it unless `--vm` is given. See [`USAGE`].
+//!
+//! # What tests and programs can count on
+//! - **Device tests** are the integration tests of the root package whose target name starts with
+//!   `device_` (`tests/device_*.rs`). `cargo xtask test` finds them in `cargo test --workspace --no-run`'s
+//!   JSON messages, keeps them out of the host run and runs each binary in the VM with
+//!   `--test-threads=1`, in the workspace root, `CARGO_MANIFEST_DIR` set to it. A device test that finds
+//!   no device should fail, not skip.
+//! - **Environment** of every command run by `rxe`, `test` or `demo`: `IBVERBS_TEST_DEVICE` (`rxe0`),
+//!   `IBVERBS_TEST_GID_INDEX` (`1`: the RoCE v2 GID `::ffff:192.0.2.1`), `IBVERBS_TEST_IP`
+//!   (`192.0.2.1`, for RDMA-CM), plus the host's `PATH`, `HOME`, `USER`, `LANG`/`LC_*`, `TZ`,
+//!   `RUST_BACKTRACE`, `RUST_LOG`, `RUST_LIB_BACKTRACE`, `RUST_MIN_STACK`, `RUST_TEST_*`, `IBVERBS_*`,
+//!   `RDMAV_*`, `CARGO_*` (not those describing xtask's own package) and `NO_COLOR`/`CLICOLOR*`.
+//!   Nothing else: no `TERM`, no `TMPDIR`. stdin is `/dev/null`; stdout and stderr are files, not
+//!   terminals (C programs buffer fully: use `stdbuf -oL`).
+//! - **The VM** sees the host's whole file tree at the same paths, writable but copy-on-write (writes,
+//!   also to `/tmp`, stay in the VM and vanish with it), its own `/proc`, `/sys`, `/dev`, `/dev/shm`,
+//!   loopback and `dummy0` (192.0.2.1/24, MTU from `--mtu`) with `rxe0` on it; no other network.
+//!   Modules the kernel asks for at run time load from the host's `/lib/modules`.
+//! - **Demo commands** are the shell lines of [`demo::DEMO`].
+//! - **Logs**: the whole console of the last VM is kept in `~/.cache/ibverbs-xtask/last-console.log`;
+//!   its tail is printed when a boot fails, the VM dies or a command times out.
+
+mod cargo;
+mod demo;
+mod image;
+mod json;
+mod prereq;
+mod shell;
+mod signals;
+mod test;
+mod vm;
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// The help text.
+const USAGE: &str = "\
+Usage: cargo xtask <command> [options]
+
+Commands:
+  rxe [--vm] [--mtu N] [--timeout S] [--] CMD [ARGS...]
+        Run CMD where an RDMA device exists and exit with its exit status: in a QEMU VM with
+        SoftRoCE (rxe0 over dummy0, 192.0.2.1), or directly on this host if it has an ACTIVE RDMA
+        port. CMD runs in the current directory with IBVERBS_TEST_DEVICE, IBVERBS_TEST_GID_INDEX and
+        IBVERBS_TEST_IP set; its stdout and stderr come back separately. stdin is /dev/null.
+        Exit status: CMD's, or 124 (timeout), 125 (the VM failed), 127 (no such command),
+        128+N (signal N).
+  test [--vm] [--mtu N] [--timeout S] [-- TEST_ARGS...]
+        The whole test suite: builds, host tests, then the device tests (tests/device_*.rs) with
+        the harness's self-tests and a leak check in one VM boot, and a summary. TEST_ARGS go to
+        each device test binary (e.g. a test name filter).
+  demo [--vm] [--mtu N] [--timeout S]
+        Show the device at work: ibv_devinfo, ibv_rc_pingpong (in one VM boot).
+  help  This text.
+
+Options:
+  --vm          Use the VM even if this host has an RDMA device.
+  --mtu N       MTU of the VM's dummy0 (default 1500: rxe active MTU 1024; 9000 gives 4096).
+  --timeout S   Seconds CMD (rxe; default 600), each device test binary (test; default 600) or each
+                demo command (demo; default 120) may run, once the VM is up (boot: 120 s at most).
+
+Environment: IBVERBS_XTASK_APPEND adds words to the VM kernel's command line (debugging).
+Files: boot files cached in ~/.cache/ibverbs-xtask/<kernel>/; the last VM console in
+~/.cache/ibverbs-xtask/last-console.log.";
+
+/// Exit status for a bad command line.
+const EXIT_USAGE: u8 = 2;
+
+/// Options shared by the commands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Options {
+    /// `--vm`: use the VM even where the host has a device.
+    vm: bool,
+    /// `--mtu N`.
+    mtu: u32,
+    /// `--timeout S`, if given.
+    timeout: Option<Duration>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { vm: false, mtu: 1500, timeout: None }
+    }
+}
+
+/// A parsed command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Cli {
+    /// `help`, `-h`, `--help` or nothing.
+    Help,
+    /// `rxe [options] [--] CMD [ARGS...]`.
+    Rxe(Options, Vec<OsString>),
+    /// `test [options] [-- TEST_ARGS...]`.
+    Test(Options, Vec<OsString>),
+    /// `demo [options]`.
+    Demo(Options),
+}
+
+/// Parses the arguments after `cargo xtask`.
+fn parse_args(args: &[OsString]) -> Result<Cli, String> {
+    let Some((command, rest)) = args.split_first() else { return Ok(Cli::Help) };
+    let command = command.to_str().ok_or("the command is not UTF-8")?;
+    if matches!(command, "help" | "-h" | "--help") {
+        return Ok(Cli::Help);
+    }
+    if !matches!(command, "rxe" | "test" | "demo") {
+        return Err(format!("unknown command `{command}`"));
+    }
+    let mut opts = Options::default();
+    let mut i = 0;
+    while i < rest.len() {
+        let arg = rest[i].to_string_lossy();
+        if arg == "--" {
+            i += 1;
+            break;
+        }
+        if !arg.starts_with('-') {
+            if command == "rxe" {
+                break; // the command to run
+            }
+            return Err(format!("unexpected argument `{arg}` (test arguments go after `--`)"));
+        }
+        let (name, inline) = match arg.split_once('=') {
+            Some((name, value)) => (name.to_string(), Some(value.to_string())),
+            None => (arg.to_string(), None),
+        };
+        let mut value = || -> Result<String, String> {
+            if let Some(v) = &inline {
+                return Ok(v.clone());
+            }
+            i += 1;
+            let v = rest.get(i).ok_or(format!("{name} needs a value"))?;
+            Ok(v.to_string_lossy().into_owned())
+        };
+        match name.as_str() {
+            "--vm" if inline.is_none() => opts.vm = true,
+            "--mtu" => {
+                let v = value()?;
+                opts.mtu =
+                    v.parse().ok().filter(|m| (68..=65535).contains(m)).ok_or(format!("bad MTU `{v}`"))?;
+            }
+            "--timeout" => {
+                let v = value()?;
+                let secs =
+                    v.parse().ok().filter(|s| *s >= 1).ok_or(format!("bad timeout `{v}` (whole seconds)"))?;
+                opts.timeout = Some(Duration::from_secs(secs));
+            }
+            "-h" | "--help" => return Ok(Cli::Help),
+            _ => return Err(format!("unknown option `{arg}` for `{command}`")),
+        }
+        i += 1;
+    }
+    let tail = rest[i.min(rest.len())..].to_vec();
+    match command {
+        "rxe" if tail.is_empty() => Err("rxe needs a command to run".into()),
+        "rxe" => Ok(Cli::Rxe(opts, tail)),
+        "test" => Ok(Cli::Test(opts, tail)),
+        _ if !tail.is_empty() => Err("demo takes no arguments".into()),
+        _ => Ok(Cli::Demo(opts)),
+    }
+}
+
+/// The workspace's root folder (this crate's parent).
+pub fn workspace_root() -> PathBuf {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir.parent().unwrap_or(manifest_dir).to_path_buf()
+}
+
+/// Picks where to run (the host's device, or the VM) and checks that what it needs is installed.
+fn backend(opts: &Options) -> Result<vm::Backend, String> {
+    let host = if opts.vm { None } else { prereq::host_device() };
+    match host {
+        Some(device) => {
+            prereq::ensure_packages(prereq::HOST_PACKAGES)?;
+            Ok(vm::Backend::Local(device))
+        }
+        None => {
+            if !cfg!(target_arch = "x86_64") {
+                return Err("the rxe VM boots the host's x86_64 root: it needs an x86_64 host".into());
+            }
+            prereq::ensure_packages(prereq::VM_PACKAGES)?;
+            Ok(vm::Backend::Vm { mtu: opts.mtu })
+        }
+    }
+}
+
+/// `cargo xtask rxe`.
+fn rxe(opts: &Options, argv: &[OsString]) -> Result<u8, String> {
+    let backend = backend(opts)?;
+    let cwd = std::env::current_dir().map_err(|e| format!("the current directory: {e}"))?;
+    let label = argv.iter().map(|a| String::from_utf8_lossy(&shell::quote(a.as_bytes())).into_owned());
+    let steps = [vm::Step {
+        label: label.collect::<Vec<_>>().join(" "),
+        script: shell::argv_script(&cwd, argv),
+        timeout: opts.timeout.unwrap_or(Duration::from_secs(600)),
+        output: vm::Output::Passthrough,
+    }];
+    let report = vm::run(&steps, &backend, &mut |_, _| {})?;
+    report.explain(&steps);
+    Ok(report.single_step_exit_code())
+}
+
+fn main() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let cli = match parse_args(&args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            eprintln!("xtask: {e}\n\n{USAGE}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    signals::install();
+    let result = match &cli {
+        Cli::Help => {
+            println!("{USAGE}");
+            Ok(0)
+        }
+        Cli::Rxe(opts, argv) => rxe(opts, argv),
+        Cli::Test(opts, test_args) => backend(opts).and_then(|backend| {
+            test::run(&test::TestOptions {
+                backend,
+                timeout: opts.timeout.unwrap_or(Duration::from_secs(600)),
+                test_args: test_args.clone(),
+            })
+        }),
+        Cli::Demo(opts) => backend(opts).and_then(|backend| demo::run(&backend, opts.timeout)),
+    };
+    let code = match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            1
+        }
+    };
+    match signals::received() {
+        Some(signal) => ExitCode::from(signals::exit_status(signal)),
+        None => ExitCode::from(code),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An argument list from string literals.
+    fn os(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    fn secs(s: u64) -> Option<Duration> {
+        Some(Duration::from_secs(s))
+    }
+
+    #[test]
+    fn parses_rxe() {
+        let opts = Options { vm: true, mtu: 9000, timeout: secs(30) };
+        assert_eq!(
+            parse_args(&os(&["rxe", "--vm", "--mtu", "9000", "--timeout=30", "--", "ls", "-l"])),
+            Ok(Cli::Rxe(opts, os(&["ls", "-l"])))
+        );
+        // Without `--`, the first word that is no option starts the command; its options are its own.
+        assert_eq!(
+            parse_args(&os(&["rxe", "ibv_devinfo", "-v", "--vm"])),
+            Ok(Cli::Rxe(Options::default(), os(&["ibv_devinfo", "-v", "--vm"])))
+        );
+        assert_eq!(
+            parse_args(&os(&["rxe", "--", "--weird-name"])),
+            Ok(Cli::Rxe(Options::default(), os(&["--weird-name"])))
+        );
+    }
+
+    #[test]
+    fn parses_test_and_demo() {
+        assert_eq!(parse_args(&os(&["test"])), Ok(Cli::Test(Options::default(), vec![])));
+        assert_eq!(
+            parse_args(&os(&["test", "--timeout", "5", "--", "qp_", "--nocapture"])),
+            Ok(Cli::Test(Options { timeout: secs(5), ..Options::default() }, os(&["qp_", "--nocapture"])))
+        );
+        assert_eq!(
+            parse_args(&os(&["demo", "--mtu=9000"])),
+            Ok(Cli::Demo(Options { mtu: 9000, ..Options::default() }))
+        );
+        assert_eq!(parse_args(&os(&[])), Ok(Cli::Help));
+        assert_eq!(parse_args(&os(&["help"])), Ok(Cli::Help));
+        assert_eq!(parse_args(&os(&["test", "-h"])), Ok(Cli::Help));
+    }
+
+    #[test]
+    fn rejects_bad_command_lines() {
+        for bad in [
+            &["frobnicate"][..],
+            &["rxe"],
+            &["rxe", "--"],
+            &["rxe", "--mtu"],
+            &["rxe", "--mtu", "big", "true"],
+            &["rxe", "--mtu", "10", "true"],
+            &["rxe", "--timeout", "0", "true"],
+            &["rxe", "--timeout", "-3", "true"],
+            &["rxe", "--timeout", "2.5", "true"],
+            &["rxe", "--vm=yes", "true"],
+            &["rxe", "--bogus", "true"],
+            &["test", "filter"],
+            &["demo", "--", "x"],
+        ] {
+            assert!(parse_args(&os(bad)).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! `cargo xtask demo`: a few programs shown working over the device, in one VM boot.
+//!
+//! Each entry of [`DEMO`] is a title and a shell command line, run in order with `/bin/sh` in the
+//! workspace root, where `$IBVERBS_TEST_DEVICE`, `$IBVERBS_TEST_GID_INDEX` and `$IBVERBS_TEST_IP` name the
+//! device and `$TARGET_DIR` is cargo's target directory (the examples, built by `cargo build --examples`
+//! before the VM boots, are in `$TARGET_DIR/debug/examples/`). To show another program, add a line.
+
+use std::os::unix::ffi::OsStrExt;
+use std::time::Duration;
+
+use crate::vm::{self, Output, Step};
+use crate::{cargo, shell};
+
+/// The C `ibv_rc_pingpong` server and client over 127.0.0.1 (the client's output, then the server's).
+/// Exits non-zero if either side fails. Also one of the harness's self-tests.
+pub const RC_PINGPONG: &str = r#"gid=${IBVERBS_TEST_GID_INDEX:-0}
+server_log=$(mktemp)
+stdbuf -oL ibv_rc_pingpong -d "$IBVERBS_TEST_DEVICE" -g "$gid" >"$server_log" 2>&1 &
+server=$!
+n=0
+until ss -ltn | grep -q ':18515 ' || [ "$n" -ge 100 ]; do n=$((n + 1)); sleep 0.1; done
+echo "--- client: ibv_rc_pingpong -d $IBVERBS_TEST_DEVICE -g $gid 127.0.0.1"
+stdbuf -oL ibv_rc_pingpong -d "$IBVERBS_TEST_DEVICE" -g "$gid" 127.0.0.1
+client_rc=$?
+wait "$server"
+server_rc=$?
+echo "--- server: ibv_rc_pingpong -d $IBVERBS_TEST_DEVICE -g $gid"
+cat "$server_log"
+rm -f "$server_log"
+echo "--- client exit $client_rc, server exit $server_rc"
+[ "$client_rc" -eq 0 ] && [ "$server_rc" -eq 0 ]
+"#;
+
+/// The demo: (title, shell command line).
+pub const DEMO: &[(&str, &str)] = &[
+    ("ibv_devinfo: the device", r#"ibv_devinfo -d "$IBVERBS_TEST_DEVICE""#),
+    ("ibv_rc_pingpong: an RC send/receive exchange", RC_PINGPONG),
+];
+
+/// How long one demo command may run by default.
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Runs the demo, each command limited to `timeout` (default 120 s); returns the exit status.
+pub fn run(backend: &vm::Backend, timeout: Option<Duration>) -> Result<u8, String> {
+    let root = crate::workspace_root();
+    cargo::run(&root, &["build", "--examples"])?;
+    let mut target_dir = b"TARGET_DIR=".to_vec();
+    target_dir.extend_from_slice(&shell::quote(cargo::target_dir(&root)?.as_os_str().as_bytes()));
+    target_dir.push(b'\n');
+    let steps: Vec<Step> = DEMO
+        .iter()
+        .map(|(title, line)| Step {
+            label: (*title).to_string(),
+            script: shell::in_dir(&root, &[&target_dir[..], line.as_bytes()].concat()),
+            timeout: timeout.unwrap_or(TIMEOUT),
+            output: Output::Live,
+        })
+        .collect();
+    let mut failed = 0;
+    let report = vm::run(&steps, backend, &mut |i, r| {
+        if r.code != 0 {
+            failed += 1;
+            eprintln!("xtask: `{}` FAILED (exit {})", steps[i].label, r.code);
+        }
+    })?;
+    report.explain(&steps);
+    Ok(match report.end {
+        vm::End::Completed if failed == 0 => {
+            eprintln!("xtask: demo done: {} commands succeeded", steps.len());
+            0
+        }
+        vm::End::Completed => 1,
+        _ => report.single_step_exit_code().max(1),
+    })
+}

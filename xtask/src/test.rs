@@ -1,0 +1,740 @@
+//! `cargo xtask test`: the project's whole test suite.
+//!
+//! 1. `cargo build --workspace --all-targets` and `cargo build --examples`;
+//! 2. the host tests: `cargo test --workspace` without the device test binaries, then the doc tests;
+//! 3. the device test binaries — the integration tests of the root package named `device_*`
+//!    (`tests/device_*.rs`) — in ONE VM boot, one after the other, each with `--test-threads=1`,
+//!    followed in the same boot by the harness's self-tests and a leak check (`rdma resource show`
+//!    against a baseline taken before the first test);
+//! 4. self-tests of `cargo xtask rxe` as a program (timeout → 124, SIGTERM → nothing left behind,
+//!    boot failure → 125), each a short run of its own;
+//! 5. a summary, ending with the line `N passed, M failed`.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cargo::{self, Artifact};
+use crate::vm::{self, Backend, End, Output, Step, StepResult};
+use crate::{demo, shell, signals};
+
+/// Options of `cargo xtask test`.
+#[derive(Debug, Clone)]
+pub struct TestOptions {
+    /// Where the device tests run.
+    pub backend: Backend,
+    /// Timeout of each device test binary.
+    pub timeout: Duration,
+    /// Extra arguments for each device test binary (after `--test-threads=1`), e.g. a test name filter.
+    pub test_args: Vec<OsString>,
+}
+
+/// Pass/fail counts, as libtest reports them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    /// Tests that passed.
+    pub passed: u64,
+    /// Tests that failed.
+    pub failed: u64,
+    /// Tests that were ignored.
+    pub ignored: u64,
+}
+
+impl std::ops::AddAssign for Tally {
+    fn add_assign(&mut self, other: Tally) {
+        self.passed += other.passed;
+        self.failed += other.failed;
+        self.ignored += other.ignored;
+    }
+}
+
+/// Sums libtest's `test result: ok. N passed; M failed; K ignored; ...` lines; `None` if there is none.
+pub fn parse_libtest(output: &str) -> Option<Tally> {
+    let mut total: Option<Tally> = None;
+    for line in output.lines() {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else { continue };
+        let mut tally = Tally::default();
+        for part in rest.split(';') {
+            let words: Vec<&str> = part.split_whitespace().collect();
+            let [.., count, what] = words[..] else { continue };
+            let Ok(count) = count.parse::<u64>() else { continue };
+            match what {
+                "passed" => tally.passed += count,
+                "failed" => tally.failed += count,
+                "ignored" => tally.ignored += count,
+                _ => {}
+            }
+        }
+        *total.get_or_insert_with(Tally::default) += tally;
+    }
+    total
+}
+
+/// One line of the summary.
+#[derive(Debug)]
+struct Line {
+    what: String,
+    ok: bool,
+    tally: Tally,
+    note: String,
+}
+
+/// The results gathered so far.
+#[derive(Debug, Default)]
+struct Summary {
+    lines: Vec<Line>,
+}
+
+impl Summary {
+    /// Adds a line for something libtest counted (`code` is its exit status).
+    fn counted(&mut self, what: impl Into<String>, code: i32, tally: Option<Tally>, note: impl Into<String>) {
+        let mut tally = tally.unwrap_or_default();
+        let ok = code == 0 && tally.failed == 0;
+        if !ok && tally.failed == 0 {
+            tally.failed = 1; // it failed without saying which test: count the binary as one failure
+        }
+        self.lines.push(Line { what: what.into(), ok, tally, note: note.into() });
+    }
+
+    /// Adds a line for one check of our own.
+    fn check(&mut self, what: impl Into<String>, result: Result<(), String>) {
+        let ok = result.is_ok();
+        let tally = Tally { passed: u64::from(ok), failed: u64::from(!ok), ignored: 0 };
+        self.lines.push(Line { what: what.into(), ok, tally, note: result.err().unwrap_or_default() });
+    }
+
+    fn total(&self) -> Tally {
+        let mut total = Tally::default();
+        for line in &self.lines {
+            total += line.tally;
+        }
+        total
+    }
+
+    /// Prints the summary on stdout; the last line is `N passed, M failed`.
+    fn print(&self) {
+        let width = self.lines.iter().map(|l| l.what.len()).max().unwrap_or(0);
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "\nxtask: ======== summary ========");
+        for l in &self.lines {
+            let status = if l.ok { "ok" } else { "FAILED" };
+            let mut counts = format!("{} passed, {} failed", l.tally.passed, l.tally.failed);
+            if l.tally.ignored > 0 {
+                counts.push_str(&format!(", {} ignored", l.tally.ignored));
+            }
+            let note = if l.note.is_empty() { String::new() } else { format!("  ({})", l.note) };
+            let _ = writeln!(out, "xtask: {:width$}  {status:6}  {counts}{note}", l.what);
+        }
+        let total = self.total();
+        let _ = writeln!(out, "{} passed, {} failed", total.passed, total.failed);
+    }
+}
+
+/// Runs the whole suite; returns the exit status.
+pub fn run(opts: &TestOptions) -> Result<u8, String> {
+    let start = Instant::now();
+    let root = crate::workspace_root();
+    let mut summary = Summary::default();
+
+    cargo::run(&root, &["build", "--workspace", "--all-targets"])?;
+    cargo::run(&root, &["build", "--examples"])?;
+    let artifacts = cargo::test_artifacts(&root)?;
+    interrupted()?;
+    let (device, host_tests) = classify(&artifacts, &root.join("Cargo.toml"));
+
+    let mut host = vec![OsString::from("test"), "--workspace".into(), "--lib".into(), "--bins".into()];
+    for name in &host_tests {
+        host.extend(["--test".into(), name.into()]);
+    }
+    let (code, tally) = cargo_test(&root, &host)?;
+    summary.counted("host tests (cargo test --workspace, no device_*)", code, tally, "");
+    let (code, tally) = cargo_test(&root, &["test".into(), "--workspace".into(), "--doc".into()])?;
+    summary.counted("doc tests (cargo test --workspace --doc)", code, tally, "");
+
+    if device.is_empty() {
+        eprintln!(
+            "xtask: no device test binaries (tests/device_*.rs) yet: only the harness self-tests use the VM"
+        );
+    }
+    run_device_job(opts, &root, &device, &mut summary)?;
+    interrupted()?;
+    run_program_self_tests(&opts.backend, &mut summary);
+
+    summary.print();
+    eprintln!("xtask: test took {:.0} s", start.elapsed().as_secs_f64());
+    Ok(if summary.total().failed == 0 && summary.lines.iter().all(|l| l.ok) { 0 } else { 1 })
+}
+
+/// Fails if a signal came in.
+fn interrupted() -> Result<(), String> {
+    match signals::received() {
+        Some(signal) => Err(format!("interrupted by signal {signal}")),
+        None => Ok(()),
+    }
+}
+
+/// Runs a `cargo test` with its stdout shown and parsed.
+fn cargo_test(root: &Path, args: &[OsString]) -> Result<(i32, Option<Tally>), String> {
+    let mut child = cargo::command(root, args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    let mut text = String::new();
+    let mut out = std::io::stdout();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let Ok(line) = line else { break };
+        let _ = writeln!(out, "{line}");
+        text.push_str(&line);
+        text.push('\n');
+    }
+    let status = child.wait().map_err(|e| e.to_string())?;
+    interrupted()?;
+    Ok((status.code().unwrap_or(-1), parse_libtest(&text)))
+}
+
+/// Splits the artifacts into the device test binaries (integration tests of the package at
+/// `root_manifest` named `device_*`) and the names of the other integration test targets.
+pub fn classify(artifacts: &[Artifact], root_manifest: &Path) -> (Vec<Artifact>, Vec<String>) {
+    let mut device = Vec::new();
+    let mut host = Vec::new();
+    for a in artifacts.iter().filter(|a| a.kind.iter().any(|k| k == "test")) {
+        if a.manifest_path == root_manifest && a.name.starts_with("device_") {
+            device.push(a.clone());
+        } else if !host.contains(&a.name) {
+            host.push(a.name.clone());
+        }
+    }
+    device.sort_by(|a, b| a.name.cmp(&b.name));
+    (device, host)
+}
+
+/// A step whose output is only kept, for a self-test.
+fn self_test_step(label: &str, script: Vec<u8>, timeout_secs: u64) -> Step {
+    Step { label: label.into(), script, timeout: Duration::from_secs(timeout_secs), output: Output::Captured }
+}
+
+/// A check of a step's result.
+type Check = Box<dyn Fn(&StepResult) -> Result<(), String>>;
+
+/// Expects exit status `code`.
+fn code_is(r: &StepResult, code: i32) -> Result<(), String> {
+    if r.code == code {
+        Ok(())
+    } else {
+        Err(format!(
+            "exit status {} instead of {code}; stderr: {}",
+            r.code,
+            String::from_utf8_lossy(&r.stderr).trim()
+        ))
+    }
+}
+
+/// Expects `stream` to be exactly `want`.
+fn stream_is(which: &str, got: &[u8], want: &str) -> Result<(), String> {
+    if got == want.as_bytes() {
+        Ok(())
+    } else {
+        Err(format!("{which} was {:?} instead of {want:?}", String::from_utf8_lossy(got)))
+    }
+}
+
+/// The harness's self-tests that run as steps of the device job.
+fn job_self_tests(backend: &Backend, root: &Path) -> Vec<(Step, Check)> {
+    let argv = |args: &[&str]| shell::argv_script(root, &args.iter().map(OsString::from).collect::<Vec<_>>());
+    let expected = |name: &str| {
+        let device = vm::device_env(backend).into_iter().find(|(n, _)| n == name).map(|(_, v)| v);
+        device.or_else(|| std::env::var(name).ok()).unwrap_or_default()
+    };
+    let env_want = format!(
+        "{}\n{}\n{}\n{}\n",
+        expected("IBVERBS_TEST_DEVICE"),
+        expected("IBVERBS_TEST_GID_INDEX"),
+        std::env::var("PATH").unwrap_or_default(),
+        root.display()
+    );
+    let mut tests: Vec<(Step, Check)> = Vec::new();
+    for code in [0, 1, 101] {
+        let step = self_test_step(
+            &format!("exit status {code} comes back"),
+            argv(&["sh", "-c", &format!("exit {code}")]),
+            30,
+        );
+        tests.push((step, Box::new(move |r| code_is(r, code))));
+    }
+    tests.push((
+        self_test_step(
+            "stdout and stderr come back apart",
+            argv(&["sh", "-c", "echo to-stdout; echo to-stderr >&2; echo more-stdout"]),
+            30,
+        ),
+        Box::new(|r| {
+            code_is(r, 0)?;
+            stream_is("stdout", &r.stdout, "to-stdout\nmore-stdout\n")?;
+            stream_is("stderr", &r.stderr, "to-stderr\n")
+        }),
+    ));
+    tests.push((
+        self_test_step(
+            "arguments arrive intact",
+            argv(&["printf", "%s|", "a b", "it's", "$HOME", "*", "x\ny", ""]),
+            30,
+        ),
+        Box::new(|r| stream_is("stdout", &r.stdout, "a b|it's|$HOME|*|x\ny||")),
+    ));
+    tests.push((
+        self_test_step(
+            "device variables, PATH and working directory",
+            argv(&[
+                "sh",
+                "-c",
+                r#"printf '%s\n' "$IBVERBS_TEST_DEVICE" "$IBVERBS_TEST_GID_INDEX" "$PATH" "$(pwd)""#,
+            ]),
+            30,
+        ),
+        Box::new(move |r| stream_is("stdout", &r.stdout, &env_want)),
+    ));
+    tests.push((
+        self_test_step("a missing command fails clearly (127)", argv(&["xtask-no-such-command", "arg"]), 30),
+        Box::new(|r| {
+            code_is(r, i32::from(shell::EXIT_NOT_FOUND))?;
+            let err = String::from_utf8_lossy(&r.stderr);
+            if err.contains("xtask-no-such-command: command not found") {
+                Ok(())
+            } else {
+                Err(format!("unclear message: {err:?}"))
+            }
+        }),
+    ));
+    tests.push((
+        self_test_step("a step's timeout stops it (124)", argv(&["sh", "-c", "echo started; sleep 1000"]), 3),
+        Box::new(|r| {
+            code_is(r, i32::from(vm::EXIT_TIMEOUT))?;
+            stream_is("stdout", &r.stdout, "started\n")?;
+            if !r.timed_out || r.elapsed > Duration::from_secs(20) {
+                return Err(format!("not seen as a timeout (after {:?})", r.elapsed));
+            }
+            Ok(())
+        }),
+    ));
+    tests.push((
+        self_test_step(
+            "ibv_devinfo shows the device PORT_ACTIVE",
+            shell::in_dir(root, br#"ibv_devinfo -d "$IBVERBS_TEST_DEVICE""#),
+            60,
+        ),
+        Box::new(|r| {
+            code_is(r, 0)?;
+            if String::from_utf8_lossy(&r.stdout).contains("PORT_ACTIVE") {
+                Ok(())
+            } else {
+                Err(format!("no PORT_ACTIVE in: {}", String::from_utf8_lossy(&r.stdout)))
+            }
+        }),
+    ));
+    tests.push((
+        self_test_step(
+            "ibv_rc_pingpong server and client exchange data",
+            shell::in_dir(root, demo::RC_PINGPONG.as_bytes()),
+            120,
+        ),
+        Box::new(|r| {
+            let out = String::from_utf8_lossy(&r.stdout);
+            let client = out.split("--- server:").next().unwrap_or_default();
+            if r.code == 0 && client.contains("bytes in") {
+                Ok(())
+            } else {
+                Err(format!("exit {}; output:\n{out}{}", r.code, String::from_utf8_lossy(&r.stderr)))
+            }
+        }),
+    ));
+    tests
+}
+
+/// Counts of RDMA objects per (device, kind), from `rdma resource show`.
+pub type Resources = BTreeMap<(String, String), u64>;
+
+/// Parses `rdma resource show` (`0: rxe0: pd 1 cq 0 qp 1 cm_id 0 mr 0 ctx 0 srq 0` per device).
+pub fn parse_resources(text: &str) -> Resources {
+    let mut counts = Resources::new();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let [index, device, rest @ ..] = &words[..] else { continue };
+        if !index.ends_with(':') || !device.ends_with(':') || index[..index.len() - 1].parse::<u32>().is_err()
+        {
+            continue;
+        }
+        let device = device.trim_end_matches(':');
+        for pair in rest.chunks_exact(2) {
+            if let Ok(n) = pair[1].parse() {
+                counts.insert((device.to_string(), pair[0].to_string()), n);
+            }
+        }
+    }
+    counts
+}
+
+/// The objects counted in `after` beyond `baseline`, as `rxe0 qp +1` items.
+pub fn leaked(baseline: &Resources, after: &Resources) -> Vec<String> {
+    after
+        .iter()
+        .filter_map(|(key, &n)| {
+            let before = baseline.get(key).copied().unwrap_or(0);
+            (n > before).then(|| format!("{} {} +{}", key.0, key.1, n - before))
+        })
+        .collect()
+}
+
+/// `rdma resource show`, then (after a `---` line) the details of each object kind.
+const RESOURCES_SCRIPT: &[u8] = b"rdma resource show || exit\necho ---\nfor kind in qp cq mr pd ctx srq cm_id; do rdma resource show $kind; done\ntrue\n";
+
+/// The device test binaries, the self-tests and the leak check, in one VM boot.
+fn run_device_job(
+    opts: &TestOptions,
+    root: &Path,
+    device: &[Artifact],
+    summary: &mut Summary,
+) -> Result<(), String> {
+    let mut steps = vec![self_test_step("rdma resource baseline", RESOURCES_SCRIPT.to_vec(), 60)];
+    for bin in device {
+        let mut script = b"export CARGO_MANIFEST_DIR=".to_vec();
+        script.extend_from_slice(&shell::quote(root.as_os_str().as_bytes()));
+        script.extend_from_slice(b"\nexec ");
+        script.extend_from_slice(&shell::quote(bin.executable.as_os_str().as_bytes()));
+        script.extend_from_slice(b" --test-threads=1");
+        for arg in &opts.test_args {
+            script.push(b' ');
+            script.extend_from_slice(&shell::quote(arg.as_bytes()));
+        }
+        steps.push(Step {
+            label: format!("{} (device tests)", bin.name),
+            script: shell::in_dir(root, &script),
+            timeout: opts.timeout,
+            output: Output::Live,
+        });
+    }
+    let self_tests = job_self_tests(&opts.backend, root);
+    let first_self_test = steps.len();
+    steps.extend(self_tests.iter().map(|(step, _)| step.clone()));
+    let leak_step = steps.len();
+    steps.push(self_test_step("rdma resource check", RESOURCES_SCRIPT.to_vec(), 60));
+
+    let started = Instant::now();
+    let mut verdicts: Vec<Result<(), String>> = Vec::new();
+    let report = vm::run(&steps, &opts.backend, &mut |i, r| {
+        if (first_self_test..leak_step).contains(&i) {
+            let verdict = self_tests[i - first_self_test].1(r);
+            let status = if verdict.is_ok() { "ok" } else { "FAILED" };
+            eprintln!("xtask: self-test: {} ... {status}", steps[i].label);
+            verdicts.push(verdict);
+        } else if (1..first_self_test).contains(&i) {
+            let status = if r.code == 0 { "ok".to_string() } else { format!("FAILED (exit {})", r.code) };
+            eprintln!("xtask: {} ... {status} ({:.1} s)", steps[i].label, r.elapsed.as_secs_f64());
+        }
+    })?;
+    eprintln!("xtask: {} steps in one boot: {:.1} s", steps.len(), started.elapsed().as_secs_f64());
+    report.explain(&steps);
+    let results = &report.results;
+    let vm_note = match &report.end {
+        End::Completed => String::new(),
+        End::BootFailed(why) => format!("not run: the VM did not boot: {why}"),
+        End::Died(why) => format!("not run: {why}"),
+        End::Stuck(i) => format!("not run: `{}` hung the VM", steps[*i].label),
+        End::Interrupted(signal) => format!("not run: interrupted by signal {signal}"),
+    };
+    let where_ = if matches!(opts.backend, Backend::Vm { .. }) { "in the VM" } else { "on this host" };
+    if let Some(r) = results.first().filter(|r| r.code != 0) {
+        summary.check("rdma resource baseline", Err(String::from_utf8_lossy(&r.stderr).trim().to_string()));
+    }
+    for (i, bin) in device.iter().enumerate() {
+        let what = format!("{} ({where_})", bin.name);
+        match results.get(i + 1) {
+            Some(r) => {
+                let note = if r.timed_out {
+                    format!("timed out after {} s", opts.timeout.as_secs())
+                } else {
+                    String::new()
+                };
+                summary.counted(what, r.code, parse_libtest(&String::from_utf8_lossy(&r.stdout)), note);
+            }
+            None => summary.counted(what, -1, None, vm_note.clone()),
+        }
+    }
+    let mut verdicts = verdicts.into_iter();
+    for (step, _) in &self_tests {
+        summary.check(
+            format!("self-test: {}", step.label),
+            verdicts.next().unwrap_or_else(|| Err(vm_note.clone())),
+        );
+    }
+    let leaks = match (results.first(), results.get(leak_step)) {
+        (Some(before), Some(after)) => {
+            let part = |r: &StepResult| {
+                let text = String::from_utf8_lossy(&r.stdout).into_owned();
+                let (counts, details) = text.split_once("---\n").unwrap_or((&text, ""));
+                (parse_resources(counts), details.to_string())
+            };
+            let ((base, _), (now, details)) = (part(before), part(after));
+            let diff = leaked(&base, &now);
+            eprintln!("xtask: rdma resources before the tests: {}", describe(&base));
+            eprintln!("xtask: rdma resources after the tests:  {}", describe(&now));
+            if diff.is_empty() {
+                Ok(())
+            } else {
+                eprintln!("xtask: objects left over:\n{details}");
+                Err(format!("left over: {}", diff.join(", ")))
+            }
+        }
+        _ => Err(vm_note),
+    };
+    summary.check("leak check: rdma resource show vs. baseline", leaks);
+    Ok(())
+}
+
+/// `rxe0: pd 0 cq 0 ...` for a log line.
+fn describe(counts: &Resources) -> String {
+    if counts.is_empty() {
+        return "(none listed)".into();
+    }
+    let mut by_device: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for ((device, kind), n) in counts {
+        by_device.entry(device).or_default().push(format!("{kind} {n}"));
+    }
+    by_device.iter().map(|(d, items)| format!("{d}: {}", items.join(" "))).collect::<Vec<_>>().join("; ")
+}
+
+/// What a run of `cargo xtask` as a child gave.
+#[derive(Debug)]
+struct SubRun {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+    /// Entries left in its `$TMPDIR`, processes whose command line mentions it.
+    leftovers: Vec<String>,
+}
+
+/// Runs this program with `args`, its `$TMPDIR` a fresh folder (so we can see what it leaves behind),
+/// `env` added, killed after `limit`. `on_started` is called once a process mentions that folder
+/// (QEMU or the local runner has started).
+fn sub_xtask(
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+    on_started: Option<&dyn Fn(u32)>,
+) -> Result<SubRun, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("finding our own executable: {e}"))?;
+    let tmp = std::env::temp_dir().join(format!("ibverbs-xtask-selftest.{}", std::process::id()));
+    let _ = fs::remove_dir_all(&tmp);
+    fs::create_dir_all(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+    let start = Instant::now();
+    let mut child = Command::new(exe)
+        .args(args)
+        .envs(env.iter().copied())
+        .env("TMPDIR", &tmp)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("running xtask: {e}"))?;
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut text);
+            }
+            String::from_utf8_lossy(&text).into_owned()
+        })
+    };
+    let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let mut started = on_started.is_none();
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break Some(status);
+        }
+        if signals::received().is_some() || start.elapsed() > limit {
+            signals::send(child.id(), libc::SIGTERM);
+            std::thread::sleep(Duration::from_secs(2));
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        if !started && !vm::processes_mentioning(&tmp).is_empty() {
+            started = true;
+            if let Some(f) = on_started {
+                f(child.id());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let elapsed = start.elapsed();
+    eprintln!(
+        "xtask:   exit status {:?} after {:.1} s",
+        status.and_then(|s| s.code()),
+        elapsed.as_secs_f64()
+    );
+    let (stdout, stderr) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    let mut leftovers: Vec<String> = fs::read_dir(&tmp)
+        .map(|d| d.flatten().map(|e| format!("file {}", e.path().display())).collect())
+        .unwrap_or_default();
+    leftovers.extend(vm::processes_mentioning(&tmp).iter().map(|pid| format!("process {pid}")));
+    let _ = fs::remove_dir_all(&tmp);
+    interrupted()?;
+    Ok(SubRun { code: status.and_then(|s| s.code()), stdout, stderr, elapsed, leftovers })
+}
+
+/// Checks a [`SubRun`]: its exit status, that nothing was left behind, and `extra`.
+fn check_sub(
+    run: Result<SubRun, String>,
+    code: i32,
+    extra: impl Fn(&SubRun) -> Result<(), String>,
+) -> Result<(), String> {
+    let run = run?;
+    let tail = || vm::last_lines(&run.stderr, 15);
+    if run.code != Some(code) {
+        return Err(format!(
+            "exit status {:?} instead of {code} after {:.1} s; stderr:\n{}",
+            run.code,
+            run.elapsed.as_secs_f64(),
+            tail()
+        ));
+    }
+    if !run.leftovers.is_empty() {
+        return Err(format!("left behind: {}", run.leftovers.join(", ")));
+    }
+    extra(&run).map_err(|e| format!("{e}; stderr:\n{}", tail()))
+}
+
+/// Self-tests of `cargo xtask rxe` as a program: each is a run of its own.
+fn run_program_self_tests(backend: &Backend, summary: &mut Summary) {
+    let is_vm = matches!(backend, Backend::Vm { .. });
+    let vm_flag: &[&str] = if is_vm { &["--vm"] } else { &[] };
+    let args = |rest: &[&'static str]| -> Vec<&'static str> { [&["rxe"], vm_flag, rest].concat() };
+
+    eprintln!("xtask: self-test: `cargo xtask rxe --timeout 3 -- sh -c 'echo started; sleep 1000'` ...");
+    let run = sub_xtask(
+        &args(&["--timeout", "3", "--", "sh", "-c", "echo started; exec sleep 1000"]),
+        &[],
+        vm::BOOT_TIMEOUT + Duration::from_secs(60),
+        None,
+    );
+    summary.check(
+        "self-test: rxe --timeout exits 124, cleans up",
+        check_sub(run, i32::from(vm::EXIT_TIMEOUT), |r| {
+            if r.stdout != "started\n" {
+                return Err(format!("stdout {:?} instead of \"started\\n\"", r.stdout));
+            }
+            if !r.stderr.contains("timed out") {
+                return Err("no `timed out` message".into());
+            }
+            Ok(())
+        }),
+    );
+
+    eprintln!("xtask: self-test: SIGTERM to `cargo xtask rxe -- sleep 1000` once it started ...");
+    let term = |pid: u32| {
+        std::thread::sleep(Duration::from_millis(500));
+        signals::send(pid, libc::SIGTERM);
+    };
+    let run = sub_xtask(&args(&["--", "sleep", "1000"]), &[], Duration::from_secs(60), Some(&term));
+    summary.check(
+        "self-test: rxe on SIGTERM exits 143, cleans up",
+        check_sub(run, signals::exit_status(libc::SIGTERM).into(), |r| {
+            if r.elapsed > Duration::from_secs(30) {
+                return Err(format!("took {:.1} s", r.elapsed.as_secs_f64()));
+            }
+            Ok(())
+        }),
+    );
+
+    if is_vm {
+        eprintln!("xtask: self-test: a kernel panic at boot (rdinit=/nonexistent) ...");
+        let run = sub_xtask(
+            &args(&["--", "true"]),
+            &[("IBVERBS_XTASK_APPEND", "rdinit=/nonexistent")],
+            vm::BOOT_TIMEOUT + Duration::from_secs(60),
+            None,
+        );
+        summary.check(
+            "self-test: rxe on a failed boot exits 125, shows the console",
+            check_sub(run, i32::from(vm::EXIT_VM_FAILURE), |r| {
+                if !r.stderr.contains("did not boot") || !r.stderr.contains("Kernel panic") {
+                    return Err("no boot failure message with the console's kernel panic".into());
+                }
+                Ok(())
+            }),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_libtest_summaries() {
+        let out = "running 3 tests\ntest a ... ok\n\
+                   test result: ok. 2 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s\n\n\
+                   test result: FAILED. 5 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.00s\n";
+        assert_eq!(parse_libtest(out), Some(Tally { passed: 7, failed: 2, ignored: 1 }));
+        assert_eq!(parse_libtest("no summary here\n"), None);
+        assert_eq!(
+            parse_libtest("test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s"),
+            Some(Tally::default())
+        );
+    }
+
+    #[test]
+    fn summary_counts_crashes_as_failures() {
+        let mut s = Summary::default();
+        s.counted("a", 0, Some(Tally { passed: 3, failed: 0, ignored: 1 }), "");
+        s.counted("crashed", 139, None, "");
+        s.counted("failed", 101, Some(Tally { passed: 1, failed: 2, ignored: 0 }), "");
+        s.check("mine", Ok(()));
+        s.check("mine too", Err("no".into()));
+        assert_eq!(s.total(), Tally { passed: 5, failed: 4, ignored: 1 });
+        assert_eq!(s.lines.iter().map(|l| l.ok).collect::<Vec<_>>(), [true, false, false, true, false]);
+    }
+
+    fn artifact(manifest: &str, kind: &str, name: &str) -> Artifact {
+        Artifact {
+            manifest_path: manifest.into(),
+            kind: vec![kind.into()],
+            name: name.into(),
+            executable: format!("/t/{name}").into(),
+        }
+    }
+
+    #[test]
+    fn classifies_device_tests() {
+        let arts = [
+            artifact("/w/Cargo.toml", "lib", "ibverbs"),
+            artifact("/w/Cargo.toml", "test", "device_qp"),
+            artifact("/w/Cargo.toml", "test", "api"),
+            artifact("/w/Cargo.toml", "test", "device_cq"),
+            artifact("/w/sys/Cargo.toml", "test", "device_sys"),
+            artifact("/w/xtask/Cargo.toml", "bin", "xtask"),
+        ];
+        let (device, host) = classify(&arts, Path::new("/w/Cargo.toml"));
+        assert_eq!(device.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["device_cq", "device_qp"]);
+        assert_eq!(host, ["api", "device_sys"]);
+    }
+
+    #[test]
+    fn parses_rdma_resources_and_finds_leaks() {
+        let before = parse_resources("0: rxe0: pd 1 cq 1 qp 1 cm_id 0 mr 0 ctx 0 srq 0\n");
+        let after = parse_resources(
+            "0: rxe0: pd 2 cq 1 qp 3 cm_id 0 mr 0 ctx 1 srq 0\nlink rxe0/1 lqpn 1 type GSI\n",
+        );
+        assert_eq!(before.get(&("rxe0".into(), "qp".into())), Some(&1));
+        assert_eq!(leaked(&before, &after), ["rxe0 ctx +1", "rxe0 pd +1", "rxe0 qp +2"]);
+        assert!(leaked(&after, &before).is_empty());
+        assert!(parse_resources("").is_empty());
+        assert_eq!(describe(&before), "rxe0: cm_id 0 cq 1 ctx 0 mr 0 pd 1 qp 1 srq 0");
+    }
+}
