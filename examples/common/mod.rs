@@ -1,0 +1,452 @@
+//! Helpers shared by the bundled examples: opening a device by name, formatting GIDs the way the C
+//! tools do, and — for `rc_pingpong` and `ud_pingpong` — the out-of-band address exchange and the
+//! completion loop of rdma-core's `ibv_*_pingpong` tools.
+//!
+//! The exchange speaks the C tools' protocol over TCP, so either side can be a C tool:
+//!
+//! 1. the client connects and sends its address as the 52-byte NUL-terminated string
+//!    `"%04x:%06x:%06x:%s"` (LID, QPN, PSN, then the GID as 32 hex digits, byte by byte);
+//! 2. the server reads it, brings its queue pair to RTS towards the client, and replies with its
+//!    own address in the same format;
+//! 3. the client answers `"done\0"` and both close the connection; the client then connects its
+//!    queue pair.
+#![allow(dead_code)] // each example uses a part of this module
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ibverbs::{
+    Completion, CompletionChannel, CompletionQueue, Context, Endpoint, Gid, Local, Mtu, QueuePair,
+    RecvRequest, RemoteMemoryRegion,
+};
+
+/// Opens the device named `name`, or the first one. The error names the devices that exist.
+pub fn open_device(name: Option<&str>) -> Result<Context, String> {
+    let list = ibverbs::devices().map_err(|e| format!("Failed to get IB devices list: {e}"))?;
+    let names: Vec<&str> = list.iter().map(|d| d.name()).collect();
+    let device = match name {
+        Some(name) => list.iter().find(|d| d.name() == name).ok_or_else(|| {
+            let present = if names.is_empty() { "none".to_string() } else { names.join(", ") };
+            format!("IB device {name} not found (devices present: {present})")
+        })?,
+        None => list.get(0).ok_or("No IB devices found")?,
+    };
+    device.open().map_err(|e| format!("Couldn't get context for {}: {e}", device.name()))
+}
+
+/// Formats 16 bytes as glibc's `inet_ntop(AF_INET6)` does (the C tools print GIDs with it):
+/// lowercase groups, the longest run of two or more zero groups as `::`, and a dotted IPv4 tail
+/// for IPv4-mapped (`::ffff:a.b.c.d`) and IPv4-compatible (`::a.b.c.d`) addresses.
+pub fn ntop(bytes: &[u8; 16]) -> String {
+    let words: Vec<u16> = bytes.chunks(2).map(|p| u16::from_be_bytes([p[0], p[1]])).collect();
+    // The longest run of zero words (the first of equal ones), if at least two long: (start, length).
+    let mut best: Option<(usize, usize)> = None;
+    let mut cur: Option<(usize, usize)> = None;
+    for (i, &w) in words.iter().enumerate() {
+        if w == 0 {
+            let run = cur.map_or((i, 1), |(base, len)| (base, len + 1));
+            cur = Some(run);
+            if best.map_or(true, |(_, len)| run.1 > len) {
+                best = Some(run);
+            }
+        } else {
+            cur = None;
+        }
+    }
+    let best = best.filter(|&(_, len)| len >= 2);
+    let mut out = String::new();
+    let mut i = 0;
+    while i < 8 {
+        if let Some((base, len)) = best {
+            if i == base {
+                out.push(':');
+                i += len;
+                if i == 8 {
+                    out.push(':');
+                }
+                continue;
+            }
+        }
+        if i > 0 {
+            out.push(':');
+        }
+        let ipv4_tail =
+            i == 6 && best.is_some_and(|(b, l)| b == 0 && (l == 6 || (l == 5 && words[5] == 0xffff)));
+        if ipv4_tail {
+            let _ = write!(out, "{}", Ipv4Addr::new(bytes[12], bytes[13], bytes[14], bytes[15]));
+            break;
+        }
+        let _ = write!(out, "{:x}", words[i]);
+        i += 1;
+    }
+    out
+}
+
+/// Whether the interface-ID half of a GID is zero: the C tools then address the peer by LID (and
+/// `ibv_devinfo -v` does not list the entry).
+pub fn interface_id_is_zero(gid: &Gid) -> bool {
+    gid.0[8..].iter().all(|&b| b == 0)
+}
+
+/// The system's page size (the C tools' `-c` pattern marks the first byte of every page).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions; std has no safe way to ask for the page size.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
+/// The bytes a `-c` (`--chk`) run sends: `0x7b` (the C tools' fill byte), with 0 at the start of
+/// every page.
+pub fn check_pattern(len: usize) -> Vec<u8> {
+    let page = page_size();
+    (0..len).map(|i| if i % page == 0 { 0 } else { 0x7b }).collect()
+}
+
+/// Compares received bytes with [`check_pattern`]: the numbers of the pages that differ.
+pub fn invalid_pages(data: &[u8]) -> Vec<usize> {
+    let page = page_size();
+    let expected = check_pattern(data.len());
+    data.chunks(page)
+        .zip(expected.chunks(page))
+        .enumerate()
+        .filter(|(_, (a, b))| a != b)
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// A queue pair's address as the pingpong tools exchange it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dest {
+    /// Port LID (0 on RoCE).
+    pub lid: u16,
+    /// Queue pair number.
+    pub qpn: u32,
+    /// Initial packet sequence number.
+    pub psn: u32,
+    /// GID (all zero when the peer gave no `-g`).
+    pub gid: Gid,
+}
+
+/// Length of an address message: `"0000:000000:000000:"`, 32 hex digits and a NUL.
+pub const WIRE_LEN: usize = 52;
+/// The message that ends the exchange, NUL included.
+const DONE: &[u8; 5] = b"done\0";
+
+impl Dest {
+    /// This side's address, from its endpoint.
+    pub fn from_endpoint(ep: &Endpoint) -> Dest {
+        Dest { lid: ep.lid, qpn: ep.qpn, psn: ep.psn, gid: ep.gid }
+    }
+
+    /// The peer as an [`Endpoint`] to connect to or to make an address handle for. Like the C
+    /// tools, a GID whose interface ID is zero means "no GID" (LID addressing on InfiniBand). The
+    /// peer's MTU is not exchanged: the path MTU comes from the local port and `-m`.
+    pub fn to_endpoint(self) -> Endpoint {
+        let gid = if interface_id_is_zero(&self.gid) { Gid::default() } else { self.gid };
+        Endpoint { qpn: self.qpn, psn: self.psn, lid: self.lid, gid, mtu: Mtu(0) }
+    }
+
+    /// The wire form: `"%04x:%06x:%06x:%s"` and a NUL, 52 bytes.
+    pub fn to_wire(self) -> [u8; WIRE_LEN] {
+        let mut text = format!("{:04x}:{:06x}:{:06x}:", self.lid, self.qpn, self.psn);
+        for b in self.gid.0 {
+            let _ = write!(text, "{b:02x}");
+        }
+        let mut msg = [0u8; WIRE_LEN];
+        let n = text.len().min(WIRE_LEN - 1);
+        msg[..n].copy_from_slice(&text.as_bytes()[..n]);
+        msg
+    }
+
+    /// Parses the wire form, checking every field.
+    pub fn from_wire(msg: &[u8]) -> Result<Dest, String> {
+        let text = msg.split(|&b| b == 0).next().unwrap_or_default();
+        let text = std::str::from_utf8(text).map_err(|_| "address message is not text".to_string())?;
+        let bad = || format!("malformed address message {text:?}");
+        let fields: Vec<&str> = text.split(':').collect();
+        let [lid, qpn, psn, gid] = fields[..] else { return Err(bad()) };
+        let hex = |s: &str| u32::from_str_radix(s, 16).map_err(|_| bad());
+        let (lid, qpn, psn) = (hex(lid)?, hex(qpn)?, hex(psn)?);
+        if lid > 0xffff || qpn > 0xff_ffff || psn > 0xff_ffff || gid.len() != 32 {
+            return Err(bad());
+        }
+        let mut raw = [0u8; 16];
+        for (i, b) in raw.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&gid[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(Dest { lid: lid as u16, qpn, psn, gid: Gid(raw) })
+    }
+}
+
+/// Connects to `host:port`, retrying refused connections until `timeout` has passed.
+fn connect(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, String> {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::from("timed out");
+    loop {
+        let addrs = (host, port).to_socket_addrs().map_err(|e| format!("{host}:{port}: {e}"))?;
+        for addr in addrs {
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+            match TcpStream::connect_timeout(&addr, left) {
+                Ok(stream) => return Ok(stream),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "Couldn't connect to {host}:{port} within {} s: {last}",
+                timeout.as_secs_f64()
+            ));
+        }
+        std::thread::sleep(
+            Duration::from_millis(100).min(deadline.saturating_duration_since(Instant::now())),
+        );
+    }
+}
+
+/// Bounds every read and write on `stream` by `timeout`.
+fn bound(stream: &TcpStream, timeout: Duration) -> Result<(), String> {
+    stream
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| stream.set_write_timeout(Some(timeout)))
+        .map_err(|e| format!("setting socket timeouts: {e}"))
+}
+
+/// The client's side of the exchange: sends `me`, returns the server's address.
+pub fn client_exchange(host: &str, port: u16, timeout: Duration, me: &Dest) -> Result<Dest, String> {
+    let mut stream = connect(host, port, timeout)?;
+    bound(&stream, timeout)?;
+    stream.write_all(&me.to_wire()).map_err(|e| format!("Couldn't send local address: {e}"))?;
+    let mut msg = [0u8; WIRE_LEN];
+    stream.read_exact(&mut msg).map_err(|e| format!("Couldn't read remote address: {e}"))?;
+    stream.write_all(DONE).map_err(|e| format!("Couldn't send \"done\": {e}"))?;
+    Dest::from_wire(&msg)
+}
+
+/// The server's side of the exchange: waits for a client on `port` (as long as it takes), reads its
+/// address, runs `connect` with it (bringing the local queue pair up before the client can send),
+/// then replies with `me`. Every read and write is bounded by `timeout`.
+pub fn server_exchange(
+    port: u16,
+    timeout: Duration,
+    me: &Dest,
+    connect: impl FnOnce(&Dest) -> Result<(), String>,
+) -> Result<Dest, String> {
+    let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))
+        .map_err(|e| format!("Couldn't listen to port {port}: {e}"))?;
+    let (mut stream, _) = listener.accept().map_err(|e| format!("accept() failed: {e}"))?;
+    drop(listener);
+    bound(&stream, timeout)?;
+    let mut msg = [0u8; WIRE_LEN];
+    stream.read_exact(&mut msg).map_err(|e| format!("Couldn't read remote address: {e}"))?;
+    let remote = Dest::from_wire(&msg)?;
+    connect(&remote).map_err(|e| format!("Couldn't connect to remote QP: {e}"))?;
+    stream.write_all(&me.to_wire()).map_err(|e| format!("Couldn't send local address: {e}"))?;
+    let mut done = [0u8; DONE.len()];
+    stream.read_exact(&mut done).map_err(|e| format!("Couldn't read \"done\" from the client: {e}"))?;
+    Ok(remote)
+}
+
+/// `wr_id` of receives.
+pub const RECV_WRID: u64 = 1;
+/// `wr_id` of sends.
+pub const SEND_WRID: u64 = 2;
+
+/// The receive side of a ping-pong: every receive lands in the same buffer, as in the C tools.
+///
+/// The buffer is a [`RemoteMemoryRegion`], the crate's type for memory the device may write at any
+/// time while others hold it: many receives share it, and it is only ever copied out of.
+pub struct Receives {
+    buf: Arc<RemoteMemoryRegion>,
+    len: usize,
+    depth: u32,
+    outstanding: u32,
+}
+
+impl Receives {
+    /// Receives of `len` bytes into `buf`, keeping `depth` posted.
+    pub fn new(buf: Arc<RemoteMemoryRegion>, len: usize, depth: u32) -> Receives {
+        Receives { buf, len, depth, outstanding: 0 }
+    }
+
+    /// Posts receives until `depth` are outstanding, in one chain.
+    pub fn refill(&mut self, qp: &mut QueuePair) -> Result<(), String> {
+        let mut wrs = Vec::with_capacity((self.depth - self.outstanding) as usize);
+        for _ in self.outstanding..self.depth {
+            let local = Local::new(self.buf.clone(), ..self.len).map_err(|e| e.to_string())?;
+            wrs.push(RecvRequest::new(local).wr_id(RECV_WRID));
+        }
+        let n = wrs.len() as u32;
+        let result = qp.post_recv_chain(&mut wrs);
+        self.outstanding += n - wrs.len() as u32;
+        result.map_err(|e| format!("Couldn't post receive ({} of {}): {e}", self.outstanding, self.depth))
+    }
+
+    /// The receive buffer.
+    pub fn buffer(&self) -> &RemoteMemoryRegion {
+        &self.buf
+    }
+}
+
+/// Waits for completions on `cq`, by busy polling or (with a channel) by sleeping on CQ events, and
+/// fails when none arrives for `idle`: the peer is gone or stuck.
+pub struct Waiter<'a> {
+    /// The completion queue.
+    pub cq: &'a mut CompletionQueue,
+    /// The channel the CQ reports to, for `-e`; the CQ must have been armed once.
+    pub channel: Option<&'a CompletionChannel>,
+    /// How long to wait for a completion.
+    pub idle: Duration,
+}
+
+impl Waiter<'_> {
+    /// At least one completion (at most `out.len()`).
+    pub fn wait<'c>(&mut self, out: &'c mut [Completion]) -> Result<&'c mut [Completion], String> {
+        let deadline = Instant::now() + self.idle;
+        let mut spins = 0u32;
+        loop {
+            let n = self.cq.poll(out).map_err(|e| format!("poll CQ failed: {e}"))?.len();
+            if n > 0 {
+                return Ok(&mut out[..n]);
+            }
+            let now = Instant::now();
+            match self.channel {
+                // Check the clock now and then: it is cheap, but not free.
+                None => {
+                    spins = spins.wrapping_add(1);
+                    if spins % 1024 == 0 && now >= deadline {
+                        return Err(self.timed_out());
+                    }
+                }
+                Some(channel) => {
+                    if now >= deadline {
+                        return Err(self.timed_out());
+                    }
+                    let event = channel
+                        .get_event(Some(deadline - now))
+                        .map_err(|e| format!("Failed to get cq_event: {e}"))?;
+                    match event {
+                        None => {} // timed out (or interrupted): the loop checks the deadline
+                        Some(id) if id != self.cq.id() => return Err("CQ event for an unknown CQ".into()),
+                        // Re-arm before polling, so that no completion slips between the two.
+                        Some(_) => self
+                            .cq
+                            .req_notify(false)
+                            .map_err(|e| format!("Couldn't request CQ notification: {e}"))?,
+                    }
+                }
+            }
+        }
+    }
+
+    fn timed_out(&self) -> String {
+        format!("no completion for {} s: the peer is gone or stuck", self.idle.as_secs_f64())
+    }
+}
+
+/// Runs `iters` ping-pong exchanges as the C tools do: each side keeps `rx_depth` receives posted
+/// and sends its next message once both its previous send and the peer's message have completed;
+/// the `initiator` (the client) sends first. `post_send` posts one send with `wr_id` [`SEND_WRID`].
+/// Returns the time the exchanges took.
+pub fn pingpong(
+    qp: &mut QueuePair,
+    waiter: &mut Waiter<'_>,
+    rx: &mut Receives,
+    iters: u32,
+    initiator: bool,
+    mut post_send: impl FnMut(&mut QueuePair) -> Result<(), ibverbs::Error>,
+) -> Result<Duration, String> {
+    let mut send = |qp: &mut QueuePair| post_send(qp).map_err(|e| format!("Couldn't post send: {e}"));
+    let mut pending = RECV_WRID;
+    if initiator {
+        send(qp)?;
+        pending |= SEND_WRID;
+    }
+    let start = Instant::now();
+    let (mut rcnt, mut scnt) = (0u32, 0u32);
+    let mut wcs: [Completion; 2] = Default::default();
+    while rcnt < iters || scnt < iters {
+        for wc in waiter.wait(&mut wcs)?.iter() {
+            if !wc.is_ok() {
+                let status = wc.status();
+                return Err(format!(
+                    "Failed status {} ({}) for wr_id {}",
+                    status.as_str(),
+                    status.0,
+                    wc.wr_id()
+                ));
+            }
+            match wc.wr_id() {
+                SEND_WRID => scnt += 1,
+                RECV_WRID => {
+                    rx.outstanding -= 1;
+                    if rx.outstanding <= 1 {
+                        rx.refill(qp)?;
+                    }
+                    rcnt += 1;
+                }
+                other => return Err(format!("Completion for unknown wr_id {other}")),
+            }
+            pending &= !wc.wr_id();
+            if scnt < iters && pending == 0 {
+                send(qp)?;
+                pending = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    Ok(start.elapsed())
+}
+
+/// Prints the C tools' summary lines.
+pub fn print_summary(size: u32, iters: u32, elapsed: Duration) {
+    let usec = elapsed.as_secs_f64() * 1e6;
+    let bytes = u64::from(size) * u64::from(iters) * 2;
+    println!("{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec", usec / 1e6, bytes as f64 * 8.0 / usec);
+    println!("{iters} iters in {:.2} seconds = {:.2} usec/iter", usec / 1e6, usec / f64::from(iters));
+}
+
+/// Parses an MTU in bytes for clap: 256, 512, 1024, 2048 or 4096.
+pub fn parse_mtu(s: &str) -> Result<Mtu, String> {
+    s.parse::<u32>()
+        .ok()
+        .and_then(Mtu::from_bytes)
+        .ok_or_else(|| format!("{s:?} is not an MTU: use 256, 512, 1024, 2048 or 4096"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ntop_matches_glibc() {
+        let ip = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap().octets();
+        for s in [
+            "::",
+            "::1",
+            "::ffff:192.0.2.1",
+            "fe80::a8cd:a2ff:fefe:a049",
+            "1:0:2::",
+            "::1.2.3.4",
+            "1::2:0:0:3",
+        ] {
+            assert_eq!(ntop(&ip(s)), s);
+        }
+        assert_eq!(ntop(&ip("1:0:2:3:4:5:6:7")), "1:0:2:3:4:5:6:7");
+    }
+
+    #[test]
+    fn wire_round_trip() {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&[192, 0, 2, 1]);
+        let d = Dest { lid: 0, qpn: 0x11, psn: 0xabcdef, gid: Gid(g) };
+        let w = d.to_wire();
+        assert_eq!(&w[..51], b"0000:000011:abcdef:00000000000000000000ffffc0000201");
+        assert_eq!(w[51], 0);
+        assert_eq!(Dest::from_wire(&w).unwrap(), d);
+        assert!(Dest::from_wire(b"zz").is_err());
+    }
+}
