@@ -31,10 +31,34 @@ echo "--- client exit $client_rc, server exit $server_rc"
 [ "$client_rc" -eq 0 ] && [ "$server_rc" -eq 0 ]
 "#;
 
+/// Our `rc_pingpong` example, server and client over 127.0.0.1 (the client's output, then the
+/// server's). Exits non-zero if either side fails.
+pub const OUR_RC_PINGPONG: &str = r#"ex="$TARGET_DIR/debug/examples"
+gid=${IBVERBS_TEST_GID_INDEX:-0}
+server_log=$(mktemp)
+"$ex/rc_pingpong" -d "$IBVERBS_TEST_DEVICE" -g "$gid" -n 1000 >"$server_log" 2>&1 &
+server=$!
+n=0
+until ss -ltn | grep -q ':18515 ' || [ "$n" -ge 100 ]; do n=$((n + 1)); sleep 0.1; done
+echo "--- client: rc_pingpong -d $IBVERBS_TEST_DEVICE -g $gid -n 1000 127.0.0.1"
+"$ex/rc_pingpong" -d "$IBVERBS_TEST_DEVICE" -g "$gid" -n 1000 127.0.0.1
+client_rc=$?
+wait "$server"
+server_rc=$?
+echo "--- server: rc_pingpong -d $IBVERBS_TEST_DEVICE -g $gid -n 1000"
+cat "$server_log"
+rm -f "$server_log"
+echo "--- client exit $client_rc, server exit $server_rc"
+[ "$client_rc" -eq 0 ] && [ "$server_rc" -eq 0 ]
+"#;
+
 /// The demo: (title, shell command line).
 pub const DEMO: &[(&str, &str)] = &[
-    ("ibv_devinfo: the device", r#"ibv_devinfo -d "$IBVERBS_TEST_DEVICE""#),
-    ("ibv_rc_pingpong: an RC send/receive exchange", RC_PINGPONG),
+    (
+        "devinfo: the device, as ibv_devinfo shows it",
+        r#""$TARGET_DIR/debug/examples/devinfo" -d "$IBVERBS_TEST_DEVICE""#,
+    ),
+    ("rc_pingpong: an RC send/receive exchange (ours, both sides)", OUR_RC_PINGPONG),
 ];
 
 /// How long one demo command may run by default.

@@ -59,7 +59,7 @@ Commands:
         the harness's self-tests and a leak check in one VM boot, and a summary. TEST_ARGS go to
         each device test binary (e.g. a test name filter).
   demo [--vm] [--mtu N] [--timeout S]
-        Show the device at work: ibv_devinfo, ibv_rc_pingpong (in one VM boot).
+        Show the device at work: our devinfo, rc_pingpong and write_bw examples (one VM boot).
   help  This text.
 
 Options:
