@@ -88,17 +88,7 @@ fn main() -> ExitCode {
 
 /// `ibv_query_device_ex()`: the basic attributes and the extended ones.
 fn query_device_ex(ctx: &Context) -> Result<ffi::ibv_device_attr_ex, String> {
-    let mut attr = ffi::ibv_device_attr_ex::default();
-    // SAFETY: the context is open while `ctx` lives; a NULL input is allowed; `attr` is a writable
-    // struct of the type the verb fills (it falls back to ibv_query_device() on old providers).
-    let ret = unsafe { ffi::ibv_query_device_ex(ctx.as_raw(), std::ptr::null(), &mut attr) };
-    if ret != 0 {
-        return Err(format!(
-            "Failed to query device props: {}",
-            std::io::Error::from_raw_os_error(ret.abs())
-        ));
-    }
-    Ok(attr)
+    ctx.query_device_ex().map(|a| a.0).map_err(|e| format!("Failed to query device props: {e}"))
 }
 
 fn transport_str(t: i32) -> &'static str {
@@ -422,9 +412,7 @@ fn print_device_verbose(out: &mut String, ctx: &Context, attr: &ffi::ibv_device_
     let _ = writeln!(out, "\tlocal_ca_ack_delay:\t\t{}", a.local_ca_ack_delay);
     print_odp_caps(out, attr);
     print_extended(out, attr);
-    // SAFETY: the context is open while `ctx` lives; num_comp_vectors is a plain field set when
-    // the device was opened (the safe API does not expose it).
-    let vectors = unsafe { (*ctx.as_raw()).num_comp_vectors };
+    let vectors = ctx.num_comp_vectors();
     let _ = writeln!(out, "\tnum_comp_vectors:\t\t{vectors}");
 }
 

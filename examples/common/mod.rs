@@ -93,9 +93,7 @@ pub fn interface_id_is_zero(gid: &Gid) -> bool {
 
 /// The system's page size (the C tools' `-c` pattern marks the first byte of every page).
 pub fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions; std has no safe way to ask for the page size.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+    ibverbs::page_size()
 }
 
 /// The bytes a `-c` (`--chk`) run sends: `0x7b` (the C tools' fill byte), with 0 at the start of

@@ -321,6 +321,26 @@ impl Context {
         Ok(DeviceAttr(attr))
     }
 
+    /// Queries the device's extended attributes (`ibv_query_device_ex()`): ODP, TSO, RSS,
+    /// completion timestamps and more, plus the classic attributes in [`DeviceAttrEx::orig`].
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the verb fails.
+    #[doc(alias = "ibv_query_device_ex")]
+    pub fn query_device_ex(&self) -> Result<DeviceAttrEx> {
+        let mut attr = ffi::ibv_device_attr_ex::default();
+        // SAFETY: valid context; NULL input is allowed; attr is a writable struct of the verb's type.
+        let ret = unsafe { ffi::ibv_query_device_ex(self.as_raw(), std::ptr::null(), &mut attr) };
+        cvt("ibv_query_device_ex", ret)?;
+        Ok(DeviceAttrEx(attr))
+    }
+
+    /// Number of completion vectors (interrupt vectors for completion events).
+    pub fn num_comp_vectors(&self) -> u32 {
+        // SAFETY: valid context; a plain field set when the device was opened.
+        u32::try_from(unsafe { (*self.as_raw()).num_comp_vectors }).unwrap_or(0)
+    }
+
     /// Queries port `port` (numbered from 1) (`ibv_query_port()`).
     ///
     /// # Errors
@@ -523,6 +543,23 @@ impl fmt::Debug for DeviceAttr {
             .field("atomic_cap", &self.atomic_cap())
             .field("phys_port_cnt", &self.phys_port_cnt())
             .finish_non_exhaustive()
+    }
+}
+
+/// Extended device attributes (`struct ibv_device_attr_ex`), from [`Context::query_device_ex`].
+#[derive(Clone, Copy)]
+pub struct DeviceAttrEx(pub ffi::ibv_device_attr_ex);
+
+impl DeviceAttrEx {
+    /// The classic attributes.
+    pub fn orig(&self) -> DeviceAttr {
+        DeviceAttr(self.0.orig_attr)
+    }
+}
+
+impl fmt::Debug for DeviceAttrEx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceAttrEx").field("orig", &self.orig()).finish_non_exhaustive()
     }
 }
 

@@ -168,11 +168,11 @@ mod wr;
 pub use ah::AddressHandle;
 pub use cq::{Completion, CompletionChannel, CompletionQueue, CqId, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{
-    devices, Context, Device, DeviceAttr, DeviceList, Gid, GidEntry, GidType, Guid, LinkLayer, Mtu, NodeType,
-    PortAttr, PortState, TransportType,
+    devices, Context, Device, DeviceAttr, DeviceAttrEx, DeviceList, Gid, GidEntry, GidType, Guid, LinkLayer,
+    Mtu, NodeType, PortAttr, PortState, TransportType,
 };
 pub use error::{Error, Result};
-pub use mr::{AccessFlags, MemoryRegion, OwnedBuffer, RemoteMemoryRegion, RemoteSlice};
+pub use mr::{page_size, AccessFlags, MemoryRegion, OwnedBuffer, RemoteMemoryRegion, RemoteSlice};
 pub use pd::ProtectionDomain;
 pub use qp::{ConnectOptions, Endpoint, PostError, QpCaps, QpState, QpType, QueuePair, QueuePairBuilder};
 pub use wr::{Local, LocalBuf, RecvRequest, SendRequest, MAX_SGE};

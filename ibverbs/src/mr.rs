@@ -150,7 +150,8 @@ impl fmt::Debug for OwnedBuffer {
     }
 }
 
-pub(crate) fn page_size() -> usize {
+/// The system's page size (what [`OwnedBuffer::zeroed`] aligns to).
+pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     usize::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
@@ -276,8 +277,11 @@ pub struct MemoryRegion {
     pub(crate) inner: Box<MrInner>,
 }
 
-/// A registered memory region that remote peers may modify (registered with
-/// [`AccessFlags::REMOTE_WRITE`] or [`AccessFlags::REMOTE_ATOMIC`]).
+/// A registered memory region that may change under the program at any moment: remote peers
+/// may modify it (registered with [`AccessFlags::REMOTE_WRITE`] or
+/// [`AccessFlags::REMOTE_ATOMIC`]), or the local device may write it through several outstanding
+/// requests at once (one buffer shared by many posted receives, as rdma-core's pingpong tools do:
+/// `pd.allocate_remote(len, AccessFlags::LOCAL_WRITE)` registers it with no remote rights at all).
 ///
 /// A peer can change its bytes at any moment, so safe code never gets a reference into it: it
 /// copies in and out with volatile accesses ([`read`](Self::read), [`write`](Self::write),
