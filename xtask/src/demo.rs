@@ -64,19 +64,53 @@ pub const DEMO: &[(&str, &str)] = &[
 /// How long one demo command may run by default.
 const TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The benchmarks: (title, shell command line), run in the workspace root of a release build.
+pub const BENCH: &[(&str, &str)] = &[
+    (
+        "ours vs perftest: write_bw, read_bw, send_bw, write_lat, send_lat (medians, ratio ours/perftest)",
+        r#"sh examples/perf/compare.sh "$TARGET_DIR/release/examples""#,
+    ),
+    (
+        "post/poll micro-benchmark: safe level vs unsafe level vs raw ffi",
+        r#"b=$(ls -t "$TARGET_DIR"/release/deps/post_poll-* | grep -v '\.d$' | head -n 1) && "$b""#,
+    ),
+];
+
+/// How long one benchmark command may run by default.
+const BENCH_TIMEOUT: Duration = Duration::from_secs(1200);
+
 /// Runs the demo, each command limited to `timeout` (default 120 s); returns the exit status.
 pub fn run(backend: &vm::Backend, timeout: Option<Duration>) -> Result<u8, String> {
     let root = crate::workspace_root();
     cargo::run(&root, &["build", "--examples"])?;
+    run_lines(backend, DEMO, timeout.unwrap_or(TIMEOUT), "demo")
+}
+
+/// Runs the benchmarks (release build), each command limited to `timeout` (default 20 min).
+pub fn bench(backend: &vm::Backend, timeout: Option<Duration>) -> Result<u8, String> {
+    let root = crate::workspace_root();
+    cargo::run(&root, &["build", "--release", "--examples"])?;
+    cargo::run(&root, &["bench", "--no-run", "--bench", "post_poll"])?;
+    run_lines(backend, BENCH, timeout.unwrap_or(BENCH_TIMEOUT), "bench")
+}
+
+/// Runs `lines` in one boot, in the workspace root with `$TARGET_DIR` set; returns the exit status.
+fn run_lines(
+    backend: &vm::Backend,
+    lines: &[(&str, &str)],
+    timeout: Duration,
+    what: &str,
+) -> Result<u8, String> {
+    let root = crate::workspace_root();
     let mut target_dir = b"TARGET_DIR=".to_vec();
     target_dir.extend_from_slice(&shell::quote(cargo::target_dir(&root)?.as_os_str().as_bytes()));
     target_dir.push(b'\n');
-    let steps: Vec<Step> = DEMO
+    let steps: Vec<Step> = lines
         .iter()
         .map(|(title, line)| Step {
             label: (*title).to_string(),
             script: shell::in_dir(&root, &[&target_dir[..], line.as_bytes()].concat()),
-            timeout: timeout.unwrap_or(TIMEOUT),
+            timeout,
             output: Output::Live,
         })
         .collect();
@@ -90,7 +124,7 @@ pub fn run(backend: &vm::Backend, timeout: Option<Duration>) -> Result<u8, Strin
     report.explain(&steps);
     Ok(match report.end {
         vm::End::Completed if failed == 0 => {
-            eprintln!("xtask: demo done: {} commands succeeded", steps.len());
+            eprintln!("xtask: {what} done: {} commands succeeded", steps.len());
             0
         }
         vm::End::Completed => 1,

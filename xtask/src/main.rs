@@ -60,6 +60,10 @@ Commands:
         each device test binary (e.g. a test name filter).
   demo [--vm] [--mtu N] [--timeout S]
         Show the device at work: our devinfo, rc_pingpong and write_bw examples (one VM boot).
+  bench [--vm] [--mtu N] [--timeout S]
+        Benchmarks in one VM boot: our write_bw, read_bw, send_bw, write_lat, send_lat against
+        perftest's ib_* tools (alternating, medians and ratios), then the post/poll micro-benchmark
+        (safe level vs unsafe level vs raw ffi). Release build.
   help  This text.
 
 Options:
@@ -103,6 +107,8 @@ enum Cli {
     Test(Options, Vec<OsString>),
     /// `demo [options]`.
     Demo(Options),
+    /// `bench [options]`.
+    Bench(Options),
 }
 
 /// Parses the arguments after `cargo xtask`.
@@ -112,7 +118,7 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
     if matches!(command, "help" | "-h" | "--help") {
         return Ok(Cli::Help);
     }
-    if !matches!(command, "rxe" | "test" | "demo") {
+    if !matches!(command, "rxe" | "test" | "demo" | "bench") {
         return Err(format!("unknown command `{command}`"));
     }
     let mut opts = Options::default();
@@ -164,7 +170,8 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
         "rxe" if tail.is_empty() => Err("rxe needs a command to run".into()),
         "rxe" => Ok(Cli::Rxe(opts, tail)),
         "test" => Ok(Cli::Test(opts, tail)),
-        _ if !tail.is_empty() => Err("demo takes no arguments".into()),
+        _ if !tail.is_empty() => Err(format!("{command} takes no arguments")),
+        "bench" => Ok(Cli::Bench(opts)),
         _ => Ok(Cli::Demo(opts)),
     }
 }
@@ -233,6 +240,7 @@ fn main() -> ExitCode {
             })
         }),
         Cli::Demo(opts) => backend(opts).and_then(|backend| demo::run(&backend, opts.timeout)),
+        Cli::Bench(opts) => backend(opts).and_then(|backend| demo::bench(&backend, opts.timeout)),
     };
     let code = match result {
         Ok(code) => code,
@@ -288,6 +296,10 @@ mod tests {
         assert_eq!(
             parse_args(&os(&["demo", "--mtu=9000"])),
             Ok(Cli::Demo(Options { mtu: 9000, ..Options::default() }))
+        );
+        assert_eq!(
+            parse_args(&os(&["bench", "--timeout", "900"])),
+            Ok(Cli::Bench(Options { timeout: secs(900), ..Options::default() }))
         );
         assert_eq!(parse_args(&os(&[])), Ok(Cli::Help));
         assert_eq!(parse_args(&os(&["help"])), Ok(Cli::Help));
