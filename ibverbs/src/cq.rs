@@ -241,15 +241,19 @@ impl CompletionQueue {
         unsafe { registry.sweep() };
         let mut filled = 0;
         while filled < out.len() {
-            let mut wcs = [ffi::ibv_wc::default(); POLL_BATCH];
+            // Not zeroed: the provider writes the entries it returns (a memset would cost more
+            // than the poll itself on hardware).
+            let mut wcs = std::mem::MaybeUninit::<[ffi::ibv_wc; POLL_BATCH]>::uninit();
             let want = (out.len() - filled).min(POLL_BATCH);
             // SAFETY: valid CQ; `wcs` has room for `want` entries.
-            let n = unsafe { (self.inner.poll_fn)(self.as_raw(), want as i32, wcs.as_mut_ptr()) };
+            let n = unsafe { (self.inner.poll_fn)(self.as_raw(), want as i32, wcs.as_mut_ptr().cast()) };
             if n < 0 {
                 return Err(Error::from_ret("ibv_poll_cq", n));
             }
-            let n = n as usize;
-            for (wc, slot) in wcs[..n].iter().zip(&mut out[filled..]) {
+            let n = (n as usize).min(want);
+            // SAFETY: ibv_poll_cq initialized the first n entries.
+            let wcs = unsafe { std::slice::from_raw_parts(wcs.as_ptr().cast::<ffi::ibv_wc>(), n) };
+            for (wc, slot) in wcs.iter().zip(&mut out[filled..]) {
                 slot.fill(wc, registry);
             }
             filled += n;
