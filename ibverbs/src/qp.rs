@@ -882,37 +882,10 @@ impl QueuePair {
     // The request comes back by value on error: boxing it would allocate on the post path.
     #[allow(clippy::result_large_err)]
     pub fn post_send<'a>(&mut self, wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
-        let mut wr = wr;
         if let Err(error) = self.check_send(&wr) {
             return Err(PostError { error, request: wr });
         }
-        let (head, free) = self.send.producer_state();
-        if free == 0 {
-            let error = Error::QueueFull { verb: "ibv_post_send", capacity: self.send.capacity() };
-            return Err(PostError { error, request: wr });
-        }
-        let mut raw = ffi::ibv_send_wr::default();
-        let mut sges = [ffi::ibv_sge::default(); MAX_SGE];
-        wr.fill(&mut raw, &mut sges, self.send.device_wr_id(head));
-        // Publish the slot before posting: the completion may be polled before post returns.
-        // SAFETY: producer (&mut self), free position `head`.
-        unsafe { self.send.write(head, take_slot(&mut wr)) };
-        self.send.set_head(head.wrapping_add(1));
-        let mut bad = std::ptr::null_mut();
-        let ret = match self.post_send_fn {
-            // SAFETY: valid QP; `raw` and `sges` describe registered memory held by the slot (or
-            // inline data borrowed for 'a, copied during this call).
-            Some(f) => unsafe { f(self.raw.as_ptr(), &mut raw, &mut bad) },
-            None => libc::ENOSYS,
-        };
-        if ret != 0 {
-            self.send.set_head(head);
-            // SAFETY: the producer withdrew `head`; the device never saw it.
-            let slot = unsafe { self.send.take_back(head) };
-            restore(&mut wr.sges, slot, &sges);
-            return Err(PostError { error: Error::from_ret("ibv_post_send", ret), request: wr });
-        }
-        Ok(())
+        post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, wr)
     }
 
     /// Posts a chain of send requests with one `ibv_post_send()` call (one doorbell), safely.
@@ -924,55 +897,11 @@ impl QueuePair {
     /// is posted, and [`Error::QueueFull`] is reported before posting when the chain does not fit.
     #[doc(alias = "ibv_post_send")]
     pub fn post_send_chain(&mut self, wrs: &mut Vec<SendRequest<'_>>) -> Result<()> {
-        let n = wrs.len();
-        if n == 0 {
-            return Ok(());
-        }
         for wr in wrs.iter() {
             self.check_send(wr)?;
         }
-        let (head, free) = self.send.producer_state();
-        if n > free as usize {
-            return Err(Error::QueueFull { verb: "ibv_post_send", capacity: self.send.capacity() });
-        }
-        let base = self.chain.as_mut_ptr();
-        for (i, wr) in wrs.iter_mut().enumerate() {
-            let pos = head.wrapping_add(i as u32);
-            wr.fill(&mut self.chain[i], &mut self.chain_sges[i], self.send.device_wr_id(pos));
-            if i + 1 < n {
-                // SAFETY: i + 1 < n <= chain.len().
-                self.chain[i].next = unsafe { base.add(i + 1) };
-            }
-            // SAFETY: producer, free positions head..head+n.
-            unsafe { self.send.write(pos, take_slot(wr)) };
-        }
-        self.send.set_head(head.wrapping_add(n as u32));
-        let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
-        let ret = match self.post_send_fn {
-            // SAFETY: a valid chain of n requests in QP-owned scratch, describing memory held by the
-            // slots (or inline data borrowed by the requests in `wrs`, alive during this call).
-            Some(f) => unsafe { f(self.raw.as_ptr(), base, &mut bad) },
-            None => libc::ENOSYS,
-        };
-        if ret == 0 {
-            wrs.clear();
-            return Ok(());
-        }
-        // Requests from `bad` on were not posted.
-        let posted = if bad.is_null() {
-            0
-        } else {
-            (bad as usize - base as usize) / std::mem::size_of::<ffi::ibv_send_wr>()
-        };
-        let posted = posted.min(n);
-        self.send.set_head(head.wrapping_add(posted as u32));
-        for (i, wr) in wrs.iter_mut().enumerate().skip(posted) {
-            // SAFETY: withdrawn positions, never seen by the device or the consumer.
-            let slot = unsafe { self.send.take_back(head.wrapping_add(i as u32)) };
-            restore(&mut wr.sges, slot, &self.chain_sges[i]);
-        }
-        wrs.drain(..posted);
-        Err(Error::from_ret("ibv_post_send", ret))
+        let qp = self.raw.as_ptr();
+        post_chain(qp, &self.send, self.post_send_fn, &mut self.chain, &mut self.chain_sges, wrs)
     }
 
     /// Posts one receive request (`ibv_post_recv()`), safely: the QP keeps its buffers until the
@@ -986,36 +915,10 @@ impl QueuePair {
     #[doc(alias = "ibv_post_recv")]
     #[allow(clippy::result_large_err)] // as post_send: no allocation on the post path
     pub fn post_recv(&mut self, wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
-        let mut wr = wr;
         if let Err(error) = self.check_recv(&wr) {
             return Err(PostError { error, request: wr });
         }
-        let (head, free) = self.recv.producer_state();
-        if free == 0 {
-            let error = Error::QueueFull { verb: "ibv_post_recv", capacity: self.recv.capacity() };
-            return Err(PostError { error, request: wr });
-        }
-        let mut raw = ffi::ibv_recv_wr::default();
-        let mut sges = [ffi::ibv_sge::default(); MAX_SGE];
-        wr.fill(&mut raw, &mut sges, self.recv.device_wr_id(head));
-        let slot = Slot { wr_id: wr.wr_id, bufs: take_bufs(&mut wr.sges), _ah: None };
-        // SAFETY: producer, free position.
-        unsafe { self.recv.write(head, slot) };
-        self.recv.set_head(head.wrapping_add(1));
-        let mut bad = std::ptr::null_mut();
-        let ret = match self.post_recv_fn {
-            // SAFETY: valid QP; the SGEs describe registered memory held by the slot.
-            Some(f) => unsafe { f(self.raw.as_ptr(), &mut raw, &mut bad) },
-            None => libc::ENOSYS,
-        };
-        if ret != 0 {
-            self.recv.set_head(head);
-            // SAFETY: withdrawn position.
-            let slot = unsafe { self.recv.take_back(head) };
-            restore(&mut wr.sges, slot, &sges);
-            return Err(PostError { error: Error::from_ret("ibv_post_recv", ret), request: wr });
-        }
-        Ok(())
+        post_one(self.raw.as_ptr(), &self.recv, self.post_recv_fn, wr)
     }
 
     /// Posts a chain of receive requests with one `ibv_post_recv()` call, safely. On success
@@ -1025,54 +928,11 @@ impl QueuePair {
     /// As [`post_recv`](Self::post_recv).
     #[doc(alias = "ibv_post_recv")]
     pub fn post_recv_chain(&mut self, wrs: &mut Vec<RecvRequest>) -> Result<()> {
-        let n = wrs.len();
-        if n == 0 {
-            return Ok(());
-        }
         for wr in wrs.iter() {
             self.check_recv(wr)?;
         }
-        let (head, free) = self.recv.producer_state();
-        if n > free as usize {
-            return Err(Error::QueueFull { verb: "ibv_post_recv", capacity: self.recv.capacity() });
-        }
-        let base = self.recv_chain.as_mut_ptr();
-        for (i, wr) in wrs.iter_mut().enumerate() {
-            let pos = head.wrapping_add(i as u32);
-            wr.fill(&mut self.recv_chain[i], &mut self.recv_chain_sges[i], self.recv.device_wr_id(pos));
-            if i + 1 < n {
-                // SAFETY: i + 1 < n <= recv_chain.len().
-                self.recv_chain[i].next = unsafe { base.add(i + 1) };
-            }
-            let slot = Slot { wr_id: wr.wr_id, bufs: take_bufs(&mut wr.sges), _ah: None };
-            // SAFETY: producer, free positions.
-            unsafe { self.recv.write(pos, slot) };
-        }
-        self.recv.set_head(head.wrapping_add(n as u32));
-        let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
-        let ret = match self.post_recv_fn {
-            // SAFETY: a valid chain in QP-owned scratch describing memory held by the slots.
-            Some(f) => unsafe { f(self.raw.as_ptr(), base, &mut bad) },
-            None => libc::ENOSYS,
-        };
-        if ret == 0 {
-            wrs.clear();
-            return Ok(());
-        }
-        let posted = if bad.is_null() {
-            0
-        } else {
-            (bad as usize - base as usize) / std::mem::size_of::<ffi::ibv_recv_wr>()
-        };
-        let posted = posted.min(n);
-        self.recv.set_head(head.wrapping_add(posted as u32));
-        for (i, wr) in wrs.iter_mut().enumerate().skip(posted) {
-            // SAFETY: withdrawn positions.
-            let slot = unsafe { self.recv.take_back(head.wrapping_add(i as u32)) };
-            restore(&mut wr.sges, slot, &self.recv_chain_sges[i]);
-        }
-        wrs.drain(..posted);
-        Err(Error::from_ret("ibv_post_recv", ret))
+        let qp = self.raw.as_ptr();
+        post_chain(qp, &self.recv, self.post_recv_fn, &mut self.recv_chain, &mut self.recv_chain_sges, wrs)
     }
 
     /// Posts a raw chain of send requests (`ibv_post_send()`) at exactly C's cost: no checks, no
@@ -1132,20 +992,161 @@ impl QueuePair {
     }
 }
 
-fn take_bufs(sges: &mut [Option<Local>; MAX_SGE]) -> [Option<LocalBuf>; MAX_SGE] {
-    let mut out: [Option<LocalBuf>; MAX_SGE] = Default::default();
-    for (o, s) in out.iter_mut().zip(sges.iter_mut()) {
-        *o = s.take().map(Local::into_buf);
-    }
-    out
+/// A provider's `post_send` or `post_recv` entry point.
+type RawPost<W> = unsafe extern "C" fn(*mut ffi::ibv_qp, *mut W, *mut *mut W) -> i32;
+
+/// What the generic posting code needs of a safe request type.
+trait Request {
+    /// The C work request (`ibv_send_wr` or `ibv_recv_wr`).
+    type Raw: Default;
+    /// The verb, for errors.
+    const VERB: &'static str;
+    /// Fills `raw` and `sges` (the caller links `next`).
+    fn fill_raw(&self, raw: &mut Self::Raw, sges: &mut [ffi::ibv_sge; MAX_SGE], device_wr_id: u64);
+    /// Links `raw` to the next request of a chain.
+    fn link(raw: &mut Self::Raw, next: *mut Self::Raw);
+    /// Moves what must live until the completion into a slot.
+    fn take_slot(&mut self) -> Slot;
+    /// Where a withdrawn slot's buffers go back.
+    fn sges_mut(&mut self) -> &mut [Option<Local>; MAX_SGE];
 }
 
-fn take_slot(wr: &mut SendRequest<'_>) -> Slot {
-    Slot {
-        wr_id: wr.wr_id,
-        bufs: take_bufs(&mut wr.sges),
-        _ah: wr.ud.as_ref().map(|(ah, _, _)| ah.inner.clone()),
+impl Request for SendRequest<'_> {
+    type Raw = ffi::ibv_send_wr;
+    const VERB: &'static str = "ibv_post_send";
+    fn fill_raw(&self, raw: &mut Self::Raw, sges: &mut [ffi::ibv_sge; MAX_SGE], device_wr_id: u64) {
+        self.fill(raw, sges, device_wr_id);
     }
+    fn link(raw: &mut Self::Raw, next: *mut Self::Raw) {
+        raw.next = next;
+    }
+    fn take_slot(&mut self) -> Slot {
+        let ah = self.ud.as_ref().map(|(ah, _, _)| ah.inner.clone());
+        Slot { wr_id: self.wr_id, bufs: take_bufs(&mut self.sges), _ah: ah }
+    }
+    fn sges_mut(&mut self) -> &mut [Option<Local>; MAX_SGE] {
+        &mut self.sges
+    }
+}
+
+impl Request for RecvRequest {
+    type Raw = ffi::ibv_recv_wr;
+    const VERB: &'static str = "ibv_post_recv";
+    fn fill_raw(&self, raw: &mut Self::Raw, sges: &mut [ffi::ibv_sge; MAX_SGE], device_wr_id: u64) {
+        self.fill(raw, sges, device_wr_id);
+    }
+    fn link(raw: &mut Self::Raw, next: *mut Self::Raw) {
+        raw.next = next;
+    }
+    fn take_slot(&mut self) -> Slot {
+        Slot { wr_id: self.wr_id, bufs: take_bufs(&mut self.sges), _ah: None }
+    }
+    fn sges_mut(&mut self) -> &mut [Option<Local>; MAX_SGE] {
+        &mut self.sges
+    }
+}
+
+/// Posts one checked request on `ring`'s work queue of `qp`.
+#[allow(clippy::result_large_err)] // the request comes back by value: no allocation
+fn post_one<R: Request>(
+    qp: *mut ffi::ibv_qp,
+    ring: &Ring,
+    post: Option<RawPost<R::Raw>>,
+    mut wr: R,
+) -> Result<(), PostError<R>> {
+    let (head, free) = ring.producer_state();
+    if free == 0 {
+        let error = Error::QueueFull { verb: R::VERB, capacity: ring.capacity() };
+        return Err(PostError { error, request: wr });
+    }
+    let mut raw = R::Raw::default();
+    let mut sges = [ffi::ibv_sge::default(); MAX_SGE];
+    wr.fill_raw(&mut raw, &mut sges, ring.device_wr_id(head));
+    // Publish the slot before posting: the completion may be polled before the post returns.
+    // SAFETY: we are the producer (the caller holds &mut QueuePair) and `head` is free.
+    unsafe { ring.write(head, wr.take_slot()) };
+    ring.set_head(head.wrapping_add(1));
+    let mut bad = std::ptr::null_mut();
+    let ret = match post {
+        // SAFETY: valid QP; `raw` and `sges` describe registered memory of the QP's PD held by the
+        // slot until its completion (or inline data borrowed by `wr`, copied during this call).
+        Some(f) => unsafe { f(qp, &mut raw, &mut bad) },
+        None => libc::ENOSYS,
+    };
+    if ret != 0 {
+        ring.set_head(head);
+        // SAFETY: the producer withdrew `head`; the device never saw it.
+        let slot = unsafe { ring.take_back(head) };
+        restore(wr.sges_mut(), slot, &sges);
+        return Err(PostError { error: Error::from_ret(R::VERB, ret), request: wr });
+    }
+    Ok(())
+}
+
+/// Posts checked requests as one chain, built in the QP's `scratch`; see `post_send_chain`.
+fn post_chain<R: Request>(
+    qp: *mut ffi::ibv_qp,
+    ring: &Ring,
+    post: Option<RawPost<R::Raw>>,
+    scratch: &mut [R::Raw],
+    scratch_sges: &mut [[ffi::ibv_sge; MAX_SGE]],
+    wrs: &mut Vec<R>,
+) -> Result<()> {
+    let n = wrs.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let (head, free) = ring.producer_state();
+    if n > free as usize || n > scratch.len() {
+        return Err(Error::QueueFull { verb: R::VERB, capacity: ring.capacity() });
+    }
+    let base = scratch.as_mut_ptr();
+    for (i, wr) in wrs.iter_mut().enumerate() {
+        let pos = head.wrapping_add(i as u32);
+        wr.fill_raw(&mut scratch[i], &mut scratch_sges[i], ring.device_wr_id(pos));
+        if i + 1 < n {
+            // SAFETY: i + 1 < n <= scratch.len().
+            R::link(&mut scratch[i], unsafe { base.add(i + 1) });
+        }
+        // SAFETY: producer; positions head..head + n are free (n <= free).
+        unsafe { ring.write(pos, wr.take_slot()) };
+    }
+    ring.set_head(head.wrapping_add(n as u32));
+    let mut bad: *mut R::Raw = std::ptr::null_mut();
+    let ret = match post {
+        // SAFETY: a valid NULL-terminated chain of n requests in QP-owned scratch, describing
+        // memory held by the slots (or inline data borrowed by the requests in `wrs`).
+        Some(f) => unsafe { f(qp, base, &mut bad) },
+        None => libc::ENOSYS,
+    };
+    if ret == 0 {
+        wrs.clear();
+        return Ok(());
+    }
+    // Requests from `bad` on were not posted.
+    let posted = if bad.is_null() {
+        0
+    } else {
+        (bad as usize).saturating_sub(base as usize) / std::mem::size_of::<R::Raw>()
+    };
+    let posted = posted.min(n);
+    ring.set_head(head.wrapping_add(posted as u32));
+    for (i, wr) in wrs.iter_mut().enumerate().skip(posted) {
+        // SAFETY: withdrawn positions, never seen by the device or the consumer.
+        let slot = unsafe { ring.take_back(head.wrapping_add(i as u32)) };
+        restore(wr.sges_mut(), slot, &scratch_sges[i]);
+    }
+    wrs.drain(..posted);
+    Err(Error::from_ret(R::VERB, ret))
+}
+
+fn take_bufs(sges: &mut [Option<Local>; MAX_SGE]) -> [Option<LocalBuf>; MAX_SGE] {
+    // Compact, in SGE order: slot entry i is the buffer of `ibv_sge` i.
+    let mut out: [Option<LocalBuf>; MAX_SGE] = Default::default();
+    for (o, s) in out.iter_mut().zip(sges.iter_mut().filter_map(Option::take)) {
+        *o = Some(s.into_buf());
+    }
+    out
 }
 
 /// Puts a withdrawn slot's buffers back into the request they came from.

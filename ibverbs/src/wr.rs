@@ -128,6 +128,17 @@ impl Local {
     }
 }
 
+/// Appends `local` to a request's scatter/gather entries.
+fn push_sge(sges: &mut [Option<Local>; MAX_SGE], local: Local, verb: &'static str) -> Result<()> {
+    match sges.iter_mut().find(|s| s.is_none()) {
+        Some(s) => {
+            *s = Some(local);
+            Ok(())
+        }
+        None => Err(Error::InvalidArgument { verb, reason: "more than MAX_SGE entries" }),
+    }
+}
+
 /// The operation of a [`SendRequest`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
@@ -247,15 +258,8 @@ impl<'a> SendRequest<'a> {
                 reason: "inline requests take no SGEs",
             });
         }
-        match self.sges.iter_mut().find(|s| s.is_none()) {
-            Some(s) => {
-                *s = Some(local);
-                Ok(self)
-            }
-            None => {
-                Err(Error::InvalidArgument { verb: "ibv_post_send", reason: "more than MAX_SGE entries" })
-            }
-        }
+        push_sge(&mut self.sges, local, "ibv_post_send")?;
+        Ok(self)
     }
 
     /// Immediate data delivered with a Send or RDMA Write to the peer's receive completion.
@@ -476,15 +480,8 @@ impl RecvRequest {
     /// # Errors
     /// [`Error::InvalidArgument`] when the request already has [`MAX_SGE`] entries.
     pub fn scatter(mut self, local: Local) -> Result<Self> {
-        match self.sges.iter_mut().find(|s| s.is_none()) {
-            Some(s) => {
-                *s = Some(local);
-                Ok(self)
-            }
-            None => {
-                Err(Error::InvalidArgument { verb: "ibv_post_recv", reason: "more than MAX_SGE entries" })
-            }
-        }
+        push_sge(&mut self.sges, local, "ibv_post_recv")?;
+        Ok(self)
     }
 
     /// The caller's identifier, returned in the completion.
