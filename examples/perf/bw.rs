@@ -1,0 +1,427 @@
+//! The bandwidth loops (perftest's `run_iter_bw` and `run_iter_bw_server`), generic over the
+//! posting level: [`SafePath`] posts typed requests that carry `Arc` handles of the buffers,
+//! [`RawPath`] posts prebuilt `ibv_send_wr`/`ibv_recv_wr` chains through the `unsafe` level.
+//! Both are monomorphized into the same loop, so the only difference measured is the level.
+
+use std::ptr;
+
+use ibverbs::ffi;
+use ibverbs::{
+    Completion, CompletionQueue, QueuePair, RecvRequest, RemoteSlice, SendRequest, WcStatus, WorkCompletion,
+};
+
+use super::clock::ticks;
+use super::{split_wr_id, wr_id, Buf, Guard, RunSpec};
+
+/// Completions fetched per poll (perftest's default batch).
+pub const POLL_BATCH: usize = 16;
+
+/// The operation of a bandwidth test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// RDMA Write of the local buffer to the peer's.
+    Write,
+    /// RDMA Read of the peer's buffer into the local one.
+    Read,
+    /// Send of the local buffer.
+    Send,
+}
+
+/// A completion, reduced to what the loops need.
+#[derive(Debug, Clone, Copy)]
+pub struct Done {
+    /// Queue pair index.
+    pub q: usize,
+    /// Message index in that queue pair.
+    pub k: u64,
+    /// Status.
+    pub status: WcStatus,
+}
+
+impl Default for Done {
+    fn default() -> Self {
+        Done { q: 0, k: 0, status: WcStatus::SUCCESS }
+    }
+}
+
+/// Posts and polls for a sender.
+pub trait SendPath {
+    /// Posts messages `k..k + n` of queue pair `q`, chained when `n > 1`.
+    fn post(&mut self, q: usize, k: u64, n: usize) -> Result<(), String>;
+    /// Polls the send CQ into `out`; returns how many.
+    fn poll(&mut self, out: &mut [Done]) -> Result<usize, String>;
+}
+
+/// Posts and polls for a receiver.
+pub trait RecvPath {
+    /// Posts the receive for message `k` of queue pair `q`.
+    fn post_recv(&mut self, q: usize, k: u64) -> Result<(), String>;
+    /// Polls the receive CQ into `out`; returns how many.
+    fn poll(&mut self, out: &mut [Done]) -> Result<usize, String>;
+}
+
+/// The safe level: `post_send`/`post_send_chain`/`post_recv` with requests holding `Arc`s of the
+/// buffers, `CompletionQueue::poll` handing them back.
+pub struct SafePath<'a> {
+    qps: &'a mut [QueuePair],
+    cq: &'a mut CompletionQueue,
+    local: &'a [Buf],
+    remote: &'a [RemoteSlice],
+    op: Op,
+    run: RunSpec,
+    chain: Vec<SendRequest<'static>>,
+    comps: Vec<Completion>,
+}
+
+impl<'a> SafePath<'a> {
+    /// A path over `qps` (one `local` buffer and, for Write and Read, one `remote` slice per queue
+    /// pair), polling `cq`.
+    pub fn new(
+        qps: &'a mut [QueuePair],
+        cq: &'a mut CompletionQueue,
+        local: &'a [Buf],
+        remote: &'a [RemoteSlice],
+        op: Op,
+        run: RunSpec,
+    ) -> Self {
+        SafePath {
+            qps,
+            cq,
+            local,
+            remote,
+            op,
+            run,
+            chain: Vec::with_capacity(run.post_list as usize),
+            comps: (0..POLL_BATCH).map(|_| Completion::default()).collect(),
+        }
+    }
+
+    #[inline(always)]
+    fn request(&self, q: usize, k: u64) -> Result<SendRequest<'static>, String> {
+        let range = self.run.range(k);
+        let (off, len) = (range.start as u64, range.len() as u64);
+        let local = self.local[q].local(range).map_err(|e| e.to_string())?;
+        let wr = match self.op {
+            Op::Write => {
+                SendRequest::write(local, self.remote[q].slice(off, len).map_err(|e| e.to_string())?)
+            }
+            Op::Read => SendRequest::read(local, self.remote[q].slice(off, len).map_err(|e| e.to_string())?),
+            Op::Send => SendRequest::send(local),
+        }
+        .wr_id(wr_id(q, k));
+        Ok(if self.run.signaled(k) { wr } else { wr.unsignaled() })
+    }
+
+    fn poll_into(&mut self, out: &mut [Done]) -> Result<usize, String> {
+        let n = out.len().min(self.comps.len());
+        let got = self.cq.poll(&mut self.comps[..n]).map_err(|e| e.to_string())?;
+        for (c, d) in got.iter().zip(out.iter_mut()) {
+            let (q, k) = split_wr_id(c.wr_id());
+            *d = Done { q, k, status: c.status() };
+        }
+        Ok(got.len())
+    }
+}
+
+impl SendPath for SafePath<'_> {
+    #[inline]
+    fn post(&mut self, q: usize, k: u64, n: usize) -> Result<(), String> {
+        if n == 1 {
+            let wr = self.request(q, k)?;
+            return self.qps[q].post_send(wr).map_err(|e| format!("post_send: {e}"));
+        }
+        for i in 0..n as u64 {
+            let wr = self.request(q, k + i)?;
+            self.chain.push(wr);
+        }
+        let r = self.qps[q].post_send_chain(&mut self.chain).map_err(|e| format!("post_send_chain: {e}"));
+        self.chain.clear();
+        r
+    }
+
+    #[inline]
+    fn poll(&mut self, out: &mut [Done]) -> Result<usize, String> {
+        self.poll_into(out)
+    }
+}
+
+impl RecvPath for SafePath<'_> {
+    #[inline]
+    fn post_recv(&mut self, q: usize, k: u64) -> Result<(), String> {
+        let local = self.local[q].local(self.run.range(k)).map_err(|e| e.to_string())?;
+        self.qps[q]
+            .post_recv(RecvRequest::new(local).wr_id(wr_id(q, k)))
+            .map_err(|e| format!("post_recv: {e}"))
+    }
+
+    #[inline]
+    fn poll(&mut self, out: &mut [Done]) -> Result<usize, String> {
+        self.poll_into(out)
+    }
+}
+
+/// The raw level: per queue pair a prebuilt chain of `post_list` work requests whose addresses,
+/// `wr_id`s and flags are rewritten in place before each `post_send_unchecked`, and `poll_raw`.
+pub struct RawPath<'a> {
+    qps: &'a [QueuePair],
+    cq: &'a CompletionQueue,
+    run: RunSpec,
+    op: Op,
+    base: Vec<u64>,
+    rbase: Vec<u64>,
+    // The chains point into these vectors, which are never resized after `new`.
+    wr: Vec<ffi::ibv_send_wr>,
+    rwr: Vec<ffi::ibv_recv_wr>,
+    sge: Vec<ffi::ibv_sge>,
+    wcs: Vec<WorkCompletion>,
+}
+
+impl<'a> RawPath<'a> {
+    /// A path over `qps` (one `local` buffer and, for Write and Read, one `remote` slice per queue
+    /// pair), polling `cq`. The buffers must stay registered until the queue pairs are destroyed
+    /// (the session keeps them so).
+    pub fn new(
+        qps: &'a [QueuePair],
+        cq: &'a CompletionQueue,
+        local: &[Buf],
+        remote: &[RemoteSlice],
+        op: Op,
+        run: RunSpec,
+    ) -> Self {
+        let pl = run.post_list as usize;
+        let n = qps.len() * pl;
+        let mut p = RawPath {
+            qps,
+            cq,
+            run,
+            op,
+            base: local.iter().map(Buf::addr).collect(),
+            rbase: remote.iter().map(|r| r.addr).collect(),
+            wr: vec![ffi::ibv_send_wr::default(); n],
+            rwr: vec![ffi::ibv_recv_wr::default(); qps.len()],
+            sge: vec![ffi::ibv_sge::default(); n],
+            wcs: vec![WorkCompletion::default(); POLL_BATCH],
+        };
+        let opcode = match op {
+            Op::Write => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            Op::Read => ffi::ibv_wr_opcode::IBV_WR_RDMA_READ,
+            Op::Send => ffi::ibv_wr_opcode::IBV_WR_SEND,
+        };
+        for i in 0..n {
+            let q = i / pl;
+            p.sge[i] = ffi::ibv_sge { addr: p.base[q], length: run.size as u32, lkey: local[q].lkey() };
+            let w = &mut p.wr[i];
+            w.opcode = opcode;
+            w.num_sge = 1;
+            // `sg_list` and `next` are linked in `post` (pointers taken there stay valid).
+            if op != Op::Send {
+                w.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                    remote_addr: p.rbase[q],
+                    rkey: remote[q].rkey,
+                };
+            }
+        }
+        for w in &mut p.rwr {
+            w.num_sge = 1;
+        }
+        p
+    }
+}
+
+impl SendPath for RawPath<'_> {
+    #[inline]
+    fn post(&mut self, q: usize, k: u64, n: usize) -> Result<(), String> {
+        let blk = q * self.run.post_list as usize;
+        debug_assert!(n >= 1 && blk + n <= self.wr.len());
+        // All accesses below go through these two pointers (no references into the vectors are
+        // created meanwhile), so the links written into the chain stay valid for the device.
+        let wrs = self.wr.as_mut_ptr();
+        let sges = self.sge.as_mut_ptr();
+        for i in 0..n {
+            let idx = k + i as u64;
+            let off = self.run.offset(idx);
+            let flags = if self.run.signaled(idx) { ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
+            // SAFETY: blk + i < blk + n <= len of both vectors (one block of post_list per queue
+            // pair, n == post_list); nothing else accesses them meanwhile.
+            unsafe {
+                let sge = sges.add(blk + i);
+                (*sge).addr = self.base[q] + off;
+                let w = wrs.add(blk + i);
+                (*w).wr_id = wr_id(q, idx);
+                (*w).send_flags = flags;
+                (*w).sg_list = sge;
+                (*w).next = if i + 1 < n { w.add(1) } else { ptr::null_mut() };
+                if self.op != Op::Send {
+                    (*w).wr.rdma.remote_addr = self.rbase[q] + off;
+                }
+            }
+        }
+        let mut bad = ptr::null_mut();
+        // SAFETY: `wrs[blk..blk + n]` is a NULL-terminated chain whose SGEs name `size` bytes at
+        // cycle offsets inside the queue pair's buffer (registered in this QP's PD and kept
+        // registered by the session until the QPs are destroyed); the remote ranges lie in the
+        // peer's buffer as it described it. The device only reads the local buffer for Write and
+        // Send; for Read it writes a RemoteMemoryRegion nobody holds references into. wr_ids have
+        // bit 63 clear.
+        unsafe { self.qps[q].post_send_unchecked(wrs.add(blk), &mut bad) }
+            .map_err(|e| format!("post_send_unchecked: {e}"))
+    }
+
+    #[inline]
+    fn poll(&mut self, out: &mut [Done]) -> Result<usize, String> {
+        let n = out.len().min(self.wcs.len());
+        let got = self.cq.poll_raw(&mut self.wcs[..n]).map_err(|e| e.to_string())?;
+        for (wc, d) in got.iter().zip(out.iter_mut()) {
+            let (q, k) = split_wr_id(wc.wr_id());
+            *d = Done { q, k, status: wc.status() };
+        }
+        Ok(got.len())
+    }
+}
+
+impl RecvPath for RawPath<'_> {
+    #[inline]
+    fn post_recv(&mut self, q: usize, k: u64) -> Result<(), String> {
+        let blk = q * self.run.post_list as usize;
+        let sge = self.sge.as_mut_ptr();
+        let rwr = self.rwr.as_mut_ptr();
+        // SAFETY: blk < len of `sge` and q < len of `rwr` (one entry per queue pair); no references
+        // into the vectors exist meanwhile, so the link stays valid.
+        let w = unsafe {
+            let s = sge.add(blk);
+            (*s).addr = self.base[q] + self.run.offset(k);
+            let w = rwr.add(q);
+            (*w).wr_id = wr_id(q, k);
+            (*w).sg_list = s;
+            (*w).next = ptr::null_mut();
+            w
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: one receive whose SGE names `size` bytes inside the queue pair's receive buffer,
+        // a RemoteMemoryRegion (no references into it) kept registered by the session until the
+        // QPs are destroyed; wr_id bit 63 clear.
+        unsafe { self.qps[q].post_recv_unchecked(w, &mut bad) }
+            .map_err(|e| format!("post_recv_unchecked: {e}"))
+    }
+
+    #[inline]
+    fn poll(&mut self, out: &mut [Done]) -> Result<usize, String> {
+        SendPath::poll(self, out)
+    }
+}
+
+/// Timestamps of a sender's run: post time of every message and poll time of the completion
+/// covering it, in counter ticks.
+#[derive(Debug)]
+pub struct SendTimes {
+    /// Per message (all queue pairs, in posting order).
+    pub tposted: Vec<u64>,
+    /// Per message (in completion order).
+    pub tcompleted: Vec<u64>,
+}
+
+fn status_error(d: &Done, role: &str) -> String {
+    format!("{role} completion with status {} (queue pair {}, message {})", d.status, d.q, d.k)
+}
+
+/// perftest's `run_iter_bw`: keeps up to `tx_depth` messages in flight on every queue pair, posting
+/// `post_list` at a time, requesting a completion every `cq_mod`, polling in batches.
+pub fn run_sender<P: SendPath>(p: &mut P, run: &RunSpec, guard: &mut Guard) -> Result<SendTimes, String> {
+    let q = run.qps;
+    let iters = run.iters;
+    let pl = run.post_list;
+    let tot = (iters * q as u64) as usize;
+    let mut tposted = vec![0u64; tot];
+    let mut tcompleted = vec![0u64; tot];
+    let mut scnt = vec![0u64; q];
+    let mut ccnt = vec![0u64; q];
+    let (mut totscnt, mut totccnt) = (0usize, 0usize);
+    let mut done = [Done::default(); POLL_BATCH];
+    guard.start("waiting for send completions");
+    while totccnt < tot {
+        for qi in 0..q {
+            while scnt[qi] < iters && scnt[qi] + pl <= run.tx_depth + ccnt[qi] {
+                let now = ticks();
+                tposted[totscnt..totscnt + pl as usize].fill(now);
+                p.post(qi, scnt[qi], pl as usize)?;
+                scnt[qi] += pl;
+                totscnt += pl as usize;
+            }
+        }
+        let n = p.poll(&mut done)?;
+        if n == 0 {
+            guard.idle()?;
+            continue;
+        }
+        let now = ticks();
+        guard.progress(now);
+        for d in &done[..n] {
+            if d.status != WcStatus::SUCCESS {
+                return Err(guard.annotate(status_error(d, "send")));
+            }
+            if d.q >= q || d.k >= iters {
+                return Err(format!("unexpected completion (wr_id for queue pair {}, message {})", d.q, d.k));
+            }
+            let upto = d.k + 1;
+            let covered = upto.saturating_sub(ccnt[d.q]) as usize;
+            ccnt[d.q] = ccnt[d.q].max(upto);
+            let end = (totccnt + covered).min(tot);
+            tcompleted[totccnt..end].fill(now);
+            totccnt = end;
+        }
+    }
+    Ok(SendTimes { tposted, tcompleted })
+}
+
+/// Posts the first receives of every queue pair (before the run starts); returns how many each.
+pub fn prepost<P: RecvPath>(p: &mut P, run: &RunSpec) -> Result<u64, String> {
+    let n = run.rx_depth.min(run.iters);
+    for q in 0..run.qps {
+        for k in 0..n {
+            p.post_recv(q, k)?;
+        }
+    }
+    Ok(n)
+}
+
+/// perftest's `run_iter_bw_server`: takes `iters` messages on every queue pair, reposting a
+/// receive for each one taken while more are due. Returns the counter at the first and at the
+/// last completion.
+pub fn run_receiver<P: RecvPath>(
+    p: &mut P,
+    run: &RunSpec,
+    preposted: u64,
+    guard: &mut Guard,
+) -> Result<(u64, u64), String> {
+    let q = run.qps;
+    let tot = run.iters * q as u64;
+    let mut posted = vec![preposted; q];
+    let mut rcnt = 0u64;
+    let mut first = None;
+    let mut done = [Done::default(); POLL_BATCH];
+    guard.start("waiting for receive completions");
+    while rcnt < tot {
+        let n = p.poll(&mut done)?;
+        if n == 0 {
+            guard.idle()?;
+            continue;
+        }
+        let now = ticks();
+        guard.progress(now);
+        first.get_or_insert(now);
+        for d in &done[..n] {
+            if d.status != WcStatus::SUCCESS {
+                return Err(guard.annotate(status_error(d, "receive")));
+            }
+            if d.q >= q {
+                return Err(format!("unexpected completion (wr_id for queue pair {})", d.q));
+            }
+            rcnt += 1;
+            if posted[d.q] < run.iters {
+                p.post_recv(d.q, posted[d.q])?;
+                posted[d.q] += 1;
+            }
+        }
+    }
+    Ok((first.unwrap_or(0), ticks()))
+}

@@ -1,0 +1,205 @@
+//! Send latency, like perftest's `ib_send_lat`.
+//!
+//! Server: `send_lat -d rxe0 -x 1`; client: `send_lat -d rxe0 -x 1 SERVER`. A ping-pong of Sends
+//! with receives posted ahead (`-r`, reposted as they are consumed): the client sends, the server
+//! answers each message it receives, and so on. Sends request a completion every `-Q` messages
+//! (with the default tx depth of 1: every one), which is polled before going on, as perftest.
+//! Latency is half the time between consecutive sends.
+
+#[path = "perf/mod.rs"]
+mod perf;
+
+use std::process::ExitCode;
+use std::ptr;
+
+use ibverbs::ffi;
+use ibverbs::{AccessFlags, Completion, RecvRequest, RemoteSlice, SendRequest, WcStatus, WorkCompletion};
+use perf::clock::ticks;
+use perf::report::lat_report;
+use perf::{Buf, Guard, Level, Role, RunSpec, Session, TestKind};
+
+fn main() -> ExitCode {
+    perf::main(TestKind::SendLat, run)
+}
+
+fn run(s: &mut Session) -> Result<(), String> {
+    let len = s.buf_len();
+    let src = Buf::Ro(s.alloc_ro(len, AccessFlags::LOCAL_WRITE)?);
+    // Receive buffer shared by every posted receive: device-written, never read here.
+    let dst = Buf::Rw(s.alloc_rw(len, AccessFlags::LOCAL_WRITE)?);
+    s.exchange(&[RemoteSlice { addr: 0, len: 0, rkey: 0 }])?;
+    while let Some(spec) = s.next_run()? {
+        let initiator = s.role == Role::Client;
+        let mut guard = s.guard();
+        let tposted = match spec.level {
+            Level::Safe => safe_loop(s, &spec, &src, &dst, initiator, &mut guard)?,
+            Level::Raw => raw_loop(s, &spec, &src, &dst, initiator, &mut guard)?,
+        };
+        s.finish(None)?;
+        s.clock.recalibrate();
+        s.print_lat(&lat_report(spec.size, &tposted, &s.clock));
+    }
+    Ok(())
+}
+
+fn status_error(what: &str, status: WcStatus, n: u64) -> String {
+    format!("{what} completion with status {status} (iteration {n})")
+}
+
+/// The loop at the safe level: `post_recv`/`post_send` of requests holding `Arc`s of the buffers
+/// (or inline data), `CompletionQueue::poll`.
+fn safe_loop(
+    s: &mut Session,
+    spec: &RunSpec,
+    src: &Buf,
+    dst: &Buf,
+    initiator: bool,
+    guard: &mut Guard,
+) -> Result<Vec<u64>, String> {
+    let (iters, size) = (spec.iters, spec.size as usize);
+    let inline = size <= spec.inline as usize;
+    let inline_data = vec![0u8; size];
+    let (role, timeout) = (s.role, s.timeout());
+    let r = &mut s.rdma;
+    let (qp, send_cq, recv_cq) = (&mut r.qps[0], &mut r.send_cq, &mut r.recv_cq);
+    let recv = |k: u64| -> Result<RecvRequest, String> {
+        Ok(RecvRequest::new(dst.local(0..size).map_err(|e| e.to_string())?).wr_id(k))
+    };
+    let mut posted = 0u64;
+    while posted < spec.rx_depth {
+        qp.post_recv(recv(posted)?).map_err(|e| format!("post_recv: {e}"))?;
+        posted += 1;
+    }
+    perf::ready(role, &mut s.oob, timeout)?;
+    let mut tposted = vec![0u64; iters as usize];
+    let mut comps = [Completion::default()];
+    let (mut scnt, mut rcnt) = (0u64, 0u64);
+    guard.start("waiting for the peer's message");
+    while scnt < iters || rcnt < iters {
+        if rcnt < iters && !(initiator && scnt == 0) {
+            let c = loop {
+                let got = recv_cq.poll(&mut comps).map_err(|e| e.to_string())?;
+                if let Some(c) = got.first_mut() {
+                    break c;
+                }
+                guard.idle()?;
+            };
+            guard.progress(ticks());
+            if c.status() != WcStatus::SUCCESS {
+                return Err(guard.annotate(status_error("receive", c.status(), rcnt)));
+            }
+            rcnt += 1;
+            if posted < iters {
+                qp.post_recv(recv(posted)?).map_err(|e| format!("post_recv: {e}"))?;
+                posted += 1;
+            }
+        }
+        if scnt < iters {
+            tposted[scnt as usize] = ticks();
+            scnt += 1;
+            let signaled = scnt % spec.cq_mod == 0 || scnt == iters;
+            let mut wr = if inline {
+                SendRequest::send_inline(&inline_data)
+            } else {
+                SendRequest::send(src.local(0..size).map_err(|e| e.to_string())?)
+            };
+            if !signaled {
+                wr = wr.unsignaled();
+            }
+            qp.post_send(wr.wr_id(scnt)).map_err(|e| format!("post_send: {e}"))?;
+            if signaled {
+                let c = loop {
+                    let got = send_cq.poll(&mut comps).map_err(|e| e.to_string())?;
+                    if let Some(c) = got.first_mut() {
+                        break c;
+                    }
+                    guard.idle()?;
+                };
+                if c.status() != WcStatus::SUCCESS {
+                    return Err(guard.annotate(status_error("send", c.status(), scnt)));
+                }
+            }
+        }
+    }
+    Ok(tposted)
+}
+
+/// The loop at the raw level: prebuilt `ibv_recv_wr`/`ibv_send_wr` posted with
+/// `post_recv_unchecked`/`post_send_unchecked`, `poll_raw`.
+fn raw_loop(
+    s: &mut Session,
+    spec: &RunSpec,
+    src: &Buf,
+    dst: &Buf,
+    initiator: bool,
+    guard: &mut Guard,
+) -> Result<Vec<u64>, String> {
+    let (iters, size) = (spec.iters, spec.size as usize);
+    let mut rsge = ffi::ibv_sge { addr: dst.addr(), length: size as u32, lkey: dst.lkey() };
+    let mut rwr = ffi::ibv_recv_wr { num_sge: 1, sg_list: &mut rsge, ..Default::default() };
+    let mut ssge = ffi::ibv_sge { addr: src.addr(), length: size as u32, lkey: src.lkey() };
+    let inline = if size <= spec.inline as usize { ffi::ibv_send_flags::IBV_SEND_INLINE.0 } else { 0 };
+    let mut swr = ffi::ibv_send_wr {
+        opcode: ffi::ibv_wr_opcode::IBV_WR_SEND,
+        num_sge: 1,
+        sg_list: &mut ssge,
+        ..Default::default()
+    };
+    let (role, timeout) = (s.role, s.timeout());
+    let r = &s.rdma;
+    let (qp, send_cq, recv_cq) = (&r.qps[0], &r.send_cq, &r.recv_cq);
+    let mut post_recv = |k: u64| -> Result<(), String> {
+        rwr.wr_id = k;
+        let mut bad = ptr::null_mut();
+        // SAFETY: one receive of `size` bytes into `dst`, a RemoteMemoryRegion nobody holds
+        // references into, kept registered by the session until the QP is destroyed; bit 63 clear.
+        unsafe { qp.post_recv_unchecked(&mut rwr, &mut bad) }.map_err(|e| format!("post_recv_unchecked: {e}"))
+    };
+    let mut posted = 0u64;
+    while posted < spec.rx_depth {
+        post_recv(posted)?;
+        posted += 1;
+    }
+    perf::ready(role, &mut s.oob, timeout)?;
+    let mut tposted = vec![0u64; iters as usize];
+    let mut wc = [WorkCompletion::default()];
+    let (mut scnt, mut rcnt) = (0u64, 0u64);
+    guard.start("waiting for the peer's message");
+    while scnt < iters || rcnt < iters {
+        if rcnt < iters && !(initiator && scnt == 0) {
+            while recv_cq.poll_raw(&mut wc).map_err(|e| e.to_string())?.is_empty() {
+                guard.idle()?;
+            }
+            guard.progress(ticks());
+            if !wc[0].is_ok() {
+                return Err(guard.annotate(status_error("receive", wc[0].status(), rcnt)));
+            }
+            rcnt += 1;
+            if posted < iters {
+                post_recv(posted)?;
+                posted += 1;
+            }
+        }
+        if scnt < iters {
+            tposted[scnt as usize] = ticks();
+            scnt += 1;
+            let signaled = scnt % spec.cq_mod == 0 || scnt == iters;
+            swr.wr_id = scnt;
+            swr.send_flags = inline | if signaled { ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
+            let mut bad = ptr::null_mut();
+            // SAFETY: one send of `size` bytes from `src` (registered in this PD, kept registered
+            // by the session until the QP is destroyed, never written); bit 63 clear.
+            unsafe { qp.post_send_unchecked(&mut swr, &mut bad) }
+                .map_err(|e| format!("post_send_unchecked: {e}"))?;
+            if signaled {
+                while send_cq.poll_raw(&mut wc).map_err(|e| e.to_string())?.is_empty() {
+                    guard.idle()?;
+                }
+                if !wc[0].is_ok() {
+                    return Err(guard.annotate(status_error("send", wc[0].status(), scnt)));
+                }
+            }
+        }
+    }
+    Ok(tposted)
+}

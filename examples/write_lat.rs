@@ -1,0 +1,196 @@
+//! RDMA Write latency, like perftest's `ib_write_lat`.
+//!
+//! Server: `write_lat -d rxe0 -x 1`; client: `write_lat -d rxe0 -x 1 SERVER`. A ping-pong of RDMA
+//! Writes: each side writes `-s` bytes into the other's buffer, the last byte carrying an
+//! iteration counter, and polls the last byte of its own buffer until the peer's write with the
+//! next counter lands, then writes back. Latency is half the time between consecutive writes.
+//!
+//! The polled buffer is a `RemoteMemoryRegion` (the peer writes it at any time), read with
+//! volatile copies. At the safe level the source buffer is an owned `MemoryRegion`, moved into
+//! each write and handed back by its completion (or inline data, `-I`).
+
+#[path = "perf/mod.rs"]
+mod perf;
+
+use std::process::ExitCode;
+use std::ptr;
+use std::sync::Arc;
+
+use ibverbs::ffi;
+use ibverbs::{
+    AccessFlags, Completion, Local, MemoryRegion, RemoteMemoryRegion, RemoteSlice, SendRequest, WcStatus,
+    WorkCompletion,
+};
+use perf::clock::ticks;
+use perf::report::lat_report;
+use perf::{Guard, Level, Role, RunSpec, Session, TestKind};
+
+fn main() -> ExitCode {
+    perf::main(TestKind::WriteLat, run)
+}
+
+fn run(s: &mut Session) -> Result<(), String> {
+    let len = s.buf_len();
+    let recv = s.alloc_rw(len, AccessFlags::REMOTE_WRITE)?;
+    // Raw level source: written through volatile stores between writes (never while one is in
+    // flight); a RemoteMemoryRegion only for that interior mutability, it is not exposed.
+    let raw_src = s.alloc_rw(len, AccessFlags::LOCAL_WRITE)?;
+    // Safe level source: moved into each write and handed back by its completion.
+    let mut safe_src = Some(s.rdma.pd.allocate(len).map_err(|e| e.to_string())?);
+    let remote = s.exchange(&[recv.remote()])?[0];
+    while let Some(spec) = s.next_run()? {
+        // No write of this run can arrive before we say ready (server) or post first (client).
+        recv.write(0, &vec![0u8; spec.size as usize]).map_err(|e| e.to_string())?;
+        s.ready()?;
+        let dst = remote.slice(0, spec.size).map_err(|e| format!("the peer's buffer is too small: {e}"))?;
+        let initiator = s.role == Role::Client;
+        let mut guard = s.guard();
+        let tposted = match spec.level {
+            Level::Safe => safe_loop(s, &spec, &recv, &mut safe_src, dst, initiator, &mut guard)?,
+            Level::Raw => raw_loop(s, &spec, &recv, &raw_src, dst, initiator, &mut guard)?,
+        };
+        s.finish(None)?;
+        s.clock.recalibrate();
+        s.print_lat(&lat_report(spec.size, &tposted, &s.clock));
+    }
+    Ok(())
+}
+
+/// The loop at the safe level: `RemoteMemoryRegion::read` to poll, `post_send` of an owned region
+/// (or inline data), `CompletionQueue::poll` to get the region back.
+fn safe_loop(
+    s: &mut Session,
+    spec: &RunSpec,
+    recv: &RemoteMemoryRegion,
+    src: &mut Option<MemoryRegion>,
+    dst: RemoteSlice,
+    initiator: bool,
+    guard: &mut Guard,
+) -> Result<Vec<u64>, String> {
+    let (iters, size) = (spec.iters, spec.size as usize);
+    let inline = size <= spec.inline as usize;
+    let mut inline_data = vec![0u8; size];
+    let mut tposted = vec![0u64; iters as usize];
+    let mut comps = [Completion::default()];
+    let qp = &mut s.rdma.qps[0];
+    let cq = &mut s.rdma.send_cq;
+    let (mut scnt, mut rcnt, mut ccnt) = (0u64, 0u64, 0u64);
+    guard.start("waiting for the peer's write");
+    while scnt < iters || rcnt < iters || ccnt < iters {
+        if rcnt < iters && !(initiator && scnt == 0) {
+            rcnt += 1;
+            let want = rcnt as u8;
+            let mut b = [0u8];
+            loop {
+                recv.read(size - 1, &mut b).map_err(|e| e.to_string())?;
+                if b[0] == want {
+                    break;
+                }
+                guard.idle()?;
+            }
+            guard.progress(ticks());
+        }
+        if scnt < iters {
+            tposted[scnt as usize] = ticks();
+            scnt += 1;
+            let wr = if inline {
+                inline_data[size - 1] = scnt as u8;
+                SendRequest::write_inline(&inline_data, dst)
+            } else {
+                let mut mr = src.take().ok_or("the source buffer did not come back")?;
+                mr[size - 1] = scnt as u8;
+                SendRequest::write(Local::new(mr, 0..size).map_err(|e| e.to_string())?, dst)
+            };
+            qp.post_send(wr.wr_id(scnt)).map_err(|e| format!("post_send: {e}"))?;
+        }
+        if ccnt < iters {
+            let c = loop {
+                let got = cq.poll(&mut comps).map_err(|e| e.to_string())?;
+                if let Some(c) = got.first_mut() {
+                    break c;
+                }
+                guard.idle()?;
+            };
+            if c.status() != WcStatus::SUCCESS {
+                let msg = format!("write completion with status {} (iteration {})", c.status(), c.wr_id());
+                return Err(guard.annotate(msg));
+            }
+            if let Some(mr) = c.take_region() {
+                *src = Some(mr);
+            }
+            ccnt += 1;
+        }
+    }
+    Ok(tposted)
+}
+
+/// The loop at the raw level: volatile loads of the polled byte, one prebuilt `ibv_send_wr`
+/// posted with `post_send_unchecked`, `poll_raw`.
+fn raw_loop(
+    s: &Session,
+    spec: &RunSpec,
+    recv: &RemoteMemoryRegion,
+    src: &Arc<RemoteMemoryRegion>,
+    dst: RemoteSlice,
+    initiator: bool,
+    guard: &mut Guard,
+) -> Result<Vec<u64>, String> {
+    let (iters, size) = (spec.iters, spec.size as usize);
+    let mut sge = ffi::ibv_sge { addr: src.addr() as u64, length: size as u32, lkey: src.lkey() };
+    let mut wr = ffi::ibv_send_wr {
+        opcode: ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        num_sge: 1,
+        sg_list: &mut sge,
+        send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
+            | if size <= spec.inline as usize { ffi::ibv_send_flags::IBV_SEND_INLINE.0 } else { 0 },
+        ..Default::default()
+    };
+    wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: dst.addr, rkey: dst.rkey };
+    // The counter bytes: in bounds (size <= buffer length).
+    let poll_byte = recv.addr().wrapping_add(size - 1).cast_const();
+    let post_byte = src.addr().wrapping_add(size - 1);
+    let mut wc = [WorkCompletion::default()];
+    let mut tposted = vec![0u64; iters as usize];
+    let qp = &s.rdma.qps[0];
+    let cq = &s.rdma.send_cq;
+    let (mut scnt, mut rcnt, mut ccnt) = (0u64, 0u64, 0u64);
+    guard.start("waiting for the peer's write");
+    while scnt < iters || rcnt < iters || ccnt < iters {
+        if rcnt < iters && !(initiator && scnt == 0) {
+            rcnt += 1;
+            let want = rcnt as u8;
+            // SAFETY: `poll_byte` lies inside `recv`, alive for the whole loop; the peer writes it
+            // by DMA, so it is only read with volatile loads and never through a reference.
+            while unsafe { ptr::read_volatile(poll_byte) } != want {
+                guard.idle()?;
+            }
+            guard.progress(ticks());
+        }
+        if scnt < iters {
+            tposted[scnt as usize] = ticks();
+            scnt += 1;
+            // SAFETY: inside `src`; the previous write from it has completed (polled below before
+            // the next iteration), so the device is not reading it.
+            unsafe { ptr::write_volatile(post_byte, scnt as u8) };
+            wr.wr_id = scnt;
+            let mut bad = ptr::null_mut();
+            // SAFETY: one write of `size` bytes from `src` (registered in this PD, kept registered
+            // by the session until the QP is destroyed, untouched until the completion is polled)
+            // into the peer's buffer as it described it; wr_id bit 63 clear.
+            unsafe { qp.post_send_unchecked(&mut wr, &mut bad) }
+                .map_err(|e| format!("post_send_unchecked: {e}"))?;
+        }
+        if ccnt < iters {
+            while cq.poll_raw(&mut wc).map_err(|e| e.to_string())?.is_empty() {
+                guard.idle()?;
+            }
+            if !wc[0].is_ok() {
+                let msg =
+                    format!("write completion with status {} (iteration {})", wc[0].status(), wc[0].wr_id());
+                return Err(guard.annotate(msg));
+            }
+            ccnt += 1;
+        }
+    }
+    Ok(tposted)
+}

@@ -1,0 +1,273 @@
+//! Device tests of the perftest-style examples (`write_bw`, `write_lat`, `read_bw`, `send_bw`,
+//! `send_lat`): each runs as server and client over a real verbs device (SoftRoCE in the
+//! `cargo xtask test` VM) with tiny sizes, at both posting levels, and must exit 0 with a result
+//! row in perftest's format; and a peer that vanishes mid-run must make the other side fail
+//! quickly instead of hanging. They fail, never skip, when there is no device.
+//!
+//! The examples are the binaries next to this test's (`target/<profile>/examples/`), which the
+//! harness builds first. `IBVERBS_TEST_DEVICE` (default `rxe0`) and `IBVERBS_TEST_GID_INDEX`
+//! (default 1) choose the device and GID. The tests run one at a time: busy-polling pairs running
+//! concurrently on a two-CPU VM would only slow each other down.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Serializes the tests.
+static SERIAL: Mutex<()> = Mutex::new(());
+/// TCP ports: a fresh one per run, away from the default 18515 other tests may use.
+static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+
+const BW_HEADER: &str = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]";
+const LAT_HEADER: &str =
+    " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    \
+                          t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ";
+
+/// How long one example may run before it is killed and the test fails.
+const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn port() -> u16 {
+    let base = 24000 + (std::process::id() % 2000) as u16 * 4;
+    base + NEXT_PORT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/device_perf-HASH → target/<profile>/examples/<name>
+    let path = exe.parent().and_then(|d| d.parent()).expect("target dir").join("examples").join(name);
+    assert!(
+        path.is_file(),
+        "{} not found: build the examples first (cargo build --examples)",
+        path.display()
+    );
+    path
+}
+
+fn device_args() -> Vec<String> {
+    let dev = std::env::var("IBVERBS_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into());
+    let gid = std::env::var("IBVERBS_TEST_GID_INDEX").unwrap_or_else(|_| "1".into());
+    vec!["-d".into(), dev, "-x".into(), gid]
+}
+
+/// A running example whose output is collected by threads (stdout line by line, so that a test
+/// can wait for a line).
+struct Proc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stdout: Vec<String>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Proc {
+    fn spawn(name: &str, args: &[String]) -> Proc {
+        let mut child = Command::new(example(name))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {name}: {e}"));
+        let out = child.stdout.take().expect("stdout");
+        let mut err = child.stderr.take().expect("stderr");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        Proc { child, lines, stdout: Vec::new(), stderr: Some(stderr) }
+    }
+
+    /// Waits until a stdout line contains `needle` (true), or `timeout` passes or stdout closes.
+    fn wait_line(&mut self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let hit = line.contains(needle);
+                    self.stdout.push(line);
+                    if hit {
+                        return true;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Waits for the exit (killing the process after `timeout`); returns the status (`None` when
+    /// it had to be killed), stdout and stderr.
+    fn finish(mut self, timeout: Duration) -> (Option<ExitStatus>, String, String) {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break None;
+                }
+            }
+        };
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(500)) {
+            self.stdout.push(line);
+        }
+        let stderr = self.stderr.take().and_then(|h| h.join().ok()).unwrap_or_default();
+        let stdout = std::mem::take(&mut self.stdout).join("\n");
+        (status, stdout, stderr)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // Nothing outlives a test, whatever happened.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The numbers of the first result row after the table header.
+fn result_row(stdout: &str, header: &str) -> Vec<f64> {
+    let mut lines = stdout.lines();
+    lines.by_ref().find(|l| *l == header).unwrap_or_else(|| panic!("no result table header in:\n{stdout}"));
+    let row = lines.next().unwrap_or_else(|| panic!("no result row in:\n{stdout}"));
+    let nums: Vec<f64> = row.split_whitespace().map(|w| w.parse().unwrap_or(f64::NAN)).collect();
+    assert!(nums.iter().all(|n| n.is_finite()), "result row is not all numbers: {row:?}");
+    nums
+}
+
+/// Runs `name` as server and client with `args` (both sides; the client adds its level and the
+/// server's address) and checks both exit 0 and the client's row.
+fn run_ok(name: &str, args: &[&str], level: &str) {
+    let _serial = lock();
+    let port = port().to_string();
+    let mut common = device_args();
+    common.extend(["-p".to_string(), port]);
+    let server = Proc::spawn(name, &common);
+    let mut client_args = common.clone();
+    client_args.extend(args.iter().map(|s| s.to_string()));
+    client_args.extend([level.to_string(), "127.0.0.1".to_string()]);
+    let client = Proc::spawn(name, &client_args);
+    let (cs, cout, cerr) = client.finish(RUN_TIMEOUT);
+    let (ss, sout, serr) = server.finish(Duration::from_secs(20));
+    let ctx = format!(
+        "{name} {args:?} {level}\n--- client stdout:\n{cout}\n--- client stderr:\n{cerr}\n\
+         --- server stdout:\n{sout}\n--- server stderr:\n{serr}"
+    );
+    assert!(cs.is_some_and(|s| s.success()), "client failed ({cs:?}): {ctx}");
+    assert!(ss.is_some_and(|s| s.success()), "server failed ({ss:?}): {ctx}");
+    let bw = name.ends_with("_bw");
+    let header = if bw { BW_HEADER } else { LAT_HEADER };
+    let row = result_row(&cout, header);
+    if bw {
+        // size, iterations, peak, average, message rate
+        assert_eq!(row.len(), 5, "{ctx}");
+        assert!(row[3] > 0.0 && row[4] > 0.0, "no bandwidth measured: {ctx}");
+    } else {
+        // size, iterations, min, max, typical, average, stdev, 99%, 99.9%
+        assert_eq!(row.len(), 9, "{ctx}");
+        assert!(row[2] > 0.0 && row[4] >= row[2] && row[5] > 0.0, "no latency measured: {ctx}");
+    }
+    assert_eq!(row[0], args_size(args) as f64, "{ctx}");
+    // The server prints a table too (the client's numbers for write/read, its own for the rest).
+    result_row(&sout, header);
+}
+
+fn args_size(args: &[&str]) -> u64 {
+    args.windows(2).find(|w| w[0] == "-s").and_then(|w| w[1].parse().ok()).unwrap_or(0)
+}
+
+#[test]
+fn write_bw_runs_at_both_levels() {
+    run_ok("write_bw", &["-s", "4096", "-n", "200"], "--raw");
+    run_ok("write_bw", &["-s", "4096", "-n", "100", "-q", "2"], "--safe");
+}
+
+#[test]
+fn read_bw_runs_at_both_levels() {
+    run_ok("read_bw", &["-s", "4096", "-n", "200"], "--raw");
+    run_ok("read_bw", &["-s", "65536", "-n", "50", "-t", "16"], "--safe");
+}
+
+#[test]
+fn send_bw_runs_at_both_levels() {
+    run_ok("send_bw", &["-s", "4096", "-n", "200", "-l", "4"], "--raw");
+    run_ok("send_bw", &["-s", "4096", "-n", "200", "-l", "4"], "--safe");
+}
+
+#[test]
+fn write_lat_runs_at_both_levels() {
+    run_ok("write_lat", &["-s", "2", "-n", "100"], "--raw");
+    run_ok("write_lat", &["-s", "64", "-n", "100", "-I", "64"], "--safe");
+}
+
+#[test]
+fn send_lat_runs_at_both_levels() {
+    run_ok("send_lat", &["-s", "2", "-n", "100"], "--raw");
+    run_ok("send_lat", &["-s", "64", "-n", "100", "-t", "4", "-Q", "2"], "--safe");
+}
+
+/// Starts a long run, waits until `watched`'s result table header is out (the run has begun),
+/// kills the other side, and expects `watched` to fail within `within`.
+fn vanishing_peer(name: &str, args: &[&str], kill_server: bool, within: Duration) {
+    let _serial = lock();
+    let port = port().to_string();
+    let mut common = device_args();
+    common.extend(["-p".to_string(), port, "--timeout".to_string(), "30".to_string()]);
+    let mut server = Proc::spawn(name, &common);
+    let mut client_args = common.clone();
+    client_args.extend(args.iter().map(|s| s.to_string()));
+    client_args.push("127.0.0.1".into());
+    let mut client = Proc::spawn(name, &client_args);
+    let header = if name.ends_with("_bw") { BW_HEADER } else { LAT_HEADER };
+    let (watched, victim) = if kill_server { (&mut client, &mut server) } else { (&mut server, &mut client) };
+    assert!(
+        watched.wait_line(header.trim_end(), Duration::from_secs(30)),
+        "{name} never started its run: {:?}",
+        watched.stdout
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    victim.kill();
+    let started = Instant::now();
+    let (watched, victim) = if kill_server { (client, server) } else { (server, client) };
+    drop(victim);
+    let (status, out, err) = watched.finish(within + Duration::from_secs(5));
+    let took = started.elapsed();
+    let ctx = format!("{name}: status {status:?} after {took:?}\n--- stdout:\n{out}\n--- stderr:\n{err}");
+    let status = status.unwrap_or_else(|| panic!("hung after its peer vanished (killed): {ctx}"));
+    assert!(!status.success(), "succeeded although its peer vanished: {ctx}");
+    assert!(took <= within, "took too long to notice: {ctx}");
+    assert!(err.contains(&format!("{name}: ")), "no error message: {ctx}");
+}
+
+#[test]
+fn write_bw_client_fails_when_the_server_vanishes() {
+    vanishing_peer("write_bw", &["-s", "65536", "-n", "1000000"], true, Duration::from_secs(15));
+}
+
+#[test]
+fn write_lat_server_fails_when_the_client_vanishes() {
+    vanishing_peer("write_lat", &["-s", "2", "-n", "2000000"], false, Duration::from_secs(15));
+}
