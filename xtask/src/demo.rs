@@ -59,7 +59,26 @@ pub const DEMO: &[(&str, &str)] = &[
         r#""$TARGET_DIR/debug/examples/devinfo" -d "$IBVERBS_TEST_DEVICE""#,
     ),
     ("rc_pingpong: an RC send/receive exchange (ours, both sides)", OUR_RC_PINGPONG),
+    ("write_bw: RDMA Write bandwidth (ours, both sides)", OUR_WRITE_BW),
 ];
+
+/// Our `write_bw` example, server and client over 127.0.0.1 (64 KiB messages).
+pub const OUR_WRITE_BW: &str = r#"ex="$TARGET_DIR/debug/examples"
+gid=${IBVERBS_TEST_GID_INDEX:-0}
+server_log=$(mktemp)
+"$ex/write_bw" -d "$IBVERBS_TEST_DEVICE" -x "$gid" -s 65536 -n 2000 >"$server_log" 2>&1 &
+server=$!
+n=0
+until ss -ltn | grep -q ':18515 ' || [ "$n" -ge 100 ]; do n=$((n + 1)); sleep 0.1; done
+echo "--- client: write_bw -d $IBVERBS_TEST_DEVICE -x $gid -s 65536 -n 2000 127.0.0.1"
+"$ex/write_bw" -d "$IBVERBS_TEST_DEVICE" -x "$gid" -s 65536 -n 2000 127.0.0.1
+client_rc=$?
+wait "$server"
+server_rc=$?
+rm -f "$server_log"
+echo "--- client exit $client_rc, server exit $server_rc"
+[ "$client_rc" -eq 0 ] && [ "$server_rc" -eq 0 ]
+"#;
 
 /// How long one demo command may run by default.
 const TIMEOUT: Duration = Duration::from_secs(120);
