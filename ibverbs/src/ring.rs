@@ -38,7 +38,10 @@ pub(crate) struct Slot {
 }
 
 pub(crate) struct Ring {
+    /// A power of two at least `cap` long, so a position maps to its slot with a mask.
     slots: Box<[UnsafeCell<MaybeUninit<Slot>>]>,
+    mask: u32,
+    /// Most positions outstanding at once: the work queue's depth.
     cap: u32,
     /// Next position the producer fills. Written only by the producer.
     head: AtomicU32,
@@ -61,10 +64,12 @@ unsafe impl Sync for Ring {}
 
 impl Ring {
     pub(crate) fn new(cap: u32, recv: bool) -> Ring {
-        let cap = cap.max(1);
-        let slots = (0..cap).map(|_| UnsafeCell::new(MaybeUninit::uninit())).collect();
+        let cap = cap.clamp(1, 1 << 30);
+        let len = cap.next_power_of_two();
+        let slots = (0..len).map(|_| UnsafeCell::new(MaybeUninit::uninit())).collect();
         Ring {
             slots,
+            mask: len - 1,
             cap,
             head: AtomicU32::new(0),
             tail: AtomicU32::new(0),
@@ -96,7 +101,9 @@ impl Ring {
     }
 
     fn slot(&self, pos: u32) -> *mut MaybeUninit<Slot> {
-        self.slots[(pos % self.cap) as usize].get()
+        // Positions in [tail, tail + cap) map to distinct slots: cap <= slots.len(), a power of two
+        // that divides 2^32, so the mapping also survives the wrap-around of u32 positions.
+        self.slots[(pos & self.mask) as usize].get()
     }
 
     /// Producer: fills the slot at `pos`.
@@ -351,6 +358,27 @@ mod tests {
                 assert_eq!(ring.complete(pos).unwrap().wr_id, round);
             }
             pos = pos.wrapping_add(1);
+        }
+    }
+
+    #[test]
+    fn a_full_ring_of_odd_depth_wraps_without_slot_collisions() {
+        // Depth 3 does not divide 2^32: positions u32::MAX - 1, u32::MAX, 0 must use 3 slots.
+        let ring = Ring::new(3, false);
+        let start = u32::MAX - 1;
+        ring.head.store(start, Ordering::Relaxed);
+        ring.tail.store(start, Ordering::Relaxed);
+        for k in 0..3u32 {
+            let pos = start.wrapping_add(k);
+            // SAFETY: producer, free positions (3 outstanding at most).
+            unsafe { ring.write(pos, slot(u64::from(k))) };
+            ring.set_head(pos.wrapping_add(1));
+        }
+        assert_eq!(ring.producer_state().1, 0, "full");
+        for k in 0..3u32 {
+            // SAFETY: single consumer.
+            let s = unsafe { ring.complete(start.wrapping_add(k)) }.unwrap();
+            assert_eq!(s.wr_id, u64::from(k));
         }
     }
 
