@@ -362,54 +362,107 @@ impl Context {
     }
 
     /// Reads GID table entry `index` of `port` with its type and network device
-    /// (`ibv_query_gid_ex()`).
+    /// (`ibv_query_gid_ex()`; with rdma-core older than v32, `ibv_query_gid()` plus the kernel's
+    /// `gid_attrs` in sysfs).
     ///
     /// # Errors
     /// [`Error::Verb`]: `EINVAL` for a bad port or index, `ENODATA` for an empty entry.
     #[doc(alias = "ibv_query_gid_ex")]
     #[doc(alias = "ibv_query_gid")]
     pub fn query_gid(&self, port: u8, index: u32) -> Result<GidEntry> {
-        let mut entry = ffi::ibv_gid_entry::default();
-        // SAFETY: valid context and out-pointer; entry_size is the size of the struct we pass.
-        let ret = unsafe {
-            ffi::_ibv_query_gid_ex(
-                self.as_raw(),
-                u32::from(port),
-                index,
-                &mut entry,
-                0,
-                std::mem::size_of::<ffi::ibv_gid_entry>(),
-            )
-        };
-        cvt("ibv_query_gid_ex", ret)?;
-        Ok(GidEntry::from_raw(&entry))
+        #[cfg(ibverbs_has_query_gid_ex)]
+        {
+            let mut entry = ffi::ibv_gid_entry::default();
+            // SAFETY: valid context and out-pointer; entry_size is the size of the struct we pass.
+            let ret = unsafe {
+                ffi::_ibv_query_gid_ex(
+                    self.as_raw(),
+                    u32::from(port),
+                    index,
+                    &mut entry,
+                    0,
+                    std::mem::size_of::<ffi::ibv_gid_entry>(),
+                )
+            };
+            cvt("ibv_query_gid_ex", ret)?;
+            Ok(GidEntry::from_raw(&entry))
+        }
+        #[cfg(not(ibverbs_has_query_gid_ex))]
+        self.query_gid_compat(port, index)
     }
 
-    /// The populated entries of `port`'s GID table (`ibv_query_gid_table()`).
+    /// [`query_gid`](Self::query_gid) the way rdma-core before v32 allows: `ibv_query_gid()`
+    /// for the GID, the kernel's `/sys/class/infiniband/<dev>/ports/<port>/gid_attrs` for its type
+    /// and network device. Public only so that tests can compare it with `ibv_query_gid_ex()`.
+    ///
+    /// # Errors
+    /// As [`query_gid`](Self::query_gid).
+    #[doc(hidden)]
+    #[doc(alias = "ibv_query_gid")]
+    pub fn query_gid_compat(&self, port: u8, index: u32) -> Result<GidEntry> {
+        let c_index = libc::c_int::try_from(index).map_err(|_| Error::Verb {
+            verb: "ibv_query_gid",
+            source: std::io::Error::from_raw_os_error(libc::EINVAL),
+        })?;
+        let mut gid = ffi::ibv_gid { raw: [0; 16] };
+        // SAFETY: valid context and out-pointer.
+        cvt("ibv_query_gid", unsafe { ffi::ibv_query_gid(self.as_raw(), port, c_index, &mut gid) })?;
+        let gid = Gid::from_raw(&gid);
+        if gid.is_zero() {
+            return Err(Error::Verb {
+                verb: "ibv_query_gid",
+                source: std::io::Error::from_raw_os_error(libc::ENODATA),
+            });
+        }
+        let attrs = format!("/sys/class/infiniband/{}/ports/{port}/gid_attrs", self.name());
+        let read = |what: &str| std::fs::read_to_string(format!("{attrs}/{what}/{index}")).ok();
+        let gid_type = match read("types").as_deref().map(str::trim) {
+            Some("RoCE v2") => GidType::ROCE_V2,
+            Some(_) | None if self.query_port(port)?.link_layer() == LinkLayer::ETHERNET => GidType::ROCE_V1,
+            _ => GidType::IB,
+        };
+        let ndev_ifindex = read("ndevs")
+            .and_then(|name| std::ffi::CString::new(name.trim()).ok())
+            // SAFETY: a valid NUL-terminated interface name.
+            .map_or(0, |name| unsafe { libc::if_nametoindex(name.as_ptr()) });
+        Ok(GidEntry { gid, index, port: u32::from(port), gid_type, ndev_ifindex })
+    }
+
+    /// The populated entries of `port`'s GID table (`ibv_query_gid_table()`; with rdma-core older
+    /// than v32, one [`query_gid`](Self::query_gid) per entry).
     ///
     /// # Errors
     /// [`Error::Verb`] when the verb fails, e.g. for a port the device does not have.
     #[doc(alias = "ibv_query_gid_table")]
     pub fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>> {
         let len = usize::try_from(self.query_port(port)?.0.gid_tbl_len).unwrap_or(0);
-        let all_ports = usize::from(self.query_device()?.0.phys_port_cnt.max(1));
-        // The verb returns the entries of every port: room for all of them.
-        let mut entries = vec![ffi::ibv_gid_entry::default(); len * all_ports];
-        // SAFETY: valid context; `entries` has room for `entries.len()` entries of the given size.
-        let n = unsafe {
-            ffi::_ibv_query_gid_table(
-                self.as_raw(),
-                entries.as_mut_ptr(),
-                entries.len(),
-                0,
-                std::mem::size_of::<ffi::ibv_gid_entry>(),
-            )
-        };
-        if n < 0 {
-            return Err(Error::from_ret("ibv_query_gid_table", i32::try_from(n).unwrap_or(libc::EINVAL)));
+        #[cfg(ibverbs_has_query_gid_table)]
+        {
+            let all_ports = usize::from(self.query_device()?.0.phys_port_cnt.max(1));
+            // The verb returns the entries of every port: room for all of them.
+            let mut entries = vec![ffi::ibv_gid_entry::default(); len * all_ports];
+            // SAFETY: valid context; `entries` has room for `entries.len()` entries of that size.
+            let n = unsafe {
+                ffi::_ibv_query_gid_table(
+                    self.as_raw(),
+                    entries.as_mut_ptr(),
+                    entries.len(),
+                    0,
+                    std::mem::size_of::<ffi::ibv_gid_entry>(),
+                )
+            };
+            if n < 0 {
+                return Err(Error::from_ret("ibv_query_gid_table", i32::try_from(n).unwrap_or(libc::EINVAL)));
+            }
+            let n = usize::try_from(n).unwrap_or(0).min(entries.len());
+            Ok(entries[..n]
+                .iter()
+                .filter(|e| e.port_num == u32::from(port))
+                .map(GidEntry::from_raw)
+                .collect())
         }
-        let n = usize::try_from(n).unwrap_or(0).min(entries.len());
-        Ok(entries[..n].iter().filter(|e| e.port_num == u32::from(port)).map(GidEntry::from_raw).collect())
+        #[cfg(not(ibverbs_has_query_gid_table))]
+        Ok((0..len as u32).filter_map(|i| self.query_gid(port, i).ok()).collect())
     }
 
     /// The GID index to use for RoCE v2 over IPv4 on `port`: the first RoCE v2 entry whose GID is
@@ -830,6 +883,7 @@ pub struct GidEntry {
 }
 
 impl GidEntry {
+    #[cfg_attr(not(ibverbs_has_query_gid_ex), allow(dead_code))]
     fn from_raw(e: &ffi::ibv_gid_entry) -> GidEntry {
         GidEntry {
             gid: Gid::from_raw(&e.gid),
