@@ -186,14 +186,7 @@ impl<'a> QueuePairBuilder<'a> {
         };
         let send_cq = self.send_cq.inner.clone();
         let recv_cq = self.recv_cq.inner.clone();
-        let reg = |cq: &CqInner, cap, recv| {
-            cq.registry.register(Ring::new(cap, recv)).map_err(|e| match e {
-                RegisterError::CqTooSmall { needed, capacity } => {
-                    Error::CqTooSmall { verb: "ibv_create_qp", needed, capacity }
-                }
-                RegisterError::Full => Error::TooManyQueuePairs { verb: "ibv_create_qp" },
-            })
-        };
+        let reg = |cq: &CqInner, cap, recv| register_ring(cq, cap, recv, "ibv_create_qp");
         let send = reg(&send_cq, caps.max_send_wr, false)?;
         let recv = match reg(&recv_cq, caps.max_recv_wr, true) {
             Ok(r) => r,
@@ -782,15 +775,7 @@ impl QueuePair {
         // poll) and start with empty ones.
         self.send_cq.registry.retire(&self.send);
         self.recv_cq.registry.retire(&self.recv);
-        let reg = |cq: &CqInner, cap, recv| {
-            cq.registry.register(Ring::new(cap, recv)).map_err(|e| match e {
-                RegisterError::CqTooSmall { needed, capacity } => {
-                    Error::CqTooSmall { verb: "ibv_modify_qp", needed, capacity }
-                }
-                RegisterError::Full => Error::TooManyQueuePairs { verb: "ibv_modify_qp" },
-            })
-        };
-        // Until new rings exist, post nothing: a zero-capacity view is a fresh dead ring.
+        let reg = |cq: &CqInner, cap, recv| register_ring(cq, cap, recv, "ibv_modify_qp");
         let send = reg(&self.send_cq, self.send.capacity(), false);
         let recv = reg(&self.recv_cq, self.recv.capacity(), true);
         match (send, recv) {
@@ -990,6 +975,14 @@ impl QueuePair {
         // SAFETY: the caller's contract.
         cvt("ibv_post_recv", unsafe { f(self.raw.as_ptr(), wr, bad_wr) })
     }
+}
+
+/// Registers a fresh ring of `cap` slots in `cq`'s registry.
+fn register_ring(cq: &CqInner, cap: u32, recv: bool, verb: &'static str) -> Result<Arc<Ring>> {
+    cq.registry.register(Ring::new(cap, recv)).map_err(|e| match e {
+        RegisterError::CqTooSmall { needed, capacity } => Error::CqTooSmall { verb, needed, capacity },
+        RegisterError::Full => Error::TooManyQueuePairs { verb },
+    })
 }
 
 /// A provider's `post_send` or `post_recv` entry point.

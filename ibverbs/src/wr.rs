@@ -128,6 +128,16 @@ impl Local {
     }
 }
 
+/// Writes the `ibv_sge`s of a request's entries, in order; returns how many.
+fn pack_sges(locals: &[Option<Local>; MAX_SGE], sges: &mut [ffi::ibv_sge; MAX_SGE]) -> usize {
+    let mut n = 0;
+    for (out, local) in sges.iter_mut().zip(locals.iter().flatten()) {
+        *out = local.sge();
+        n += 1;
+    }
+    n
+}
+
 /// Appends `local` to a request's scatter/gather entries.
 fn push_sge(sges: &mut [Option<Local>; MAX_SGE], local: Local, verb: &'static str) -> Result<()> {
     match sges.iter_mut().find(|s| s.is_none()) {
@@ -371,11 +381,7 @@ impl<'a> SendRequest<'a> {
         device_wr_id: u64,
     ) {
         use ffi::ibv_wr_opcode as O;
-        let mut n = 0;
-        for s in self.sges.iter().flatten() {
-            sges[n] = s.sge();
-            n += 1;
-        }
+        let mut n = pack_sges(&self.sges, sges);
         let mut flags = 0;
         if self.signaled {
             flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
@@ -512,11 +518,7 @@ impl RecvRequest {
         sges: &mut [ffi::ibv_sge; MAX_SGE],
         device_wr_id: u64,
     ) {
-        let mut n = 0;
-        for s in self.sges.iter().flatten() {
-            sges[n] = s.sge();
-            n += 1;
-        }
+        let n = pack_sges(&self.sges, sges);
         wr.wr_id = device_wr_id;
         wr.next = std::ptr::null_mut();
         wr.sg_list = sges.as_mut_ptr();
