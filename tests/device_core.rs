@@ -384,6 +384,17 @@ fn queue_and_cq_capacity_are_enforced() {
     let small = ctx.create_cq(4, None).unwrap();
     let e = pd.create_qp(&small, QpType::RC).max_send_wr(8).max_recv_wr(8).build().unwrap_err();
     assert!(matches!(e, Error::CqTooSmall { .. }), "{e:?}");
+    // Absurd depths are refused with an error (before anything of that size is allocated).
+    let e = pd.create_qp(&small, QpType::RC).max_send_wr(u32::MAX).build().unwrap_err();
+    assert!(matches!(e, Error::CqTooSmall { .. }), "{e:?}");
+    let big = ctx.create_cq(1 << 14, None).unwrap();
+    let e = pd
+        .create_qp(&big, QpType::RC)
+        .max_send_wr(1 << 13)
+        .max_recv_wr(1 << 13)
+        .max_send_sge(1 << 20)
+        .build();
+    assert!(matches!(e, Err(Error::Verb { verb: "ibv_create_qp", .. })), "{e:?}");
 
     // Posting beyond the queue's depth is a typed error that hands the request back.
     let mut p = rc_pair(4);

@@ -979,7 +979,7 @@ impl QueuePair {
 
 /// Registers a fresh ring of `cap` slots in `cq`'s registry.
 fn register_ring(cq: &CqInner, cap: u32, recv: bool, verb: &'static str) -> Result<Arc<Ring>> {
-    cq.registry.register(Ring::new(cap, recv)).map_err(|e| match e {
+    cq.registry.register(cap, recv).map_err(|e| match e {
         RegisterError::CqTooSmall { needed, capacity } => Error::CqTooSmall { verb, needed, capacity },
         RegisterError::Full => Error::TooManyQueuePairs { verb },
     })

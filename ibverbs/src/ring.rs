@@ -213,14 +213,17 @@ impl Registry {
     }
 
     /// Registers a new ring (any thread), reserving room for its completions in the CQ.
-    pub(crate) fn register(&self, mut ring: Ring) -> Result<Arc<Ring>, RegisterError> {
-        let cap = ring.cap;
+    /// The ring (of `cap` slots) is allocated only once the CQ is known to have room for it, so
+    /// its size is bounded by a CQ the device accepted.
+    pub(crate) fn register(&self, cap: u32, recv: bool) -> Result<Arc<Ring>, RegisterError> {
+        let cap = cap.max(1);
         let prev = self.reserved.fetch_add(cap, Ordering::AcqRel);
         let needed = u64::from(prev) + u64::from(cap);
         if needed > u64::from(self.cq_capacity) {
             self.reserved.fetch_sub(cap, Ordering::AcqRel);
             return Err(RegisterError::CqTooSmall { needed, capacity: self.cq_capacity });
         }
+        let mut ring = Ring::new(cap, recv);
         let generation = self.generation.fetch_add(1, Ordering::Relaxed);
         for (i, entry) in self.entries.iter().enumerate() {
             if !entry.load(Ordering::Relaxed).is_null() {
@@ -320,7 +323,7 @@ mod tests {
     #[test]
     fn ring_completes_in_order_and_releases_earlier_slots() {
         let reg = Registry::new(16);
-        let ring = reg.register(Ring::new(4, false)).ok().unwrap();
+        let ring = reg.register(4, false).ok().unwrap();
         let (h, free) = ring.producer_state();
         assert_eq!((h, free), (0, 4));
         for i in 0..3 {
@@ -385,8 +388,8 @@ mod tests {
     #[test]
     fn registry_rejects_foreign_and_stale_keys() {
         let reg = Registry::new(100);
-        let a = reg.register(Ring::new(8, false)).ok().unwrap();
-        let b = reg.register(Ring::new(8, true)).ok().unwrap();
+        let a = reg.register(8, false).ok().unwrap();
+        let b = reg.register(8, true).ok().unwrap();
         // SAFETY: single consumer.
         unsafe {
             assert!(std::ptr::eq(reg.lookup(a.device_wr_id(0)).unwrap(), &*a));
@@ -399,7 +402,7 @@ mod tests {
             reg.sweep();
             assert!(reg.lookup(stale).is_none());
             // The freed entry is reused under a new generation: the stale key still misses.
-            let c = reg.register(Ring::new(8, false)).ok().unwrap();
+            let c = reg.register(8, false).ok().unwrap();
             assert!(reg.lookup(stale).is_none());
             assert!(reg.lookup(c.device_wr_id(0)).is_some());
         }
@@ -408,18 +411,18 @@ mod tests {
     #[test]
     fn registry_reserves_cq_room() {
         let reg = Registry::new(10);
-        let _a = reg.register(Ring::new(6, false)).ok().unwrap();
-        match reg.register(Ring::new(6, true)) {
+        let _a = reg.register(6, false).ok().unwrap();
+        match reg.register(6, true) {
             Err(RegisterError::CqTooSmall { needed: 12, capacity: 10 }) => {}
             _ => panic!("expected CqTooSmall"),
         }
-        assert!(reg.register(Ring::new(4, true)).is_ok());
+        assert!(reg.register(4, true).is_ok());
     }
 
     #[test]
     fn retired_rings_are_swept_and_give_back_cq_room() {
         let reg = Registry::new(8);
-        let ring = reg.register(Ring::new(8, false)).ok().unwrap();
+        let ring = reg.register(8, false).ok().unwrap();
         // SAFETY: producer writes free slots.
         unsafe {
             for i in 0..3 {
@@ -427,7 +430,7 @@ mod tests {
             }
         }
         ring.set_head(3);
-        assert!(matches!(reg.register(Ring::new(1, true)), Err(RegisterError::CqTooSmall { .. })));
+        assert!(matches!(reg.register(1, true), Err(RegisterError::CqTooSmall { .. })));
         reg.retire(&ring);
         reg.retire(&ring); // idempotent
         let weak = Arc::downgrade(&ring);
@@ -436,6 +439,6 @@ mod tests {
         // SAFETY: single consumer.
         unsafe { reg.sweep() };
         assert!(weak.upgrade().is_none(), "the sweep dropped the ring and its slots");
-        assert!(reg.register(Ring::new(8, true)).is_ok());
+        assert!(reg.register(8, true).is_ok());
     }
 }
