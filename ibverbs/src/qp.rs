@@ -803,11 +803,8 @@ impl QueuePair {
         if self.state != QpState::RTS && self.state != QpState::ERR {
             return Err(Error::QpState { verb: "ibv_post_send", state: self.state, expected: "RTS" });
         }
-        wr.validate()?;
+        let count = wr.validate(&self.pd)?;
         let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_post_send", reason });
-        if wr.sges.iter().flatten().any(|s| !s.buf.mr().in_pd(&self.pd)) {
-            return bad("a buffer's memory region belongs to another protection domain");
-        }
         if wr.ud.as_ref().is_some_and(|(ah, _, _)| !Arc::ptr_eq(&ah.inner.pd, &self.pd)) {
             return bad("the address handle belongs to another protection domain");
         }
@@ -815,7 +812,7 @@ impl QueuePair {
             if d.len() > self.caps.max_inline_data as usize {
                 return bad("inline data larger than the QP's max_inline_data");
             }
-        } else if wr.sges.iter().flatten().count() > self.caps.max_send_sge as usize {
+        } else if count > self.caps.max_send_sge as usize {
             return bad("more scatter/gather entries than the QP's max_send_sge");
         }
         match (self.qp_type, &wr.ud, wr.op) {
@@ -838,14 +835,7 @@ impl QueuePair {
                 expected: "INIT, RTR or RTS",
             });
         }
-        wr.validate()?;
-        if wr.sges.iter().flatten().any(|s| !s.buf.mr().in_pd(&self.pd)) {
-            return Err(Error::InvalidArgument {
-                verb: "ibv_post_recv",
-                reason: "a buffer's memory region belongs to another protection domain",
-            });
-        }
-        if wr.sges.iter().flatten().count() > self.caps.max_recv_sge as usize {
+        if wr.validate(&self.pd)? > self.caps.max_recv_sge as usize {
             return Err(Error::InvalidArgument {
                 verb: "ibv_post_recv",
                 reason: "more scatter/gather entries than the QP's max_recv_sge",
@@ -870,7 +860,11 @@ impl QueuePair {
         if let Err(error) = self.check_send(&wr) {
             return Err(PostError { error, request: wr });
         }
-        post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, wr)
+        let mut wr = wr;
+        match post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &mut wr) {
+            Ok(()) => Ok(()),
+            Err(error) => Err(PostError { error, request: wr }),
+        }
     }
 
     /// Posts a chain of send requests with one `ibv_post_send()` call (one doorbell), safely.
@@ -903,7 +897,11 @@ impl QueuePair {
         if let Err(error) = self.check_recv(&wr) {
             return Err(PostError { error, request: wr });
         }
-        post_one(self.raw.as_ptr(), &self.recv, self.post_recv_fn, wr)
+        let mut wr = wr;
+        match post_one(self.raw.as_ptr(), &self.recv, self.post_recv_fn, &mut wr) {
+            Ok(()) => Ok(()),
+            Err(error) => Err(PostError { error, request: wr }),
+        }
     }
 
     /// Posts a chain of receive requests with one `ibv_post_recv()` call, safely. On success
@@ -1039,18 +1037,17 @@ impl Request for RecvRequest {
     }
 }
 
-/// Posts one checked request on `ring`'s work queue of `qp`.
-#[allow(clippy::result_large_err)] // the request comes back by value: no allocation
+/// Posts one checked request on `ring`'s work queue of `qp`; on error the request keeps its
+/// buffers (taken by reference: the request is not moved again on the post path).
 fn post_one<R: Request>(
     qp: *mut ffi::ibv_qp,
     ring: &Ring,
     post: Option<RawPost<R::Raw>>,
-    mut wr: R,
-) -> Result<(), PostError<R>> {
+    wr: &mut R,
+) -> Result<()> {
     let (head, free) = ring.producer_state();
     if free == 0 {
-        let error = Error::QueueFull { verb: R::VERB, capacity: ring.capacity() };
-        return Err(PostError { error, request: wr });
+        return Err(Error::QueueFull { verb: R::VERB, capacity: ring.capacity() });
     }
     let mut raw = R::Raw::default();
     let mut sges = [ffi::ibv_sge::default(); MAX_SGE];
@@ -1071,7 +1068,7 @@ fn post_one<R: Request>(
         // SAFETY: the producer withdrew `head`; the device never saw it.
         let slot = unsafe { ring.take_back(head) };
         restore(wr.sges_mut(), slot, &sges);
-        return Err(PostError { error: Error::from_ret(R::VERB, ret), request: wr });
+        return Err(Error::from_ret(R::VERB, ret));
     }
     Ok(())
 }

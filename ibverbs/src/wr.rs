@@ -8,6 +8,7 @@ use crate::ah::AddressHandle;
 use crate::error::{Error, Result};
 use crate::ffi;
 use crate::mr::{MemoryRegion, MrInner, RemoteMemoryRegion, RemoteSlice};
+use crate::pd::PdInner;
 
 /// Most scatter/gather entries one safe work request carries.
 pub const MAX_SGE: usize = 4;
@@ -330,22 +331,32 @@ impl<'a> SendRequest<'a> {
     }
 
     /// Checks everything that does not depend on the queue pair.
-    pub(crate) fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self, pd: &Arc<PdInner>) -> Result<usize> {
         let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_post_send", reason });
+        // One pass over the entries (this runs on every safe post).
+        let (mut count, mut sge_len) = (0usize, 0u64);
+        let (mut read_only, mut owned, mut foreign) = (false, false, false);
+        for s in self.sges.iter().flatten() {
+            count += 1;
+            sge_len += u64::from(s.len);
+            read_only |= !s.buf.device_writable();
+            owned |= matches!(s.buf, LocalBuf::Owned(_));
+            foreign |= !s.buf.mr().in_pd(pd);
+        }
+        if foreign {
+            return bad("a buffer's memory region belongs to another protection domain");
+        }
         let device_writes = matches!(self.op, Op::Read(_) | Op::CompareSwap { .. } | Op::FetchAdd { .. });
-        if device_writes && self.sges.iter().flatten().any(|s| !s.buf.device_writable()) {
+        if device_writes && read_only {
             return bad("the device writes this buffer: pass an owned MemoryRegion or a RemoteMemoryRegion");
         }
-        if !self.signaled && self.sges.iter().flatten().any(|s| matches!(s.buf, LocalBuf::Owned(_))) {
+        if !self.signaled && owned {
             return bad("an unsignaled request can only hold shared (Arc) buffers");
         }
-        if self.imm.is_some() && !matches!(self.op, Op::Send | Op::Write(_)) {
-            return bad("immediate data only goes with Send and RDMA Write");
+        if (self.imm.is_some() || self.inline.is_some()) && !matches!(self.op, Op::Send | Op::Write(_)) {
+            return bad("immediate and inline data only go with Send and RDMA Write");
         }
-        if self.inline.is_some() && !matches!(self.op, Op::Send | Op::Write(_)) {
-            return bad("inline data only goes with Send and RDMA Write");
-        }
-        let len = self.len();
+        let len = self.inline.map_or(sge_len, |d| d.len() as u64);
         match self.op {
             Op::Send => {}
             Op::Write(r) | Op::Read(r) => {
@@ -354,7 +365,7 @@ impl<'a> SendRequest<'a> {
                 }
             }
             Op::CompareSwap { remote, .. } | Op::FetchAdd { remote, .. } => {
-                if len != 8 || self.sges.iter().flatten().count() != 1 {
+                if len != 8 || count != 1 {
                     return bad("an atomic's local buffer is exactly one 8-byte entry");
                 }
                 if remote.len < 8 {
@@ -370,7 +381,7 @@ impl<'a> SendRequest<'a> {
                 }
             }
         }
-        Ok(())
+        Ok(count)
     }
 
     /// Fills `wr` and `sges` (the caller links `next`).
@@ -501,15 +512,21 @@ impl RecvRequest {
         self.sges.into_iter().flatten().map(Local::into_buf)
     }
 
-    pub(crate) fn validate(&self) -> Result<()> {
-        if self.sges.iter().flatten().any(|s| !s.buf.device_writable()) {
-            return Err(Error::InvalidArgument {
-                verb: "ibv_post_recv",
-                reason:
+    pub(crate) fn validate(&self, pd: &Arc<PdInner>) -> Result<usize> {
+        let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_post_recv", reason });
+        let mut count = 0;
+        for s in self.sges.iter().flatten() {
+            count += 1;
+            if !s.buf.device_writable() {
+                return bad(
                     "the device writes receive buffers: pass an owned MemoryRegion or a RemoteMemoryRegion",
-            });
+                );
+            }
+            if !s.buf.mr().in_pd(pd) {
+                return bad("a buffer's memory region belongs to another protection domain");
+            }
         }
-        Ok(())
+        Ok(count)
     }
 
     pub(crate) fn fill(
