@@ -7,11 +7,13 @@ use std::ptr;
 
 use ibverbs::ffi;
 use ibverbs::{
-    Completion, CompletionQueue, QueuePair, RecvRequest, RemoteSlice, SendRequest, WcStatus, WorkCompletion,
+    AccessFlags, Completion, CompletionQueue, QueuePair, RecvRequest, RemoteSlice, SendRequest, WcStatus,
+    WorkCompletion,
 };
 
 use super::clock::ticks;
-use super::{split_wr_id, wr_id, Buf, Guard, RunSpec};
+use super::report::bw_report;
+use super::{split_wr_id, wr_id, Buf, Guard, Level, Role, RunSpec, Session};
 
 /// Completions fetched per poll (perftest's default batch).
 pub const POLL_BATCH: usize = 16;
@@ -424,4 +426,67 @@ pub fn run_receiver<P: RecvPath>(
         }
     }
     Ok((first.unwrap_or(0), ticks()))
+}
+
+/// The whole of `write_bw` (`op` = [`Op::Write`]) and `read_bw` ([`Op::Read`]): the client moves
+/// `-n` messages per queue pair to or from the server's buffer; the passive server prints the
+/// client's table.
+pub fn run_one_sided(s: &mut Session, op: Op) -> Result<(), String> {
+    let len = s.buf_len();
+    let qps = s.params.qps as usize;
+    let mut bufs = Vec::with_capacity(qps);
+    for _ in 0..qps {
+        bufs.push(match (op, s.role) {
+            // The device only reads the source of a write; it writes the target of a read.
+            (Op::Write, Role::Client) => Buf::Ro(s.alloc_ro(len, AccessFlags::LOCAL_WRITE)?),
+            (Op::Read, Role::Client) => Buf::Rw(s.alloc_rw(len, AccessFlags::LOCAL_WRITE)?),
+            (Op::Write, Role::Server) => Buf::Rw(s.alloc_rw(len, AccessFlags::REMOTE_WRITE)?),
+            // Peers may read a local-only region: reading never changes it.
+            (_, Role::Server) => {
+                Buf::Ro(s.alloc_ro(len, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?)
+            }
+            (Op::Send, Role::Client) => return Err("run_one_sided is for RDMA Write and Read".into()),
+        });
+    }
+    // The client's buffers are not exposed: it sends empty descriptors.
+    let local: Vec<RemoteSlice> = match s.role {
+        Role::Client => vec![RemoteSlice { addr: 0, len: 0, rkey: 0 }; qps],
+        Role::Server => bufs.iter().map(Buf::remote).collect(),
+    };
+    let remote = s.exchange(&local)?;
+    while let Some(spec) = s.next_run()? {
+        s.ready()?;
+        if s.role == Role::Server {
+            // Passive: the client reports, we print its numbers.
+            if let Some(r) = s.finish(None)? {
+                s.print_bw(&r);
+            }
+            continue;
+        }
+        let mut guard = s.guard();
+        let times = match spec.level {
+            Level::Safe => {
+                let r = &mut s.rdma;
+                let mut path = SafePath::new(&mut r.qps, &mut r.send_cq, &bufs, &remote, op, spec);
+                run_sender(&mut path, &spec, &mut guard)?
+            }
+            Level::Raw => {
+                let r = &s.rdma;
+                let mut path = RawPath::new(&r.qps, &r.send_cq, &bufs, &remote, op, spec);
+                run_sender(&mut path, &spec, &mut guard)?
+            }
+        };
+        s.clock.recalibrate();
+        let report = bw_report(
+            spec.size,
+            &times.tposted,
+            &times.tcompleted,
+            spec.post_list as usize,
+            spec.cq_mod as usize,
+            &s.clock,
+        );
+        s.finish(Some(&report))?;
+        s.print_bw(&report);
+    }
+    Ok(())
 }
