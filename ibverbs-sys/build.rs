@@ -11,8 +11,9 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// Oldest libibverbs accepted (rdma-core v28, the first to declare everything this crate binds:
-/// `ibv_query_gid_ex`, `ibv_reg_mr_iova2`, ...). pkg-config reports `1.<abi>.<rdma-core>.0`.
+/// Oldest libibverbs accepted (rdma-core v28: `ibv_reg_mr_iova2` and the `ibv_reg_mr` macro the
+/// shim wraps). Verbs added later (`ibv_query_gid_ex`, v32) are gated by the safe crate's build.rs
+/// on the exported version. pkg-config reports `1.<abi>.<rdma-core>.0`.
 const MIN_LIBIBVERBS: &str = "1.8.28";
 /// Suffix that the generated wrappers of `static inline` functions carry: `ibv_post_send` in C is
 /// linked from `ibv_post_send__ibverbs_sys_shim`.
