@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use ibverbs::{AccessFlags, RemoteSlice};
 use perf::bw::{self, Op, RawPath, SafePath};
-use perf::report::{bw_report, rx_bw_report};
+use perf::report::rx_bw_report;
 use perf::{Buf, Level, Role, RunSpec, Session, TestKind};
 
 fn main() -> ExitCode {
@@ -69,29 +69,5 @@ fn server_run(s: &mut Session, bufs: &[Buf], spec: RunSpec) -> Result<(), String
 
 fn client_run(s: &mut Session, bufs: &[Buf], spec: RunSpec) -> Result<(), String> {
     s.ready()?;
-    let mut guard = s.guard();
-    let times = match spec.level {
-        Level::Safe => {
-            let r = &mut s.rdma;
-            let mut path = SafePath::new(&mut r.qps, &mut r.send_cq, bufs, &[], Op::Send, spec);
-            bw::run_sender(&mut path, &spec, &mut guard)?
-        }
-        Level::Raw => {
-            let r = &s.rdma;
-            let mut path = RawPath::new(&r.qps, &r.send_cq, bufs, &[], Op::Send, spec);
-            bw::run_sender(&mut path, &spec, &mut guard)?
-        }
-    };
-    s.clock.recalibrate();
-    let report = bw_report(
-        spec.size,
-        &times.tposted,
-        &times.tcompleted,
-        spec.post_list as usize,
-        spec.cq_mod as usize,
-        &s.clock,
-    );
-    s.finish(Some(&report))?;
-    s.print_bw(&report);
-    Ok(())
+    bw::send_and_report(s, bufs, &[], Op::Send, spec)
 }

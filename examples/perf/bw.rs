@@ -463,30 +463,43 @@ pub fn run_one_sided(s: &mut Session, op: Op) -> Result<(), String> {
             }
             continue;
         }
-        let mut guard = s.guard();
-        let times = match spec.level {
-            Level::Safe => {
-                let r = &mut s.rdma;
-                let mut path = SafePath::new(&mut r.qps, &mut r.send_cq, &bufs, &remote, op, spec);
-                run_sender(&mut path, &spec, &mut guard)?
-            }
-            Level::Raw => {
-                let r = &s.rdma;
-                let mut path = RawPath::new(&r.qps, &r.send_cq, &bufs, &remote, op, spec);
-                run_sender(&mut path, &spec, &mut guard)?
-            }
-        };
-        s.clock.recalibrate();
-        let report = bw_report(
-            spec.size,
-            &times.tposted,
-            &times.tcompleted,
-            spec.post_list as usize,
-            spec.cq_mod as usize,
-            &s.clock,
-        );
-        s.finish(Some(&report))?;
-        s.print_bw(&report);
+        send_and_report(s, &bufs, &remote, op, spec)?;
     }
+    Ok(())
+}
+
+/// The sending side of a bandwidth run at `spec`'s level: sends, then reports its table to the
+/// peer and prints it.
+pub fn send_and_report(
+    s: &mut Session,
+    bufs: &[Buf],
+    remote: &[RemoteSlice],
+    op: Op,
+    spec: RunSpec,
+) -> Result<(), String> {
+    let mut guard = s.guard();
+    let times = match spec.level {
+        Level::Safe => {
+            let r = &mut s.rdma;
+            let mut path = SafePath::new(&mut r.qps, &mut r.send_cq, bufs, remote, op, spec);
+            run_sender(&mut path, &spec, &mut guard)?
+        }
+        Level::Raw => {
+            let r = &s.rdma;
+            let mut path = RawPath::new(&r.qps, &r.send_cq, bufs, remote, op, spec);
+            run_sender(&mut path, &spec, &mut guard)?
+        }
+    };
+    s.clock.recalibrate();
+    let report = bw_report(
+        spec.size,
+        &times.tposted,
+        &times.tcompleted,
+        spec.post_list as usize,
+        spec.cq_mod as usize,
+        &s.clock,
+    );
+    s.finish(Some(&report))?;
+    s.print_bw(&report);
     Ok(())
 }
