@@ -127,7 +127,6 @@ pub(crate) struct CqInner {
     pub(crate) raw: NonNull<ffi::ibv_cq>,
     poll_fn: unsafe extern "C" fn(*mut ffi::ibv_cq, i32, *mut ffi::ibv_wc) -> i32,
     pub(crate) registry: Registry,
-    capacity: u32,
     _channel: Option<Arc<ChannelInner>>,
     _ctx: Arc<ContextInner>,
 }
@@ -161,7 +160,7 @@ pub struct CompletionQueue {
 
 impl fmt::Debug for CompletionQueue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CompletionQueue").field("capacity", &self.inner.capacity).finish()
+        f.debug_struct("CompletionQueue").field("capacity", &self.capacity()).finish()
     }
 }
 
@@ -193,7 +192,6 @@ impl CompletionQueue {
                 raw,
                 poll_fn,
                 registry: Registry::new(capacity),
-                capacity,
                 _channel: channel.map(|c| c.inner.clone()),
                 _ctx: ctx.inner.clone(),
             }),
@@ -202,7 +200,7 @@ impl CompletionQueue {
 
     /// How many completions it holds (at least the depth asked for).
     pub fn capacity(&self) -> u32 {
-        self.inner.capacity
+        self.inner.registry.cq_capacity()
     }
 
     /// Identifies this CQ in [`CompletionChannel::get_event`] results.

@@ -245,6 +245,11 @@ impl Registry {
         Err(RegisterError::Full)
     }
 
+    /// Completions the CQ holds.
+    pub(crate) fn cq_capacity(&self) -> u32 {
+        self.cq_capacity
+    }
+
     /// Retires a registered ring whose QP is destroyed (or reset, or never created): the device
     /// no longer touches its buffers, which the consumer releases at its next sweep. Its room in
     /// the CQ is given back now (any stale completions it left are skipped when polled).
