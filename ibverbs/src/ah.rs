@@ -4,10 +4,10 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use crate::connect::{ah_attr, ConnectOptions, Endpoint};
 use crate::error::{cvt_p, Result};
 use crate::ffi;
 use crate::pd::{PdInner, ProtectionDomain};
-use crate::qp::{ConnectOptions, Endpoint};
 
 pub(crate) struct AhInner {
     raw: NonNull<ffi::ibv_ah>,
@@ -57,7 +57,7 @@ impl ProtectionDomain {
     /// from the port/GID queries.
     #[doc(alias = "ibv_create_ah")]
     pub fn create_ah(&self, remote: &Endpoint, opts: &ConnectOptions) -> Result<AddressHandle> {
-        let mut attr = crate::qp::ah_attr(&self.context(), remote, opts)?;
+        let mut attr = ah_attr(&self.context(), remote, opts)?;
         self.create_ah_raw(&mut attr)
     }
 

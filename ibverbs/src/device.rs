@@ -486,39 +486,6 @@ impl Context {
                 source: std::io::Error::from_raw_os_error(libc::ENODATA),
             })
     }
-
-    /// Creates a protection domain (`ibv_alloc_pd()`).
-    ///
-    /// # Errors
-    /// [`Error::Verb`] when the verb fails.
-    #[doc(alias = "ibv_alloc_pd")]
-    pub fn alloc_pd(&self) -> Result<crate::ProtectionDomain> {
-        crate::ProtectionDomain::new(self)
-    }
-
-    /// Creates a completion queue with room for at least `depth` completions
-    /// (`ibv_create_cq()`), optionally reporting to a completion `channel`.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a depth of 0, [`Error::Verb`] (`EINVAL`) for a depth above
-    /// the device's `max_cqe`.
-    #[doc(alias = "ibv_create_cq")]
-    pub fn create_cq(
-        &self,
-        depth: u32,
-        channel: Option<&crate::CompletionChannel>,
-    ) -> Result<crate::CompletionQueue> {
-        crate::CompletionQueue::new(self, depth, channel)
-    }
-
-    /// Creates a completion event channel (`ibv_create_comp_channel()`).
-    ///
-    /// # Errors
-    /// [`Error::Verb`] when the verb fails.
-    #[doc(alias = "ibv_create_comp_channel")]
-    pub fn create_comp_channel(&self) -> Result<crate::CompletionChannel> {
-        crate::CompletionChannel::new(self)
-    }
 }
 
 /// Device attributes (`struct ibv_device_attr`), from [`Context::query_device`].

@@ -156,23 +156,25 @@
 pub use ibverbs_sys as ffi;
 
 mod ah;
-mod cq;
+mod connect;
 mod device;
 mod error;
-mod mr;
+mod memory;
 mod pd;
-mod qp;
-mod ring;
-mod wr;
+mod post;
+mod queue;
 
 pub use ah::AddressHandle;
-pub use cq::{Completion, CompletionChannel, CompletionQueue, CqId, WcOpcode, WcStatus, WorkCompletion};
+pub use connect::{ConnectOptions, Endpoint};
 pub use device::{
     devices, Context, Device, DeviceAttr, DeviceAttrEx, DeviceList, Gid, GidEntry, GidType, Guid, LinkLayer,
     Mtu, NodeType, PortAttr, PortState, TransportType,
 };
 pub use error::{Error, Result};
-pub use mr::{page_size, AccessFlags, MemoryRegion, OwnedBuffer, RemoteMemoryRegion, RemoteSlice};
+pub use memory::{page_size, AccessFlags, MemoryRegion, OwnedBuffer, RemoteMemoryRegion, RemoteSlice};
 pub use pd::ProtectionDomain;
-pub use qp::{ConnectOptions, Endpoint, PostError, QpCaps, QpState, QpType, QueuePair, QueuePairBuilder};
-pub use wr::{Local, LocalBuf, RecvRequest, SendRequest, MAX_SGE};
+pub use post::{Local, LocalBuf, RecvRequest, SendRequest, MAX_SGE};
+pub use queue::{
+    Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpState, QpType, QueuePair,
+    QueuePairBuilder, WcOpcode, WcStatus, WorkCompletion,
+};

@@ -1,6 +1,5 @@
 //! Memory regions: registered memory, local-only or exposed to remote peers.
 
-use std::alloc::Layout;
 use std::fmt;
 use std::ops::{Bound, RangeBounds};
 use std::ptr::NonNull;
@@ -8,6 +7,8 @@ use std::sync::Arc;
 
 use crate::error::{cvt_p, Error, Result};
 use crate::ffi;
+use crate::memory::racy::RacyBytes;
+use crate::memory::{OwnedBuffer, RemoteSlice};
 use crate::pd::{PdInner, ProtectionDomain};
 
 bitflags::bitflags! {
@@ -27,6 +28,9 @@ bitflags::bitflags! {
         const REMOTE_READ = ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
         /// Remote peers may run atomic operations on the region.
         const REMOTE_ATOMIC = ffi::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
+        /// Memory windows may be bound to the region (`IBV_ACCESS_MW_BIND`): a window can grant
+        /// remote write or atomic access, so only a [`RemoteMemoryRegion`] takes this flag.
+        const MW_BIND = ffi::ibv_access_flags::IBV_ACCESS_MW_BIND.0;
         /// Relaxed ordering of PCIe writes, where supported (optional: ignored elsewhere).
         const RELAXED_ORDERING = ffi::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
         // Unknown bits survive a round trip.
@@ -43,118 +47,11 @@ impl Default for AccessFlags {
 impl AccessFlags {
     /// The flags that let a peer modify the region.
     pub const REMOTE_MODIFY: AccessFlags = AccessFlags::REMOTE_WRITE.union(AccessFlags::REMOTE_ATOMIC);
-}
-
-/// Memory a [`MemoryRegion`] owns: the crate's page-aligned allocation, a `Vec<u8>`, a
-/// `Box<[u8]>`, or foreign memory (mmap, hugepages...) through [`OwnedBuffer::from_raw_parts`].
-pub struct OwnedBuffer {
-    ptr: NonNull<u8>,
-    len: usize,
-    kind: BufferKind,
-}
-
-enum BufferKind {
-    Aligned(Layout),
-    Vec(usize),
-    Raw(Option<Box<dyn FnOnce(*mut u8, usize) + Send + Sync>>),
-}
-
-// SAFETY: the buffer is uniquely owned heap memory (or foreign memory whose owner promised, in
-// from_raw_parts, that it may be used and freed from any thread).
-unsafe impl Send for OwnedBuffer {}
-// SAFETY: shared access only reads through &self methods of the region that owns it.
-unsafe impl Sync for OwnedBuffer {}
-
-impl OwnedBuffer {
-    /// `len` zeroed bytes, aligned to the page size (what the device likes best).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a length of 0; [`Error::Verb`] (`ENOMEM`) when the
-    /// allocation fails.
-    pub fn zeroed(len: usize) -> Result<OwnedBuffer> {
-        if len == 0 {
-            return Err(Error::InvalidArgument { verb: "ibv_reg_mr", reason: "zero-length memory region" });
-        }
-        let page = page_size();
-        let layout = Layout::from_size_align(len.div_ceil(page) * page, page).map_err(|_| {
-            Error::InvalidArgument { verb: "ibv_reg_mr", reason: "length too large for an allocation" }
-        })?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or(Error::Verb {
-            verb: "ibv_reg_mr",
-            source: std::io::Error::from_raw_os_error(libc::ENOMEM),
-        })?;
-        Ok(OwnedBuffer { ptr, len, kind: BufferKind::Aligned(layout) })
-    }
-
-    /// Takes foreign memory: `len` bytes at `ptr`, released by `free(ptr, len)` (if given) after
-    /// the region is deregistered.
-    ///
-    /// # Safety
-    /// `ptr` is valid for reads and writes of `len` bytes, is used by nothing else from now until
-    /// `free` is called (or forever, without `free`), and `free` may run on any thread.
-    pub unsafe fn from_raw_parts(
-        ptr: NonNull<u8>,
-        len: usize,
-        free: Option<Box<dyn FnOnce(*mut u8, usize) + Send + Sync>>,
-    ) -> OwnedBuffer {
-        OwnedBuffer { ptr, len, kind: BufferKind::Raw(free) }
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the buffer is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-impl From<Vec<u8>> for OwnedBuffer {
-    fn from(v: Vec<u8>) -> Self {
-        let mut v = std::mem::ManuallyDrop::new(v);
-        let (ptr, len, cap) = (v.as_mut_ptr(), v.len(), v.capacity());
-        // SAFETY: a Vec's pointer is never null (dangling but non-null when empty).
-        OwnedBuffer { ptr: unsafe { NonNull::new_unchecked(ptr) }, len, kind: BufferKind::Vec(cap) }
-    }
-}
-
-impl From<Box<[u8]>> for OwnedBuffer {
-    fn from(b: Box<[u8]>) -> Self {
-        OwnedBuffer::from(Vec::from(b))
-    }
-}
-
-impl Drop for OwnedBuffer {
-    fn drop(&mut self) {
-        match &mut self.kind {
-            // SAFETY: allocated in `zeroed` with this layout.
-            BufferKind::Aligned(layout) => unsafe { std::alloc::dealloc(self.ptr.as_ptr(), *layout) },
-            // SAFETY: rebuilt from the parts taken in `From<Vec<u8>>`.
-            BufferKind::Vec(cap) => drop(unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), self.len, *cap) }),
-            BufferKind::Raw(free) => {
-                if let Some(free) = free.take() {
-                    free(self.ptr.as_ptr(), self.len);
-                }
-            }
-        }
-    }
-}
-
-impl fmt::Debug for OwnedBuffer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OwnedBuffer").field("ptr", &self.ptr).field("len", &self.len).finish()
-    }
-}
-
-/// The system's page size (what [`OwnedBuffer::zeroed`] aligns to).
-pub fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
+    /// The only flags a local-only [`MemoryRegion`] takes: none of them lets anyone but this
+    /// process change its bytes. Everything else (remote write and atomics, memory-window
+    /// binding, flags this crate does not know) needs a [`RemoteMemoryRegion`].
+    pub const LOCAL_ONLY: AccessFlags =
+        AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_READ).union(AccessFlags::RELAXED_ORDERING);
 }
 
 /// What both region types share.
@@ -319,14 +216,17 @@ impl ProtectionDomain {
     /// local-only region (`ibv_reg_mr()`). The region takes ownership of the memory.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an empty buffer or for remote write/atomic access (use
+    /// [`Error::InvalidArgument`] for an empty buffer or for any flag outside
+    /// [`AccessFlags::LOCAL_ONLY`] (remote write, atomics, memory-window binding: use
     /// [`register_remote`](Self::register_remote)); [`Error::Verb`] from `ibv_reg_mr()`.
     #[doc(alias = "ibv_reg_mr")]
     pub fn register(&self, buf: impl Into<OwnedBuffer>, access: AccessFlags) -> Result<MemoryRegion> {
-        if access.intersects(AccessFlags::REMOTE_MODIFY) {
+        if !AccessFlags::LOCAL_ONLY.contains(access) {
             return Err(Error::InvalidArgument {
                 verb: "ibv_reg_mr",
-                reason: "remote write/atomic access needs a RemoteMemoryRegion: use register_remote",
+                reason:
+                    "a local-only MemoryRegion takes only LOCAL_WRITE, REMOTE_READ and RELAXED_ORDERING; \
+                         remote write, atomics and memory-window binding need register_remote",
             });
         }
         Ok(MemoryRegion { inner: Box::new(MrInner::register(self, buf.into(), access)?) })
@@ -428,66 +328,66 @@ impl std::ops::DerefMut for MemoryRegion {
 impl RemoteMemoryRegion {
     common_region_methods!();
 
-    /// Copies `dst.len()` bytes at `offset` out of the region with volatile reads (a peer may be
-    /// writing them meanwhile; the copy is then torn, never undefined behaviour).
+    fn racy(&self) -> RacyBytes {
+        // SAFETY: the region's memory is valid for len bytes while self lives; this process
+        // accesses it only through RacyBytes (or the unsafe slices, whose contract excludes
+        // concurrent writers).
+        unsafe { RacyBytes::new(self.inner.addr(), self.inner.len()) }
+    }
+
+    /// Copies `dst.len()` bytes at `offset` out of the region. A peer, the device or another
+    /// thread may be writing them meanwhile: the copy is then torn, never undefined behaviour
+    /// (every access is atomic).
     ///
     /// # Errors
     /// [`Error::OutOfBounds`] when the range leaves the region.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        let (off, len) = self.inner.range("read", offset..offset.saturating_add(dst.len()))?;
-        // SAFETY: the range is inside the region, which is valid memory owned by self.
-        unsafe { volatile_copy(self.inner.addr().add(off), dst.as_mut_ptr(), len) };
+        let (off, _) = self.inner.range("read", offset..offset.saturating_add(dst.len()))?;
+        self.racy().read(off, dst);
         Ok(())
     }
 
-    /// Copies `src` into the region at `offset` with volatile writes.
+    /// Copies `src` into the region at `offset` (atomic accesses: other threads may read or
+    /// write the region at the same time).
     ///
     /// # Errors
     /// [`Error::OutOfBounds`] when the range leaves the region.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
-        let (off, len) = self.inner.range("write", offset..offset.saturating_add(src.len()))?;
-        // SAFETY: the range is inside the region; volatile writes to memory others may also write.
-        unsafe { volatile_copy(src.as_ptr(), self.inner.addr().add(off), len) };
+        let (off, _) = self.inner.range("write", offset..offset.saturating_add(src.len()))?;
+        self.racy().write(off, src);
         Ok(())
     }
 
     /// Fills the region with `byte`.
     pub fn fill(&self, byte: u8) {
-        for i in 0..self.len() {
-            // SAFETY: i < len, inside the region.
-            unsafe { self.inner.addr().add(i).write_volatile(byte) };
-        }
+        self.racy().fill(byte);
     }
 
     /// Copies the whole region into a new `Vec`.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = vec![0; self.len()];
-        // SAFETY: same length as the region.
-        unsafe { volatile_copy(self.inner.addr(), v.as_mut_ptr(), v.len()) };
+        self.racy().read(0, &mut v);
         v
     }
 
     /// Reads the native-endian `u64` at `offset` (8-byte aligned, as atomics require) in one
-    /// volatile access: the value a peer's atomic operation left there.
+    /// atomic access: the value a peer's atomic operation left there.
     ///
     /// # Errors
     /// [`Error::OutOfBounds`], or [`Error::InvalidArgument`] for a misaligned address.
     pub fn load_u64(&self, offset: usize) -> Result<u64> {
         let (off, _) = self.inner.range("load_u64", offset..offset.saturating_add(8))?;
-        // SAFETY: in bounds.
-        let p = unsafe { self.inner.addr().add(off) };
-        if (p as usize) % 8 != 0 {
-            return Err(Error::InvalidArgument { verb: "load_u64", reason: "address not 8-byte aligned" });
-        }
-        // SAFETY: in bounds and aligned.
-        Ok(unsafe { p.cast::<u64>().read_volatile() })
+        self.racy()
+            .load_u64(off)
+            .ok_or(Error::InvalidArgument { verb: "load_u64", reason: "address not 8-byte aligned" })
     }
 
     /// The region's bytes as a slice.
     ///
     /// # Safety
-    /// No peer may write the region (and no local RDMA Read/receive into it may be posted) while
-    /// the slice lives: the application's protocol must guarantee it.
+    /// While the slice lives, nothing may write the region: no peer (the application's protocol
+    /// must keep them away), no local RDMA Read, atomic or receive into it may be outstanding,
+    /// and no thread may call [`write`](Self::write) or [`fill`](Self::fill) on it.
     pub unsafe fn as_slice(&self) -> &[u8] {
         // SAFETY: valid memory; freedom from concurrent writes is the caller's contract.
         unsafe { std::slice::from_raw_parts(self.inner.addr(), self.inner.len()) }
@@ -505,159 +405,19 @@ impl RemoteMemoryRegion {
     }
 }
 
-/// Copies `len` bytes with volatile accesses, 8 bytes at a time where both sides are aligned.
-///
-/// # Safety
-/// Both ranges are valid for `len` bytes and do not overlap.
-unsafe fn volatile_copy(src: *const u8, dst: *mut u8, len: usize) {
-    let mut i = 0;
-    if (src as usize) % 8 == (dst as usize) % 8 {
-        // SAFETY: every access is inside [0, len) of both ranges, per the contract.
-        unsafe {
-            while i < len && (src as usize + i) % 8 != 0 {
-                dst.add(i).write_volatile(src.add(i).read_volatile());
-                i += 1;
-            }
-            while i + 8 <= len {
-                dst.add(i).cast::<u64>().write_volatile(src.add(i).cast::<u64>().read_volatile());
-                i += 8;
-            }
-        }
-    }
-    while i < len {
-        // SAFETY: i < len.
-        unsafe { dst.add(i).write_volatile(src.add(i).read_volatile()) };
-        i += 1;
-    }
-}
-
-/// A range of a peer's (or our own) registered memory: address, length and rkey, as exchanged out
-/// of band before RDMA Write, Read or atomics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RemoteSlice {
-    /// Start address in the owner's address space.
-    pub addr: u64,
-    /// Length in bytes.
-    pub len: u64,
-    /// The owner's remote key.
-    pub rkey: u32,
-}
-
-impl RemoteSlice {
-    /// Size of [`encode`](Self::encode)'s output.
-    pub const ENCODED_LEN: usize = 20;
-
-    /// The sub-range `offset..offset + len`.
-    ///
-    /// # Errors
-    /// [`Error::OutOfBounds`] when it leaves this slice.
-    pub fn slice(&self, offset: u64, len: u64) -> Result<RemoteSlice> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => {
-                Ok(RemoteSlice { addr: self.addr + offset, len, rkey: self.rkey })
-            }
-            _ => Err(Error::OutOfBounds { verb: "RemoteSlice::slice", offset, len, size: self.len }),
-        }
-    }
-
-    /// A stable byte encoding for out-of-band exchange: `addr` (8 bytes), `len` (8), `rkey` (4),
-    /// all big-endian.
-    pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
-        let mut b = [0; Self::ENCODED_LEN];
-        b[..8].copy_from_slice(&self.addr.to_be_bytes());
-        b[8..16].copy_from_slice(&self.len.to_be_bytes());
-        b[16..].copy_from_slice(&self.rkey.to_be_bytes());
-        b
-    }
-
-    /// Decodes [`encode`](Self::encode)'s output.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] when `bytes` has the wrong length or the range wraps around.
-    pub fn decode(bytes: &[u8]) -> Result<RemoteSlice> {
-        let b: &[u8; Self::ENCODED_LEN] = bytes.try_into().map_err(|_| Error::InvalidArgument {
-            verb: "RemoteSlice::decode",
-            reason: "a remote slice encodes to exactly 20 bytes",
-        })?;
-        let addr = u64::from_be_bytes(b[..8].try_into().unwrap_or_default());
-        let len = u64::from_be_bytes(b[8..16].try_into().unwrap_or_default());
-        let rkey = u32::from_be_bytes(b[16..].try_into().unwrap_or_default());
-        if addr.checked_add(len).is_none() {
-            return Err(Error::InvalidArgument { verb: "RemoteSlice::decode", reason: "range wraps around" });
-        }
-        Ok(RemoteSlice { addr, len, rkey })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn remote_slice_encoding_round_trips() {
-        let r = RemoteSlice { addr: 0x1122_3344_5566_7788, len: 4096, rkey: 0xdead_beef };
-        let b = r.encode();
-        assert_eq!(&b[..8], &[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
-        assert_eq!(RemoteSlice::decode(&b).unwrap(), r);
-        assert!(matches!(RemoteSlice::decode(&b[..19]), Err(Error::InvalidArgument { .. })));
-        let mut wrap = RemoteSlice { addr: u64::MAX - 1, len: 8, rkey: 1 }.encode();
-        assert!(RemoteSlice::decode(&wrap).is_err());
-        wrap[0] = 0;
-        assert!(RemoteSlice::decode(&wrap).is_ok());
-    }
-
-    #[test]
-    fn remote_slice_subranges_are_bounds_checked() {
-        let r = RemoteSlice { addr: 1000, len: 100, rkey: 7 };
-        assert_eq!(r.slice(10, 90).unwrap(), RemoteSlice { addr: 1010, len: 90, rkey: 7 });
-        assert!(matches!(r.slice(10, 91), Err(Error::OutOfBounds { offset: 10, len: 91, size: 100, .. })));
-        assert!(r.slice(u64::MAX, 2).is_err());
-        assert_eq!(r.slice(100, 0).unwrap().len, 0);
-    }
-
-    #[test]
-    fn owned_buffers() {
-        assert!(OwnedBuffer::zeroed(0).is_err());
-        let b = OwnedBuffer::zeroed(10).unwrap();
-        assert_eq!(b.len(), 10);
-        assert_eq!(b.ptr.as_ptr() as usize % page_size(), 0);
-        let v = OwnedBuffer::from(vec![1u8, 2, 3]);
-        assert_eq!(v.len(), 3);
-        let b = OwnedBuffer::from(vec![9u8; 5].into_boxed_slice());
-        assert_eq!(b.len(), 5);
-        let freed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let f2 = freed.clone();
-        let mut mem = vec![0u8; 4];
-        // SAFETY: mem outlives the buffer; the closure only records the call.
-        let raw = unsafe {
-            OwnedBuffer::from_raw_parts(
-                NonNull::new(mem.as_mut_ptr()).unwrap(),
-                4,
-                Some(Box::new(move |_, n| {
-                    assert_eq!(n, 4);
-                    f2.store(true, std::sync::atomic::Ordering::SeqCst)
-                })),
-            )
-        };
-        drop(raw);
-        assert!(freed.load(std::sync::atomic::Ordering::SeqCst));
-    }
-
-    #[test]
-    fn volatile_copy_handles_alignments() {
-        let src: Vec<u8> = (0..100).collect();
-        for (s, d, n) in [(0, 0, 100), (1, 1, 50), (3, 5, 40), (0, 7, 93), (8, 8, 0)] {
-            let mut dst = vec![0u8; 100];
-            // SAFETY: in bounds of both vectors.
-            unsafe { volatile_copy(src.as_ptr().add(s), dst.as_mut_ptr().add(d), n) };
-            assert_eq!(&dst[d..d + n], &src[s..s + n]);
-        }
-    }
 
     #[test]
     fn access_flags_default_to_least_privilege_and_keep_unknown_bits() {
         assert_eq!(AccessFlags::default(), AccessFlags::LOCAL_WRITE);
         assert_eq!(AccessFlags::from_bits_retain(1 << 30).bits(), 1 << 30);
         assert!(AccessFlags::REMOTE_MODIFY.contains(AccessFlags::REMOTE_ATOMIC));
+        // Regression (soundness hole 9): MW_BIND on a local-only region let a window grant a peer
+        // write access behind a live `&[u8]`.
+        assert!(!AccessFlags::LOCAL_ONLY.contains(AccessFlags::MW_BIND));
+        assert!(!AccessFlags::LOCAL_ONLY.intersects(AccessFlags::REMOTE_MODIFY));
+        assert!(!AccessFlags::LOCAL_ONLY.contains(AccessFlags::from_bits_retain(1 << 30)));
     }
 }

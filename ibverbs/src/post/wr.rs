@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::ah::AddressHandle;
 use crate::error::{Error, Result};
 use crate::ffi;
-use crate::mr::{MemoryRegion, MrInner, RemoteMemoryRegion, RemoteSlice};
+use crate::memory::{MemoryRegion, MrInner, RemoteMemoryRegion, RemoteSlice};
 use crate::pd::PdInner;
 
 /// Most scatter/gather entries one safe work request carries.

@@ -1,0 +1,289 @@
+//! The posting engine: a typed request moves its buffers into a slot of its work queue's
+//! [`Ring`] and becomes a raw work request whose `wr_id` names that slot; the provider's post call
+//! takes it from there. On failure the slot is withdrawn and the buffers go back to the request.
+
+use std::sync::Arc;
+
+use crate::ah::AhInner;
+use crate::error::{Error, Result};
+use crate::ffi;
+use crate::post::registry::{RegisterError, Registry};
+use crate::post::ring::Ring;
+use crate::post::wr::{Local, LocalBuf, RecvRequest, SendRequest, MAX_SGE};
+
+/// What a slot keeps alive for one posted work request.
+pub(crate) struct Slot {
+    /// The caller's `wr_id`.
+    pub(crate) wr_id: u64,
+    /// The request's buffers, in SGE order.
+    pub(crate) bufs: [Option<LocalBuf>; MAX_SGE],
+    /// Kept alive (never read) until the UD send completes.
+    pub(crate) _ah: Option<Arc<AhInner>>,
+}
+
+/// Registers a queue pair's send and receive rings (`[send, recv]`) in their CQs' registries:
+/// all or nothing, and with the CQ room of both checked before either is registered.
+pub(crate) fn register_rings(
+    send_cq: &Registry<Slot>,
+    recv_cq: &Registry<Slot>,
+    send_cap: u32,
+    recv_cap: u32,
+    verb: &'static str,
+) -> Result<[Arc<Ring<Slot>>; 2]> {
+    let err = |e| match e {
+        RegisterError::CqTooSmall { needed, capacity } => Error::CqTooSmall { verb, needed, capacity },
+        RegisterError::Full => Error::TooManyQueuePairs { verb },
+    };
+    if std::ptr::eq(send_cq, recv_cq) {
+        return send_cq.register([(send_cap, false), (recv_cap, true)]).map_err(err);
+    }
+    let [send] = send_cq.register([(send_cap, false)]).map_err(err)?;
+    match recv_cq.register([(recv_cap, true)]) {
+        Ok([recv]) => Ok([send, recv]),
+        Err(e) => {
+            // Never posted to: no completion can name it.
+            send_cq.unregister(&send);
+            Err(err(e))
+        }
+    }
+}
+
+/// A provider's `post_send` or `post_recv` entry point.
+pub(crate) type RawPost<W> = unsafe extern "C" fn(*mut ffi::ibv_qp, *mut W, *mut *mut W) -> i32;
+
+/// What the generic posting code needs of a safe request type.
+pub(crate) trait Request {
+    /// The C work request (`ibv_send_wr` or `ibv_recv_wr`).
+    type Raw: Default;
+    /// The verb, for errors.
+    const VERB: &'static str;
+    /// Fills `raw` and `sges` (the caller links `next`).
+    fn fill_raw(&self, raw: &mut Self::Raw, sges: &mut [ffi::ibv_sge; MAX_SGE], device_wr_id: u64);
+    /// Links `raw` to the next request of a chain.
+    fn link(raw: &mut Self::Raw, next: *mut Self::Raw);
+    /// Moves what must live until the completion into a slot.
+    fn take_slot(&mut self) -> Slot;
+    /// Where a withdrawn slot's buffers go back.
+    fn sges_mut(&mut self) -> &mut [Option<Local>; MAX_SGE];
+}
+
+impl Request for SendRequest<'_> {
+    type Raw = ffi::ibv_send_wr;
+    const VERB: &'static str = "ibv_post_send";
+    fn fill_raw(&self, raw: &mut Self::Raw, sges: &mut [ffi::ibv_sge; MAX_SGE], device_wr_id: u64) {
+        self.fill(raw, sges, device_wr_id);
+    }
+    fn link(raw: &mut Self::Raw, next: *mut Self::Raw) {
+        raw.next = next;
+    }
+    fn take_slot(&mut self) -> Slot {
+        let ah = self.ud.as_ref().map(|(ah, _, _)| ah.inner.clone());
+        Slot { wr_id: self.wr_id, bufs: take_bufs(&mut self.sges), _ah: ah }
+    }
+    fn sges_mut(&mut self) -> &mut [Option<Local>; MAX_SGE] {
+        &mut self.sges
+    }
+}
+
+impl Request for RecvRequest {
+    type Raw = ffi::ibv_recv_wr;
+    const VERB: &'static str = "ibv_post_recv";
+    fn fill_raw(&self, raw: &mut Self::Raw, sges: &mut [ffi::ibv_sge; MAX_SGE], device_wr_id: u64) {
+        self.fill(raw, sges, device_wr_id);
+    }
+    fn link(raw: &mut Self::Raw, next: *mut Self::Raw) {
+        raw.next = next;
+    }
+    fn take_slot(&mut self) -> Slot {
+        Slot { wr_id: self.wr_id, bufs: take_bufs(&mut self.sges), _ah: None }
+    }
+    fn sges_mut(&mut self) -> &mut [Option<Local>; MAX_SGE] {
+        &mut self.sges
+    }
+}
+
+/// Posts one checked request on `ring`'s work queue of `qp`; on error the request keeps its
+/// buffers (taken by reference: the request is not moved again on the post path).
+pub(crate) fn post_one<R: Request>(
+    qp: *mut ffi::ibv_qp,
+    ring: &Ring<Slot>,
+    post: Option<RawPost<R::Raw>>,
+    wr: &mut R,
+) -> Result<()> {
+    let (head, free) = ring.producer_state();
+    if free == 0 {
+        return Err(Error::QueueFull { verb: R::VERB, capacity: ring.capacity() });
+    }
+    let mut raw = R::Raw::default();
+    let mut sges = [ffi::ibv_sge::default(); MAX_SGE];
+    wr.fill_raw(&mut raw, &mut sges, ring.device_wr_id(head));
+    // Publish the slot before posting: the completion may be polled before the post returns.
+    // SAFETY: we are the producer (the caller holds &mut QueuePair) and `head` is free.
+    unsafe { ring.write(head, wr.take_slot()) };
+    ring.set_head(head.wrapping_add(1));
+    let mut bad = std::ptr::null_mut();
+    let ret = match post {
+        // SAFETY: valid QP; `raw` and `sges` describe registered memory of the QP's PD held by the
+        // slot until its completion (or inline data borrowed by `wr`, copied during this call).
+        Some(f) => unsafe { f(qp, &mut raw, &mut bad) },
+        None => libc::ENOSYS,
+    };
+    if ret != 0 {
+        ring.set_head(head);
+        // SAFETY: the producer withdrew `head`; the device never saw it.
+        let slot = unsafe { ring.take_back(head) };
+        restore(wr.sges_mut(), slot, &sges);
+        return Err(Error::from_ret(R::VERB, ret));
+    }
+    Ok(())
+}
+
+/// Posts checked requests as one chain (one doorbell), built in the QP's `scratch` arrays; see
+/// `QueuePair::post_send_chain`. On error, `wrs` keeps the requests not posted, with their
+/// buffers.
+pub(crate) fn post_chain<R: Request>(
+    qp: *mut ffi::ibv_qp,
+    ring: &Ring<Slot>,
+    post: Option<RawPost<R::Raw>>,
+    scratch: &mut [R::Raw],
+    scratch_sges: &mut [[ffi::ibv_sge; MAX_SGE]],
+    wrs: &mut Vec<R>,
+) -> Result<()> {
+    let n = wrs.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let (head, free) = ring.producer_state();
+    if n > free as usize || n > scratch.len() || n > scratch_sges.len() {
+        return Err(Error::QueueFull { verb: R::VERB, capacity: ring.capacity() });
+    }
+    // Every access to the scratch arrays below goes through these two pointers: the provider
+    // follows `next` and `sg_list` pointers derived from them, which a later `&mut scratch[i]`
+    // would invalidate (Stacked/Tree Borrows).
+    let base = scratch.as_mut_ptr();
+    let sge_base = scratch_sges.as_mut_ptr();
+    for (i, wr) in wrs.iter_mut().enumerate() {
+        let pos = head.wrapping_add(i as u32);
+        // SAFETY: i < n <= both lengths; each element is borrowed only for this iteration.
+        let (raw, sges) = unsafe { (&mut *base.add(i), &mut *sge_base.add(i)) };
+        wr.fill_raw(raw, sges, ring.device_wr_id(pos));
+        if i + 1 < n {
+            // SAFETY: i + 1 < n <= scratch.len().
+            R::link(raw, unsafe { base.add(i + 1) });
+        }
+        // SAFETY: producer; positions head..head + n are free (n <= free).
+        unsafe { ring.write(pos, wr.take_slot()) };
+    }
+    ring.set_head(head.wrapping_add(n as u32));
+    let mut bad: *mut R::Raw = std::ptr::null_mut();
+    let ret = match post {
+        // SAFETY: a valid NULL-terminated chain of n requests in QP-owned scratch, describing
+        // memory held by the slots (or inline data borrowed by the requests in `wrs`).
+        Some(f) => unsafe { f(qp, base, &mut bad) },
+        None => libc::ENOSYS,
+    };
+    if ret == 0 {
+        wrs.clear();
+        return Ok(());
+    }
+    // Requests from `bad` on were not posted (a `bad` outside the chain counts as none posted).
+    let offset = (bad as usize).wrapping_sub(base as usize);
+    let size = std::mem::size_of::<R::Raw>();
+    let posted = if !bad.is_null() && offset % size == 0 && offset / size < n { offset / size } else { 0 };
+    ring.set_head(head.wrapping_add(posted as u32));
+    for (i, wr) in wrs.iter_mut().enumerate().skip(posted) {
+        // SAFETY: withdrawn positions, never seen by the device or the consumer.
+        let slot = unsafe { ring.take_back(head.wrapping_add(i as u32)) };
+        // SAFETY: i < n; the provider is done with the chain.
+        restore(wr.sges_mut(), slot, unsafe { &*sge_base.add(i) });
+    }
+    wrs.drain(..posted);
+    Err(Error::from_ret(R::VERB, ret))
+}
+
+fn take_bufs(sges: &mut [Option<Local>; MAX_SGE]) -> [Option<LocalBuf>; MAX_SGE] {
+    // Compact, in SGE order: slot entry i is the buffer of `ibv_sge` i.
+    let mut out: [Option<LocalBuf>; MAX_SGE] = Default::default();
+    for (o, s) in out.iter_mut().zip(sges.iter_mut().filter_map(Option::take)) {
+        *o = Some(s.into_buf());
+    }
+    out
+}
+
+/// Puts a withdrawn slot's buffers back into the request they came from.
+fn restore(dst: &mut [Option<Local>; MAX_SGE], slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]) {
+    for ((d, b), sge) in dst.iter_mut().zip(slot.bufs).zip(sges) {
+        if let Some(buf) = b {
+            // The SGE was built from this buffer's region: addr lies in it.
+            let offset = sge.addr.wrapping_sub(buf.mr().addr() as u64) as usize;
+            *d = Some(Local { buf, offset, len: sge.length });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::post::ring::TAG;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static SEEN: AtomicUsize = AtomicUsize::new(0);
+
+    /// A provider that walks the chain the way a real one does: through `next` and `sg_list`.
+    unsafe extern "C" fn walking_provider(
+        _qp: *mut ffi::ibv_qp,
+        mut wr: *mut ffi::ibv_recv_wr,
+        bad: *mut *mut ffi::ibv_recv_wr,
+    ) -> i32 {
+        let mut count = 0;
+        // SAFETY: the engine hands a valid NULL-terminated chain.
+        unsafe {
+            while !wr.is_null() {
+                let w = &*wr;
+                assert_ne!(w.wr_id & TAG, 0);
+                for k in 0..w.num_sge as usize {
+                    let _ = *w.sg_list.add(k);
+                }
+                count += 1;
+                if count == 3 {
+                    *bad = wr; // refuse the fourth and later ones
+                    SEEN.store(count, Ordering::SeqCst);
+                    return libc::ENOMEM;
+                }
+                wr = w.next;
+            }
+        }
+        SEEN.store(count, Ordering::SeqCst);
+        0
+    }
+
+    // Regression (soundness hole 10): the chain was linked through `scratch[i]` after taking
+    // `scratch.as_mut_ptr()`, so the provider followed invalidated pointers (Miri: Stacked
+    // Borrows violation).
+    #[test]
+    fn a_chain_is_walked_through_valid_pointers_and_a_partial_post_hands_the_rest_back() {
+        let reg = Registry::<Slot>::new(64);
+        let [ring] = reg.register([(16, true)]).unwrap();
+        let mut scratch = vec![ffi::ibv_recv_wr::default(); 16];
+        let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 16];
+        let mut wrs: Vec<RecvRequest> = (0..2).map(|i| RecvRequest::empty().wr_id(i)).collect();
+        let qp = std::ptr::null_mut();
+        post_chain(qp, &ring, Some(walking_provider), &mut scratch, &mut sges, &mut wrs).unwrap();
+        assert!(wrs.is_empty());
+        assert_eq!(SEEN.load(Ordering::SeqCst), 2);
+        assert_eq!(ring.outstanding(), 2);
+
+        let mut wrs: Vec<RecvRequest> = (10..15).map(|i| RecvRequest::empty().wr_id(i)).collect();
+        let e = post_chain(qp, &ring, Some(walking_provider), &mut scratch, &mut sges, &mut wrs).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOMEM));
+        assert_eq!(ring.outstanding(), 4, "the two before the refused one stay posted");
+        assert_eq!(wrs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![12, 13, 14]);
+
+        let mut wrs: Vec<RecvRequest> = (0..13).map(|_| RecvRequest::empty()).collect();
+        assert!(matches!(
+            post_chain(qp, &ring, Some(walking_provider), &mut scratch, &mut sges, &mut wrs),
+            Err(Error::QueueFull { .. })
+        ));
+        assert_eq!(wrs.len(), 13, "nothing taken from a chain that does not fit");
+    }
+}

@@ -1,0 +1,481 @@
+//! The rings one completion queue serves, found from a completion's `wr_id` in two loads.
+//!
+//! A ring's key (bits 32..62 of its device `wr_id`s) is its index in the registry's table plus a
+//! generation. The soundness of the safe level rests on one rule: **an index is reused, and the
+//! completion-queue room its ring reserved is given back, only once the completion queue has been
+//! seen empty after the ring was retired** — after that, no completion naming the old ring can
+//! still be in the CQ. Until then the old ring stays in its entry (its buffers already released),
+//! so a stale completion finds it, finds no outstanding position, and is skipped.
+//!
+//! A ring's life: registered ([`LIVE`]) → retired by its QP's destroy or reset, from any thread
+//! ([`RETIRED`]) → seen by the consumer at the start of a poll, which releases its slots
+//! ([`DRAINING`]) → removed by the consumer after a poll of that same or a later call found the CQ
+//! empty. The generation is defence in depth only: it is not what keeps stale completions apart.
+
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::ring::{Ring, DRAINING, LIVE, RECV, RETIRED, TAG};
+
+/// Bits of a key: the low [`INDEX_BITS`] are the index, the rest a generation.
+const KEY_BITS: u32 = 30;
+const KEY_MASK: u32 = (1 << KEY_BITS) - 1;
+const INDEX_BITS: u32 = 16;
+/// Most rings (queue pairs' work queues) one completion queue can serve at once.
+pub(crate) const REGISTRY_CAPACITY: usize = 4096;
+
+/// Why a queue pair's rings could not be registered.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum RegisterError {
+    /// The CQ cannot hold every completion its queue pairs could produce.
+    CqTooSmall { needed: u64, capacity: u32 },
+    /// All registry entries are taken (by live rings, or by retired ones waiting for the CQ to
+    /// be seen empty).
+    Full,
+}
+
+pub(crate) struct Registry<T> {
+    entries: Box<[AtomicPtr<Ring<T>>]>,
+    /// One past the highest index ever used: scans stop there.
+    high: AtomicUsize,
+    generation: AtomicU32,
+    /// Rings retired and not yet seen by the consumer.
+    retired: AtomicU32,
+    /// Rings the consumer has seen retired and not yet removed. Written only by the consumer.
+    draining: AtomicU32,
+    /// Sum of the capacities of the rings in the table (live or not yet removed): completions
+    /// that can be in the CQ at once.
+    reserved: AtomicU32,
+    /// Completions the CQ holds.
+    cq_capacity: u32,
+}
+
+impl<T> Registry<T> {
+    pub(crate) fn new(cq_capacity: u32) -> Registry<T> {
+        Self::with_entries(cq_capacity, REGISTRY_CAPACITY)
+    }
+
+    /// A registry of `entries` table entries (at most `2^INDEX_BITS`).
+    fn with_entries(cq_capacity: u32, entries: usize) -> Registry<T> {
+        assert!(entries <= 1 << INDEX_BITS);
+        Registry {
+            entries: (0..entries).map(|_| AtomicPtr::new(ptr::null_mut())).collect(),
+            high: AtomicUsize::new(0),
+            generation: AtomicU32::new(1),
+            retired: AtomicU32::new(0),
+            draining: AtomicU32::new(0),
+            reserved: AtomicU32::new(0),
+            cq_capacity,
+        }
+    }
+
+    /// Completions the CQ holds.
+    pub(crate) fn cq_capacity(&self) -> u32 {
+        self.cq_capacity
+    }
+
+    /// Completions not reserved by the rings in the table: what `unsafe`-level posts whose
+    /// completions land in this CQ may use.
+    pub(crate) fn unreserved(&self) -> u32 {
+        self.cq_capacity.saturating_sub(self.reserved.load(Ordering::Acquire))
+    }
+
+    /// Reserves room for `n` more completions, all or nothing (any thread).
+    fn reserve(&self, n: u64) -> Result<(), RegisterError> {
+        let mut cur = self.reserved.load(Ordering::Acquire);
+        loop {
+            let needed = u64::from(cur) + n;
+            if needed > u64::from(self.cq_capacity) {
+                return Err(RegisterError::CqTooSmall { needed, capacity: self.cq_capacity });
+            }
+            // needed <= cq_capacity, a u32.
+            match self.reserved.compare_exchange_weak(cur, needed as u32, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Ok(()),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    fn unreserve(&self, n: u32) {
+        self.reserved.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// Registers rings of the given capacities (any thread): reserves room for all their
+    /// completions in the CQ first, then allocates each ring (so its size is bounded by a CQ the
+    /// device accepted) and gives it a free index. All or nothing.
+    pub(crate) fn register<const N: usize>(
+        &self,
+        rings: [(u32, bool); N],
+    ) -> Result<[Arc<Ring<T>>; N], RegisterError> {
+        let total: u64 = rings.iter().map(|&(cap, _)| u64::from(cap.max(1))).sum();
+        self.reserve(total)?;
+        let mut done: Vec<Arc<Ring<T>>> = Vec::with_capacity(N);
+        for &(cap, recv) in &rings {
+            match self.insert(cap.max(1), recv) {
+                Some(ring) => done.push(ring),
+                None => {
+                    for ring in &done {
+                        self.remove_unused(ring);
+                    }
+                    self.unreserve(total as u32);
+                    return Err(RegisterError::Full);
+                }
+            }
+        }
+        Ok(done.try_into().unwrap_or_else(|_| unreachable!("one ring per request")))
+    }
+
+    /// Puts a new ring of `cap` slots into a free entry.
+    fn insert(&self, cap: u32, recv: bool) -> Option<Arc<Ring<T>>> {
+        for (i, entry) in self.entries.iter().enumerate() {
+            if !entry.load(Ordering::Acquire).is_null() {
+                continue;
+            }
+            let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+            let key = ((generation << INDEX_BITS) | i as u32) & KEY_MASK;
+            let base = TAG | if recv { RECV } else { 0 } | (u64::from(key) << 32);
+            let ring = Arc::new(Ring::new(cap, base));
+            let raw = Arc::into_raw(ring.clone()).cast_mut();
+            match entry.compare_exchange(ptr::null_mut(), raw, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    self.high.fetch_max(i + 1, Ordering::AcqRel);
+                    return Some(ring);
+                }
+                // SAFETY: `raw` came from Arc::into_raw just above and was not published.
+                Err(_) => drop(unsafe { Arc::from_raw(raw) }),
+            }
+        }
+        None
+    }
+
+    /// Takes back a ring that `register` put in the table but that never reached the device
+    /// (its sibling found no room): no completion can name it, so its index is free at once.
+    fn remove_unused(&self, ring: &Arc<Ring<T>>) {
+        let index = Self::index(ring.wr_id_base());
+        let p = Arc::as_ptr(ring).cast_mut();
+        if self.entries[index]
+            .compare_exchange(p, ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            // SAFETY: the table's strong count, taken in insert(); the entry no longer holds it.
+            drop(unsafe { Arc::from_raw(p) });
+        }
+    }
+
+    fn index(wr_id: u64) -> usize {
+        (((wr_id >> 32) as u32) & ((1 << INDEX_BITS) - 1)) as usize
+    }
+
+    /// Takes a ring that never reached the device (its queue pair was not created) out of the
+    /// table at once, with its CQ room: no completion can name it.
+    pub(crate) fn unregister(&self, ring: &Arc<Ring<T>>) {
+        if ring.state.compare_exchange(LIVE, DRAINING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            self.remove_unused(ring);
+            self.unreserve(ring.capacity());
+        }
+    }
+
+    /// Retires a registered ring whose queue was destroyed or reset (any thread, after the verb
+    /// returned, with no post after it): the device no longer touches its buffers, and no new
+    /// completion will name it. The consumer releases the buffers at its next poll. Of the
+    /// ring's CQ room, what its outstanding requests could still have in the CQ is kept, and
+    /// comes back with its index once the CQ has been seen empty; the rest comes back now.
+    pub(crate) fn retire(&self, ring: &Ring<T>) {
+        if ring.state.compare_exchange(LIVE, RETIRED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            // Completions of this ring still in the CQ are for outstanding positions (a polled
+            // one releases its position and every earlier one); the consumer only lowers the
+            // count meanwhile, so this is an upper bound.
+            let keep = ring.outstanding().min(ring.capacity());
+            ring.kept.store(keep, Ordering::Release);
+            self.unreserve(ring.capacity() - keep);
+            self.retired.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Consumer: the ring a device `wr_id` names, if it is still in the table (live or not).
+    ///
+    /// # Safety
+    /// Called only by the consumer (the holder of `&mut CompletionQueue`), which is the only one
+    /// that removes rings that reached the device: the reference stays valid until its next
+    /// [`drained`](Self::drained).
+    pub(crate) unsafe fn lookup(&self, wr_id: u64) -> Option<&Ring<T>> {
+        let p = self.entries.get(Self::index(wr_id))?.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: table entries hold a strong count, removed only by the consumer (us) or by
+        // remove_unused for rings no wr_id can name.
+        let ring = unsafe { &*p };
+        let mask = TAG | RECV | (u64::from(KEY_MASK) << 32);
+        (ring.wr_id_base() == wr_id & mask).then_some(ring)
+    }
+
+    /// Consumer, at the start of a poll: releases the buffers of rings retired since the last
+    /// poll and marks them draining. Returns whether any ring is draining, i.e. whether a poll
+    /// that finds the CQ empty should call [`drained`](Self::drained). Two loads when nothing
+    /// was retired.
+    ///
+    /// A panic in a buffer's drop propagates; the ring then stays retired and the rest of its
+    /// buffers are released at the next poll (every buffer is dropped at most once).
+    ///
+    /// # Safety
+    /// Called only by the consumer.
+    pub(crate) unsafe fn begin_poll(&self) -> bool {
+        if self.retired.load(Ordering::Acquire) != 0 {
+            let high = self.high.load(Ordering::Acquire);
+            for entry in &self.entries[..high] {
+                let p = entry.load(Ordering::Acquire);
+                if p.is_null() {
+                    continue;
+                }
+                // SAFETY: in the table, and only the consumer (us) removes used rings.
+                let ring = unsafe { &*p };
+                if ring.state.load(Ordering::Acquire) == RETIRED {
+                    // SAFETY: consumer; retired means the device is done with these buffers.
+                    unsafe { ring.release_all() };
+                    ring.state.store(DRAINING, Ordering::Release);
+                    self.retired.fetch_sub(1, Ordering::AcqRel);
+                    self.draining.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+        }
+        self.draining.load(Ordering::Relaxed) != 0
+    }
+
+    /// Consumer: the CQ was found empty by a poll that started after [`begin_poll`]: no
+    /// completion of a draining ring can remain, so their indices and CQ room come back.
+    ///
+    /// # Safety
+    /// Called only by the consumer, after a provider poll (issued after `begin_poll` marked the
+    /// rings) returned fewer completions than asked for.
+    pub(crate) unsafe fn drained(&self) {
+        let high = self.high.load(Ordering::Acquire);
+        for entry in &self.entries[..high] {
+            let p = entry.load(Ordering::Acquire);
+            if p.is_null() {
+                continue;
+            }
+            // SAFETY: in the table; only the consumer removes used rings.
+            let ring = unsafe { &*p };
+            if ring.state.load(Ordering::Acquire) == DRAINING {
+                entry.store(ptr::null_mut(), Ordering::Release);
+                self.draining.fetch_sub(1, Ordering::AcqRel);
+                self.unreserve(ring.kept.load(Ordering::Acquire));
+                // SAFETY: the table's strong count, taken in insert(). The slots were released
+                // in begin_poll, so nothing user-defined is dropped here.
+                drop(unsafe { Arc::from_raw(p) });
+            }
+        }
+    }
+}
+
+impl<T> Drop for Registry<T> {
+    fn drop(&mut self) {
+        for entry in self.entries.iter() {
+            let p = entry.swap(ptr::null_mut(), Ordering::AcqRel);
+            if !p.is_null() {
+                // SAFETY: the table's strong count. The CQ is being destroyed, so every QP using
+                // it was destroyed first (each holds an Arc of the CQ): buffers are free to drop.
+                drop(unsafe { Arc::from_raw(p) });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small table, so that filling it is quick (also under Miri).
+    const ENTRIES: usize = 64;
+
+    fn small(cq_capacity: u32) -> Registry<u64> {
+        Registry::with_entries(cq_capacity, ENTRIES)
+    }
+
+    fn one(reg: &Registry<u64>, cap: u32, recv: bool) -> Arc<Ring<u64>> {
+        let [r] = reg.register([(cap, recv)]).unwrap();
+        r
+    }
+
+    /// One full poll by the consumer that finds the CQ empty.
+    fn poll_empty(reg: &Registry<u64>) {
+        // SAFETY: single consumer in these tests.
+        unsafe {
+            if reg.begin_poll() {
+                reg.drained();
+            }
+        }
+    }
+
+    #[test]
+    fn the_production_table_has_its_documented_size() {
+        let reg = Registry::<u64>::new(8);
+        assert_eq!(reg.entries.len(), REGISTRY_CAPACITY);
+    }
+
+    #[test]
+    fn rejects_foreign_and_stale_keys() {
+        let reg = small(100);
+        let [a, b] = reg.register([(8, false), (8, true)]).unwrap();
+        // SAFETY: single consumer.
+        unsafe {
+            assert!(std::ptr::eq(reg.lookup(a.device_wr_id(0)).unwrap(), &*a));
+            assert!(std::ptr::eq(reg.lookup(b.device_wr_id(5)).unwrap(), &*b));
+            // Right key, wrong queue direction.
+            assert!(reg.lookup(a.device_wr_id(0) | RECV).is_none());
+            assert!(reg.lookup(TAG | (12345u64 << 32)).is_none());
+            let stale = a.device_wr_id(0);
+            reg.retire(&a);
+            poll_empty(&reg);
+            assert!(reg.lookup(stale).is_none());
+            // The freed entry is reused under a new generation: the stale key still misses.
+            let c = one(&reg, 8, false);
+            assert!(reg.lookup(stale).is_none());
+            assert!(reg.lookup(c.device_wr_id(0)).is_some());
+        }
+    }
+
+    #[test]
+    fn reserves_cq_room_all_or_nothing() {
+        let reg = small(10);
+        let _a = one(&reg, 6, false);
+        assert_eq!(
+            reg.register([(2, false), (4, true)]).err(),
+            Some(RegisterError::CqTooSmall { needed: 12, capacity: 10 }),
+            "the need reported is the whole QP's"
+        );
+        assert_eq!(reg.unreserved(), 4, "a refused QP reserves nothing");
+        assert!(reg.register([(2, false), (2, true)]).is_ok());
+        assert_eq!(reg.unreserved(), 0);
+    }
+
+    #[test]
+    fn reservation_arithmetic_cannot_wrap() {
+        let reg = small(u32::MAX);
+        let _a = one(&reg, 16, false);
+        for _ in 0..8 {
+            assert!(matches!(
+                reg.register([(u32::MAX, false), (u32::MAX, true)]),
+                Err(RegisterError::CqTooSmall { .. })
+            ));
+        }
+        assert_eq!(reg.unreserved(), u32::MAX - 16);
+    }
+
+    // Regression (soundness hole 3): a retired ring's CQ room came back at once, while its
+    // completions could still be in the CQ; a new QP could then overflow the CQ.
+    #[test]
+    fn cq_room_and_index_come_back_only_after_the_cq_is_seen_empty() {
+        let reg = small(8);
+        let ring = one(&reg, 8, false);
+        let index = Registry::<u64>::index(ring.wr_id_base());
+        // SAFETY: producer writes free slots.
+        unsafe {
+            for i in 0..3 {
+                ring.write(i, i.into());
+            }
+        }
+        ring.set_head(3);
+        reg.retire(&ring);
+        reg.retire(&ring); // idempotent
+        let weak = Arc::downgrade(&ring);
+        drop(ring);
+        // The 5 positions never posted come back now; the 3 outstanding ones may still have
+        // completions in the CQ.
+        assert_eq!(reg.unreserved(), 5);
+        assert!(matches!(reg.register([(6, true)]), Err(RegisterError::CqTooSmall { needed: 9, .. })));
+        // A poll that does not find the CQ empty (it filled the caller's whole array): the
+        // buffers go, the room and the index stay.
+        // SAFETY: single consumer.
+        assert!(unsafe { reg.begin_poll() });
+        assert_eq!(weak.upgrade().map(|r| r.outstanding()), Some(0), "buffers released");
+        assert!(matches!(reg.register([(6, true)]), Err(RegisterError::CqTooSmall { .. })));
+        // Now a poll finds the CQ empty.
+        // SAFETY: single consumer.
+        unsafe { reg.drained() };
+        assert!(weak.upgrade().is_none(), "the registry let go of the ring");
+        let again = one(&reg, 8, true);
+        assert_eq!(Registry::<u64>::index(again.wr_id_base()), index, "the index is free again");
+    }
+
+    // Regression (soundness hole 2): with a stale completion of a retired ring in the CQ, safe
+    // code could cycle generations until a new ring got the old key. An index is now not reused
+    // before the CQ is seen empty, however many registrations come and go meanwhile.
+    #[test]
+    fn a_retired_index_is_never_reused_before_a_drain() {
+        let reg = small(1 << 20);
+        let victim = one(&reg, 4, true);
+        let stale = victim.device_wr_id(0);
+        let index = Registry::<u64>::index(stale);
+        reg.retire(&victim);
+        drop(victim);
+        let mut churned = 0;
+        loop {
+            // Polls that never find the CQ empty (the stale completion is in it).
+            // SAFETY: single consumer.
+            unsafe { reg.begin_poll() };
+            let r = match reg.register([(1, true)]) {
+                Ok([r]) => r,
+                Err(e) => {
+                    assert_eq!(e, RegisterError::Full);
+                    break;
+                }
+            };
+            assert_ne!(Registry::<u64>::index(r.wr_id_base()), index);
+            reg.retire(&r);
+            churned += 1;
+            // SAFETY: single consumer.
+            assert!(unsafe { reg.lookup(stale) }.is_some_and(|old| old.outstanding() == 0));
+        }
+        assert_eq!(churned, ENTRIES - 1, "every other index was used once, none twice");
+        // SAFETY: single consumer.
+        unsafe { reg.lookup(stale) }.expect("the victim stays until a drain");
+        poll_empty(&reg);
+        // SAFETY: single consumer.
+        assert!(unsafe { reg.lookup(stale) }.is_none());
+        assert_eq!(reg.unreserved(), 1 << 20, "all room back");
+    }
+
+    #[test]
+    fn a_ring_that_never_reached_the_device_leaves_at_once() {
+        let reg = small(8);
+        let ring = one(&reg, 8, false);
+        let index = Registry::<u64>::index(ring.wr_id_base());
+        reg.unregister(&ring);
+        assert_eq!(reg.unreserved(), 8);
+        // SAFETY: single consumer.
+        assert!(unsafe { reg.lookup(ring.device_wr_id(0)) }.is_none());
+        let again = one(&reg, 8, false);
+        assert_eq!(Registry::<u64>::index(again.wr_id_base()), index);
+    }
+
+    #[test]
+    fn retired_rings_are_released_and_removed() {
+        let reg = small(8);
+        let ring = one(&reg, 8, false);
+        let weak = Arc::downgrade(&ring);
+        reg.retire(&ring);
+        drop(ring);
+        assert!(weak.upgrade().is_some(), "the registry still holds the ring");
+        poll_empty(&reg);
+        assert!(weak.upgrade().is_none(), "the drain removed the ring");
+        assert!(reg.register([(8, true)]).is_ok());
+    }
+
+    #[test]
+    fn a_full_table_is_a_typed_error_and_leaves_nothing_reserved() {
+        let reg = small(u32::MAX);
+        let rings: Vec<_> = (0..ENTRIES).map(|_| one(&reg, 1, false)).collect();
+        assert_eq!(reg.register([(1, false)]).err(), Some(RegisterError::Full));
+        reg.retire(&rings[7]);
+        poll_empty(&reg);
+        let before = reg.unreserved();
+        // One entry is free: a QP needs two, so the first ring is taken back and nothing stays.
+        assert_eq!(reg.register([(1, false), (1, true)]).err(), Some(RegisterError::Full));
+        assert_eq!(reg.unreserved(), before);
+        assert!(reg.register([(1, true)]).is_ok());
+    }
+}

@@ -1,0 +1,340 @@
+//! The slot ring of one work queue: what keeps posted buffers alive until their completion.
+//!
+//! Each work queue of a [`QueuePair`](crate::QueuePair) has one [`Ring`]: a single-producer (the
+//! poster, who holds `&mut QueuePair`), single-consumer (the poller, who holds
+//! `&mut CompletionQueue`) ring of slots, sized to the queue's depth when the QP is created.
+//! A slot at position `p` holds what request `p` keeps alive; the `wr_id` handed to the device
+//! names the ring (its key in the CQ's [`Registry`](super::registry::Registry)) and `p`. Work
+//! queues complete in order, so a completion at `p` also completes every earlier position
+//! (unsignaled sends).
+//!
+//! The ring is generic over the slot's content so that its logic is tested under Miri with
+//! values of the tests' own choosing (e.g. values whose `Drop` panics).
+
+use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+
+/// Bit 63 of a device `wr_id`: set on every work request posted through the safe level.
+pub(crate) const TAG: u64 = 1 << 63;
+/// Bit 62: the request is on a receive queue.
+pub(crate) const RECV: u64 = 1 << 62;
+
+/// The ring's queue pair is alive: the device may use the buffers of outstanding slots.
+pub(crate) const LIVE: u8 = 0;
+/// The queue pair was destroyed (or reset): the device no longer touches the buffers, but
+/// completions naming the ring may still sit in the completion queue.
+pub(crate) const RETIRED: u8 = 1;
+/// The consumer has released the ring's slots and waits to see the completion queue empty
+/// before it reuses the ring's registry index and gives its room back.
+pub(crate) const DRAINING: u8 = 2;
+
+pub(crate) struct Ring<T> {
+    /// A power of two at least `cap` long, so a position maps to its slot with a mask.
+    slots: Box<[UnsafeCell<MaybeUninit<T>>]>,
+    mask: u32,
+    /// Most positions outstanding at once: the work queue's depth.
+    cap: u32,
+    /// Next position the producer fills. Written only by the producer.
+    head: AtomicU32,
+    /// Oldest position not yet released. Written only by the consumer.
+    tail: AtomicU32,
+    /// `TAG`, `RECV` if a receive queue, and the registry key in bits 32..62.
+    wr_id_base: u64,
+    /// [`LIVE`], [`RETIRED`] or [`DRAINING`].
+    pub(crate) state: AtomicU8,
+    /// Once retired: the CQ room the ring keeps until the CQ is seen empty, an upper bound of
+    /// its completions that can still be in the CQ (its outstanding positions when retired).
+    pub(crate) kept: AtomicU32,
+}
+
+// SAFETY: slots are accessed by exactly one producer (holding &mut QueuePair) and one consumer
+// (holding &mut CompletionQueue, or dropping the last Arc): the producer writes only free slots
+// (positions >= head, with head - tail < cap), publishes them with a Release store of head, and the
+// consumer reads only positions in [tail, head) after an Acquire load of head, releasing them with a
+// Release store of tail. The slot contents are sent between those threads, hence `T: Send`.
+unsafe impl<T: Send> Send for Ring<T> {}
+// SAFETY: as above; shared references only reach the slots through the producer/consumer
+// protocol, never concurrently with each other for one slot.
+unsafe impl<T: Send> Sync for Ring<T> {}
+
+impl<T> Ring<T> {
+    /// A ring of `cap` slots (clamped to `1..=2^30`) whose device `wr_id`s start with
+    /// `wr_id_base`.
+    pub(crate) fn new(cap: u32, wr_id_base: u64) -> Ring<T> {
+        let cap = cap.clamp(1, 1 << 30);
+        let len = cap.next_power_of_two();
+        let slots = (0..len).map(|_| UnsafeCell::new(MaybeUninit::uninit())).collect();
+        Ring {
+            slots,
+            mask: len - 1,
+            cap,
+            head: AtomicU32::new(0),
+            tail: AtomicU32::new(0),
+            wr_id_base,
+            state: AtomicU8::new(LIVE),
+            kept: AtomicU32::new(0),
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> u32 {
+        self.cap
+    }
+
+    /// The high bits every device `wr_id` of this ring carries.
+    pub(crate) fn wr_id_base(&self) -> u64 {
+        self.wr_id_base
+    }
+
+    /// Number of posted, unreleased work requests.
+    pub(crate) fn outstanding(&self) -> u32 {
+        self.head.load(Ordering::Acquire).wrapping_sub(self.tail.load(Ordering::Acquire))
+    }
+
+    /// Producer: the position the next push gets, and how many slots are free.
+    pub(crate) fn producer_state(&self) -> (u32, u32) {
+        let head = self.head.load(Ordering::Relaxed);
+        let used = head.wrapping_sub(self.tail.load(Ordering::Acquire));
+        (head, self.cap - used.min(self.cap))
+    }
+
+    /// The `wr_id` the device gets for position `pos`.
+    pub(crate) fn device_wr_id(&self, pos: u32) -> u64 {
+        self.wr_id_base | u64::from(pos)
+    }
+
+    fn slot(&self, pos: u32) -> *mut MaybeUninit<T> {
+        // Positions in [tail, tail + cap) map to distinct slots: cap <= slots.len(), a power of two
+        // that divides 2^32, so the mapping also survives the wrap-around of u32 positions.
+        self.slots[(pos & self.mask) as usize].get()
+    }
+
+    /// Producer: fills the slot at `pos`.
+    ///
+    /// # Safety
+    /// Called only by the producer, for a position in `[head, tail + cap)` not yet written.
+    pub(crate) unsafe fn write(&self, pos: u32, value: T) {
+        // SAFETY: the slot is free (contract) so nobody else accesses it.
+        unsafe { (*self.slot(pos)).write(value) };
+    }
+
+    /// Producer: takes back the slot at `pos` (a request that was not posted after all).
+    ///
+    /// # Safety
+    /// Called only by the producer, for a position it wrote and withdrew with
+    /// [`set_head`](Self::set_head) before the consumer could see it.
+    pub(crate) unsafe fn take_back(&self, pos: u32) -> T {
+        // SAFETY: written by the producer and never seen by the consumer (contract).
+        unsafe { (*self.slot(pos)).assume_init_read() }
+    }
+
+    /// Producer: makes positions below `head` visible to the consumer (or, with a lower value,
+    /// withdraws positions that were not posted).
+    pub(crate) fn set_head(&self, head: u32) {
+        self.head.store(head, Ordering::Release);
+    }
+
+    /// Consumer: moves the oldest outstanding slot out and releases its position.
+    ///
+    /// # Safety
+    /// Called only by the consumer, with `tail != head`.
+    unsafe fn pop(&self, tail: u32) -> T {
+        // SAFETY: tail is in [tail, head): published and unreleased, ours to take (contract).
+        let value = unsafe { (*self.slot(tail)).assume_init_read() };
+        // Released before the value is dropped: if its drop unwinds, the slot is not dropped
+        // a second time by a later release.
+        self.tail.store(tail.wrapping_add(1), Ordering::Release);
+        value
+    }
+
+    /// Consumer: releases every position up to and including `pos`, returning the slot of `pos`
+    /// and dropping the earlier ones (unsignaled requests completed by this one). Returns `None`
+    /// (and releases nothing) when `pos` is not outstanding: a stale or foreign `wr_id`.
+    ///
+    /// Panic-safe: if dropping an earlier slot unwinds, every slot is still dropped at most once
+    /// (the ones not reached stay outstanding, released later by the next completion or when
+    /// the ring is released as a whole).
+    ///
+    /// # Safety
+    /// Called only by the consumer of this ring.
+    pub(crate) unsafe fn complete(&self, pos: u32) -> Option<T> {
+        let mut tail = self.tail.load(Ordering::Relaxed);
+        let head = self.head.load(Ordering::Acquire);
+        if pos.wrapping_sub(tail) >= head.wrapping_sub(tail) {
+            return None;
+        }
+        while tail != pos {
+            // SAFETY: consumer (contract); tail != pos and pos is outstanding, so tail != head.
+            drop(unsafe { self.pop(tail) });
+            tail = tail.wrapping_add(1);
+        }
+        // SAFETY: as above; pos is outstanding.
+        Some(unsafe { self.pop(pos) })
+    }
+
+    /// Consumer (or last owner): drops every outstanding slot. Panic-safe like
+    /// [`complete`](Self::complete).
+    ///
+    /// # Safety
+    /// Called only by the consumer, and only once the device no longer accesses the buffers
+    /// (the QP is destroyed or reset).
+    pub(crate) unsafe fn release_all(&self) {
+        let head = self.head.load(Ordering::Acquire);
+        let mut tail = self.tail.load(Ordering::Relaxed);
+        while tail != head {
+            // SAFETY: consumer; [tail, head) are published and unreleased.
+            drop(unsafe { self.pop(tail) });
+            tail = tail.wrapping_add(1);
+        }
+    }
+}
+
+impl<T> Drop for Ring<T> {
+    fn drop(&mut self) {
+        // SAFETY: the last owner; a ring is dropped only by its registry after its QP was
+        // destroyed or reset (a QP whose destroy fails leaks its ring on purpose), or when
+        // its registration failed before any post.
+        unsafe { self.release_all() };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::rc::Rc;
+
+    #[test]
+    fn completes_in_order_and_releases_earlier_slots() {
+        let ring = Ring::<u64>::new(4, TAG);
+        assert_eq!(ring.producer_state(), (0, 4));
+        for i in 0..3 {
+            // SAFETY: producer, free positions.
+            unsafe { ring.write(i, 100 + u64::from(i)) };
+        }
+        ring.set_head(3);
+        assert_eq!(ring.producer_state().1, 1);
+        // SAFETY: single consumer in this test.
+        unsafe {
+            assert_eq!(ring.complete(1), Some(101)); // releases 0 too
+            assert_eq!(ring.outstanding(), 1);
+            assert_eq!(ring.complete(1), None, "a stale position is ignored");
+            assert_eq!(ring.complete(7), None, "a position never posted is ignored");
+            assert_eq!(ring.complete(2), Some(102));
+        }
+        assert_eq!(ring.producer_state(), (3, 4));
+        assert_eq!(ring.device_wr_id(5), TAG | 5);
+    }
+
+    #[test]
+    fn positions_wrap() {
+        let ring = Ring::<u64>::new(2, 0);
+        let mut pos = u32::MAX - 1;
+        ring.head.store(pos, Ordering::Relaxed);
+        ring.tail.store(pos, Ordering::Relaxed);
+        for round in 0..4u64 {
+            // SAFETY: producer/consumer in one thread, free slot.
+            unsafe {
+                ring.write(pos, round);
+                ring.set_head(pos.wrapping_add(1));
+                assert_eq!(ring.complete(pos), Some(round));
+            }
+            pos = pos.wrapping_add(1);
+        }
+    }
+
+    #[test]
+    fn a_full_ring_of_odd_depth_wraps_without_slot_collisions() {
+        // Depth 3 does not divide 2^32: positions u32::MAX - 1, u32::MAX, 0 must use 3 slots.
+        let ring = Ring::<u64>::new(3, 0);
+        let start = u32::MAX - 1;
+        ring.head.store(start, Ordering::Relaxed);
+        ring.tail.store(start, Ordering::Relaxed);
+        for k in 0..3u32 {
+            let pos = start.wrapping_add(k);
+            // SAFETY: producer, free positions (3 outstanding at most).
+            unsafe { ring.write(pos, u64::from(k)) };
+            ring.set_head(pos.wrapping_add(1));
+        }
+        assert_eq!(ring.producer_state().1, 0, "full");
+        for k in 0..3u32 {
+            // SAFETY: single consumer.
+            assert_eq!(unsafe { ring.complete(start.wrapping_add(k)) }, Some(u64::from(k)));
+        }
+    }
+
+    /// Counts its drops; panics in drop when `panics` is set.
+    struct Tracked {
+        drops: Rc<Cell<u32>>,
+        panics: bool,
+    }
+
+    impl Drop for Tracked {
+        fn drop(&mut self) {
+            self.drops.set(self.drops.get() + 1);
+            if self.panics {
+                panic!("a user value's drop panicked");
+            }
+        }
+    }
+
+    fn tracked_ring(n: u32, panicking: &[u32]) -> (Ring<Tracked>, Vec<Rc<Cell<u32>>>) {
+        let ring = Ring::new(n, 0);
+        let counters: Vec<_> = (0..n).map(|_| Rc::new(Cell::new(0))).collect();
+        for (i, c) in counters.iter().enumerate() {
+            let value = Tracked { drops: c.clone(), panics: panicking.contains(&(i as u32)) };
+            // SAFETY: producer, free positions.
+            unsafe { ring.write(i as u32, value) };
+        }
+        ring.set_head(n);
+        (ring, counters)
+    }
+
+    // Regression (soundness hole 5): a panicking drop of a released predecessor used to leave
+    // `tail` behind, so the slots already dropped were dropped again by the next release.
+    #[test]
+    fn a_panicking_drop_during_complete_drops_nothing_twice() {
+        let (ring, drops) = tracked_ring(6, &[1]);
+        // SAFETY: single consumer.
+        let r = catch_unwind(AssertUnwindSafe(|| unsafe { ring.complete(3) }));
+        assert!(r.is_err(), "the panic propagates");
+        assert_eq!(drops[0].get(), 1);
+        assert_eq!(drops[1].get(), 1);
+        // Positions 2..6 are still outstanding (3's completion was consumed by the panic).
+        assert_eq!(ring.outstanding(), 4);
+        // SAFETY: single consumer.
+        let five = unsafe { ring.complete(5) }.map(|mut t| {
+            t.panics = false;
+            t
+        });
+        assert!(five.is_some());
+        drop(five);
+        drop(ring);
+        for (i, d) in drops.iter().enumerate() {
+            assert_eq!(d.get(), 1, "slot {i} dropped exactly once");
+        }
+    }
+
+    #[test]
+    fn a_panicking_drop_during_release_all_drops_nothing_twice() {
+        let (ring, drops) = tracked_ring(4, &[1, 2]);
+        // SAFETY: single consumer; nothing else uses the values.
+        assert!(catch_unwind(AssertUnwindSafe(|| unsafe { ring.release_all() })).is_err());
+        assert!(catch_unwind(AssertUnwindSafe(|| unsafe { ring.release_all() })).is_err());
+        // SAFETY: as above.
+        unsafe { ring.release_all() };
+        drop(ring);
+        for (i, d) in drops.iter().enumerate() {
+            assert_eq!(d.get(), 1, "slot {i} dropped exactly once");
+        }
+    }
+
+    #[test]
+    fn a_panicking_drop_while_the_ring_is_dropped_leaks_instead_of_double_dropping() {
+        let (ring, drops) = tracked_ring(3, &[0]);
+        assert!(catch_unwind(AssertUnwindSafe(move || drop(ring))).is_err());
+        assert_eq!(drops[0].get(), 1);
+        assert!(drops.iter().all(|d| d.get() <= 1));
+    }
+}

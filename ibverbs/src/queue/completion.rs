@@ -1,0 +1,312 @@
+//! Work completions: the device's report ([`WorkCompletion`]) and the safe level's
+//! [`Completion`], which hands a request's buffers back.
+
+use std::fmt;
+
+use crate::ffi;
+use crate::memory::MemoryRegion;
+use crate::post::registry::Registry;
+use crate::post::ring::TAG;
+use crate::post::{LocalBuf, Slot, MAX_SGE};
+
+/// The status of a work completion (`enum ibv_wc_status`): a newtype sound for any value the
+/// provider writes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct WcStatus(pub u32);
+
+macro_rules! wc_status_consts {
+    ($($name:ident = $c:ident: $doc:literal),* $(,)?) => {
+        impl WcStatus { $( #[doc = $doc] pub const $name: WcStatus = WcStatus(ffi::ibv_wc_status::$c.0); )* }
+    };
+}
+
+wc_status_consts! {
+    SUCCESS = IBV_WC_SUCCESS: "The operation completed successfully.",
+    LOC_LEN_ERR = IBV_WC_LOC_LEN_ERR: "Local length error (e.g. a message larger than the receive buffer).",
+    LOC_QP_OP_ERR = IBV_WC_LOC_QP_OP_ERR: "Local QP operation error.",
+    LOC_PROT_ERR = IBV_WC_LOC_PROT_ERR: "Local protection error (bad lkey or access rights).",
+    WR_FLUSH_ERR = IBV_WC_WR_FLUSH_ERR: "Flushed: the QP entered the error state.",
+    MW_BIND_ERR = IBV_WC_MW_BIND_ERR: "Memory window bind error.",
+    BAD_RESP_ERR = IBV_WC_BAD_RESP_ERR: "Bad response from the responder.",
+    LOC_ACCESS_ERR = IBV_WC_LOC_ACCESS_ERR: "Local access error.",
+    REM_INV_REQ_ERR = IBV_WC_REM_INV_REQ_ERR: "Remote invalid request (e.g. a message too long for the peer).",
+    REM_ACCESS_ERR = IBV_WC_REM_ACCESS_ERR: "Remote access error (bad rkey, range or rights).",
+    REM_OP_ERR = IBV_WC_REM_OP_ERR: "Remote operation error.",
+    RETRY_EXC_ERR = IBV_WC_RETRY_EXC_ERR: "Transport retry counter exceeded (the peer does not answer).",
+    RNR_RETRY_EXC_ERR = IBV_WC_RNR_RETRY_EXC_ERR: "Receiver-not-ready retry counter exceeded.",
+    REM_ABORT_ERR = IBV_WC_REM_ABORT_ERR: "Remote aborted.",
+    FATAL_ERR = IBV_WC_FATAL_ERR: "Fatal error.",
+    RESP_TIMEOUT_ERR = IBV_WC_RESP_TIMEOUT_ERR: "Response timeout.",
+    GENERAL_ERR = IBV_WC_GENERAL_ERR: "General error.",
+}
+
+impl WcStatus {
+    /// The C library's text (`ibv_wc_status_str()`), e.g. `"remote access error"`.
+    #[doc(alias = "ibv_wc_status_str")]
+    pub fn as_str(self) -> &'static str {
+        // SAFETY: returns a static string for any value ("unknown" otherwise).
+        let p = unsafe { ffi::ibv_wc_status_str(ffi::ibv_wc_status(self.0)) };
+        if p.is_null() {
+            return "unknown";
+        }
+        // SAFETY: a static NUL-terminated string.
+        unsafe { std::ffi::CStr::from_ptr(p) }.to_str().unwrap_or("unknown")
+    }
+}
+
+impl fmt::Debug for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "WcStatus({}: {})", self.0, self.as_str())
+    }
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.as_str(), self.0)
+    }
+}
+
+/// The operation a work completion reports (`enum ibv_wc_opcode`); only meaningful when the
+/// status is [`WcStatus::SUCCESS`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct WcOpcode(pub u32);
+
+macro_rules! wc_opcode_consts {
+    ($($name:ident = $c:ident: $doc:literal),* $(,)?) => {
+        impl WcOpcode { $( #[doc = $doc] pub const $name: WcOpcode = WcOpcode(ffi::ibv_wc_opcode::$c.0); )* }
+        impl fmt::Debug for WcOpcode {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                $( if *self == WcOpcode::$name { return f.write_str(stringify!($name)); } )*
+                write!(f, "WcOpcode({})", self.0)
+            }
+        }
+    };
+}
+
+wc_opcode_consts! {
+    SEND = IBV_WC_SEND: "A Send completed.",
+    RDMA_WRITE = IBV_WC_RDMA_WRITE: "An RDMA Write completed.",
+    RDMA_READ = IBV_WC_RDMA_READ: "An RDMA Read completed.",
+    COMP_SWAP = IBV_WC_COMP_SWAP: "An atomic compare-and-swap completed.",
+    FETCH_ADD = IBV_WC_FETCH_ADD: "An atomic fetch-and-add completed.",
+    BIND_MW = IBV_WC_BIND_MW: "A memory window bind completed.",
+    RECV = IBV_WC_RECV: "A receive took an incoming Send.",
+    RECV_RDMA_WITH_IMM = IBV_WC_RECV_RDMA_WITH_IMM: "A receive took an RDMA Write with immediate.",
+}
+
+/// One work completion as the device reports it (`struct ibv_wc`), for
+/// [`CompletionQueue::poll_raw`].
+#[derive(Clone, Copy, Default)]
+#[repr(transparent)]
+pub struct WorkCompletion(pub ffi::ibv_wc);
+
+impl WorkCompletion {
+    /// The `wr_id` of the work request.
+    pub fn wr_id(&self) -> u64 {
+        self.0.wr_id
+    }
+    /// The status.
+    pub fn status(&self) -> WcStatus {
+        WcStatus(self.0.status.0)
+    }
+    /// Whether the status is [`WcStatus::SUCCESS`].
+    pub fn is_ok(&self) -> bool {
+        self.status() == WcStatus::SUCCESS
+    }
+    /// The operation (valid only on success).
+    pub fn opcode(&self) -> WcOpcode {
+        WcOpcode(self.0.opcode.0)
+    }
+    /// Bytes received (receives) or transferred (RDMA Read/atomics).
+    pub fn byte_len(&self) -> u32 {
+        self.0.byte_len
+    }
+    /// The immediate data, in host order, if the message carried any.
+    pub fn imm_data(&self) -> Option<u32> {
+        (self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
+            // SAFETY: both union members are plain u32s.
+            .then(|| u32::from_be(unsafe { self.0.__bindgen_anon_1.imm_data }))
+    }
+    /// The local QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.0.qp_num
+    }
+    /// The sending QP number (UD receives).
+    pub fn src_qp(&self) -> u32 {
+        self.0.src_qp
+    }
+    /// Whether a UD receive starts with a 40-byte GRH.
+    pub fn has_grh(&self) -> bool {
+        self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_GRH.0 != 0
+    }
+    /// The vendor's error syndrome.
+    pub fn vendor_err(&self) -> u32 {
+        self.0.vendor_err
+    }
+    /// The sender's LID (UD receives on InfiniBand).
+    pub fn slid(&self) -> u16 {
+        self.0.slid
+    }
+}
+
+impl fmt::Debug for WorkCompletion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkCompletion")
+            .field("wr_id", &self.wr_id())
+            .field("status", &self.status())
+            .field("opcode", &self.opcode())
+            .field("byte_len", &self.byte_len())
+            .field("imm_data", &self.imm_data())
+            .field("qp_num", &self.qp_num())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A completion from [`CompletionQueue::poll`]: the device's report plus, for a safely posted
+/// request, the caller's `wr_id` and the buffers the request held.
+#[derive(Default)]
+pub struct Completion {
+    wc: WorkCompletion,
+    bufs: [Option<LocalBuf>; MAX_SGE],
+    tracked: bool,
+}
+
+impl Completion {
+    /// Drops what the entry holds (buffers not taken by the caller), leaving it empty.
+    pub(crate) fn clear(&mut self) {
+        self.tracked = false;
+        for b in &mut self.bufs {
+            // One at a time: a panicking drop leaves the others in place, each dropped once.
+            drop(b.take());
+        }
+    }
+
+    /// Fills a cleared entry from a polled work completion, taking the request's slot.
+    ///
+    /// # Safety
+    /// Called only by the registry's consumer (from `poll`, which holds
+    /// `&mut CompletionQueue`).
+    pub(crate) unsafe fn fill(&mut self, wc: &ffi::ibv_wc, registry: &Registry<Slot>) {
+        self.wc = WorkCompletion(*wc);
+        if wc.wr_id & TAG == 0 {
+            return;
+        }
+        // SAFETY: the consumer (contract).
+        let slot = unsafe { registry.lookup(wc.wr_id).and_then(|ring| ring.complete(wc.wr_id as u32)) };
+        if let Some(slot) = slot {
+            self.wc.0.wr_id = slot.wr_id;
+            self.bufs = slot.bufs;
+            self.tracked = true;
+        }
+    }
+
+    /// The report as the device gave it (with the caller's `wr_id`).
+    pub fn work_completion(&self) -> &WorkCompletion {
+        &self.wc
+    }
+    /// The caller's `wr_id`.
+    pub fn wr_id(&self) -> u64 {
+        self.wc.wr_id()
+    }
+    /// The status.
+    pub fn status(&self) -> WcStatus {
+        self.wc.status()
+    }
+    /// Whether the status is [`WcStatus::SUCCESS`].
+    pub fn is_ok(&self) -> bool {
+        self.wc.is_ok()
+    }
+    /// The operation (valid only on success).
+    pub fn opcode(&self) -> WcOpcode {
+        self.wc.opcode()
+    }
+    /// Bytes received or transferred.
+    pub fn byte_len(&self) -> u32 {
+        self.wc.byte_len()
+    }
+    /// Immediate data in host order, if any.
+    pub fn imm_data(&self) -> Option<u32> {
+        self.wc.imm_data()
+    }
+    /// The local QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.wc.qp_num()
+    }
+    /// The sending QP number (UD receives).
+    pub fn src_qp(&self) -> u32 {
+        self.wc.src_qp()
+    }
+    /// The vendor's error syndrome (meaningful for failed completions; 0 where the provider
+    /// does not report one).
+    pub fn vendor_err(&self) -> u32 {
+        self.wc.vendor_err()
+    }
+    /// Whether this completes a request posted through the safe level (and so returned its
+    /// buffers). `false` for requests posted with the `unsafe` level, and for stale completions
+    /// of a queue pair that was dropped.
+    pub fn is_tracked(&self) -> bool {
+        self.tracked
+    }
+    /// Takes the buffers the request held, in SGE order.
+    pub fn take_buffers(&mut self) -> impl Iterator<Item = LocalBuf> + '_ {
+        self.bufs.iter_mut().filter_map(Option::take)
+    }
+    /// Takes the first owned region the request held (the common one-buffer case).
+    pub fn take_region(&mut self) -> Option<MemoryRegion> {
+        self.bufs.iter_mut().find(|b| matches!(b, Some(LocalBuf::Owned(_))))?.take()?.into_region()
+    }
+}
+
+impl fmt::Debug for Completion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Completion")
+            .field("wc", &self.wc)
+            .field("tracked", &self.tracked)
+            .field("buffers", &self.bufs.iter().flatten().count())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wc_status_is_sound_for_any_value_and_names_it() {
+        assert_eq!(WcStatus::SUCCESS.as_str(), "success");
+        assert_eq!(WcStatus::REM_ACCESS_ERR.as_str(), "remote access error");
+        assert_eq!(WcStatus::RETRY_EXC_ERR.0, 12);
+        assert_eq!(WcStatus(0xdead).as_str(), "unknown");
+        assert_eq!(format!("{:?}", WcOpcode::RECV), "RECV");
+        assert_eq!(format!("{:?}", WcOpcode(999)), "WcOpcode(999)");
+    }
+
+    #[test]
+    fn work_completion_is_transparent_and_reads_imm() {
+        assert_eq!(std::mem::size_of::<WorkCompletion>(), std::mem::size_of::<ffi::ibv_wc>());
+        let mut wc = ffi::ibv_wc::default();
+        wc.__bindgen_anon_1.imm_data = 0x1234_5678u32.to_be();
+        assert_eq!(WorkCompletion(wc).imm_data(), None);
+        wc.wc_flags = ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0;
+        assert_eq!(WorkCompletion(wc).imm_data(), Some(0x1234_5678));
+    }
+
+    #[test]
+    fn untagged_completions_are_passed_through() {
+        let reg = Registry::<Slot>::new(8);
+        let mut c = Completion::default();
+        let wc = ffi::ibv_wc { wr_id: 77, ..Default::default() };
+        // SAFETY: single consumer.
+        unsafe { c.fill(&wc, &reg) };
+        assert_eq!(c.wr_id(), 77);
+        assert!(!c.is_tracked());
+        // A tagged wr_id naming no ring is not dereferenced.
+        let wc = ffi::ibv_wc { wr_id: TAG | (5 << 32) | 3, ..Default::default() };
+        c.clear();
+        // SAFETY: single consumer.
+        unsafe { c.fill(&wc, &reg) };
+        assert!(!c.is_tracked());
+    }
+}

@@ -1,0 +1,364 @@
+//! Completion queues and polling.
+
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::device::{Context, ContextInner};
+use crate::error::{cvt, cvt_p, Error, Result};
+use crate::ffi;
+use crate::post::registry::Registry;
+use crate::post::Slot;
+use crate::queue::channel::{ChannelInner, CompletionChannel, CqId};
+use crate::queue::completion::{Completion, WorkCompletion};
+
+/// A provider's `poll_cq` entry point.
+type PollFn = unsafe extern "C" fn(*mut ffi::ibv_cq, i32, *mut ffi::ibv_wc) -> i32;
+
+pub(crate) struct CqInner {
+    pub(crate) raw: NonNull<ffi::ibv_cq>,
+    poll_fn: PollFn,
+    pub(crate) registry: Registry<Slot>,
+    _channel: Option<Arc<ChannelInner>>,
+    pub(crate) ctx: Arc<ContextInner>,
+}
+
+// SAFETY: libibverbs CQs may be polled and armed from any thread (providers lock internally); the
+// registry is designed for one consumer (enforced by &mut CompletionQueue) and many registrars.
+unsafe impl Send for CqInner {}
+// SAFETY: as above.
+unsafe impl Sync for CqInner {}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        // SAFETY: every QP using this CQ holds an Arc of this inner, so all are destroyed; events
+        // are acknowledged as they are read. After this the registry drops the remaining buffers.
+        let ret = unsafe { ffi::ibv_destroy_cq(self.raw.as_ptr()) };
+        if ret != 0 {
+            // Should not happen (no QP is left); the buffers in the registry are not touched by a
+            // destroyed QP either way, so dropping them stays sound.
+        }
+    }
+}
+
+/// A completion queue (`struct ibv_cq`).
+///
+/// Not `Clone`: exactly one owner polls it with [`poll`](Self::poll) (`&mut self`), which returns
+/// the buffers of safely posted work requests; queue pairs keep the CQ itself alive.
+/// Shared by any number of queue pairs, and by both queues of a QP.
+pub struct CompletionQueue {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+impl fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompletionQueue").field("capacity", &self.capacity()).finish()
+    }
+}
+
+impl CompletionQueue {
+    pub(crate) fn new(ctx: &Context, depth: u32, channel: Option<&CompletionChannel>) -> Result<Self> {
+        let cqe = i32::try_from(depth).ok().filter(|&d| d > 0).ok_or(Error::InvalidArgument {
+            verb: "ibv_create_cq",
+            reason: "depth must be in 1..=i32::MAX",
+        })?;
+        if channel.is_some_and(|c| !Arc::ptr_eq(&c.inner.ctx, &ctx.inner)) {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_create_cq",
+                reason: "the completion channel belongs to another device context",
+            });
+        }
+        let ch = channel.map_or(std::ptr::null_mut(), |c| c.inner.raw.as_ptr());
+        // SAFETY: valid context and (optional) channel, which the CQ keeps alive via its Arc.
+        let raw = unsafe { ffi::ibv_create_cq(ctx.as_raw(), cqe, std::ptr::null_mut(), ch, 0) };
+        let raw = cvt_p("ibv_create_cq", raw)?;
+        // SAFETY: the CQ is valid; cqe is the real capacity, context->ops a table of the provider.
+        let (capacity, poll_fn) = unsafe {
+            let cap = u32::try_from((*raw.as_ptr()).cqe).unwrap_or(depth);
+            (cap, (*(*raw.as_ptr()).context).ops.poll_cq)
+        };
+        let Some(poll_fn) = poll_fn else {
+            // SAFETY: created above, destroyed once.
+            unsafe { ffi::ibv_destroy_cq(raw.as_ptr()) };
+            return Err(Error::InvalidArgument { verb: "ibv_poll_cq", reason: "provider has no poll_cq" });
+        };
+        Ok(CompletionQueue {
+            inner: Arc::new(CqInner {
+                raw,
+                poll_fn,
+                registry: Registry::new(capacity),
+                _channel: channel.map(|c| c.inner.clone()),
+                ctx: ctx.inner.clone(),
+            }),
+        })
+    }
+
+    /// How many completions it holds (at least the depth asked for).
+    pub fn capacity(&self) -> u32 {
+        self.inner.registry.cq_capacity()
+    }
+
+    /// Identifies this CQ in [`CompletionChannel::get_event`] results.
+    pub fn id(&self) -> CqId {
+        CqId(self.inner.raw.as_ptr() as usize)
+    }
+
+    /// The raw `struct ibv_cq *`; valid while this CQ (or a QP using it) lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_cq {
+        self.inner.raw.as_ptr()
+    }
+
+    /// Arms the CQ: the next completion (only solicited ones if `solicited_only`) raises an event
+    /// on its channel (`ibv_req_notify_cq()`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the verb fails (e.g. the CQ has no channel).
+    #[doc(alias = "ibv_req_notify_cq")]
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        // SAFETY: valid CQ.
+        cvt("ibv_req_notify_cq", unsafe { ffi::ibv_req_notify_cq(self.as_raw(), i32::from(solicited_only)) })
+    }
+
+    /// Polls up to `out.len()` completions into `out` (`ibv_poll_cq()`) and returns the filled
+    /// part. Completions of safely posted work requests carry the caller's `wr_id` and hand the
+    /// request's buffers back ([`Completion::take_buffers`]); earlier unsignaled requests of the
+    /// same queue are released at the same time. Buffers of queue pairs dropped (or reset) with
+    /// work outstanding are released here too. Allocates nothing, takes no lock.
+    ///
+    /// Whatever the entries of `out` still held (buffers not taken from earlier completions) is
+    /// dropped first. A call that returns fewer completions than `out` has room for has seen the
+    /// CQ empty: only then do the registry index and CQ room of dropped or reset queue pairs
+    /// come back (see the crate's *Safety model*), so a program that creates and drops queue
+    /// pairs on a CQ must sometimes poll it dry.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when `ibv_poll_cq()` fails.
+    ///
+    /// # Panics
+    /// Only if dropping a buffer panics (an [`OwnedBuffer`](crate::OwnedBuffer) free callback):
+    /// the panic propagates, and every buffer is still dropped at most once.
+    #[doc(alias = "ibv_poll_cq")]
+    pub fn poll<'c>(&mut self, out: &'c mut [Completion]) -> Result<&'c mut [Completion]> {
+        let inner = &*self.inner;
+        // SAFETY: &mut self makes us the registry's only consumer.
+        let n =
+            unsafe { poll_into(&inner.registry, out, |n, wcs| (inner.poll_fn)(inner.raw.as_ptr(), n, wcs)) }?;
+        Ok(&mut out[..n])
+    }
+
+    /// Polls completions as the device reports them (`ibv_poll_cq()`), at exactly C's cost: no
+    /// buffer tracking. Use it with [`QueuePair::post_send_unchecked`](crate::QueuePair::post_send_unchecked)
+    /// and friends. Completions of safely posted requests polled this way do not release their
+    /// buffers until a later completion of the same queue is polled with [`poll`](Self::poll), or
+    /// the QP is dropped; their `wr_id`s are the crate's internal encoding. It takes `&self`:
+    /// concurrent calls rely on the provider's own locking of the CQ, which every provider does
+    /// for CQs created without `IBV_CREATE_CQ_ATTR_SINGLE_THREADED` (this crate never sets it).
+    /// The fields of each entry that the provider does not write for a completion keep the
+    /// values `out` held.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when `ibv_poll_cq()` fails.
+    #[doc(alias = "ibv_poll_cq")]
+    pub fn poll_raw<'c>(&self, out: &'c mut [WorkCompletion]) -> Result<&'c mut [WorkCompletion]> {
+        let len = out.len();
+        let want = i32::try_from(len).unwrap_or(i32::MAX);
+        // SAFETY: valid CQ; WorkCompletion is a transparent ibv_wc; `out` has room for `want`.
+        let n = unsafe { (self.inner.poll_fn)(self.as_raw(), want, out.as_mut_ptr().cast()) };
+        if n < 0 {
+            return Err(Error::from_ret("ibv_poll_cq", n));
+        }
+        Ok(&mut out[..(n as usize).min(len)])
+    }
+
+    /// Completion entries not reserved by the safe level: the CQ's capacity minus the depths of
+    /// the work queues it tracks (including those of dropped queue pairs not yet reclaimed by a
+    /// poll that found the CQ empty). Requests posted with the `unsafe` level whose completions
+    /// land in this CQ must keep their outstanding completions within this room; beyond it the CQ
+    /// overflows and completions are lost (never unsound: buffers of lost completions are
+    /// released by a later completion of their queue or when their queue pair goes).
+    pub fn unreserved(&self) -> u32 {
+        self.inner.registry.unreserved()
+    }
+}
+
+/// Completions fetched from the device per provider call of [`CompletionQueue::poll`].
+const POLL_BATCH: usize = 16;
+
+/// The body of [`CompletionQueue::poll`], over any provider `poll` (so that it is tested under
+/// Miri with providers that write only some fields): returns how many entries of `out` it filled.
+///
+/// # Safety
+/// Called only by the registry's consumer; `poll(n, wcs)` behaves as a provider's `poll_cq`:
+/// it writes at most `n` entries at `wcs` (not necessarily every field) and returns how many, or
+/// a negative errno.
+unsafe fn poll_into(
+    registry: &Registry<Slot>,
+    out: &mut [Completion],
+    mut poll: impl FnMut(i32, *mut ffi::ibv_wc) -> i32,
+) -> Result<usize> {
+    // SAFETY: consumer (contract).
+    let draining = unsafe { registry.begin_poll() };
+    let mut filled = 0;
+    while filled < out.len() {
+        let want = (out.len() - filled).min(POLL_BATCH);
+        let dst = &mut out[filled..filled + want];
+        // Drop what the caller left in these entries *before* taking completions from the
+        // device: if a buffer's drop panics, no completion is lost with it.
+        for c in dst.iter_mut() {
+            c.clear();
+        }
+        let mut wcs = MaybeUninit::<[ffi::ibv_wc; POLL_BATCH]>::uninit();
+        let wcs = wcs.as_mut_ptr().cast::<ffi::ibv_wc>();
+        // Providers do not write every field of every completion (mlx5 leaves byte_len, src_qp,
+        // slid, sl, pkey_index and vendor_err alone for a successful Send or Write): zero what
+        // we hand over so that no field is ever read uninitialised.
+        // SAFETY: `wcs` has room for POLL_BATCH >= want entries; all-zero is a valid ibv_wc.
+        unsafe { std::ptr::write_bytes(wcs, 0, want) };
+        let n = poll(want as i32, wcs);
+        if n < 0 {
+            return Err(Error::from_ret("ibv_poll_cq", n));
+        }
+        let n = (n as usize).min(want);
+        for (i, c) in dst[..n].iter_mut().enumerate() {
+            // SAFETY: entry i < want was zeroed, then written by the provider.
+            let wc = unsafe { &*wcs.add(i) };
+            // SAFETY: consumer (contract).
+            unsafe { c.fill(wc, registry) };
+        }
+        filled += n;
+        if n < want {
+            if draining {
+                // The provider found the CQ empty, after begin_poll marked the retired rings.
+                // SAFETY: consumer; the condition of `drained` holds.
+                unsafe { registry.drained() };
+            }
+            break;
+        }
+    }
+    Ok(filled)
+}
+
+impl Context {
+    /// Creates a completion queue with room for at least `depth` completions
+    /// (`ibv_create_cq()`), optionally reporting to a completion `channel`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a depth of 0, [`Error::Verb`] (`EINVAL`) for a depth above
+    /// the device's `max_cqe`.
+    #[doc(alias = "ibv_create_cq")]
+    pub fn create_cq(
+        &self,
+        depth: u32,
+        channel: Option<&crate::CompletionChannel>,
+    ) -> Result<crate::CompletionQueue> {
+        crate::CompletionQueue::new(self, depth, channel)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::post::ring::{RECV, TAG};
+    use crate::queue::completion::{WcOpcode, WcStatus};
+
+    /// Writes a completion the way mlx5 does for a successful Send/RDMA Write: wr_id, status,
+    /// opcode, qp_num and wc_flags only.
+    fn mlx5_like(wr_ids: &[u64]) -> impl FnMut(i32, *mut ffi::ibv_wc) -> i32 + '_ {
+        let mut next = 0;
+        move |n, wcs| {
+            let mut k = 0;
+            while k < n as usize && next < wr_ids.len() {
+                // SAFETY: the engine handed room for n entries; only these fields are written.
+                unsafe {
+                    let wc = wcs.add(k);
+                    std::ptr::addr_of_mut!((*wc).wr_id).write(wr_ids[next]);
+                    std::ptr::addr_of_mut!((*wc).status).write(ffi::ibv_wc_status::IBV_WC_SUCCESS);
+                    std::ptr::addr_of_mut!((*wc).opcode).write(ffi::ibv_wc_opcode::IBV_WC_SEND);
+                    std::ptr::addr_of_mut!((*wc).qp_num).write(7);
+                    std::ptr::addr_of_mut!((*wc).wc_flags).write(0);
+                }
+                k += 1;
+                next += 1;
+            }
+            k as i32
+        }
+    }
+
+    // Regression (soundness hole 4): whole entries were copied out of a batch the provider had
+    // only partly written; the accessors then returned stack garbage (Miri: uninitialised read).
+    #[test]
+    fn fields_a_provider_does_not_write_read_as_zero() {
+        let reg = Registry::<Slot>::new(64);
+        let mut out: [Completion; 20] = Default::default();
+        let ids: Vec<u64> = (0..18).collect();
+        // SAFETY: single consumer; the closure behaves as a provider.
+        let n = unsafe { poll_into(&reg, &mut out, mlx5_like(&ids)) }.unwrap();
+        assert_eq!(n, 18, "two batches, the second cut short");
+        for (i, c) in out[..n].iter().enumerate() {
+            assert_eq!(c.wr_id(), i as u64);
+            assert_eq!(c.status(), WcStatus::SUCCESS);
+            assert_eq!(c.opcode(), WcOpcode::SEND);
+            assert_eq!((c.byte_len(), c.src_qp(), c.vendor_err(), c.imm_data()), (0, 0, 0, None));
+            assert!(!c.is_tracked());
+        }
+    }
+
+    #[test]
+    fn tagged_completions_find_their_slots_and_stale_ones_are_skipped() {
+        let reg = Registry::<Slot>::new(64);
+        let [ring] = reg.register([(4, true)]).unwrap();
+        for pos in 0..2 {
+            let slot = Slot { wr_id: 100 + u64::from(pos), bufs: Default::default(), _ah: None };
+            // SAFETY: producer, free positions.
+            unsafe { ring.write(pos, slot) };
+        }
+        ring.set_head(2);
+        let ids = [ring.device_wr_id(1), ring.device_wr_id(1), TAG | RECV | (77 << 32), 5];
+        let mut out: [Completion; 8] = Default::default();
+        // SAFETY: single consumer.
+        let n = unsafe { poll_into(&reg, &mut out, mlx5_like(&ids)) }.unwrap();
+        assert_eq!(n, 4);
+        assert!(out[0].is_tracked() && out[0].wr_id() == 101, "{:?}", out[0]);
+        assert_eq!(ring.outstanding(), 0, "position 0 released with 1");
+        assert!(!out[1].is_tracked(), "a repeated wr_id is stale");
+        assert!(!out[2].is_tracked(), "a key naming no ring is skipped");
+        assert_eq!(out[3].wr_id(), 5, "untagged completions pass through");
+    }
+
+    #[test]
+    fn a_provider_error_is_typed() {
+        let reg = Registry::<Slot>::new(8);
+        let mut out: [Completion; 2] = Default::default();
+        // SAFETY: single consumer.
+        let e = unsafe { poll_into(&reg, &mut out, |_, _| -libc::EIO) }.unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    }
+
+    #[test]
+    fn only_a_poll_that_finds_the_cq_empty_reclaims_retired_rings() {
+        let reg = Registry::<Slot>::new(8);
+        let [ring] = reg.register([(8, false)]).unwrap();
+        for pos in 0..2 {
+            let slot = Slot { wr_id: 0, bufs: Default::default(), _ah: None };
+            // SAFETY: producer, free positions.
+            unsafe { ring.write(pos, slot) };
+        }
+        ring.set_head(2);
+        reg.retire(&ring);
+        drop(ring);
+        assert_eq!(reg.unreserved(), 6, "room of the two outstanding requests kept");
+        let mut out: [Completion; 2] = Default::default();
+        let ids = [1, 2, 3];
+        let mut provider = mlx5_like(&ids);
+        // SAFETY: single consumer.
+        unsafe {
+            assert_eq!(poll_into(&reg, &mut out, &mut provider).unwrap(), 2, "full: not seen empty");
+            assert_eq!(reg.unreserved(), 6);
+            assert_eq!(poll_into(&reg, &mut out[..0], &mut provider).unwrap(), 0, "asked for none");
+            assert_eq!(reg.unreserved(), 6);
+            assert_eq!(poll_into(&reg, &mut out, &mut provider).unwrap(), 1, "seen empty");
+        }
+        assert_eq!(reg.unreserved(), 8);
+    }
+}

@@ -1,0 +1,12 @@
+//! The queues: completion queues and their event channels, queue pairs (creation, connection
+//! setup, posting), and the completions polled from them.
+
+mod channel;
+mod completion;
+mod cq;
+mod qp;
+
+pub use channel::{CompletionChannel, CqId};
+pub use completion::{Completion, WcOpcode, WcStatus, WorkCompletion};
+pub use cq::CompletionQueue;
+pub use qp::{PostError, QpCaps, QpState, QpType, QueuePair, QueuePairBuilder};

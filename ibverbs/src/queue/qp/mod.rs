@@ -1,0 +1,470 @@
+//! Queue pairs: creation, queries and destruction. Connection setup (the state transitions) is
+//! in [`state`], posting in [`post`].
+
+mod post;
+mod state;
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::device::Context;
+use crate::error::{cvt, cvt_p, Error, Result};
+use crate::ffi;
+use crate::pd::{PdInner, ProtectionDomain};
+use crate::post::engine::register_rings;
+use crate::post::ring::Ring;
+use crate::post::{Slot, MAX_SGE};
+use crate::queue::cq::{CompletionQueue, CqInner};
+
+/// The transport service of a queue pair (`enum ibv_qp_type`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct QpType(pub u32);
+
+impl QpType {
+    /// Reliable Connected: all operations, acknowledged, in order.
+    pub const RC: QpType = QpType(ffi::ibv_qp_type::IBV_QPT_RC.0);
+    /// Unreliable Connected: Send and RDMA Write, no acknowledgements.
+    pub const UC: QpType = QpType(ffi::ibv_qp_type::IBV_QPT_UC.0);
+    /// Unreliable Datagram: Sends of at most one MTU to any UD QP, through address handles.
+    pub const UD: QpType = QpType(ffi::ibv_qp_type::IBV_QPT_UD.0);
+}
+
+impl fmt::Debug for QpType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            QpType::RC => f.write_str("RC"),
+            QpType::UC => f.write_str("UC"),
+            QpType::UD => f.write_str("UD"),
+            QpType(n) => write!(f, "QpType({n})"),
+        }
+    }
+}
+
+/// The state of a queue pair (`enum ibv_qp_state`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct QpState(pub u32);
+
+impl QpState {
+    /// Reset: just created, or reset.
+    pub const RESET: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_RESET.0);
+    /// Initialized: receives may be posted.
+    pub const INIT: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_INIT.0);
+    /// Ready to receive.
+    pub const RTR: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_RTR.0);
+    /// Ready to send.
+    pub const RTS: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_RTS.0);
+    /// Send queue drained.
+    pub const SQD: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_SQD.0);
+    /// Send queue error.
+    pub const SQE: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_SQE.0);
+    /// Error: outstanding requests are flushed.
+    pub const ERR: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_ERR.0);
+    /// Not a verbs state: this crate's mark for a queue pair that lost its work queues in a
+    /// failed [`QueuePair::reset`] (no room for fresh ones in its CQ). Nothing can be posted;
+    /// poll the CQ until it is empty and call `reset` again.
+    pub const UNUSABLE: QpState = QpState(u32::MAX);
+}
+
+impl fmt::Debug for QpState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match *self {
+            QpState::RESET => "RESET",
+            QpState::INIT => "INIT",
+            QpState::RTR => "RTR",
+            QpState::RTS => "RTS",
+            QpState::SQD => "SQD",
+            QpState::SQE => "SQE",
+            QpState::ERR => "ERR",
+            QpState::UNUSABLE => "UNUSABLE",
+            QpState(n) => return write!(f, "QpState({n})"),
+        };
+        f.write_str(name)
+    }
+}
+
+/// Work queue capacities of a queue pair (`struct ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Outstanding send-queue work requests.
+    pub max_send_wr: u32,
+    /// Outstanding receive-queue work requests.
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries per send request.
+    pub max_send_sge: u32,
+    /// Scatter/gather entries per receive request.
+    pub max_recv_sge: u32,
+    /// Bytes of inline data per send request.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps { max_send_wr: 64, max_recv_wr: 64, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 }
+    }
+}
+
+/// Builds a [`QueuePair`] (`ibv_create_qp()`); from [`ProtectionDomain::create_qp`].
+#[derive(Debug)]
+pub struct QueuePairBuilder<'a> {
+    pd: &'a ProtectionDomain,
+    send_cq: &'a CompletionQueue,
+    recv_cq: &'a CompletionQueue,
+    qp_type: QpType,
+    caps: QpCaps,
+}
+
+impl ProtectionDomain {
+    /// Starts building a queue pair of type `qp_type` whose send and receive completions go to
+    /// `cq` (change the receive side with [`QueuePairBuilder::recv_cq`]).
+    #[doc(alias = "ibv_create_qp")]
+    pub fn create_qp<'a>(&'a self, cq: &'a CompletionQueue, qp_type: QpType) -> QueuePairBuilder<'a> {
+        QueuePairBuilder { pd: self, send_cq: cq, recv_cq: cq, qp_type, caps: QpCaps::default() }
+    }
+}
+
+impl<'a> QueuePairBuilder<'a> {
+    /// Receive completions go to `cq` instead.
+    pub fn recv_cq(mut self, cq: &'a CompletionQueue) -> Self {
+        self.recv_cq = cq;
+        self
+    }
+    /// Send queue depth (default 64).
+    pub fn max_send_wr(mut self, n: u32) -> Self {
+        self.caps.max_send_wr = n;
+        self
+    }
+    /// Receive queue depth (default 64).
+    pub fn max_recv_wr(mut self, n: u32) -> Self {
+        self.caps.max_recv_wr = n;
+        self
+    }
+    /// Scatter/gather entries per send request (default 1; the safe level uses at most
+    /// [`MAX_SGE`]).
+    pub fn max_send_sge(mut self, n: u32) -> Self {
+        self.caps.max_send_sge = n;
+        self
+    }
+    /// Scatter/gather entries per receive request (default 1).
+    pub fn max_recv_sge(mut self, n: u32) -> Self {
+        self.caps.max_recv_sge = n;
+        self
+    }
+    /// Inline data bytes per send request (default 0).
+    pub fn max_inline_data(mut self, n: u32) -> Self {
+        self.caps.max_inline_data = n;
+        self
+    }
+    /// All capacities at once.
+    pub fn caps(mut self, caps: QpCaps) -> Self {
+        self.caps = caps;
+        self
+    }
+
+    /// Creates the queue pair (`ibv_create_qp()`), in state RESET.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero send or receive depth; [`Error::CqTooSmall`] when a
+    /// CQ cannot hold every completion of its queue pairs (the send and receive depths add up on
+    /// a shared CQ); [`Error::Verb`] from `ibv_create_qp()` (e.g. `EINVAL` for capacities above
+    /// the device's limits).
+    #[doc(alias = "ibv_create_qp")]
+    pub fn build(self) -> Result<QueuePair> {
+        let caps = self.caps;
+        if caps.max_send_wr == 0 || caps.max_recv_wr == 0 {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_create_qp",
+                reason: "send and receive queue depths must be at least 1",
+            });
+        }
+        let mut init = ffi::ibv_qp_init_attr {
+            send_cq: self.send_cq.as_raw(),
+            recv_cq: self.recv_cq.as_raw(),
+            cap: ffi::ibv_qp_cap {
+                max_send_wr: caps.max_send_wr,
+                max_recv_wr: caps.max_recv_wr,
+                max_send_sge: caps.max_send_sge,
+                max_recv_sge: caps.max_recv_sge,
+                max_inline_data: caps.max_inline_data,
+            },
+            qp_type: ffi::ibv_qp_type(self.qp_type.0),
+            sq_sig_all: 0,
+            ..Default::default()
+        };
+        let pd_ctx = &self.pd.inner.ctx;
+        if !Arc::ptr_eq(&self.send_cq.inner.ctx, pd_ctx) || !Arc::ptr_eq(&self.recv_cq.inner.ctx, pd_ctx) {
+            // libibverbs would pass the CQ's per-context handle on the PD's context, attaching
+            // the QP to whichever CQ of that context has the same number.
+            return Err(Error::InvalidArgument {
+                verb: "ibv_create_qp",
+                reason: "a completion queue belongs to another device context than the protection domain",
+            });
+        }
+        let send_cq = self.send_cq.inner.clone();
+        let recv_cq = self.recv_cq.inner.clone();
+        let [send, recv] = register_rings(
+            &send_cq.registry,
+            &recv_cq.registry,
+            caps.max_send_wr,
+            caps.max_recv_wr,
+            "ibv_create_qp",
+        )?;
+        // SAFETY: valid PD and CQs (kept alive by the QP's Arcs); `init` is a valid attribute struct.
+        let raw = unsafe { ffi::ibv_create_qp(self.pd.as_raw(), &mut init) };
+        let raw = match cvt_p("ibv_create_qp", raw) {
+            Ok(r) => r,
+            Err(e) => {
+                // The rings never reached the device.
+                send_cq.registry.unregister(&send);
+                recv_cq.registry.unregister(&recv);
+                return Err(e);
+            }
+        };
+        // SAFETY: the QP is valid; its context's ops table belongs to the provider.
+        let (post_send_fn, post_recv_fn) = unsafe {
+            let ops = &(*(*raw.as_ptr()).context).ops;
+            (ops.post_send, ops.post_recv)
+        };
+        let actual = QpCaps {
+            max_send_wr: init.cap.max_send_wr,
+            max_recv_wr: init.cap.max_recv_wr,
+            max_send_sge: init.cap.max_send_sge,
+            max_recv_sge: init.cap.max_recv_sge,
+            max_inline_data: init.cap.max_inline_data,
+        };
+        let chain_len = caps.max_send_wr as usize;
+        let recv_chain_len = caps.max_recv_wr as usize;
+        Ok(QueuePair {
+            raw,
+            post_send_fn,
+            post_recv_fn,
+            send,
+            recv,
+            caps: actual,
+            qp_type: self.qp_type,
+            state: QpState::RESET,
+            psn: random_psn(),
+            chain: vec![ffi::ibv_send_wr::default(); chain_len].into_boxed_slice(),
+            chain_sges: vec![[ffi::ibv_sge::default(); MAX_SGE]; chain_len].into_boxed_slice(),
+            recv_chain: vec![ffi::ibv_recv_wr::default(); recv_chain_len].into_boxed_slice(),
+            recv_chain_sges: vec![[ffi::ibv_sge::default(); MAX_SGE]; recv_chain_len].into_boxed_slice(),
+            send_cq,
+            recv_cq,
+            pd: self.pd.inner.clone(),
+        })
+    }
+}
+
+type PostSendFn =
+    unsafe extern "C" fn(*mut ffi::ibv_qp, *mut ffi::ibv_send_wr, *mut *mut ffi::ibv_send_wr) -> i32;
+type PostRecvFn =
+    unsafe extern "C" fn(*mut ffi::ibv_qp, *mut ffi::ibv_recv_wr, *mut *mut ffi::ibv_recv_wr) -> i32;
+
+/// A queue pair (`struct ibv_qp`).
+///
+/// Created in state RESET by [`ProtectionDomain::create_qp`]; [`connect`](Self::connect) (RC, UC)
+/// or [`activate_ud`](Self::activate_ud) (UD) brings it to RTS. Posting takes `&mut self` at the
+/// safe level: the QP keeps each posted buffer until its completion is polled from the CQ, which
+/// hands it back. Dropping the QP destroys it (`ibv_destroy_qp()`); buffers still outstanding are
+/// released at the CQ's next [`poll`](CompletionQueue::poll) (or when the CQ goes).
+pub struct QueuePair {
+    raw: NonNull<ffi::ibv_qp>,
+    post_send_fn: Option<PostSendFn>,
+    post_recv_fn: Option<PostRecvFn>,
+    send: Arc<Ring<Slot>>,
+    recv: Arc<Ring<Slot>>,
+    caps: QpCaps,
+    qp_type: QpType,
+    state: QpState,
+    psn: u32,
+    chain: Box<[ffi::ibv_send_wr]>,
+    chain_sges: Box<[[ffi::ibv_sge; MAX_SGE]]>,
+    recv_chain: Box<[ffi::ibv_recv_wr]>,
+    recv_chain_sges: Box<[[ffi::ibv_sge; MAX_SGE]]>,
+    send_cq: Arc<CqInner>,
+    recv_cq: Arc<CqInner>,
+    pd: Arc<PdInner>,
+}
+
+// SAFETY: libibverbs QPs may be used from any thread (providers lock their queues). The rings are
+// single-producer: every producer method takes &mut self. The scratch arrays are touched only under
+// &mut self and hold no pointers between calls that matter (they are rewritten on each use).
+unsafe impl Send for QueuePair {}
+// SAFETY: &self methods only query the QP or post through the `unsafe` level, which providers
+// make thread-safe.
+unsafe impl Sync for QueuePair {}
+
+impl fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qp_num", &self.qp_num())
+            .field("type", &self.qp_type)
+            .field("state", &self.state)
+            .field("caps", &self.caps)
+            .finish()
+    }
+}
+
+/// A failed post: the error, and the request (with its buffers) handed back.
+pub struct PostError<R> {
+    /// What went wrong.
+    pub error: Error,
+    /// The request that was not posted.
+    pub request: R,
+}
+
+impl<R> fmt::Debug for PostError<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostError").field("error", &self.error).finish_non_exhaustive()
+    }
+}
+
+impl<R> fmt::Display for PostError<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<R> std::error::Error for PostError<R> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<R> From<PostError<R>> for Error {
+    fn from(e: PostError<R>) -> Error {
+        e.error
+    }
+}
+
+pub(crate) fn random_psn() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: writes at most 4 bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
+    if n != 4 {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        b = (t ^ std::process::id()).to_ne_bytes();
+    }
+    u32::from_ne_bytes(b) & 0x00ff_ffff
+}
+
+impl QueuePair {
+    /// The QP number.
+    pub fn qp_num(&self) -> u32 {
+        // SAFETY: valid QP; qp_num is a plain field written at creation.
+        unsafe { (*self.raw.as_ptr()).qp_num }
+    }
+
+    /// The QP's initial send PSN (random, 24 bits), as advertised in its [`Endpoint`].
+    pub fn psn(&self) -> u32 {
+        self.psn
+    }
+
+    /// Sets the initial send PSN used by the next [`connect`](Self::connect).
+    pub fn set_psn(&mut self, psn: u32) {
+        self.psn = psn & 0x00ff_ffff;
+    }
+
+    /// The transport type.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// The capacities the device granted (at least those asked for).
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    /// The state as last set through this handle (the device may since have moved it to ERR).
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// Queries the device for the current state (`ibv_query_qp()`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the verb fails.
+    #[doc(alias = "ibv_query_qp")]
+    pub fn query_state(&self) -> Result<QpState> {
+        let mut attr = ffi::ibv_qp_attr::default();
+        let mut init = ffi::ibv_qp_init_attr::default();
+        // SAFETY: valid QP and out-pointers.
+        let ret = unsafe {
+            ffi::ibv_query_qp(
+                self.raw.as_ptr(),
+                &mut attr,
+                ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+                &mut init,
+            )
+        };
+        cvt("ibv_query_qp", ret)?;
+        Ok(QpState(attr.qp_state.0))
+    }
+
+    /// Send requests posted through the safe level and not yet completed.
+    pub fn outstanding_sends(&self) -> u32 {
+        self.send.outstanding()
+    }
+
+    /// Receive requests posted through the safe level and not yet completed.
+    pub fn outstanding_recvs(&self) -> u32 {
+        self.recv.outstanding()
+    }
+
+    /// The raw `struct ibv_qp *`; valid while this QP lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_qp {
+        self.raw.as_ptr()
+    }
+
+    fn context(&self) -> Context {
+        Context { inner: self.pd.ctx.clone() }
+    }
+
+    fn modify(&mut self, attr: &mut ffi::ibv_qp_attr, mask: ffi::ibv_qp_attr_mask) -> Result<()> {
+        // SAFETY: valid QP and attribute struct.
+        let ret = unsafe { ffi::ibv_modify_qp(self.raw.as_ptr(), attr, mask.0 as i32) };
+        cvt("ibv_modify_qp", ret)?;
+        self.state = QpState(attr.qp_state.0);
+        Ok(())
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        // SAFETY: created once, destroyed once.
+        let ret = unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) };
+        if ret == 0 {
+            // The device is done with every posted buffer: hand them to the CQs to release.
+            self.send_cq.registry.retire(&self.send);
+            self.recv_cq.registry.retire(&self.recv);
+        } else {
+            // The QP may still be live in the device: never release its buffers.
+            std::mem::forget(self.send.clone());
+            std::mem::forget(self.recv.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn psn_is_24_bits() {
+        for _ in 0..100 {
+            assert!(random_psn() <= 0x00ff_ffff);
+        }
+    }
+
+    #[test]
+    fn states_and_types_print_their_names() {
+        assert_eq!(format!("{:?}", QpState::RTS), "RTS");
+        assert_eq!(format!("{:?}", QpState::UNUSABLE), "UNUSABLE");
+        assert_eq!(format!("{:?}", QpState(77)), "QpState(77)");
+        assert_eq!(format!("{:?}", QpType::UD), "UD");
+    }
+}

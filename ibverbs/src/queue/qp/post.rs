@@ -1,0 +1,188 @@
+//! Posting on a queue pair: the safe level (checked, buffers owned until completion) and the
+//! `unsafe` level at C's cost.
+
+use std::sync::Arc;
+
+use crate::error::{cvt, Error, Result};
+use crate::ffi;
+use crate::post::engine::{post_chain, post_one};
+use crate::post::wr::Op;
+use crate::post::{RecvRequest, SendRequest};
+use crate::queue::qp::{PostError, QpState, QpType, QueuePair};
+
+impl QueuePair {
+    fn check_send(&self, wr: &SendRequest<'_>) -> Result<()> {
+        if self.state != QpState::RTS && self.state != QpState::ERR {
+            return Err(Error::QpState { verb: "ibv_post_send", state: self.state, expected: "RTS" });
+        }
+        let count = wr.validate(&self.pd)?;
+        let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_post_send", reason });
+        if wr.ud.as_ref().is_some_and(|(ah, _, _)| !Arc::ptr_eq(&ah.inner.pd, &self.pd)) {
+            return bad("the address handle belongs to another protection domain");
+        }
+        if let Some(d) = wr.inline {
+            if d.len() > self.caps.max_inline_data as usize {
+                return bad("inline data larger than the QP's max_inline_data");
+            }
+        } else if count > self.caps.max_send_sge as usize {
+            return bad("more scatter/gather entries than the QP's max_send_sge");
+        }
+        match (self.qp_type, &wr.ud, wr.op) {
+            (QpType::UD, None, _) => bad("a send on a UD queue pair needs a destination: SendRequest::ud"),
+            (QpType::UD, Some(_), Op::Send) => Ok(()),
+            (QpType::UD, Some(_), _) => bad("UD queue pairs only send"),
+            (_, Some(_), _) => bad("only UD queue pairs take an address handle"),
+            (QpType::UC, None, Op::Read(_) | Op::CompareSwap { .. } | Op::FetchAdd { .. }) => {
+                bad("UC queue pairs do not do RDMA Read or atomics")
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn check_recv(&self, wr: &RecvRequest) -> Result<()> {
+        if self.state == QpState::RESET || self.state == QpState::UNUSABLE {
+            return Err(Error::QpState {
+                verb: "ibv_post_recv",
+                state: self.state,
+                expected: "INIT, RTR or RTS",
+            });
+        }
+        if wr.validate(&self.pd)? > self.caps.max_recv_sge as usize {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_post_recv",
+                reason: "more scatter/gather entries than the QP's max_recv_sge",
+            });
+        }
+        Ok(())
+    }
+
+    /// Posts one send-queue work request (`ibv_post_send()`), safely: the QP keeps the request's
+    /// buffers (and address handle) until the completion is polled from the send CQ, whose
+    /// [`Completion`](crate::Completion) hands them back.
+    ///
+    /// # Errors
+    /// A [`PostError`] handing the request back, with [`Error::QpState`] before RTS,
+    /// [`Error::QueueFull`] when `max_send_wr` requests are outstanding, [`Error::InvalidArgument`]
+    /// or [`Error::OutOfBounds`] for a request the QP cannot take, or [`Error::Verb`] when the
+    /// provider refuses it.
+    #[doc(alias = "ibv_post_send")]
+    // The request comes back by value on error: boxing it would allocate on the post path.
+    #[allow(clippy::result_large_err)]
+    pub fn post_send<'a>(&mut self, wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
+        if let Err(error) = self.check_send(&wr) {
+            return Err(PostError { error, request: wr });
+        }
+        let mut wr = wr;
+        match post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &mut wr) {
+            Ok(()) => Ok(()),
+            Err(error) => Err(PostError { error, request: wr }),
+        }
+    }
+
+    /// Posts a chain of send requests with one `ibv_post_send()` call (one doorbell), safely.
+    /// On success `wrs` is empty; on error it holds the requests that were not posted (the first
+    /// is the one the provider refused), with their buffers.
+    ///
+    /// # Errors
+    /// As [`post_send`](Self::post_send); checks that apply to every request run before anything
+    /// is posted, and [`Error::QueueFull`] is reported before posting when the chain does not fit.
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_send_chain(&mut self, wrs: &mut Vec<SendRequest<'_>>) -> Result<()> {
+        for wr in wrs.iter() {
+            self.check_send(wr)?;
+        }
+        let qp = self.raw.as_ptr();
+        post_chain(qp, &self.send, self.post_send_fn, &mut self.chain, &mut self.chain_sges, wrs)
+    }
+
+    /// Posts one receive request (`ibv_post_recv()`), safely: the QP keeps its buffers until the
+    /// completion hands them back.
+    ///
+    /// # Errors
+    /// A [`PostError`] handing the request back: [`Error::QpState`] in RESET,
+    /// [`Error::QueueFull`] when `max_recv_wr` receives are outstanding,
+    /// [`Error::InvalidArgument`] for a buffer the device may not write, [`Error::Verb`] when the
+    /// provider refuses it.
+    #[doc(alias = "ibv_post_recv")]
+    #[allow(clippy::result_large_err)] // as post_send: no allocation on the post path
+    pub fn post_recv(&mut self, wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
+        if let Err(error) = self.check_recv(&wr) {
+            return Err(PostError { error, request: wr });
+        }
+        let mut wr = wr;
+        match post_one(self.raw.as_ptr(), &self.recv, self.post_recv_fn, &mut wr) {
+            Ok(()) => Ok(()),
+            Err(error) => Err(PostError { error, request: wr }),
+        }
+    }
+
+    /// Posts a chain of receive requests with one `ibv_post_recv()` call, safely. On success
+    /// `wrs` is empty; on error it holds the requests not posted.
+    ///
+    /// # Errors
+    /// As [`post_recv`](Self::post_recv).
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post_recv_chain(&mut self, wrs: &mut Vec<RecvRequest>) -> Result<()> {
+        for wr in wrs.iter() {
+            self.check_recv(wr)?;
+        }
+        let qp = self.raw.as_ptr();
+        post_chain(qp, &self.recv, self.post_recv_fn, &mut self.recv_chain, &mut self.recv_chain_sges, wrs)
+    }
+
+    /// Posts a raw chain of send requests (`ibv_post_send()`) at exactly C's cost: no checks, no
+    /// buffer tracking. Poll their completions with
+    /// [`CompletionQueue::poll_raw`](crate::CompletionQueue::poll_raw) (or `poll`, which passes
+    /// untracked completions through).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] with the provider's error; `bad_wr` then points at the first request not
+    /// posted.
+    ///
+    /// # Safety
+    /// - `wr` heads a valid, `NULL`-terminated chain of `ibv_send_wr`s whose SGEs name memory
+    ///   registered (with the `lkey` given) in this QP's protection domain;
+    /// - that memory stays registered and allocated until the request's completion is polled (for
+    ///   unsignaled requests: until a later signaled request of this QP completes), or until this
+    ///   QP is dropped;
+    /// - memory the device writes (receive/Read/atomic targets) is not read or written through
+    ///   Rust references meanwhile; memory it reads is not written meanwhile;
+    /// - address handles of UD requests stay alive as long;
+    /// - every `wr_id` has bit 63 clear (bit 63 marks the safe level's requests).
+    ///
+    /// Inline data is copied during the call and may be reused as soon as it returns.
+    #[doc(alias = "ibv_post_send")]
+    pub unsafe fn post_send_unchecked(
+        &self,
+        wr: *mut ffi::ibv_send_wr,
+        bad_wr: &mut *mut ffi::ibv_send_wr,
+    ) -> Result<()> {
+        let f = self
+            .post_send_fn
+            .ok_or(Error::InvalidArgument { verb: "ibv_post_send", reason: "no post_send" })?;
+        // SAFETY: the caller's contract.
+        cvt("ibv_post_send", unsafe { f(self.raw.as_ptr(), wr, bad_wr) })
+    }
+
+    /// Posts a raw chain of receive requests (`ibv_post_recv()`) at exactly C's cost.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] with the provider's error.
+    ///
+    /// # Safety
+    /// As [`post_send_unchecked`](Self::post_send_unchecked): the memory stays registered,
+    /// allocated and untouched by Rust references until the completion is polled or the QP is
+    /// dropped, and `wr_id`s have bit 63 clear.
+    #[doc(alias = "ibv_post_recv")]
+    pub unsafe fn post_recv_unchecked(
+        &self,
+        wr: *mut ffi::ibv_recv_wr,
+        bad_wr: &mut *mut ffi::ibv_recv_wr,
+    ) -> Result<()> {
+        let f = self
+            .post_recv_fn
+            .ok_or(Error::InvalidArgument { verb: "ibv_post_recv", reason: "no post_recv" })?;
+        // SAFETY: the caller's contract.
+        cvt("ibv_post_recv", unsafe { f(self.raw.as_ptr(), wr, bad_wr) })
+    }
+}

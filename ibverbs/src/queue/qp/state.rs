@@ -1,0 +1,223 @@
+//! Connection setup of a queue pair: the state transitions RESET → INIT → RTR → RTS, error and
+//! reset.
+
+use crate::connect::{ah_attr, gid_index, ConnectOptions, Endpoint};
+use crate::device::Gid;
+use crate::error::{Error, Result};
+use crate::ffi;
+use crate::memory::AccessFlags;
+use crate::post::engine::register_rings;
+use crate::queue::qp::{random_psn, QpState, QpType, QueuePair};
+
+impl QueuePair {
+    /// This QP's connection details for a peer, on `opts.port` with `opts`' GID choice.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] for a bad port or GID index (from `ibv_query_port()`/`ibv_query_gid_ex()`).
+    pub fn endpoint(&self, opts: &ConnectOptions) -> Result<Endpoint> {
+        let ctx = self.context();
+        let port = ctx.query_port(opts.port)?;
+        let gid = match gid_index(&ctx, opts, port.link_layer())? {
+            Some(i) => ctx.query_gid(opts.port, i)?.gid,
+            None => Gid::default(),
+        };
+        Ok(Endpoint { qpn: self.qp_num(), psn: self.psn, lid: port.lid(), gid, mtu: port.active_mtu() })
+    }
+
+    /// RESET → INIT (`ibv_modify_qp()`): binds the QP to `opts.port`; receives may be posted
+    /// from now on.
+    ///
+    /// # Errors
+    /// [`Error::QpState`] unless the QP is in RESET; [`Error::Verb`] for a bad port or P_Key
+    /// index.
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn init(&mut self, opts: &ConnectOptions) -> Result<()> {
+        if self.state != QpState::RESET {
+            return Err(Error::QpState { verb: "ibv_modify_qp", state: self.state, expected: "RESET" });
+        }
+        self.context().query_port(opts.port)?;
+        use ffi::ibv_qp_attr_mask as M;
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
+            pkey_index: opts.pkey_index,
+            port_num: opts.port,
+            ..Default::default()
+        };
+        let mask = if self.qp_type == QpType::UD {
+            attr.qkey = opts.qkey;
+            M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_QKEY
+        } else {
+            let mut access = opts.access;
+            if self.qp_type == QpType::UC {
+                access &= AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+            }
+            attr.qp_access_flags = access.bits();
+            M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS
+        };
+        self.modify(&mut attr, mask)
+    }
+
+    /// Connects an RC or UC QP to `remote`: RESET → INIT (if needed) → RTR → RTS
+    /// (`ibv_modify_qp()`), with path MTU the smaller of both ports' active MTUs (and
+    /// `opts.mtu`), addressing by GID on RoCE and by LID on InfiniBand.
+    ///
+    /// # Errors
+    /// [`Error::QpState`] unless the QP is in RESET or INIT; [`Error::InvalidArgument`] for a UD
+    /// QP or out-of-range options; [`Error::Verb`] for a bad port or GID index, or when the device
+    /// rejects a transition.
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn connect(&mut self, remote: &Endpoint, opts: &ConnectOptions) -> Result<()> {
+        let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_modify_qp", reason });
+        if self.qp_type == QpType::UD {
+            return bad("UD queue pairs are not connected: use activate_ud and address handles");
+        }
+        if remote.qpn > 0x00ff_ffff || remote.psn > 0x00ff_ffff {
+            return bad("QPN and PSN are 24-bit values");
+        }
+        opts.validate()?;
+        if self.state == QpState::RESET {
+            self.init(opts)?;
+        }
+        if self.state != QpState::INIT {
+            return Err(Error::QpState {
+                verb: "ibv_modify_qp",
+                state: self.state,
+                expected: "RESET or INIT",
+            });
+        }
+        let ctx = self.context();
+        let port = ctx.query_port(opts.port)?;
+        let mut mtu = port.active_mtu();
+        if remote.mtu.bytes().is_some() {
+            mtu = mtu.min(remote.mtu);
+        }
+        if let Some(m) = opts.mtu {
+            mtu = mtu.min(m);
+        }
+        let rd_atomic = match opts.max_rd_atomic {
+            Some(n) => n,
+            None => {
+                let dev = ctx.query_device()?;
+                let n = dev.max_qp_rd_atom().min(dev.max_qp_init_rd_atom()).clamp(1, 16);
+                u8::try_from(n).unwrap_or(16)
+            }
+        };
+        use ffi::ibv_qp_attr_mask as M;
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_RTR,
+            path_mtu: ffi::ibv_mtu(mtu.0),
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            ah_attr: ah_attr(&ctx, remote, opts)?,
+            max_dest_rd_atomic: rd_atomic,
+            min_rnr_timer: opts.min_rnr_timer,
+            ..Default::default()
+        };
+        let mut mask =
+            M::IBV_QP_STATE | M::IBV_QP_AV | M::IBV_QP_PATH_MTU | M::IBV_QP_DEST_QPN | M::IBV_QP_RQ_PSN;
+        if self.qp_type == QpType::RC {
+            mask = mask | M::IBV_QP_MAX_DEST_RD_ATOMIC | M::IBV_QP_MIN_RNR_TIMER;
+        }
+        self.modify(&mut attr, mask)?;
+
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
+            sq_psn: self.psn,
+            timeout: opts.timeout,
+            retry_cnt: opts.retry_cnt,
+            rnr_retry: opts.rnr_retry,
+            max_rd_atomic: rd_atomic,
+            ..Default::default()
+        };
+        let mut mask = M::IBV_QP_STATE | M::IBV_QP_SQ_PSN;
+        if self.qp_type == QpType::RC {
+            mask = mask
+                | M::IBV_QP_TIMEOUT
+                | M::IBV_QP_RETRY_CNT
+                | M::IBV_QP_RNR_RETRY
+                | M::IBV_QP_MAX_QP_RD_ATOMIC;
+        }
+        self.modify(&mut attr, mask)
+    }
+
+    /// Brings a UD QP to RTS: RESET → INIT (if needed) → RTR → RTS (`ibv_modify_qp()`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a non-UD QP, [`Error::QpState`] unless in RESET or INIT,
+    /// [`Error::Verb`] when the device rejects a transition.
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn activate_ud(&mut self, opts: &ConnectOptions) -> Result<()> {
+        if self.qp_type != QpType::UD {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_modify_qp",
+                reason: "activate_ud is for UD queue pairs",
+            });
+        }
+        if self.state == QpState::RESET {
+            self.init(opts)?;
+        }
+        if self.state != QpState::INIT {
+            return Err(Error::QpState {
+                verb: "ibv_modify_qp",
+                state: self.state,
+                expected: "RESET or INIT",
+            });
+        }
+        use ffi::ibv_qp_attr_mask as M;
+        let mut attr = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_RTR, ..Default::default() };
+        self.modify(&mut attr, M::IBV_QP_STATE)?;
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
+            sq_psn: self.psn,
+            ..Default::default()
+        };
+        self.modify(&mut attr, M::IBV_QP_STATE | M::IBV_QP_SQ_PSN)
+    }
+
+    /// Moves the QP to the error state (`ibv_modify_qp()`): outstanding requests complete with
+    /// [`WcStatus::WR_FLUSH_ERR`](crate::WcStatus::WR_FLUSH_ERR), returning their buffers.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the device rejects the transition.
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn set_error(&mut self) -> Result<()> {
+        let mut attr = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_ERR, ..Default::default() };
+        self.modify(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE)
+    }
+
+    /// Resets the QP (`ibv_modify_qp()` to RESET) for reuse: requests still outstanding are
+    /// dropped by the device without completions, so their buffers are released at the CQ's next
+    /// poll, and the QP starts over with empty queues and a new PSN.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the device rejects the transition; [`Error::CqTooSmall`] or
+    /// [`Error::TooManyQueuePairs`] if the fresh queues cannot be registered (the QP is then left
+    /// in RESET, unable to post).
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn reset(&mut self) -> Result<()> {
+        let mut attr = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_RESET, ..Default::default() };
+        self.modify(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE)?;
+        // The device has forgotten every request: retire the rings (their buffers go at the next
+        // poll, their indices once the CQ is seen empty) and start with empty ones.
+        self.send_cq.registry.retire(&self.send);
+        self.recv_cq.registry.retire(&self.recv);
+        match register_rings(
+            &self.send_cq.registry,
+            &self.recv_cq.registry,
+            self.send.capacity(),
+            self.recv.capacity(),
+            "ibv_modify_qp",
+        ) {
+            Ok([send, recv]) => {
+                self.send = send;
+                self.recv = recv;
+                self.psn = random_psn();
+                Ok(())
+            }
+            Err(e) => {
+                self.state = QpState::UNUSABLE; // every post checks the state
+                Err(e)
+            }
+        }
+    }
+}
