@@ -34,53 +34,51 @@ impl RacyBytes {
         RacyBytes { base, len }
     }
 
-    /// Addresses `[lo, hi)` covered by whole words inside the memory.
+    /// Offsets `[lo, hi)` covered by whole words inside the memory.
     fn words(&self) -> (usize, usize) {
-        let start = self.base as usize;
-        let end = start + self.len;
-        let lo = start.next_multiple_of(WORD).min(end);
-        let hi = (end - end % WORD).max(lo);
+        let misalign = self.base as usize % WORD;
+        let lo = if misalign == 0 { 0 } else { WORD - misalign }.min(self.len);
+        let hi = (lo + (self.len - lo) / WORD * WORD).max(lo);
         (lo, hi)
     }
 
-    fn byte(&self, addr: usize) -> &AtomicU8 {
-        // SAFETY: callers pass addresses inside the memory, valid per `new`'s contract; AtomicU8
+    fn byte(&self, offset: usize) -> &AtomicU8 {
+        // SAFETY: callers pass offsets inside the memory, valid per `new`'s contract; AtomicU8
         // has no alignment requirement.
-        unsafe { AtomicU8::from_ptr(addr as *mut u8) }
+        unsafe { AtomicU8::from_ptr(self.base.add(offset)) }
     }
 
-    fn word(&self, addr: usize) -> &AtomicU64 {
-        // SAFETY: callers pass an 8-aligned address of a word inside the memory.
-        unsafe { AtomicU64::from_ptr(addr as *mut u64) }
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        // SAFETY: callers pass the offset of an 8-aligned word inside the memory.
+        unsafe { AtomicU64::from_ptr(self.base.add(offset).cast::<u64>()) }
     }
 
-    /// Calls `f(addr, from, to)` for each access unit overlapping `[offset, offset + n)`: a word
-    /// at `addr` (bytes `from..to` of it), or a single byte at `addr` (`from == 0, to == 1`,
-    /// `word == false`).
+    /// Calls `f(at, word, from, to)` for each access unit overlapping `[offset, offset + n)`: the
+    /// word at offset `at` (its bytes `from..to`), or the single byte at `at` (`word == false`,
+    /// `from == 0`, `to == 1`).
     fn for_each_unit(&self, offset: usize, n: usize, mut f: impl FnMut(usize, bool, usize, usize)) {
         debug_assert!(offset.checked_add(n).is_some_and(|e| e <= self.len));
         let (lo, hi) = self.words();
-        let mut a = self.base as usize + offset;
-        let end = a + n;
-        while a < end {
-            if a >= lo && a < hi {
-                let w = a - (a - lo) % WORD;
-                let from = a - w;
+        let mut o = offset;
+        let end = offset + n;
+        while o < end {
+            if o >= lo && o < hi {
+                let w = o - (o - lo) % WORD;
+                let from = o - w;
                 let to = (end - w).min(WORD);
                 f(w, true, from, to);
-                a = w + to;
+                o = w + to;
             } else {
-                f(a, false, 0, 1);
-                a += 1;
+                f(o, false, 0, 1);
+                o += 1;
             }
         }
     }
 
     /// Copies `dst.len()` bytes at `offset` out. The caller checked the bounds.
     pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) {
-        let start = self.base as usize + offset;
         self.for_each_unit(offset, dst.len(), |addr, word, from, to| {
-            let at = addr + from - start;
+            let at = addr + from - offset;
             if word {
                 let bytes = self.word(addr).load(Ordering::Relaxed).to_ne_bytes();
                 dst[at..at + to - from].copy_from_slice(&bytes[from..to]);
@@ -92,9 +90,8 @@ impl RacyBytes {
 
     /// Copies `src` in at `offset`. The caller checked the bounds.
     pub(crate) fn write(&self, offset: usize, src: &[u8]) {
-        let start = self.base as usize + offset;
         self.for_each_unit(offset, src.len(), |addr, word, from, to| {
-            let at = addr + from - start;
+            let at = addr + from - offset;
             let part = &src[at..at + to - from];
             if !word {
                 self.byte(addr).store(part[0], Ordering::Relaxed);
@@ -137,9 +134,9 @@ impl RacyBytes {
 
     /// The aligned 8 bytes at `offset` in one access, if that word lies inside the memory.
     pub(crate) fn load_u64(&self, offset: usize) -> Option<u64> {
-        let addr = (self.base as usize).checked_add(offset)?;
         let (lo, hi) = self.words();
-        (addr % WORD == 0 && addr >= lo && addr + WORD <= hi).then(|| self.word(addr).load(Ordering::Relaxed))
+        let inside = offset >= lo && offset < hi && (offset - lo) % WORD == 0;
+        inside.then(|| self.word(offset).load(Ordering::Relaxed))
     }
 }
 
@@ -165,15 +162,19 @@ mod tests {
         }
     }
 
+    // Each view gets memory of its own: Miri's weak-memory emulation cannot follow one location
+    // accessed with two access sizes even in one thread (a limitation of the tool, not UB).
     #[test]
     fn copies_round_trip_at_every_alignment() {
-        let mem = Mem::new(8);
         for skip in 0..8 {
-            for len in [1, 7, 8, 9, 23, 40] {
+            let lens: &[usize] = if cfg!(miri) { &[9, 23] } else { &[1, 7, 8, 9, 23, 40] };
+            for &len in lens {
+                let mem = Mem::new(8);
                 let r = mem.view(skip, len);
                 r.fill(0);
-                for off in 0..len {
-                    for n in 0..=(len - off).min(17) {
+                let step = if cfg!(miri) { 5 } else { 1 };
+                for off in (0..len).step_by(step) {
+                    for n in (0..=(len - off).min(17)).step_by(step) {
                         let data: Vec<u8> = (0..n).map(|i| (i + off + 1) as u8).collect();
                         r.write(off, &data);
                         let mut back = vec![0; n];
@@ -200,12 +201,13 @@ mod tests {
         let mut want = [0x11u8; 26];
         want[6..9].copy_from_slice(&[1, 2, 3]);
         assert_eq!(all, want);
-        // Bytes outside the view were never written.
-        let whole = mem.view(0, 32);
-        let mut raw = [0u8; 32];
-        whole.read(0, &mut raw);
-        assert_eq!(&raw[..3], &[0, 0, 0]);
-        assert_eq!(&raw[29..], &[0, 0, 0]);
+        // Bytes outside the view were never written (read alone, as the view reads the bytes of
+        // the words they share).
+        let base = mem.buf.as_ptr().cast::<u8>().cast_mut();
+        for i in (0..3).chain(29..32) {
+            // SAFETY: inside the buffer; byte-sized like every access to these words.
+            assert_eq!(unsafe { AtomicU8::from_ptr(base.add(i)) }.load(Ordering::Relaxed), 0, "byte {i}");
+        }
     }
 
     #[test]
@@ -218,7 +220,9 @@ mod tests {
         assert_eq!(r.load_u64(4), None, "misaligned");
         assert_eq!(r.load_u64(16), None, "outside");
         assert_eq!(r.load_u64(usize::MAX), None, "overflow");
+        let mem = Mem::new(4);
         let r = mem.view(3, 20);
+        r.write(5, &7u64.to_ne_bytes());
         assert_eq!(r.load_u64(5), Some(7), "the word at address 8, written above");
         assert_eq!(r.load_u64(13), None, "a word that runs past the end");
     }

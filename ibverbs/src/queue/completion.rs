@@ -274,6 +274,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore = "calls into libibverbs")]
     fn wc_status_is_sound_for_any_value_and_names_it() {
         assert_eq!(WcStatus::SUCCESS.as_str(), "success");
         assert_eq!(WcStatus::REM_ACCESS_ERR.as_str(), "remote access error");
