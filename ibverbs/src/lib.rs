@@ -51,27 +51,116 @@
 //!    an owned buffer meanwhile, and `mem::forget` of any handle only leaks. The `wr_id` given to
 //!    the device encodes the ring and slot, so a completion finds its buffers without a lock or a
 //!    hash lookup, also on a CQ shared by many QPs and both queues of a QP.
-//!    * *Unsignaled sends* complete silently; the next signaled completion of the queue releases
-//!      them (work queues complete in order). They may hold only shared handles, since nothing
-//!      would hand an owned buffer back.
-//!    * *Queue and CQ overflow* cannot happen: a full ring is [`Error::QueueFull`], and a QP whose
-//!      queues could overfill its CQ is refused at creation ([`Error::CqTooSmall`]).
-//!    * *A QP dropped with work outstanding*: after `ibv_destroy_qp` returns the device is done, so
-//!      its buffers are released at the CQ's next poll (or when the CQ goes); its stale completions
-//!      are recognised by a generation in the `wr_id` and never dereferenced. Errors flush every
-//!      request with its buffers; [`QueuePair::reset`] starts over with empty rings.
-//!    * *Regions outlive their users*: a posted request owns (or shares) its region, so it cannot
-//!      be deregistered meanwhile; the PD outlives its regions and QPs through their `Arc`s.
-//!    * *Inline data* is copied during the post ([`SendRequest::send_inline`] borrows it only for
-//!      the call).
 //! 2. **Unsafe, zero overhead** ([`QueuePair::post_send_unchecked`],
 //!    [`CompletionQueue::poll_raw`]): raw `ibv_send_wr` chains at exactly C's cost. The `# Safety`
 //!    sections state what must stay valid until completion.
 //!
-//! **Remote-exposed memory is typed apart.** A peer may write a region registered with
-//! [`AccessFlags::REMOTE_WRITE`] or [`AccessFlags::REMOTE_ATOMIC`] at any moment, so such a region is
-//! a [`RemoteMemoryRegion`]: safe code copies in and out with volatile accesses; references into it
-//! are `unsafe`. Local-only [`MemoryRegion`]s deref to `[u8]` freely.
+//! What the crate guarantees, and what a user of the `unsafe` level must guarantee, class by
+//! class:
+//!
+//! ## Objects of different contexts and protection domains
+//! Verbs objects carry per-context kernel handles, and the kernel resolves a handle in the
+//! context of the call: a CQ of context B passed to `ibv_create_qp` on a PD of context A names
+//! whichever CQ of A has the same number. Every API that takes two objects checks that they
+//! belong together before any verb runs: a QP's CQs and its PD share a context; a CQ and its
+//! channel share a context; a request's buffers and address handle belong to the QP's PD. A
+//! mismatch is [`Error::InvalidArgument`]. *Raw users:* the same rule holds for handles passed
+//! to `ffi` functions.
+//!
+//! ## Completions that outlive their queue pair
+//! A QP dropped (or [`reset`](QueuePair::reset)) with work outstanding leaves its completions
+//! in the CQ on some providers (rxe keeps them; mlx5 removes them). After `ibv_destroy_qp`
+//! returns the device no longer touches the QP's buffers, so the CQ's next
+//! [`poll`](CompletionQueue::poll) releases them. Its ring stays in the CQ's registry, so a
+//! stale completion still finds *its own* ring (with nothing outstanding) and is reported
+//! untracked. The ring's registry index is reused only once a poll has found the CQ empty after
+//! the QP went (a call of `poll` that returns fewer completions than its array holds): from then
+//! on no completion naming it can exist, so no new queue's `wr_id` can be mistaken for an old
+//! one, however many queue pairs come and go. The generation bits in the `wr_id` are defence in
+//! depth only.
+//!
+//! ## Completion queue room
+//! A CQ that overflows loses completions. The safe level reserves, for every work queue it
+//! tracks, one CQ entry per request that queue can have outstanding, and refuses a QP that does
+//! not fit ([`Error::CqTooSmall`], naming the whole QP's need). A dropped or reset queue keeps the
+//! room of the requests it had outstanding (an upper bound of its completions still in the CQ)
+//! until a poll finds the CQ empty. *What it costs a caller who never drains:* queue pairs created
+//! on a CQ that is never polled dry may be refused with `CqTooSmall` (their predecessors'
+//! leftovers still count) or [`Error::TooManyQueuePairs`] (registry entries are held until a
+//! drain); a [`reset`](QueuePair::reset) may be refused for the same reason and leaves the QP
+//! [`QpState::UNUSABLE`] until the CQ is polled dry and `reset` is called again. *Raw users:*
+//! requests posted with the `unsafe` level must keep their completions within
+//! [`CompletionQueue::unreserved`]; beyond it the CQ overflows (completions are lost, which never
+//! makes the safe level unsound: buffers of lost completions come back with a later completion of
+//! their queue or when their QP goes).
+//!
+//! ## Memory the provider did not write
+//! Providers write only some fields of a work completion (mlx5 leaves `byte_len`, `src_qp`,
+//! `slid`, `sl`, `pkey_index` and `vendor_err` alone for a successful Send or Write).
+//! [`CompletionQueue::poll`] zeroes the entries it hands the provider, so every field of a
+//! [`Completion`] is initialised (0 where the provider wrote nothing). `poll_raw` writes into the
+//! caller's initialised array, whose unwritten fields keep their old values.
+//!
+//! ## Panics in user code
+//! The only user code the crate runs is `Drop` of the values it holds (buffers, and an
+//! [`OwnedBuffer`] free callback, which may panic). Every path that drops them releases a
+//! slot *before* dropping its value, so a panic propagates out of `poll` (or a drop) and every
+//! value is still dropped at most once; values not reached yet are released later or leaked,
+//! never dropped twice. `poll` drops what the caller left in its array *before* taking
+//! completions from the device, so a panic there loses no completion.
+//!
+//! ## Memory that others write
+//! A peer may write a region registered with [`AccessFlags::REMOTE_WRITE`] or
+//! [`AccessFlags::REMOTE_ATOMIC`] at any moment, and so may other threads through a shared
+//! `&RemoteMemoryRegion`: such a region is a [`RemoteMemoryRegion`], which gives safe code only
+//! copies in and out. Those use relaxed atomic accesses, always of the same size for a given byte
+//! (a byte inside an aligned 8-byte word of the region is accessed with that word, the few bytes
+//! at unaligned ends alone), so racing copies between threads are torn, never a data race.
+//! References into it are `unsafe` ([`RemoteMemoryRegion::as_slice`]). A local-only
+//! [`MemoryRegion`] takes only [`AccessFlags::LOCAL_ONLY`]: neither remote write, atomics, nor
+//! memory-window binding (a window can grant remote write), nor flags the crate does not know.
+//! It derefs to `[u8]` freely, because while a post uses it the QP owns it.
+//!
+//! ## Numbers from callers and peers
+//! Every size or offset a caller or a peer supplies is checked with checked arithmetic
+//! ([`OwnedBuffer::zeroed`], [`RemoteSlice::slice`] — whose fields are public, so it may come
+//! from anywhere — [`Local::new`], range checks of copies) and decoders check every field and
+//! reserved byte ([`Endpoint::decode`], [`RemoteSlice::decode`]). [`ConnectOptions`] are checked
+//! before `ibv_modify_qp` sees them. Counters that wrap (ring positions, generations) are
+//! designed for it and tested across the wrap.
+//!
+//! ## Completion events
+//! [`CompletionChannel::get_event`] acknowledges every event it gets, so `ibv_destroy_cq`
+//! (which waits for acknowledgements) cannot block. The channel's descriptor is exposed as
+//! [`AsRawFd`](std::os::fd::AsRawFd) for reactors to watch, not `AsFd`: safe code could
+//! otherwise `read()` an event the crate never acknowledges.
+//!
+//! ## What `unsafe` code must not do with raw handles
+//! The `as_raw()` handles let `ffi` calls do anything C can. These break the crate's invariants
+//! and are forbidden: destroying, deallocating or deregistering an object the crate owns
+//! (`ibv_destroy_qp`, `ibv_dereg_mr`, ...); `ibv_rereg_mr` on a region; binding a memory window
+//! to a local-only [`MemoryRegion`], or any other way of granting remote write or atomic access to
+//! it; `ibv_resize_cq`; reading a completion channel's descriptor or calling `ibv_get_cq_event`
+//! without acknowledging; posting a work request whose `wr_id` has bit 63 set (the safe level's
+//! tag). `ibv_poll_cq` on a CQ the safe level uses is allowed but consumes its completions
+//! (their buffers come back only with a later completion of the same queue, or when the QP
+//! goes); `ibv_modify_qp` behind the crate's back is allowed but leaves [`QueuePair::state`]
+//! stale.
+//!
+//! ## Reviewer's checklist for changes
+//! - Does a new API take two verbs objects? Check context/PD membership before any verb.
+//! - Does memory reach the device? It is owned by a slot (or shared read-only) until a completion
+//!   or the QP's destruction; a failed post hands it back.
+//! - Does a value the crate holds get dropped? Release the slot first; no `unwrap` of a
+//!   state a panic could leave half-changed.
+//! - Does anything reuse an index, key or position? Only after the CQ was seen empty (or, for
+//!   ring positions, after the completion released it).
+//! - Does safe code get a reference to memory a peer, the device or another thread may write?
+//!   It must not; copy with [`RemoteMemoryRegion`]'s atomic copies instead.
+//! - Does a number come from a caller or a peer? Checked arithmetic, and an error naming it.
+//! - Does a wait depend on another party? It has a bound.
+//! - Is it tested: a host test (under Miri if pure Rust), a device test, a `compile_fail` test
+//!   with its error code?
 //!
 //! Values the device writes (completion status and opcode, port state, MTU, GID type...) are
 //! `#[repr(transparent)]` newtypes with associated constants, sound for any value.
@@ -125,11 +214,20 @@
 //! cq.poll(&mut out); // error: `cq` is a `&` reference
 //! # }
 //! ```
-//! The completion queue has one owner: it cannot be cloned (queue pairs keep it alive themselves):
+//! The completion queue has one owner: it cannot be cloned (queue pairs keep it alive themselves).
+//! `cq.clone()` only copies the reference, which is not a `CompletionQueue`:
 //! ```compile_fail,E0308
 //! # fn f(cq: &ibverbs::CompletionQueue) {
-//! let second = cq.clone(); // error: no method `clone` (the CQ is not Clone)
-//! let _: ibverbs::CompletionQueue = second;
+//! let second = cq.clone();
+//! let _: ibverbs::CompletionQueue = second; // error: mismatched types (`&CompletionQueue`)
+//! # }
+//! ```
+//! A completion channel's descriptor cannot be borrowed as an `OwnedFd`-convertible `BorrowedFd`
+//! (safe code could read and lose events):
+//! ```compile_fail,E0599
+//! # fn f(ch: &ibverbs::CompletionChannel) {
+//! use std::os::fd::AsFd;
+//! let fd = ch.as_fd(); // error: no method named `as_fd`
 //! # }
 //! ```
 //! Inline data must outlive the request that borrows it:

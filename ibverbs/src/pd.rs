@@ -67,7 +67,7 @@ impl Context {
     /// Creates a protection domain (`ibv_alloc_pd()`).
     ///
     /// # Errors
-    /// [`Error::Verb`] when the verb fails.
+    /// [`Error::Verb`](crate::Error::Verb) when the verb fails.
     #[doc(alias = "ibv_alloc_pd")]
     pub fn alloc_pd(&self) -> Result<crate::ProtectionDomain> {
         crate::ProtectionDomain::new(self)

@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 
 use crate::error::{Error, Result};
 
-/// Memory a [`MemoryRegion`] owns: the crate's page-aligned allocation, a `Vec<u8>`, a
+/// Memory a [`MemoryRegion`](crate::MemoryRegion) owns: the crate's page-aligned allocation, a `Vec<u8>`, a
 /// `Box<[u8]>`, or foreign memory (mmap, hugepages...) through [`OwnedBuffer::from_raw_parts`].
 pub struct OwnedBuffer {
     pub(crate) ptr: NonNull<u8>,

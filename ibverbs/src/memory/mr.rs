@@ -288,7 +288,8 @@ macro_rules! common_region_methods {
         pub fn remote(&self) -> RemoteSlice {
             self.inner.remote()
         }
-        /// The raw `struct ibv_mr *`; valid while this region lives.
+        /// The raw `struct ibv_mr *`; valid while this region lives. What `ffi` calls may not do
+        /// with it: see the crate's *Safety model* (raw handles).
         pub fn as_raw(&self) -> *mut ffi::ibv_mr {
             self.inner.raw.as_ptr()
         }

@@ -29,7 +29,7 @@ impl Drop for ChannelInner {
 }
 
 /// A completion event channel (`struct ibv_comp_channel`): a file descriptor that becomes
-/// readable when an armed [`CompletionQueue`] gets a completion.
+/// readable when an armed [`CompletionQueue`](crate::CompletionQueue) gets a completion.
 ///
 /// [`get_event`](Self::get_event) waits with a timeout and acknowledges what it gets. The
 /// channel implements [`AsRawFd`] so that a reactor (epoll, mio, tokio's `AsyncFd`) can watch it
@@ -48,7 +48,7 @@ impl fmt::Debug for CompletionChannel {
     }
 }
 
-/// Identifies the completion queue an event is for (compare with [`CompletionQueue::id`]).
+/// Identifies the completion queue an event is for (compare with [`CompletionQueue::id`](crate::CompletionQueue::id)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CqId(pub(crate) usize);
 
@@ -70,7 +70,7 @@ impl CompletionChannel {
 
     /// Waits up to `timeout` (forever for `None`) for a completion event, acknowledges it
     /// (`ibv_get_cq_event()` + `ibv_ack_cq_events()`), and returns which CQ it is for; `None` on
-    /// timeout. The CQ must be re-armed with [`CompletionQueue::req_notify`] for the next event.
+    /// timeout. The CQ must be re-armed with [`CompletionQueue::req_notify`](crate::CompletionQueue::req_notify) for the next event.
     ///
     /// # Errors
     /// [`Error::Verb`] when `poll(2)` or `ibv_get_cq_event()` fails.

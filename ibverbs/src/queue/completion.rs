@@ -97,7 +97,7 @@ wc_opcode_consts! {
 }
 
 /// One work completion as the device reports it (`struct ibv_wc`), for
-/// [`CompletionQueue::poll_raw`].
+/// [`CompletionQueue::poll_raw`](crate::CompletionQueue::poll_raw).
 #[derive(Clone, Copy, Default)]
 #[repr(transparent)]
 pub struct WorkCompletion(pub ffi::ibv_wc);
@@ -164,7 +164,7 @@ impl fmt::Debug for WorkCompletion {
     }
 }
 
-/// A completion from [`CompletionQueue::poll`]: the device's report plus, for a safely posted
+/// A completion from [`CompletionQueue::poll`](crate::CompletionQueue::poll): the device's report plus, for a safely posted
 /// request, the caller's `wr_id` and the buffers the request held.
 #[derive(Default)]
 pub struct Completion {

@@ -104,7 +104,8 @@ impl CompletionQueue {
         CqId(self.inner.raw.as_ptr() as usize)
     }
 
-    /// The raw `struct ibv_cq *`; valid while this CQ (or a QP using it) lives.
+    /// The raw `struct ibv_cq *`; valid while this CQ (or a QP using it) lives. What `ffi` calls
+    /// may not do with it: see the crate's *Safety model* (raw handles).
     pub fn as_raw(&self) -> *mut ffi::ibv_cq {
         self.inner.raw.as_ptr()
     }

@@ -359,7 +359,7 @@ impl QueuePair {
         unsafe { (*self.raw.as_ptr()).qp_num }
     }
 
-    /// The QP's initial send PSN (random, 24 bits), as advertised in its [`Endpoint`].
+    /// The QP's initial send PSN (random, 24 bits), as advertised in its [`Endpoint`](crate::Endpoint).
     pub fn psn(&self) -> u32 {
         self.psn
     }
@@ -415,7 +415,8 @@ impl QueuePair {
         self.recv.outstanding()
     }
 
-    /// The raw `struct ibv_qp *`; valid while this QP lives.
+    /// The raw `struct ibv_qp *`; valid while this QP lives. What `ffi` calls may not do with
+    /// it: see the crate's *Safety model* (raw handles).
     pub fn as_raw(&self) -> *mut ffi::ibv_qp {
         self.raw.as_ptr()
     }

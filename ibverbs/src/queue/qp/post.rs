@@ -146,9 +146,19 @@ impl QueuePair {
     ///   unsignaled requests: until a later signaled request of this QP completes), or until this
     ///   QP is dropped;
     /// - memory the device writes (receive/Read/atomic targets) is not read or written through
-    ///   Rust references meanwhile; memory it reads is not written meanwhile;
-    /// - address handles of UD requests stay alive as long;
+    ///   Rust references meanwhile; memory it reads is not written meanwhile — in particular no
+    ///   request writes into a [`MemoryRegion`](crate::MemoryRegion) that safe code can borrow
+    ///   (one owned by the caller), only into memory the caller manages itself or into a
+    ///   [`RemoteMemoryRegion`](crate::RemoteMemoryRegion);
+    /// - no request binds a memory window to memory of a local-only
+    ///   [`MemoryRegion`](crate::MemoryRegion) or otherwise grants remote write or atomic access to
+    ///   it (`IBV_WR_BIND_MW`);
+    /// - address handles of UD requests stay alive as long as the request;
     /// - every `wr_id` has bit 63 clear (bit 63 marks the safe level's requests).
+    ///
+    /// Not a safety condition, but the caller's duty: the completions of raw requests need room
+    /// in the send CQ that the safe level does not reserve — keep them within
+    /// [`CompletionQueue::unreserved`](crate::CompletionQueue::unreserved), or completions are lost.
     ///
     /// Inline data is copied during the call and may be reused as soon as it returns.
     #[doc(alias = "ibv_post_send")]
@@ -170,9 +180,12 @@ impl QueuePair {
     /// [`Error::Verb`] with the provider's error.
     ///
     /// # Safety
-    /// As [`post_send_unchecked`](Self::post_send_unchecked): the memory stays registered,
-    /// allocated and untouched by Rust references until the completion is polled or the QP is
-    /// dropped, and `wr_id`s have bit 63 clear.
+    /// As [`post_send_unchecked`](Self::post_send_unchecked): `wr` heads a valid,
+    /// `NULL`-terminated chain of `ibv_recv_wr`s whose SGEs name memory registered in this QP's
+    /// protection domain, which stays registered, allocated and untouched by Rust references
+    /// until the completion is polled or the QP is dropped — never memory of a
+    /// [`MemoryRegion`](crate::MemoryRegion) that safe code can borrow — and every `wr_id` has
+    /// bit 63 clear. Their completions need CQ room as for sends.
     #[doc(alias = "ibv_post_recv")]
     pub unsafe fn post_recv_unchecked(
         &self,
