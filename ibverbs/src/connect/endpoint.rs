@@ -99,4 +99,30 @@ mod tests {
         bad[3] = 1;
         assert!(Endpoint::decode(&bad).is_err());
     }
+
+    use crate::connect::tests_support::xorshift;
+
+    #[test]
+    fn hostile_bytes_never_panic_and_only_valid_endpoints_are_accepted() {
+        let mut seed = 0x1234_5678_9abc_def0u64;
+        let rounds = if cfg!(miri) { 200 } else { 200_000 };
+        let valid = Endpoint { qpn: 5, psn: 6, lid: 7, gid: Gid([3; 16]), mtu: Mtu::MTU_1024 }.encode();
+        let mut accepted = 0;
+        for round in 0..rounds {
+            let r = xorshift(&mut seed);
+            let len = if round % 2 == 0 { Endpoint::ENCODED_LEN } else { (r % 40) as usize };
+            let mut b: Vec<u8> = (0..len).map(|_| xorshift(&mut seed) as u8).collect();
+            if round % 3 == 0 && len == Endpoint::ENCODED_LEN {
+                // Mutate a valid encoding in one byte: mostly still plausible.
+                b = valid.to_vec();
+                b[(r % 30) as usize] = (r >> 8) as u8;
+            }
+            if let Ok(ep) = Endpoint::decode(&b) {
+                accepted += 1;
+                assert_eq!(ep.encode().as_slice(), b.as_slice(), "accepted bytes are canonical");
+                assert!(ep.qpn <= 0xff_ffff && ep.psn <= 0xff_ffff && ep.mtu.bytes().is_some());
+            }
+        }
+        assert!(accepted > 0);
+    }
 }

@@ -91,4 +91,29 @@ mod tests {
         assert!(hostile.slice(0, 5).is_err(), "addr + len would wrap");
         assert_eq!(r.slice(100, 0).unwrap().len, 0);
     }
+
+    #[test]
+    fn hostile_descriptors_never_panic_or_wrap() {
+        let mut seed = 0x0bad_cafe_f00d_1234u64;
+        let rounds = if cfg!(miri) { 200 } else { 200_000 };
+        for _ in 0..rounds {
+            let mut b = [0u8; RemoteSlice::ENCODED_LEN];
+            for x in b.iter_mut() {
+                *x = crate::connect::tests_support::xorshift(&mut seed) as u8;
+            }
+            // Bias some towards the edges of the address space.
+            if seed % 4 == 0 {
+                b[..7].fill(0xff);
+            }
+            if let Ok(r) = RemoteSlice::decode(&b) {
+                assert_eq!(r.encode(), b);
+                assert!(r.addr.checked_add(r.len).is_some());
+                let span = r.len.saturating_mul(2).max(1);
+                let (off, len) = (seed % span, seed.rotate_left(17) % span);
+                if let Ok(sub) = r.slice(off, len) {
+                    assert!(sub.addr >= r.addr && sub.addr - r.addr + sub.len <= r.len);
+                }
+            }
+        }
+    }
 }

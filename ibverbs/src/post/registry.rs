@@ -478,4 +478,21 @@ mod tests {
         assert_eq!(reg.unreserved(), before);
         assert!(reg.register([(1, true)]).is_ok());
     }
+
+    #[test]
+    fn generations_wrap_harmlessly() {
+        let reg = small(64);
+        reg.generation.store(u32::MAX - 3, Ordering::Relaxed);
+        let mut keys = Vec::new();
+        for _ in 0..8 {
+            let r = one(&reg, 2, false);
+            keys.push(r.wr_id_base());
+            // SAFETY: single consumer.
+            unsafe { assert!(reg.lookup(r.device_wr_id(1)).is_some()) };
+            reg.retire(&r);
+            poll_empty(&reg);
+        }
+        assert!(keys.iter().all(|k| k & TAG != 0 && k & RECV == 0));
+        assert_eq!(reg.unreserved(), 64);
+    }
 }
