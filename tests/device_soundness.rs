@@ -180,6 +180,12 @@ fn a_reset_keeps_the_room_of_its_outstanding_requests_until_the_cq_is_seen_empty
         Err(Error::CqTooSmall { .. }) => {}
         other => panic!("fresh queues were given room the old completions may use: {other:?}"),
     }
+    // Our own probe: nothing can reach the device through the retired rings meanwhile.
+    assert_eq!(a.state(), ibverbs::QpState::UNUSABLE);
+    assert!(matches!(a.set_error(), Err(Error::QpState { .. })), "ERR would let posts in");
+    let r = a.post_send(SendRequest::write(Local::whole(src.clone()), target.remote()));
+    assert!(matches!(r, Err(PostError { error: Error::QpState { .. }, .. })));
+    assert!(matches!(a.connect(&_peer.endpoint(&opts()).unwrap(), &opts()), Err(Error::QpState { .. })));
     assert_eq!(poll_dry(&mut cq).len(), 3, "the three completions were still in the CQ");
     a.reset().unwrap();
     assert_eq!(a.outstanding_sends(), 0);

@@ -181,6 +181,52 @@ fn queue_pairs_reset_and_dropped_while_their_cq_is_polled() {
     assert!(again.is_ok(), "all room and entries are back: {again:?}");
 }
 
+// A reset whose fresh receive queue does not fit in its own CQ gives its fresh send ring back
+// to the send CQ while another thread polls that CQ: only the poller takes entries out.
+#[test]
+fn a_failed_reset_gives_rings_back_while_the_other_cq_is_polled() {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let send_cq = ctx.create_cq(64, None).unwrap();
+    let mut recv_cq = ctx.create_cq(4, None).unwrap();
+    let depth = recv_cq.capacity();
+    let mut qp = pd
+        .create_qp(&send_cq, QpType::RC)
+        .recv_cq(&recv_cq)
+        .max_send_wr(4)
+        .max_recv_wr(depth)
+        .build()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let stop = stop.clone();
+        let mut send_cq = send_cq;
+        thread::spawn(move || {
+            let mut out: [Completion; 4] = Default::default();
+            while !stop.load(Ordering::Relaxed) {
+                let _ = send_cq.poll(&mut out).unwrap();
+            }
+            send_cq
+        })
+    };
+    for _ in 0..200 {
+        qp.init(&opts()).unwrap();
+        qp.post_recv(RecvRequest::new(Local::whole(pd.allocate(8).unwrap()))).unwrap();
+        // The receive's room is kept until recv_cq is seen empty: the fresh receive queue
+        // does not fit, and the fresh send ring goes back to send_cq.
+        assert!(matches!(qp.reset(), Err(ibverbs::Error::CqTooSmall { .. })));
+        let mut out: [Completion; 2] = Default::default();
+        assert!(recv_cq.poll(&mut out).unwrap().is_empty());
+        qp.reset().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut send_cq = poller.join().unwrap();
+    let mut out: [Completion; 2] = Default::default();
+    assert!(send_cq.poll(&mut out).unwrap().is_empty());
+    drop(qp);
+    assert_eq!(send_cq.unreserved(), send_cq.capacity());
+}
+
 // Registrations from many threads at once: the CQ's reservation never exceeds its capacity.
 #[test]
 fn concurrent_registrations_never_overcommit_a_cq() {

@@ -16,7 +16,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::ring::{Ring, DRAINING, LIVE, RECV, RETIRED, TAG};
+use super::ring::{Ring, DRAINING, LIVE, RECV, RETIRED, TAG, UNUSED};
 
 /// Bits of a key: the low [`INDEX_BITS`] are the index, the rest a generation.
 const KEY_BITS: u32 = 30;
@@ -117,7 +117,9 @@ impl<T> Registry<T> {
                 Some(ring) => done.push(ring),
                 None => {
                     for ring in &done {
-                        self.remove_unused(ring);
+                        // Published already: only the consumer may take it out of the table.
+                        ring.state.store(UNUSED, Ordering::Release);
+                        self.retired.fetch_add(1, Ordering::AcqRel);
                     }
                     self.unreserve(total as u32);
                     return Err(RegisterError::Full);
@@ -150,30 +152,18 @@ impl<T> Registry<T> {
         None
     }
 
-    /// Takes back a ring that `register` put in the table but that never reached the device
-    /// (its sibling found no room): no completion can name it, so its index is free at once.
-    fn remove_unused(&self, ring: &Arc<Ring<T>>) {
-        let index = Self::index(ring.wr_id_base());
-        let p = Arc::as_ptr(ring).cast_mut();
-        if self.entries[index]
-            .compare_exchange(p, ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            // SAFETY: the table's strong count, taken in insert(); the entry no longer holds it.
-            drop(unsafe { Arc::from_raw(p) });
-        }
-    }
-
     fn index(wr_id: u64) -> usize {
         (((wr_id >> 32) as u32) & ((1 << INDEX_BITS) - 1)) as usize
     }
 
-    /// Takes a ring that never reached the device (its queue pair was not created) out of the
-    /// table at once, with its CQ room: no completion can name it.
-    pub(crate) fn unregister(&self, ring: &Arc<Ring<T>>) {
-        if ring.state.compare_exchange(LIVE, DRAINING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            self.remove_unused(ring);
+    /// Gives back a ring that never reached the device (its queue pair was not created, or a
+    /// reset could not register its sibling): its CQ room now, since no completion can name it,
+    /// and its table entry at the consumer's next poll (only the consumer takes published rings
+    /// out of the table: it may be looking at this one right now).
+    pub(crate) fn unregister(&self, ring: &Ring<T>) {
+        if ring.state.compare_exchange(LIVE, UNUSED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
             self.unreserve(ring.capacity());
+            self.retired.fetch_add(1, Ordering::AcqRel);
         }
     }
 
@@ -198,22 +188,22 @@ impl<T> Registry<T> {
     ///
     /// # Safety
     /// Called only by the consumer (the holder of `&mut CompletionQueue`), which is the only one
-    /// that removes rings that reached the device: the reference stays valid until its next
-    /// [`drained`](Self::drained).
+    /// that takes rings out of the table: the reference stays valid until its next
+    /// [`begin_poll`](Self::begin_poll) or [`drained`](Self::drained).
     pub(crate) unsafe fn lookup(&self, wr_id: u64) -> Option<&Ring<T>> {
         let p = self.entries.get(Self::index(wr_id))?.load(Ordering::Acquire);
         if p.is_null() {
             return None;
         }
-        // SAFETY: table entries hold a strong count, removed only by the consumer (us) or by
-        // remove_unused for rings no wr_id can name.
+        // SAFETY: table entries hold a strong count, removed only by the consumer (us).
         let ring = unsafe { &*p };
         let mask = TAG | RECV | (u64::from(KEY_MASK) << 32);
         (ring.wr_id_base() == wr_id & mask).then_some(ring)
     }
 
-    /// Consumer, at the start of a poll: releases the buffers of rings retired since the last
-    /// poll and marks them draining. Returns whether any ring is draining, i.e. whether a poll
+    /// Consumer, at the start of a poll: takes out of the table the rings that never reached
+    /// the device, and releases the buffers of rings retired since the last poll, marking them
+    /// draining. Returns whether any ring is draining, i.e. whether a poll
     /// that finds the CQ empty should call [`drained`](Self::drained). Two loads when nothing
     /// was retired.
     ///
@@ -232,12 +222,22 @@ impl<T> Registry<T> {
                 }
                 // SAFETY: in the table, and only the consumer (us) removes used rings.
                 let ring = unsafe { &*p };
-                if ring.state.load(Ordering::Acquire) == RETIRED {
-                    // SAFETY: consumer; retired means the device is done with these buffers.
-                    unsafe { ring.release_all() };
-                    ring.state.store(DRAINING, Ordering::Release);
-                    self.retired.fetch_sub(1, Ordering::AcqRel);
-                    self.draining.fetch_add(1, Ordering::AcqRel);
+                match ring.state.load(Ordering::Acquire) {
+                    RETIRED => {
+                        // SAFETY: consumer; retired means the device is done with these buffers.
+                        unsafe { ring.release_all() };
+                        ring.state.store(DRAINING, Ordering::Release);
+                        self.retired.fetch_sub(1, Ordering::AcqRel);
+                        self.draining.fetch_add(1, Ordering::AcqRel);
+                    }
+                    UNUSED => {
+                        entry.store(ptr::null_mut(), Ordering::Release);
+                        self.retired.fetch_sub(1, Ordering::AcqRel);
+                        // SAFETY: the table's strong count, taken in insert(); no wr_id names the
+                        // ring, and the consumer (us) holds no other reference to it.
+                        drop(unsafe { Arc::from_raw(p) });
+                    }
+                    _ => {}
                 }
             }
         }
@@ -445,7 +445,10 @@ mod tests {
         let ring = one(&reg, 8, false);
         let index = Registry::<u64>::index(ring.wr_id_base());
         reg.unregister(&ring);
-        assert_eq!(reg.unreserved(), 8);
+        assert_eq!(reg.unreserved(), 8, "its room comes back at once");
+        // Its entry, at the consumer's next poll (whether or not it finds the CQ empty).
+        // SAFETY: single consumer.
+        unsafe { reg.begin_poll() };
         // SAFETY: single consumer.
         assert!(unsafe { reg.lookup(ring.device_wr_id(0)) }.is_none());
         let again = one(&reg, 8, false);
@@ -476,6 +479,8 @@ mod tests {
         // One entry is free: a QP needs two, so the first ring is taken back and nothing stays.
         assert_eq!(reg.register([(1, false), (1, true)]).err(), Some(RegisterError::Full));
         assert_eq!(reg.unreserved(), before);
+        // SAFETY: single consumer; its next poll frees the entry the refused QP briefly took.
+        unsafe { reg.begin_poll() };
         assert!(reg.register([(1, true)]).is_ok());
     }
 
@@ -494,5 +499,36 @@ mod tests {
         }
         assert!(keys.iter().all(|k| k & TAG != 0 && k & RECV == 0));
         assert_eq!(reg.unreserved(), 64);
+    }
+
+    // Our own probe: a registrar giving back a ring that never reached the device (reset() of a
+    // QP whose send and receive CQs differ) while the consumer polls. A first version removed the
+    // entry from the registrar's thread while the consumer could hold a reference into it (Miri:
+    // data race on the ring's memory, a use-after-free).
+    #[test]
+    fn unregister_and_a_concurrent_drain_remove_a_ring_once() {
+        let reg = Arc::new(small(1 << 16));
+        let rounds = if cfg!(miri) { 30 } else { 3_000 };
+        for _ in 0..rounds {
+            let [victim, other] = reg.register([(2, false), (2, true)]).unwrap();
+            reg.retire(&other); // something for the consumer to drain
+            drop(other);
+            let weak = Arc::downgrade(&victim);
+            let registrar = {
+                let reg = reg.clone();
+                std::thread::spawn(move || reg.unregister(&victim))
+            };
+            // SAFETY: this thread is the only consumer.
+            unsafe {
+                if reg.begin_poll() {
+                    reg.drained();
+                }
+            }
+            registrar.join().unwrap();
+            // SAFETY: the only consumer; this poll takes out whatever the race left.
+            unsafe { reg.begin_poll() };
+            assert!(weak.upgrade().is_none(), "removed exactly once, and freed");
+        }
+        assert_eq!(reg.unreserved(), 1 << 16);
     }
 }

@@ -28,6 +28,9 @@ pub(crate) const RETIRED: u8 = 1;
 /// The consumer has released the ring's slots and waits to see the completion queue empty
 /// before it reuses the ring's registry index and gives its room back.
 pub(crate) const DRAINING: u8 = 2;
+/// The ring never reached the device: its room is back, and the consumer takes it out of the
+/// table at its next poll.
+pub(crate) const UNUSED: u8 = 3;
 
 pub(crate) struct Ring<T> {
     /// A power of two at least `cap` long, so a position maps to its slot with a mask.
@@ -41,7 +44,7 @@ pub(crate) struct Ring<T> {
     tail: AtomicU32,
     /// `TAG`, `RECV` if a receive queue, and the registry key in bits 32..62.
     wr_id_base: u64,
-    /// [`LIVE`], [`RETIRED`] or [`DRAINING`].
+    /// [`LIVE`], [`RETIRED`], [`DRAINING`] or [`UNUSED`].
     pub(crate) state: AtomicU8,
     /// Once retired: the CQ room the ring keeps until the CQ is seen empty, an upper bound of
     /// its completions that can still be in the CQ (its outstanding positions when retired).

@@ -178,9 +178,18 @@ impl QueuePair {
     /// [`WcStatus::WR_FLUSH_ERR`](crate::WcStatus::WR_FLUSH_ERR), returning their buffers.
     ///
     /// # Errors
-    /// [`Error::Verb`] when the device rejects the transition.
+    /// [`Error::QpState`] for a QP left [`QpState::UNUSABLE`] by a failed reset; [`Error::Verb`]
+    /// when the device rejects the transition.
     #[doc(alias = "ibv_modify_qp")]
     pub fn set_error(&mut self) -> Result<()> {
+        if self.state == QpState::UNUSABLE {
+            // Its rings are retired: a post in ERR would reach the device through them.
+            return Err(Error::QpState {
+                verb: "ibv_modify_qp",
+                state: self.state,
+                expected: "not UNUSABLE (reset it)",
+            });
+        }
         let mut attr = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_ERR, ..Default::default() };
         self.modify(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE)
     }
