@@ -212,36 +212,47 @@ impl<T> Registry<T> {
     ///
     /// # Safety
     /// Called only by the consumer.
+    #[inline]
     pub(crate) unsafe fn begin_poll(&self) -> bool {
         if self.retired.load(Ordering::Acquire) != 0 {
-            let high = self.high.load(Ordering::Acquire);
-            for entry in &self.entries[..high] {
-                let p = entry.load(Ordering::Acquire);
-                if p.is_null() {
-                    continue;
-                }
-                // SAFETY: in the table, and only the consumer (us) removes used rings.
-                let ring = unsafe { &*p };
-                match ring.state.load(Ordering::Acquire) {
-                    RETIRED => {
-                        // SAFETY: consumer; retired means the device is done with these buffers.
-                        unsafe { ring.release_all() };
-                        ring.state.store(DRAINING, Ordering::Release);
-                        self.retired.fetch_sub(1, Ordering::AcqRel);
-                        self.draining.fetch_add(1, Ordering::AcqRel);
-                    }
-                    UNUSED => {
-                        entry.store(ptr::null_mut(), Ordering::Release);
-                        self.retired.fetch_sub(1, Ordering::AcqRel);
-                        // SAFETY: the table's strong count, taken in insert(); no wr_id names the
-                        // ring, and the consumer (us) holds no other reference to it.
-                        drop(unsafe { Arc::from_raw(p) });
-                    }
-                    _ => {}
-                }
-            }
+            // SAFETY: consumer (contract).
+            unsafe { self.take_retired() };
         }
         self.draining.load(Ordering::Relaxed) != 0
+    }
+
+    /// Consumer: the slow part of [`begin_poll`](Self::begin_poll).
+    ///
+    /// # Safety
+    /// Called only by the consumer.
+    #[cold]
+    unsafe fn take_retired(&self) {
+        let high = self.high.load(Ordering::Acquire);
+        for entry in &self.entries[..high] {
+            let p = entry.load(Ordering::Acquire);
+            if p.is_null() {
+                continue;
+            }
+            // SAFETY: in the table, and only the consumer (us) removes used rings.
+            let ring = unsafe { &*p };
+            match ring.state.load(Ordering::Acquire) {
+                RETIRED => {
+                    // SAFETY: consumer; retired means the device is done with these buffers.
+                    unsafe { ring.release_all() };
+                    ring.state.store(DRAINING, Ordering::Release);
+                    self.retired.fetch_sub(1, Ordering::AcqRel);
+                    self.draining.fetch_add(1, Ordering::AcqRel);
+                }
+                UNUSED => {
+                    entry.store(ptr::null_mut(), Ordering::Release);
+                    self.retired.fetch_sub(1, Ordering::AcqRel);
+                    // SAFETY: the table's strong count, taken in insert(); no wr_id names the
+                    // ring, and the consumer (us) holds no other reference to it.
+                    drop(unsafe { Arc::from_raw(p) });
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Consumer: the CQ was found empty by a poll that started after [`begin_poll`]: no

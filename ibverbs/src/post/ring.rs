@@ -141,6 +141,7 @@ impl<T> Ring<T> {
     ///
     /// # Safety
     /// Called only by the consumer, with `tail != head`.
+    #[inline]
     unsafe fn pop(&self, tail: u32) -> T {
         // SAFETY: tail is in [tail, head): published and unreleased, ours to take (contract).
         let value = unsafe { (*self.slot(tail)).assume_init_read() };
@@ -160,6 +161,7 @@ impl<T> Ring<T> {
     ///
     /// # Safety
     /// Called only by the consumer of this ring.
+    #[inline]
     pub(crate) unsafe fn complete(&self, pos: u32) -> Option<T> {
         let mut tail = self.tail.load(Ordering::Relaxed);
         let head = self.head.load(Ordering::Acquire);

@@ -175,11 +175,16 @@ pub struct Completion {
 
 impl Completion {
     /// Drops what the entry holds (buffers not taken by the caller), leaving it empty.
+    #[inline]
     pub(crate) fn clear(&mut self) {
-        self.tracked = false;
-        for b in &mut self.bufs {
-            // One at a time: a panicking drop leaves the others in place, each dropped once.
-            drop(b.take());
+        // Only a tracked entry can hold buffers.
+        if std::mem::take(&mut self.tracked) {
+            for b in &mut self.bufs {
+                if b.is_some() {
+                    // One at a time: a panicking drop leaves the others in place, each dropped once.
+                    drop(b.take());
+                }
+            }
         }
     }
 
@@ -187,7 +192,8 @@ impl Completion {
     ///
     /// # Safety
     /// Called only by the registry's consumer (from `poll`, which holds
-    /// `&mut CompletionQueue`).
+    /// `&mut CompletionQueue`), on an entry [`clear`](Self::clear)ed since its last fill.
+    #[inline]
     pub(crate) unsafe fn fill(&mut self, wc: &ffi::ibv_wc, registry: &Registry<Slot>) {
         self.wc = WorkCompletion(*wc);
         if wc.wr_id & TAG == 0 {
@@ -197,7 +203,8 @@ impl Completion {
         let slot = unsafe { registry.lookup(wc.wr_id).and_then(|ring| ring.complete(wc.wr_id as u32)) };
         if let Some(slot) = slot {
             self.wc.0.wr_id = slot.wr_id;
-            self.bufs = slot.bufs;
+            // The entry was cleared: the buffers replaced are all `None`, nothing to drop.
+            std::mem::forget(std::mem::replace(&mut self.bufs, slot.bufs));
             self.tracked = true;
         }
     }
