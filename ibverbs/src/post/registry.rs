@@ -227,18 +227,12 @@ impl<T> Registry<T> {
     /// Called only by the consumer.
     #[cold]
     unsafe fn take_retired(&self) {
-        let high = self.high.load(Ordering::Acquire);
-        for entry in &self.entries[..high] {
-            let p = entry.load(Ordering::Acquire);
-            if p.is_null() {
-                continue;
-            }
-            // SAFETY: in the table, and only the consumer (us) removes used rings.
-            let ring = unsafe { &*p };
-            match ring.state.load(Ordering::Acquire) {
+        // SAFETY: consumer (contract).
+        unsafe {
+            self.for_each_ring(|entry, p, ring| match ring.state.load(Ordering::Acquire) {
                 RETIRED => {
                     // SAFETY: consumer; retired means the device is done with these buffers.
-                    unsafe { ring.release_all() };
+                    ring.release_all();
                     ring.state.store(DRAINING, Ordering::Release);
                     self.retired.fetch_sub(1, Ordering::AcqRel);
                     self.draining.fetch_add(1, Ordering::AcqRel);
@@ -247,10 +241,27 @@ impl<T> Registry<T> {
                     entry.store(ptr::null_mut(), Ordering::Release);
                     self.retired.fetch_sub(1, Ordering::AcqRel);
                     // SAFETY: the table's strong count, taken in insert(); no wr_id names the
-                    // ring, and the consumer (us) holds no other reference to it.
-                    drop(unsafe { Arc::from_raw(p) });
+                    // ring, and `ring` is not used after this.
+                    drop(Arc::from_raw(p));
                 }
                 _ => {}
+            })
+        }
+    }
+
+    /// Consumer: calls `f(entry, pointer, ring)` for every ring in the table.
+    ///
+    /// # Safety
+    /// Called only by the consumer. `f` may take the ring out of its entry (and drop the table's
+    /// strong count) as its last use of `ring`.
+    unsafe fn for_each_ring(&self, mut f: impl FnMut(&AtomicPtr<Ring<T>>, *mut Ring<T>, &Ring<T>)) {
+        let high = self.high.load(Ordering::Acquire);
+        for entry in &self.entries[..high] {
+            let p = entry.load(Ordering::Acquire);
+            if !p.is_null() {
+                // SAFETY: in the table, whose strong count keeps it alive; only the consumer
+                // (us) takes rings out.
+                f(entry, p, unsafe { &*p });
             }
         }
     }
@@ -262,22 +273,18 @@ impl<T> Registry<T> {
     /// Called only by the consumer, after a provider poll (issued after `begin_poll` marked the
     /// rings) returned fewer completions than asked for.
     pub(crate) unsafe fn drained(&self) {
-        let high = self.high.load(Ordering::Acquire);
-        for entry in &self.entries[..high] {
-            let p = entry.load(Ordering::Acquire);
-            if p.is_null() {
-                continue;
-            }
-            // SAFETY: in the table; only the consumer removes used rings.
-            let ring = unsafe { &*p };
-            if ring.state.load(Ordering::Acquire) == DRAINING {
-                entry.store(ptr::null_mut(), Ordering::Release);
-                self.draining.fetch_sub(1, Ordering::AcqRel);
-                self.unreserve(ring.kept.load(Ordering::Acquire));
-                // SAFETY: the table's strong count, taken in insert(). The slots were released
-                // in begin_poll, so nothing user-defined is dropped here.
-                drop(unsafe { Arc::from_raw(p) });
-            }
+        // SAFETY: consumer (contract).
+        unsafe {
+            self.for_each_ring(|entry, p, ring| {
+                if ring.state.load(Ordering::Acquire) == DRAINING {
+                    entry.store(ptr::null_mut(), Ordering::Release);
+                    self.draining.fetch_sub(1, Ordering::AcqRel);
+                    self.unreserve(ring.kept.load(Ordering::Acquire));
+                    // SAFETY: the table's strong count, taken in insert(). The slots were
+                    // released in begin_poll, so nothing user-defined is dropped here.
+                    drop(Arc::from_raw(p));
+                }
+            })
         }
     }
 }

@@ -24,6 +24,21 @@ impl QueuePair {
         Ok(Endpoint { qpn: self.qp_num(), psn: self.psn, lid: port.lid(), gid, mtu: port.active_mtu() })
     }
 
+    /// Brings a QP in RESET to INIT; refuses any state but RESET and INIT.
+    fn reach_init(&mut self, opts: &ConnectOptions) -> Result<()> {
+        if self.state == QpState::RESET {
+            self.init(opts)?;
+        }
+        if self.state != QpState::INIT {
+            return Err(Error::QpState {
+                verb: "ibv_modify_qp",
+                state: self.state,
+                expected: "RESET or INIT",
+            });
+        }
+        Ok(())
+    }
+
     /// RESET → INIT (`ibv_modify_qp()`): binds the QP to `opts.port`; receives may be posted
     /// from now on.
     ///
@@ -75,16 +90,7 @@ impl QueuePair {
             return bad("QPN and PSN are 24-bit values");
         }
         opts.validate()?;
-        if self.state == QpState::RESET {
-            self.init(opts)?;
-        }
-        if self.state != QpState::INIT {
-            return Err(Error::QpState {
-                verb: "ibv_modify_qp",
-                state: self.state,
-                expected: "RESET or INIT",
-            });
-        }
+        self.reach_init(opts)?;
         let ctx = self.context();
         let port = ctx.query_port(opts.port)?;
         let mut mtu = port.active_mtu();
@@ -153,16 +159,7 @@ impl QueuePair {
                 reason: "activate_ud is for UD queue pairs",
             });
         }
-        if self.state == QpState::RESET {
-            self.init(opts)?;
-        }
-        if self.state != QpState::INIT {
-            return Err(Error::QpState {
-                verb: "ibv_modify_qp",
-                state: self.state,
-                expected: "RESET or INIT",
-            });
-        }
+        self.reach_init(opts)?;
         use ffi::ibv_qp_attr_mask as M;
         let mut attr = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_RTR, ..Default::default() };
         self.modify(&mut attr, M::IBV_QP_STATE)?;
