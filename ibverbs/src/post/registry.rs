@@ -229,39 +229,41 @@ impl<T> Registry<T> {
     unsafe fn take_retired(&self) {
         // SAFETY: consumer (contract).
         unsafe {
-            self.for_each_ring(|entry, p, ring| match ring.state.load(Ordering::Acquire) {
+            self.for_each_ring(|ring| match ring.state.load(Ordering::Acquire) {
                 RETIRED => {
                     // SAFETY: consumer; retired means the device is done with these buffers.
                     ring.release_all();
                     ring.state.store(DRAINING, Ordering::Release);
                     self.retired.fetch_sub(1, Ordering::AcqRel);
                     self.draining.fetch_add(1, Ordering::AcqRel);
+                    false
                 }
                 UNUSED => {
-                    entry.store(ptr::null_mut(), Ordering::Release);
+                    // No wr_id names it: out of the table at once.
                     self.retired.fetch_sub(1, Ordering::AcqRel);
-                    // SAFETY: the table's strong count, taken in insert(); no wr_id names the
-                    // ring, and `ring` is not used after this.
-                    drop(Arc::from_raw(p));
+                    true
                 }
-                _ => {}
+                _ => false,
             })
         }
     }
 
-    /// Consumer: calls `f(entry, pointer, ring)` for every ring in the table.
+    /// Consumer: calls `f` on every ring in the table, and takes the ring out of the table (and
+    /// drops the table's strong count) when `f` returns `true` — after `f` returned, so that no
+    /// reference into the ring outlives it.
     ///
     /// # Safety
-    /// Called only by the consumer. `f` may take the ring out of its entry (and drop the table's
-    /// strong count) as its last use of `ring`.
-    unsafe fn for_each_ring(&self, mut f: impl FnMut(&AtomicPtr<Ring<T>>, *mut Ring<T>, &Ring<T>)) {
+    /// Called only by the consumer.
+    unsafe fn for_each_ring(&self, mut f: impl FnMut(&Ring<T>) -> bool) {
         let high = self.high.load(Ordering::Acquire);
         for entry in &self.entries[..high] {
             let p = entry.load(Ordering::Acquire);
-            if !p.is_null() {
-                // SAFETY: in the table, whose strong count keeps it alive; only the consumer
-                // (us) takes rings out.
-                f(entry, p, unsafe { &*p });
+            // SAFETY: in the table, whose strong count keeps it alive; only the consumer (us)
+            // takes rings out.
+            if !p.is_null() && f(unsafe { &*p }) {
+                entry.store(ptr::null_mut(), Ordering::Release);
+                // SAFETY: the table's strong count, taken in insert(); `f` has returned.
+                drop(unsafe { Arc::from_raw(p) });
             }
         }
     }
@@ -275,15 +277,15 @@ impl<T> Registry<T> {
     pub(crate) unsafe fn drained(&self) {
         // SAFETY: consumer (contract).
         unsafe {
-            self.for_each_ring(|entry, p, ring| {
-                if ring.state.load(Ordering::Acquire) == DRAINING {
-                    entry.store(ptr::null_mut(), Ordering::Release);
+            self.for_each_ring(|ring| {
+                let remove = ring.state.load(Ordering::Acquire) == DRAINING;
+                if remove {
+                    // Its slots were released in begin_poll: removing it drops nothing of the
+                    // user's.
                     self.draining.fetch_sub(1, Ordering::AcqRel);
                     self.unreserve(ring.kept.load(Ordering::Acquire));
-                    // SAFETY: the table's strong count, taken in insert(). The slots were
-                    // released in begin_poll, so nothing user-defined is dropped here.
-                    drop(Arc::from_raw(p));
                 }
+                remove
             })
         }
     }
