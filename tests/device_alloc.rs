@@ -92,3 +92,40 @@ fn post_and_poll_paths_do_not_allocate() {
     drop(out);
     assert_eq!(std::sync::Arc::strong_count(&shared), 1);
 }
+
+#[test]
+fn a_receive_pool_in_steady_state_does_not_allocate() {
+    let mut p = rc_pair(16);
+    let mut pool = ibverbs::ReceivePool::new(p.pd.allocate(64 * 256).unwrap().into_chunks(256).unwrap());
+    let mut send_chunks = p.pd.allocate(16 * 64).unwrap().into_chunks(64).unwrap();
+    let mut out: [Completion; 16] = Default::default();
+    for round in 0..2 {
+        let before = ALLOCS.load(Ordering::Relaxed);
+        for i in 0..200u32 {
+            pool.refill(&mut p.b).unwrap();
+            let mut chunk = send_chunks.pop().unwrap();
+            chunk[..4].copy_from_slice(&i.to_le_bytes());
+            p.a.post_send(SendRequest::send(Local::new(chunk, ..4).unwrap())).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let (mut sent, mut got) = (false, false);
+            while !(sent && got) {
+                assert!(Instant::now() < deadline, "timed out");
+                for c in p.cq_a.poll(&mut out).unwrap() {
+                    send_chunks.push(c.take_chunk().unwrap());
+                    sent = true;
+                }
+                for c in p.cq_b.poll(&mut out).unwrap() {
+                    assert!(c.is_ok(), "{c:?}");
+                    let chunk = c.take_chunk().unwrap();
+                    assert_eq!(chunk[..4], i.to_le_bytes());
+                    pool.put(chunk);
+                    got = true;
+                }
+            }
+        }
+        let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+        if round == 1 {
+            assert_eq!(allocs, 0, "the pool loop allocated {allocs} times");
+        }
+    }
+}

@@ -259,6 +259,7 @@ mod device;
 mod error;
 mod memory;
 mod pd;
+mod pool;
 mod post;
 mod queue;
 
@@ -269,8 +270,9 @@ pub use device::{
     Mtu, NodeType, PortAttr, PortState, TransportType,
 };
 pub use error::{Error, Result};
-pub use memory::{page_size, AccessFlags, MemoryRegion, OwnedBuffer, RemoteMemoryRegion, RemoteSlice};
+pub use memory::{page_size, AccessFlags, Chunk, MemoryRegion, OwnedBuffer, RemoteMemoryRegion, RemoteSlice};
 pub use pd::ProtectionDomain;
+pub use pool::ReceivePool;
 pub use post::{Local, LocalBuf, RecvRequest, SendRequest, MAX_SGE};
 pub use queue::{
     Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpState, QpType, QueuePair,

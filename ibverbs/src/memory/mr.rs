@@ -99,30 +99,7 @@ impl MrInner {
 
     /// Checks that `range` lies in the region; returns (offset, len).
     pub(crate) fn range(&self, verb: &'static str, range: impl RangeBounds<usize>) -> Result<(usize, usize)> {
-        let size = self.len();
-        let start = match range.start_bound() {
-            Bound::Included(&s) => Some(s),
-            Bound::Excluded(&s) => s.checked_add(1),
-            Bound::Unbounded => Some(0),
-        };
-        let end = match range.end_bound() {
-            Bound::Included(&e) => e.checked_add(1),
-            Bound::Excluded(&e) => Some(e),
-            Bound::Unbounded => Some(size),
-        };
-        match (start, end) {
-            (Some(s), Some(e)) if s <= e && e <= size => Ok((s, e - s)),
-            (s, e) => {
-                let s = s.unwrap_or(usize::MAX);
-                let e = e.unwrap_or(usize::MAX);
-                Err(Error::OutOfBounds {
-                    verb,
-                    offset: s as u64,
-                    len: e.saturating_sub(s) as u64,
-                    size: size as u64,
-                })
-            }
-        }
+        check_range(verb, range, self.len())
     }
 
     /// Whether the region belongs to protection domain `pd`.
@@ -132,6 +109,37 @@ impl MrInner {
 
     fn remote(&self) -> RemoteSlice {
         RemoteSlice { addr: self.addr() as u64, len: self.len() as u64, rkey: self.rkey() }
+    }
+}
+
+/// Checks that `range` lies in `0..size`; returns (offset, len).
+pub(crate) fn check_range(
+    verb: &'static str,
+    range: impl RangeBounds<usize>,
+    size: usize,
+) -> Result<(usize, usize)> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => Some(s),
+        Bound::Excluded(&s) => s.checked_add(1),
+        Bound::Unbounded => Some(0),
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.checked_add(1),
+        Bound::Excluded(&e) => Some(e),
+        Bound::Unbounded => Some(size),
+    };
+    match (start, end) {
+        (Some(s), Some(e)) if s <= e && e <= size => Ok((s, e - s)),
+        (s, e) => {
+            let s = s.unwrap_or(usize::MAX);
+            let e = e.unwrap_or(usize::MAX);
+            Err(Error::OutOfBounds {
+                verb,
+                offset: s as u64,
+                len: e.saturating_sub(s) as u64,
+                size: size as u64,
+            })
+        }
     }
 }
 

@@ -214,8 +214,8 @@ fn take_bufs(sges: &mut [Option<Local>; MAX_SGE]) -> [Option<LocalBuf>; MAX_SGE]
 fn restore(dst: &mut [Option<Local>; MAX_SGE], slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]) {
     for ((d, b), sge) in dst.iter_mut().zip(slot.bufs).zip(sges) {
         if let Some(buf) = b {
-            // The SGE was built from this buffer's region: addr lies in it.
-            let offset = sge.addr.wrapping_sub(buf.mr().addr() as u64) as usize;
+            // The SGE was built from this buffer: addr lies in it.
+            let offset = sge.addr.wrapping_sub(buf.bounds().0 as u64) as usize;
             *d = Some(Local { buf, offset, len: sge.length });
         }
     }

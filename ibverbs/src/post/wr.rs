@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::ah::AddressHandle;
 use crate::error::{Error, Result};
 use crate::ffi;
-use crate::memory::{MemoryRegion, MrInner, RemoteMemoryRegion, RemoteSlice};
+use crate::memory::{check_range, Chunk, MemoryRegion, MrInner, RemoteMemoryRegion, RemoteSlice};
 use crate::pd::PdInner;
 
 /// Most scatter/gather entries one safe work request carries.
@@ -25,6 +25,8 @@ pub enum LocalBuf {
     /// A remote-exposed region: it is racy by nature (only copied out of in safe code), so the
     /// device may read or write it while others hold the `Arc`.
     Remote(Arc<RemoteMemoryRegion>),
+    /// An owned piece of a local-only region, moved in like [`LocalBuf::Owned`].
+    Chunk(Chunk),
 }
 
 impl LocalBuf {
@@ -33,6 +35,15 @@ impl LocalBuf {
             LocalBuf::Owned(m) => &m.inner,
             LocalBuf::Shared(m) => &m.inner,
             LocalBuf::Remote(m) => &m.inner,
+            LocalBuf::Chunk(c) => &c.mr,
+        }
+    }
+
+    /// Start address and length of the buffer (the whole region, or the chunk).
+    pub(crate) fn bounds(&self) -> (*mut u8, usize) {
+        match self {
+            LocalBuf::Chunk(c) => (c.addr(), c.len()),
+            _ => (self.mr().addr(), self.mr().len()),
         }
     }
 
@@ -48,6 +59,14 @@ impl LocalBuf {
             _ => None,
         }
     }
+
+    /// The chunk back, if this is [`LocalBuf::Chunk`].
+    pub fn into_chunk(self) -> Option<Chunk> {
+        match self {
+            LocalBuf::Chunk(c) => Some(c),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Debug for LocalBuf {
@@ -56,6 +75,7 @@ impl fmt::Debug for LocalBuf {
             LocalBuf::Owned(m) => f.debug_tuple("Owned").field(m).finish(),
             LocalBuf::Shared(m) => f.debug_tuple("Shared").field(m).finish(),
             LocalBuf::Remote(m) => f.debug_tuple("Remote").field(m).finish(),
+            LocalBuf::Chunk(c) => f.debug_tuple("Chunk").field(c).finish(),
         }
     }
 }
@@ -68,6 +88,11 @@ impl From<MemoryRegion> for LocalBuf {
 impl From<Arc<MemoryRegion>> for LocalBuf {
     fn from(m: Arc<MemoryRegion>) -> Self {
         LocalBuf::Shared(m)
+    }
+}
+impl From<Chunk> for LocalBuf {
+    fn from(c: Chunk) -> Self {
+        LocalBuf::Chunk(c)
     }
 }
 impl From<Arc<RemoteMemoryRegion>> for LocalBuf {
@@ -93,9 +118,9 @@ impl Local {
     /// was moved in: check ranges of owned regions before, or use [`Local::whole`].
     pub fn new(buf: impl Into<LocalBuf>, range: impl RangeBounds<usize>) -> Result<Local> {
         let buf = buf.into();
-        let (offset, len) = buf.mr().range("ibv_post_send", range)?;
+        let (offset, len) = check_range("Local::new", range, buf.bounds().1)?;
         let len = u32::try_from(len).map_err(|_| Error::InvalidArgument {
-            verb: "ibv_post_send",
+            verb: "Local::new",
             reason: "a scatter/gather entry is at most 4 GiB - 1",
         })?;
         Ok(Local { buf, offset, len })
@@ -104,7 +129,7 @@ impl Local {
     /// The whole of `buf` (regions of 4 GiB or more are truncated to the first 4 GiB - 1 bytes).
     pub fn whole(buf: impl Into<LocalBuf>) -> Local {
         let buf = buf.into();
-        let len = u32::try_from(buf.mr().len()).unwrap_or(u32::MAX);
+        let len = u32::try_from(buf.bounds().1).unwrap_or(u32::MAX);
         Local { buf, offset: 0, len }
     }
 
@@ -124,8 +149,8 @@ impl Local {
     }
 
     pub(crate) fn sge(&self) -> ffi::ibv_sge {
-        let mr = self.buf.mr();
-        ffi::ibv_sge { addr: mr.addr() as u64 + self.offset as u64, length: self.len, lkey: mr.lkey() }
+        let start = self.buf.bounds().0;
+        ffi::ibv_sge { addr: start as u64 + self.offset as u64, length: self.len, lkey: self.buf.mr().lkey() }
     }
 }
 
@@ -287,7 +312,7 @@ impl<'a> SendRequest<'a> {
 
     /// Requests no completion (clears `IBV_SEND_SIGNALED`). Its buffers are released by the next
     /// signaled completion of the queue, so they must be shared (`Arc`) handles: posting an
-    /// unsignaled request holding an owned region is refused.
+    /// unsignaled request holding an owned region or chunk is refused.
     pub fn unsignaled(mut self) -> Self {
         self.signaled = false;
         self
@@ -340,7 +365,7 @@ impl<'a> SendRequest<'a> {
             count += 1;
             sge_len += u64::from(s.len);
             read_only |= !s.buf.device_writable();
-            owned |= matches!(s.buf, LocalBuf::Owned(_));
+            owned |= matches!(s.buf, LocalBuf::Owned(_) | LocalBuf::Chunk(_));
             foreign |= !s.buf.mr().in_pd(pd);
         }
         if foreign {

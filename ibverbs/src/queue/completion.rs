@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::ffi;
-use crate::memory::MemoryRegion;
+use crate::memory::{Chunk, MemoryRegion};
 use crate::post::registry::Registry;
 use crate::post::ring::TAG;
 use crate::post::{LocalBuf, Slot, MAX_SGE};
@@ -259,6 +259,10 @@ impl Completion {
     /// Takes the buffers the request held, in SGE order.
     pub fn take_buffers(&mut self) -> impl Iterator<Item = LocalBuf> + '_ {
         self.bufs.iter_mut().filter_map(Option::take)
+    }
+    /// Takes the first chunk the request held (the common one-buffer case with pools).
+    pub fn take_chunk(&mut self) -> Option<Chunk> {
+        self.bufs.iter_mut().find(|b| matches!(b, Some(LocalBuf::Chunk(_))))?.take()?.into_chunk()
     }
     /// Takes the first owned region the request held (the common one-buffer case).
     pub fn take_region(&mut self) -> Option<MemoryRegion> {

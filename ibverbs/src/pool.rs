@@ -1,0 +1,82 @@
+//! Registered buffer pools: keep a receive queue stocked from the chunks of one registration.
+
+use crate::error::Result;
+use crate::memory::Chunk;
+use crate::post::{Local, LocalBuf, RecvRequest};
+use crate::queue::QueuePair;
+
+/// Keeps a queue pair's receive queue stocked with [`Chunk`]s of one (or several)
+/// registrations, the way servers register one large buffer once and carve it into slots.
+///
+/// The pool owns the chunks that are not posted; [`refill`](Self::refill) posts as many as the
+/// receive queue has room for, and each receive completion hands its chunk back
+/// ([`Completion::take_chunk`](crate::Completion::take_chunk)) to be read and then
+/// [`put`](Self::put) back. Nothing allocates after [`new`](Self::new): the pool's storage holds
+/// every chunk it was given.
+///
+/// ```no_run
+/// # fn f(pd: &ibverbs::ProtectionDomain, qp: &mut ibverbs::QueuePair, cq: &mut ibverbs::CompletionQueue) -> ibverbs::Result<()> {
+/// use ibverbs::{Completion, ReceivePool};
+/// let mut pool = ReceivePool::new(pd.allocate(1 << 20)?.into_chunks(4096)?);
+/// pool.refill(qp)?;
+/// let mut wcs: [Completion; 16] = Default::default();
+/// loop {
+///     for wc in cq.poll(&mut wcs)? {
+///         if let Some(chunk) = wc.take_chunk() {
+///             let message = &chunk[..wc.byte_len() as usize];
+///             // ... use the message in place ...
+///             # let _ = message;
+///             pool.put(chunk);
+///         }
+///     }
+///     pool.refill(qp)?;
+/// }
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct ReceivePool {
+    free: Vec<Chunk>,
+}
+
+impl ReceivePool {
+    /// A pool of `chunks`, none posted yet.
+    pub fn new(chunks: Vec<Chunk>) -> ReceivePool {
+        ReceivePool { free: chunks }
+    }
+
+    /// Chunks in the pool (not posted).
+    pub fn available(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Gives a chunk (back) to the pool. Does not allocate for chunks the pool held before (its
+    /// storage has room for all of them).
+    pub fn put(&mut self, chunk: Chunk) {
+        self.free.push(chunk);
+    }
+
+    /// Posts receives into pool chunks (`ibv_post_recv()`, one request per chunk, `wr_id` = the
+    /// chunk's offset in its region) until the queue pair's receive queue is full or the pool is
+    /// empty; returns how many it posted.
+    ///
+    /// # Errors
+    /// The error of the first post that failed (its chunk stays in the pool), e.g.
+    /// [`Error::QpState`](crate::Error::QpState) in RESET or
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a chunk of another
+    /// protection domain.
+    #[doc(alias = "ibv_post_recv")]
+    pub fn refill(&mut self, qp: &mut QueuePair) -> Result<usize> {
+        let room = qp.caps().max_recv_wr.saturating_sub(qp.outstanding_recvs()) as usize;
+        let mut posted = 0;
+        while posted < room {
+            let Some(chunk) = self.free.pop() else { break };
+            let wr_id = chunk.offset() as u64;
+            if let Err(e) = qp.post_recv(RecvRequest::new(Local::whole(chunk)).wr_id(wr_id)) {
+                self.free.extend(e.request.into_buffers().filter_map(LocalBuf::into_chunk));
+                return Err(e.error);
+            }
+            posted += 1;
+        }
+        Ok(posted)
+    }
+}
