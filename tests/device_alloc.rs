@@ -129,3 +129,23 @@ fn a_receive_pool_in_steady_state_does_not_allocate() {
         }
     }
 }
+
+#[test]
+fn prepared_posts_do_not_allocate() {
+    let mut p = rc_pair(32);
+    let src = std::sync::Arc::new(p.pd.allocate(64).unwrap());
+    let target = std::sync::Arc::new(p.pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap());
+    let prepared = p.a.prepare_send(SendRequest::write(Local::whole(src), target.remote())).unwrap();
+    let mut out: [Completion; 16] = Default::default();
+    for round in 0..2 {
+        let before = ALLOCS.load(Ordering::Relaxed);
+        for i in 0..300u64 {
+            p.a.post_prepared(&prepared, i, (i % 56) as usize, 8, i % 56).unwrap();
+            drain(&mut p.cq_a, &mut out, 1);
+        }
+        let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+        if round == 1 {
+            assert_eq!(allocs, 0, "prepared posts allocated {allocs} times");
+        }
+    }
+}

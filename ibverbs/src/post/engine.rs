@@ -63,8 +63,9 @@ pub(crate) trait Request {
     fn link(raw: &mut Self::Raw, next: *mut Self::Raw);
     /// Moves what must live until the completion into a slot.
     fn take_slot(&mut self) -> Slot;
-    /// Where a withdrawn slot's buffers go back.
-    fn sges_mut(&mut self) -> &mut [Option<Local>; MAX_SGE];
+    /// Takes back a withdrawn slot (a request that was not posted after all), whose SGEs were
+    /// `sges`.
+    fn give_back(&mut self, slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]);
 }
 
 impl Request for SendRequest<'_> {
@@ -80,8 +81,8 @@ impl Request for SendRequest<'_> {
         let ah = self.ud.as_ref().map(|(ah, _, _)| ah.inner.clone());
         Slot { wr_id: self.wr_id, bufs: take_bufs(&mut self.sges), _ah: ah }
     }
-    fn sges_mut(&mut self) -> &mut [Option<Local>; MAX_SGE] {
-        &mut self.sges
+    fn give_back(&mut self, slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]) {
+        restore(&mut self.sges, slot, sges);
     }
 }
 
@@ -97,8 +98,8 @@ impl Request for RecvRequest {
     fn take_slot(&mut self) -> Slot {
         Slot { wr_id: self.wr_id, bufs: take_bufs(&mut self.sges), _ah: None }
     }
-    fn sges_mut(&mut self) -> &mut [Option<Local>; MAX_SGE] {
-        &mut self.sges
+    fn give_back(&mut self, slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]) {
+        restore(&mut self.sges, slot, sges);
     }
 }
 
@@ -132,7 +133,7 @@ pub(crate) fn post_one<R: Request>(
         ring.set_head(head);
         // SAFETY: the producer withdrew `head`; the device never saw it.
         let slot = unsafe { ring.take_back(head) };
-        restore(wr.sges_mut(), slot, &sges);
+        wr.give_back(slot, &sges);
         return Err(Error::from_ret(R::VERB, ret));
     }
     Ok(())
@@ -195,7 +196,7 @@ pub(crate) fn post_chain<R: Request>(
         // SAFETY: withdrawn positions, never seen by the device or the consumer.
         let slot = unsafe { ring.take_back(head.wrapping_add(i as u32)) };
         // SAFETY: i < n; the provider is done with the chain.
-        restore(wr.sges_mut(), slot, unsafe { &*sge_base.add(i) });
+        wr.give_back(slot, unsafe { &*sge_base.add(i) });
     }
     wrs.drain(..posted);
     Err(Error::from_ret(R::VERB, ret))

@@ -3,15 +3,18 @@
 //! 1. [`wr`]: typed requests ([`SendRequest`], [`RecvRequest`]) over registered buffers
 //!    ([`Local`]), checked before anything reaches the device;
 //! 2. [`engine`]: a request moves its buffers into a [`Slot`] of its work queue's [`Ring`] and
-//!    becomes a raw `ibv_send_wr`/`ibv_recv_wr` whose `wr_id` names the slot;
+//!    becomes a raw `ibv_send_wr`/`ibv_recv_wr` whose `wr_id` names the slot ([`prepared`]
+//!    requests skip the building and most checks: done once, copied per post);
 //! 3. [`registry`]: each completion queue knows the rings of the queues it serves, so a polled
 //!    completion finds its slot from the `wr_id` alone (see
 //!    [`CompletionQueue::poll`](crate::CompletionQueue::poll)) and hands the buffers back.
 
 pub(crate) mod engine;
+pub(crate) mod prepared;
 pub(crate) mod registry;
 pub(crate) mod ring;
 pub(crate) mod wr;
 
 pub(crate) use engine::Slot;
+pub use prepared::PreparedSend;
 pub use wr::{Local, LocalBuf, RecvRequest, SendRequest, MAX_SGE};

@@ -238,6 +238,7 @@ impl<'a> QueuePairBuilder<'a> {
         let recv_chain_len = caps.max_recv_wr as usize;
         Ok(QueuePair {
             raw,
+            id: next_qp_id(),
             post_send_fn,
             post_recv_fn,
             send,
@@ -271,6 +272,9 @@ type PostRecvFn =
 /// released at the CQ's next [`poll`](CompletionQueue::poll) (or when the CQ goes).
 pub struct QueuePair {
     raw: NonNull<ffi::ibv_qp>,
+    /// Unique for the process's lifetime (never reused, unlike the `ibv_qp` address): what a
+    /// prepared request is checked against.
+    pub(crate) id: u64,
     post_send_fn: Option<PostSendFn>,
     post_recv_fn: Option<PostRecvFn>,
     send: Arc<Ring<Slot>>,
@@ -337,6 +341,12 @@ impl<R> From<PostError<R>> for Error {
     fn from(e: PostError<R>) -> Error {
         e.error
     }
+}
+
+/// A process-wide QP identity: a 64-bit counter does not wrap in any process's lifetime.
+fn next_qp_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 pub(crate) fn random_psn() -> u32 {

@@ -6,15 +6,26 @@ use std::sync::Arc;
 use crate::error::{cvt, Error, Result};
 use crate::ffi;
 use crate::post::engine::{post_chain, post_one};
+use crate::post::prepared::{PreparedPost, PreparedSend};
 use crate::post::wr::Op;
 use crate::post::{RecvRequest, SendRequest};
 use crate::queue::qp::{PostError, QpState, QpType, QueuePair};
 
 impl QueuePair {
-    fn check_send(&self, wr: &SendRequest<'_>) -> Result<()> {
+    fn check_send_state(&self) -> Result<()> {
         if self.state != QpState::RTS && self.state != QpState::ERR {
             return Err(Error::QpState { verb: "ibv_post_send", state: self.state, expected: "RTS" });
         }
+        Ok(())
+    }
+
+    fn check_send(&self, wr: &SendRequest<'_>) -> Result<()> {
+        self.check_send_state()?;
+        self.check_send_request(wr)
+    }
+
+    /// Everything about a send request but the QP's state.
+    fn check_send_request(&self, wr: &SendRequest<'_>) -> Result<()> {
         let count = wr.validate(&self.pd)?;
         let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_post_send", reason });
         if wr.ud.as_ref().is_some_and(|(ah, _, _)| !Arc::ptr_eq(&ah.inner.pd, &self.pd)) {
@@ -128,6 +139,65 @@ impl QueuePair {
         }
         let qp = self.raw.as_ptr();
         post_chain(qp, &self.recv, self.post_recv_fn, &mut self.recv_chain, &mut self.recv_chain_sges, wrs)
+    }
+
+    /// Checks `wr` once for this queue pair and keeps its fixed parts (opcode, flags, remote key,
+    /// immediate data, UD destination, local key) for [`post_prepared`](Self::post_prepared).
+    /// The request must have exactly one scatter/gather entry over a *shared* buffer
+    /// (`Arc<MemoryRegion>` or `Arc<RemoteMemoryRegion>`: each post keeps one more handle until
+    /// its completion) and no inline data. The QP's state is checked at each post, so a QP may
+    /// be prepared for before it is connected.
+    ///
+    /// # Errors
+    /// A [`PostError`] handing the request back: any error [`post_send`](Self::post_send) reports
+    /// for the request itself, or [`Error::InvalidArgument`] for a request with inline data, more
+    /// or fewer than one entry, or an owned buffer.
+    #[allow(clippy::result_large_err)] // the request comes back whole
+    pub fn prepare_send<'a>(&self, wr: SendRequest<'a>) -> Result<PreparedSend, PostError<SendRequest<'a>>> {
+        if let Err(error) = self.check_send_request(&wr) {
+            return Err(PostError { error, request: wr });
+        }
+        match PreparedSend::from_checked(self.id, &wr) {
+            Some(p) => Ok(p),
+            None => Err(PostError {
+                error: Error::InvalidArgument {
+                    verb: "ibv_post_send",
+                    reason: "a prepared request has one entry over a shared (Arc) buffer and no inline data",
+                },
+                request: wr,
+            }),
+        }
+    }
+
+    /// Posts a prepared request (`ibv_post_send()`) with `wr_id`, local bytes
+    /// `offset..offset + len` of its buffer and (for RDMA Write/Read and atomics) remote bytes
+    /// `remote_offset..remote_offset + len` of its remote range — the only checks left per post.
+    /// The completion hands back a clone of the buffer's `Arc`, like any safe post.
+    ///
+    /// # Errors
+    /// [`Error::QpState`] before RTS, [`Error::InvalidArgument`] for a request prepared for
+    /// another queue pair (or a remote offset on a Send, or an atomic not of 8 aligned bytes),
+    /// [`Error::OutOfBounds`] for ranges outside the buffer or the remote range,
+    /// [`Error::QueueFull`], or [`Error::Verb`] when the provider refuses it.
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_prepared(
+        &mut self,
+        prepared: &PreparedSend,
+        wr_id: u64,
+        offset: usize,
+        len: u32,
+        remote_offset: u64,
+    ) -> Result<()> {
+        self.check_send_state()?;
+        if prepared.qp != self.id {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_post_send",
+                reason: "the request was prepared for another queue pair",
+            });
+        }
+        prepared.check(offset, len, remote_offset)?;
+        let mut post = PreparedPost { prepared, wr_id, offset, len, remote_offset };
+        post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &mut post)
     }
 
     /// Posts a raw chain of send requests (`ibv_post_send()`) at exactly C's cost: no checks, no

@@ -1,0 +1,102 @@
+//! Prepared requests over a real device: built and checked once, posted many times with only
+//! the wr_id and the ranges changing.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use ibverbs::{AccessFlags, Error, Local, QpState, QpType, SendRequest};
+
+#[test]
+fn prepared_writes_move_the_right_bytes_and_hand_their_buffer_back() {
+    let mut p = rc_pair(32);
+    let mut src = p.pd.allocate(4096).unwrap();
+    src.copy_from_slice(&pattern(4096, 7));
+    let src = Arc::new(src);
+    let target = Arc::new(p.pd.allocate_remote(8192, AccessFlags::REMOTE_WRITE).unwrap());
+    let prepared = p.a.prepare_send(SendRequest::write(Local::whole(src.clone()), target.remote())).unwrap();
+    assert_eq!(prepared.buffer_len(), 4096);
+    let mut expect = vec![0u8; 8192];
+    for i in 0..300u64 {
+        let (off, len, roff) = ((i * 131) as usize % 4000, 1 + (i * 7) as u32 % 96, (i * 257) % 8000);
+        p.a.post_prepared(&prepared, i, off, len, roff).unwrap();
+        let c = poll_one(&mut p.cq_a);
+        assert!(c.is_ok() && c.is_tracked() && c.wr_id() == i, "{c:?}");
+        expect[roff as usize..roff as usize + len as usize].copy_from_slice(&src[off..off + len as usize]);
+    }
+    assert_eq!(target.to_vec(), expect);
+    assert_eq!(
+        Arc::strong_count(&src),
+        2,
+        "the completions handed every clone back (one left in `prepared`)"
+    );
+    drop(prepared);
+    assert_eq!(Arc::strong_count(&src), 1);
+}
+
+#[test]
+fn prepared_atomics_and_sends() {
+    let mut p = rc_pair(8);
+    let counter = Arc::new(p.pd.allocate_remote(16, AccessFlags::REMOTE_ATOMIC).unwrap());
+    let old = Arc::new(p.pd.allocate_remote(8, AccessFlags::LOCAL_WRITE).unwrap());
+    let add =
+        p.a.prepare_send(SendRequest::fetch_add(Local::whole(old.clone()), counter.remote(), 3)).unwrap();
+    for i in 0..10u64 {
+        p.a.post_prepared(&add, i, 0, 8, 8).unwrap();
+        assert!(poll_one(&mut p.cq_a).is_ok());
+        assert_eq!(old.load_u64(0).unwrap(), 3 * i, "the old value came back");
+    }
+    assert_eq!(counter.load_u64(8).unwrap(), 30);
+    assert!(matches!(p.a.post_prepared(&add, 0, 0, 4, 8), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(p.a.post_prepared(&add, 0, 0, 8, 4), Err(Error::InvalidArgument { .. })));
+
+    let msg = Arc::new(p.pd.register(b"hello prepared".to_vec(), AccessFlags::LOCAL_WRITE).unwrap());
+    let send = p.a.prepare_send(SendRequest::send(Local::whole(msg.clone())).imm(9)).unwrap();
+    for i in 0..5 {
+        p.b.post_recv(ibverbs::RecvRequest::new(Local::whole(p.pd.allocate(64).unwrap()))).unwrap();
+        p.a.post_prepared(&send, i, 6, 8, 0).unwrap();
+        assert!(poll_one(&mut p.cq_a).is_ok());
+        let mut r = poll_one(&mut p.cq_b);
+        assert_eq!((r.byte_len(), r.imm_data()), (8, Some(9)));
+        assert_eq!(&r.take_region().unwrap()[..8], b"prepared");
+    }
+    assert!(matches!(p.a.post_prepared(&send, 0, 0, 4, 1), Err(Error::InvalidArgument { .. })));
+}
+
+#[test]
+fn a_prepared_request_is_checked_once_and_cheaply_after() {
+    let mut p = rc_pair(4);
+    let src = Arc::new(p.pd.allocate(64).unwrap());
+    let target = Arc::new(p.pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap());
+    let write = || SendRequest::write(Local::whole(src.clone()), target.remote());
+    let prepared = p.a.prepare_send(write()).unwrap();
+    // Ranges outside the buffer or the remote range, with overflowing arithmetic too.
+    for (off, len, roff) in [(0, 65, 0), (60, 8, 0), (usize::MAX, 2, 0), (0, 8, 57), (0, 1, u64::MAX)] {
+        let r = p.a.post_prepared(&prepared, 0, off, len, roff);
+        assert!(matches!(r, Err(Error::OutOfBounds { .. })), "{off} {len} {roff}: {r:?}");
+    }
+    // Another queue pair, even one that reuses the freed QP's memory, is refused.
+    assert!(matches!(p.b.post_prepared(&prepared, 0, 0, 8, 0), Err(Error::InvalidArgument { .. })));
+    let ud_prepared = {
+        let qp = p.pd.create_qp(&p.cq_a, QpType::RC).max_send_wr(1).max_recv_wr(1).build().unwrap();
+        qp.prepare_send(write()).unwrap()
+    };
+    for _ in 0..8 {
+        let mut ud = p.pd.create_qp(&p.cq_b, QpType::UD).max_send_wr(1).max_recv_wr(1).build().unwrap();
+        ud.activate_ud(&opts()).unwrap();
+        let r = ud.post_prepared(&ud_prepared, 0, 0, 8, 0);
+        assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    }
+    // Owned buffers, inline data and several entries are not preparable; the request comes back.
+    let owned = p.pd.allocate(8).unwrap();
+    let e = p.a.prepare_send(SendRequest::write(Local::whole(owned), target.remote())).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }));
+    assert!(e.request.into_buffers().next().and_then(ibverbs::LocalBuf::into_region).is_some());
+    assert!(p.a.prepare_send(SendRequest::write_inline(b"x", target.remote())).is_err());
+    // The state is checked at each post, not at preparation.
+    let mut fresh = p.pd.create_qp(&p.cq_a, QpType::RC).max_send_wr(1).max_recv_wr(1).build().unwrap();
+    let early = fresh.prepare_send(write()).unwrap();
+    assert_eq!(fresh.state(), QpState::RESET);
+    assert!(matches!(fresh.post_prepared(&early, 0, 0, 8, 0), Err(Error::QpState { .. })));
+}
