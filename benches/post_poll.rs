@@ -53,6 +53,9 @@ fn rdtsc() -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Level {
     Safe,
+    /// A prepared RDMA Write from a registered buffer (`prepare_send` once, `post_prepared` per
+    /// iteration; single requests only).
+    Prepared,
     Unsafe,
     Ffi,
 }
@@ -61,6 +64,7 @@ impl Level {
     fn name(self) -> &'static str {
         match self {
             Level::Safe => "safe    post_send(_chain) + poll",
+            Level::Prepared => "safe    post_prepared + poll (not inline)",
             Level::Unsafe => "unsafe  post_send_unchecked + poll_raw",
             Level::Ffi => "ffi     ibv_post_send + ibv_poll_cq",
         }
@@ -81,6 +85,7 @@ struct Bench {
     cq: CompletionQueue,
     remote: RemoteSlice,
     data: [u8; 8],
+    prepared: ibverbs::PreparedSend,
     // Keeps the peer and the target alive.
     _peer: QueuePair,
     _peer_cq: CompletionQueue,
@@ -108,7 +113,11 @@ fn setup() -> Result<Bench, String> {
     peer.connect(&a, &opts).map_err(|e| e.to_string())?;
     let target = Arc::new(pd.allocate_remote(4096, AccessFlags::REMOTE_WRITE).map_err(|e| e.to_string())?);
     let remote = target.remote().slice(0, 8).map_err(|e| e.to_string())?;
+    let src = Arc::new(pd.allocate(8).map_err(|e| e.to_string())?);
+    let prepared =
+        qp.prepare_send(SendRequest::write(ibverbs::Local::whole(src), remote)).map_err(|e| e.to_string())?;
     Ok(Bench {
+        prepared,
         qp,
         cq,
         remote,
@@ -172,6 +181,9 @@ fn run(b: &mut Bench, level: Level, n: usize, iters: usize) -> Result<(u64, u64,
                 }
                 b.qp.post_send_chain(&mut chain).map_err(|e| e.to_string())?;
             }
+            Level::Prepared => {
+                b.qp.post_prepared(&b.prepared, 0, 0, 8, 0).map_err(|e| e.to_string())?;
+            }
             Level::Unsafe => {
                 let mut bad = ptr::null_mut();
                 // SAFETY: a valid NULL-terminated chain of inline writes (data copied during the
@@ -192,7 +204,7 @@ fn run(b: &mut Bench, level: Level, n: usize, iters: usize) -> Result<(u64, u64,
         let mut spins = 0u32;
         loop {
             let (got, ok) = match level {
-                Level::Safe => {
+                Level::Safe | Level::Prepared => {
                     let got = b.cq.poll(&mut comps).map_err(|e| e.to_string())?;
                     (got.len(), got.first().map_or(true, |c| c.is_ok()))
                 }
@@ -246,11 +258,15 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let levels = [Level::Safe, Level::Unsafe, Level::Ffi];
     let mut rows = Vec::new();
     for (n, iters) in [(1usize, 3000usize), (CHAIN, 300)] {
+        let levels: &[Level] = if n == 1 {
+            &[Level::Safe, Level::Prepared, Level::Unsafe, Level::Ffi]
+        } else {
+            &[Level::Safe, Level::Unsafe, Level::Ffi]
+        };
         // Warm up every level (page faults, caches, the device's first requests).
-        for &l in &levels {
+        for &l in levels {
             if let Err(e) = run(&mut b, l, n, iters / 10) {
                 eprintln!("post_poll: {e}");
                 std::process::exit(1);
