@@ -256,11 +256,14 @@ pub use ibverbs_sys as ffi;
 mod ah;
 mod connect;
 mod device;
+pub mod diag;
 mod error;
+pub mod guide;
 mod memory;
 mod pd;
 mod post;
 mod queue;
+pub mod select;
 
 pub use ah::AddressHandle;
 pub use connect::{ConnectOptions, Endpoint};

@@ -1,0 +1,1 @@
+//! A guide (being written).
