@@ -87,7 +87,10 @@ fn main() -> ExitCode {
             }
         },
         None if list.is_empty() => {
-            eprintln!("devinfo: No IB devices found");
+            eprintln!(
+                "devinfo: No IB devices found ({})",
+                ibverbs::diag::SystemReport::gather().no_device_hint()
+            );
             return ExitCode::FAILURE;
         }
         None => list.iter().filter(in_env).collect(),

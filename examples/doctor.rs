@@ -94,7 +94,10 @@ fn main() -> ExitCode {
     for device in kernel_only.devices.iter().filter(|d| fabric.device(&d.name).is_none()) {
         println!();
         print_kernel_only(device, &report);
-        problems.push(format!("{}: {}", device.name, kernel_only_reason(&device.name, &report)));
+        // With no usable device at all, the "no device" message below says the same.
+        if !fabric.devices.is_empty() {
+            problems.push(format!("{}: {}", device.name, kernel_only_reason(&device.name, &report)));
+        }
     }
     if fabric.devices.is_empty() {
         println!();
@@ -156,10 +159,10 @@ fn main() -> ExitCode {
         let size = usize::try_from(args.probe_size).unwrap_or(usize::MAX);
         let result = first.open().and_then(|ctx| ctx.alloc_pd()).and_then(|pd| pd.allocate(size));
         match result {
-            Ok(_) => println!("  registration:      {} bytes on {}: ok", args.probe_size, first.device),
+            Ok(_) => println!("  registration:      {} on {}: ok", bytes(args.probe_size), first.device),
             Err(e) => {
-                println!("  registration:      {} bytes on {}: FAILED", args.probe_size, first.device);
-                problems.push(format!("registering {} bytes on {}: {e}", args.probe_size, first.device));
+                println!("  registration:      {} on {}: FAILED", bytes(args.probe_size), first.device);
+                problems.push(format!("registering {} on {}: {e}", bytes(args.probe_size), first.device));
                 fatal = true;
             }
         }
@@ -216,6 +219,15 @@ fn list(chosen: &[ibverbs::select::Choice]) -> String {
     chosen.iter().map(|c| format!("{} port {}", c.device, c.port)).collect::<Vec<_>>().join(", ")
 }
 
+/// A byte count: `1 MiB`, `64 KiB`, or bytes.
+fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} bytes"),
+    }
+}
+
 /// 4.096 µs × 2^timeout, readably.
 fn ack_timeout(t: u8) -> String {
     if t == 0 {
@@ -267,9 +279,7 @@ fn print_device(device: &DeviceDesc, report: &SystemReport, outcome: &Outcome) {
                 None => println!("    => usable: LID {}", c.lid),
             },
             (None, Some(r)) => match r.problem {
-                PortProblem::NotListed | PortProblem::Excluded { .. } => {
-                    println!("    => not selected: {}", r.problem)
-                }
+                PortProblem::NotListed | PortProblem::Excluded { .. } => println!("    => {}", r.problem),
                 _ => println!("    => NOT USABLE: {}", r.problem),
             },
             (None, None) => {}

@@ -87,6 +87,19 @@ fn hca_displays_canonically_and_round_trips() {
 }
 
 #[test]
+fn device_names_compare_naturally() {
+    use ibverbs::select::natural_cmp;
+    let mut names =
+        ["mlx5_10", "rxe1", "mlx5_2", "mlx5_1", "rxe0", "mlx4_0", "mlx5_02", "mlx5", "rxe10", "rxe9"];
+    names.sort_by(|a, b| natural_cmp(a, b));
+    assert_eq!(
+        names,
+        ["mlx4_0", "mlx5", "mlx5_1", "mlx5_2", "mlx5_02", "mlx5_10", "rxe0", "rxe1", "rxe9", "rxe10"]
+    );
+    assert_eq!(natural_cmp("rxe0", "rxe0"), std::cmp::Ordering::Equal);
+}
+
+#[test]
 fn hca_reports_unmatched_entries() {
     let ports = [("mlx5_0", 1), ("rxe0", 1)];
     let s = hca("mlx5_0,mlx5_7,rxe0:2");
@@ -386,7 +399,7 @@ fn selection(hca_text: &str) -> Selection {
 }
 
 #[test]
-fn selection_keeps_active_ports_in_device_list_order() {
+fn selection_keeps_active_ports_in_natural_name_order() {
     let out = Selection::default().evaluate(&fabric());
     assert_eq!(names(&out.chosen), ["mlx5_0:1", "mlx5_1:1", "mlx5_10:1", "rxe0:1"]);
     assert_eq!(out.rejected.len(), 1);
@@ -396,6 +409,14 @@ fn selection_keeps_active_ports_in_device_list_order() {
     let text = r.to_string();
     assert!(text.contains("port state DOWN is not ACTIVE"), "{text}");
     assert!(text.contains("eth2 is down") && text.contains("ip link set eth2 up"), "{text}");
+    // Whatever order the kernel lists the devices in, they are used in natural name order.
+    let mut shuffled = fabric();
+    shuffled.devices.reverse();
+    shuffled.devices.push(DeviceDesc::new("mlx5_2", vec![mlx5_port()]));
+    assert_eq!(
+        names(&Selection::default().select(&shuffled).unwrap()),
+        ["mlx5_0:1", "mlx5_1:1", "mlx5_2:1", "mlx5_10:1", "rxe0:1"]
+    );
     // The order of the names does not reorder the ports.
     assert_eq!(names(&selection("rxe0,mlx5_0").select(&fabric()).unwrap()), ["mlx5_0:1", "rxe0:1"]);
     // What each choice carries.

@@ -38,7 +38,9 @@ use crate::error::Result;
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Fabric {
-    /// The devices, in the order of the device list.
+    /// The devices; the builders of this crate put them in natural name order
+    /// ([`natural_cmp`](super::natural_cmp)), and [`Selection`](super::Selection) goes through
+    /// them in that order whatever order they are in.
     pub devices: Vec<DeviceDesc>,
 }
 
@@ -90,7 +92,8 @@ pub struct Netdev {
 
 impl Fabric {
     /// Describes the devices of this host through the verbs: every device of
-    /// [`devices()`](crate::devices) is opened and its ports and GID tables are queried.
+    /// [`devices()`](crate::devices) is opened and its ports and GID tables are queried; the
+    /// devices come in natural name order.
     ///
     /// # Errors
     /// [`Error::Verb`](crate::Error::Verb) when `ibv_get_device_list()` fails. A device that
@@ -99,9 +102,9 @@ impl Fabric {
         Ok(Fabric::from_list(&devices()?))
     }
 
-    /// Describes the devices of `list` (see [`query`](Self::query)).
+    /// Describes the devices of `list` (see [`query`](Self::query)), in natural name order.
     pub fn from_list(list: &DeviceList) -> Fabric {
-        let devices = list
+        let mut devices: Vec<DeviceDesc> = list
             .iter()
             .map(|d| {
                 d.open().and_then(|ctx| DeviceDesc::from_context(&ctx)).unwrap_or_else(|e| DeviceDesc {
@@ -112,6 +115,7 @@ impl Fabric {
                 })
             })
             .collect();
+        devices.sort_by(|a, b| super::natural_cmp(&a.name, &b.name));
         Fabric { devices }
     }
 
@@ -119,7 +123,7 @@ impl Fabric {
     /// `sys/class/infiniband/<device>/ports/<n>/{state,link_layer,lid,gids,gid_attrs}` and
     /// `sys/class/net/<netdev>`. Needs no access to `/dev/infiniband`, so it also works where
     /// the device files are missing (a container they were not passed to). Devices come in
-    /// name order; [`active_mtu`](PortDesc::active_mtu) is unknown (`None`).
+    /// natural name order ([`natural_cmp`](super::natural_cmp)); [`active_mtu`](PortDesc::active_mtu) is unknown (`None`).
     ///
     /// A missing `sys/class/infiniband` (no RDMA driver loaded) gives an empty fabric; a device
     /// whose files cannot be read is described with its [`error`](DeviceDesc::error).
@@ -135,7 +139,7 @@ impl Fabric {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(e),
         };
-        names.sort();
+        names.sort_by(|a, b| super::natural_cmp(a, b));
         let devices = names
             .into_iter()
             .map(|name| {

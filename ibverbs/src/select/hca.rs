@@ -21,9 +21,9 @@ use super::parse::{ParseError, ParseErrorKind};
 ///   exact names;
 /// - the empty string (or no setting at all) selects every device.
 ///
-/// The order of the names does not matter: ports are used in the order of the device list
-/// (`ibv_devices`), ports in ascending order, as NCCL does. Only ACTIVE ports are ever selected
-/// (see [`Selection`](super::Selection)).
+/// The order of the names does not matter: ports are used in natural device name order, ports
+/// in ascending order (see [`Selection`](super::Selection)). Only ACTIVE ports are ever
+/// selected.
 ///
 /// Stricter than NCCL, which silently ignores what it cannot read (so a typo means "use
 /// nothing" or "use everything"): empty entries (`a,,b`, a trailing comma), whitespace,

@@ -37,8 +37,10 @@
 //!
 //! # How a port is chosen
 //!
-//! [`Selection::evaluate`] goes through the devices in the order of the device list (as
-//! `ibv_devices` prints them) and their ports in ascending order, and keeps a port when, in this
+//! [`Selection::evaluate`] goes through the devices in natural name order (`mlx5_2` before
+//! `mlx5_10`, [`natural_cmp`]) and their ports in ascending order — deterministic, whatever
+//! order the kernel lists the devices in (it is not sorted: a device added later may come
+//! first); the first usable port is what [`Config::open`] uses. It keeps a port when, in this
 //! order of checks:
 //!
 //! 1. the [`HcaSelector`] selects it (`NCCL_IB_HCA`; every port when unset);
@@ -276,7 +278,7 @@ impl fmt::Display for Rejected {
 /// The result of [`Selection::evaluate`]: what was chosen, what was not and why.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Outcome {
-    /// The usable ports, in order.
+    /// The usable ports, in natural device name order, then port order.
     pub chosen: Vec<Choice>,
     /// The ports (or devices) not kept.
     pub rejected: Vec<Rejected>,
@@ -289,7 +291,9 @@ impl Selection {
     /// what is usable and why the rest is not. Never fails.
     pub fn evaluate(&self, fabric: &Fabric) -> Outcome {
         let mut out = Outcome::default();
-        for device in &fabric.devices {
+        let mut devices: Vec<&DeviceDesc> = fabric.devices.iter().collect();
+        devices.sort_by(|a, b| natural_cmp(&a.name, &b.name));
+        for device in devices {
             if let Some(reason) = &device.error {
                 let problem = PortProblem::DeviceUnavailable { reason: reason.clone() };
                 out.rejected.push(Rejected { device: device.name.clone(), port: None, problem });
@@ -399,6 +403,33 @@ impl Selection {
             active_mtu: port.active_mtu,
         })
     }
+}
+
+/// Compares device names naturally: runs of digits by their value, so `mlx5_2` comes before
+/// `mlx5_10` and `rxe9` before `rxe10`.
+pub fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    /// The next run of digits or of other characters, and the rest.
+    fn run(s: &str) -> (&str, &str) {
+        let digits = s.starts_with(|c: char| c.is_ascii_digit());
+        let end = s.find(|c: char| c.is_ascii_digit() != digits).unwrap_or(s.len());
+        s.split_at(end)
+    }
+    let (mut a, mut b) = (a, b);
+    while !a.is_empty() && !b.is_empty() {
+        let ((ra, rest_a), (rb, rest_b)) = (run(a), run(b));
+        let digits = |r: &str| r.starts_with(|c: char| c.is_ascii_digit());
+        let order = if digits(ra) && digits(rb) {
+            let (ta, tb) = (ra.trim_start_matches('0'), rb.trim_start_matches('0'));
+            ta.len().cmp(&tb.len()).then_with(|| ta.cmp(tb)).then_with(|| ra.len().cmp(&rb.len()))
+        } else {
+            ra.cmp(rb)
+        };
+        if order != std::cmp::Ordering::Equal {
+            return order;
+        }
+        (a, b) = (rest_a, rest_b);
+    }
+    a.len().cmp(&b.len())
 }
 
 impl fmt::Display for Selection {
