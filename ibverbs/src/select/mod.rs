@@ -5,13 +5,13 @@
 //! for NCCL runs unchanged:
 //!
 //! ```no_run
-//! use ibverbs::select::Config;
-//!
-//! // NCCL_IB_HCA=mlx5_0:1,mlx5_1 NCCL_IB_GID_INDEX=3 NCCL_IB_TIMEOUT=22 ./my-job
-//! let config = Config::from_env()?; // a typo in any variable is an error naming it
-//! let (ctx, opts) = config.open()?; // the first selected port, its GID, timeout, retries...
-//! println!("using {} port {} GID index {:?}", ctx.name(), opts.port, opts.gid_index);
-//! # Ok::<(), ibverbs::Error>(())
+//! fn main() -> ibverbs::Result<()> {
+//!     // NCCL_IB_HCA=mlx5_0:1,mlx5_1 NCCL_IB_GID_INDEX=3 NCCL_IB_TIMEOUT=22 ./my-job
+//!     let config = ibverbs::select::Config::from_env()?; // a typo in any variable is an error naming it
+//!     let (ctx, opts) = config.open()?; // the first usable port, its GID, timeout, retries...
+//!     println!("using {} port {} GID index {:?}", ctx.name(), opts.port, opts.gid_index);
+//!     Ok(())
+//! }
 //! ```
 //!
 //! # The variables
