@@ -7,6 +7,8 @@
 //! fails). The examples are run from `target/<profile>/examples/` (`cargo build --examples`).
 
 mod common;
+#[path = "support/memlock.rs"]
+mod memlock;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -18,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use ibverbs::select::{Config, Fabric, PortProblem, Selection};
 use ibverbs::{AccessFlags, Error, GidType, LinkLayer, Local, Mtu, PortState, QpType, SendRequest};
+use memlock::with_memlock;
 
 const EXTRA_IP: &str = "198.51.100.1";
 
@@ -320,49 +323,6 @@ fn a_port_whose_netdev_is_down_is_named_and_left_out() {
 
 // ---------------------------------------------------------------------------------------------
 // Diagnostics in the library's errors
-
-/// Sets this thread's effective capabilities (the first 32) to `effective` ∩ permitted;
-/// returns the previous effective set.
-fn set_effective_caps(effective: u32) -> u32 {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Default, Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    let mut header = Header { version: 0x2008_0522, pid: 0 }; // _LINUX_CAPABILITY_VERSION_3
-    let mut data = [Data::default(); 2];
-    // SAFETY: capget with a v3 header and room for two data structs.
-    assert_eq!(unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) }, 0);
-    let old = data[0].effective;
-    data[0].effective = effective & data[0].permitted;
-    // SAFETY: capset of this thread with what capget returned, effective ⊆ permitted.
-    assert_eq!(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) }, 0);
-    old
-}
-
-/// Runs `f` with RLIMIT_MEMLOCK at `bytes` and without CAP_IPC_LOCK (as an unprivileged job
-/// runs), then restores both.
-fn with_memlock<T>(bytes: u64, f: impl FnOnce() -> T) -> T {
-    let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: valid out-pointer.
-    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut old) }, 0);
-    let low = libc::rlimit { rlim_cur: bytes, rlim_max: old.rlim_max };
-    // SAFETY: valid rlimit; lowering the soft limit is always allowed.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &low) }, 0);
-    let caps = set_effective_caps(0);
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    set_effective_caps(caps);
-    // SAFETY: restores the limit read above.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &old) }, 0);
-    result.unwrap_or_else(|p| std::panic::resume_unwind(p))
-}
 
 #[test]
 fn a_registration_refused_for_the_memlock_limit_names_rlimit_memlock() {

@@ -3,6 +3,9 @@
 //! environment variables (ours and NCCL's), and the "no device" and memlock messages. No device
 //! is needed: everything works on descriptions written here, or on fake sysfs trees.
 
+#[path = "support/memlock.rs"]
+mod memlock;
+
 use std::collections::HashMap;
 use std::fs;
 use std::net::IpAddr;
@@ -841,35 +844,6 @@ fn host_checks_name_what_is_missing_and_the_fix() {
     let _ = fs::remove_dir_all(&root);
 }
 
-/// Sets this thread's effective capabilities to `effective` (a bit mask of the first 32), with
-/// the permitted set unchanged; returns the previous effective mask.
-fn set_effective_caps(effective: u32) -> u32 {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Default, Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const VERSION_3: u32 = 0x2008_0522;
-    let mut header = Header { version: VERSION_3, pid: 0 };
-    let mut data = [Data::default(); 2];
-    // SAFETY: capget with a v3 header and room for two data structs.
-    let rc = unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) };
-    assert_eq!(rc, 0, "capget: {}", std::io::Error::last_os_error());
-    let old = data[0].effective;
-    data[0].effective = effective & data[0].permitted;
-    // SAFETY: capset of this thread with the data capget returned, effective ⊆ permitted.
-    let rc = unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) };
-    assert_eq!(rc, 0, "capset: {}", std::io::Error::last_os_error());
-    old
-}
-
 #[test]
 fn a_registration_refused_for_memlock_names_rlimit_memlock_and_the_fix() {
     let enomem = |verb| Error::Verb { verb, source: std::io::Error::from_raw_os_error(libc::ENOMEM) };
@@ -882,22 +856,17 @@ fn a_registration_refused_for_memlock_names_rlimit_memlock_and_the_fix() {
     assert!(!einval.to_string().contains("RLIMIT_MEMLOCK"));
 
     // With a 64 KiB limit and without CAP_IPC_LOCK, as an unprivileged job would run.
-    let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: valid out-pointer.
-    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut old) }, 0);
-    let low = libc::rlimit { rlim_cur: 64 << 10, rlim_max: old.rlim_max };
-    // SAFETY: valid rlimit; lowering the soft limit is always allowed.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &low) }, 0);
-    let caps = set_effective_caps(0);
-    let memlock = Memlock::current().unwrap();
-    let msg = enomem("ibv_reg_mr").to_string();
-    let eperm = Error::Verb { verb: "ibv_reg_mr", source: std::io::Error::from_raw_os_error(libc::EPERM) };
-    let eperm = eperm.to_string();
-    let cq = enomem("ibv_create_cq").to_string();
-    let problems = SystemReport::gather().problems();
-    set_effective_caps(caps);
-    // SAFETY: restores the limit read above.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &old) }, 0);
+    let (memlock, msg, eperm, cq, problems) = memlock::with_memlock(64 << 10, || {
+        let eperm =
+            Error::Verb { verb: "ibv_reg_mr", source: std::io::Error::from_raw_os_error(libc::EPERM) };
+        (
+            Memlock::current().unwrap(),
+            enomem("ibv_reg_mr").to_string(),
+            eperm.to_string(),
+            enomem("ibv_create_cq").to_string(),
+            SystemReport::gather().problems(),
+        )
+    });
 
     assert_eq!(memlock.soft, Some(65536));
     assert!(!memlock.cap_ipc_lock && memlock.limits_registration());

@@ -278,12 +278,17 @@ impl SystemReport {
         out
     }
 
+    /// The [`problems`](Self::problems) that keep devices from being opened: all but the
+    /// locked-memory limit.
+    pub fn device_problems(&self) -> Vec<String> {
+        self.problems().into_iter().filter(|p| !p.contains("RLIMIT_MEMLOCK")).collect()
+    }
+
     /// Why libibverbs may have found no device, for "no device" errors: the
     /// [`problems`](Self::problems) other than the memlock limit, or what remains when
     /// everything the kernel shows is in place.
     pub fn no_device_hint(&self) -> String {
-        let problems: Vec<String> =
-            self.problems().into_iter().filter(|p| !p.contains("RLIMIT_MEMLOCK")).collect();
+        let problems = self.device_problems();
         if !problems.is_empty() {
             return problems.join("; ");
         }
@@ -353,8 +358,12 @@ pub(crate) fn verb_hint(verb: &str, source: &io::Error) -> String {
         }
         "ibv_get_device_list" => format!(" ({})", SystemReport::gather().no_device_hint()),
         "ibv_open_device" if [libc::ENOENT, libc::EACCES, libc::EPERM, libc::ENXIO].contains(&errno) => {
-            let hint = SystemReport::gather().no_device_hint();
-            format!(" ({hint})")
+            let problems = SystemReport::gather().device_problems();
+            if problems.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", problems.join("; "))
+            }
         }
         _ => String::new(),
     }
