@@ -6,8 +6,14 @@
 //! table from [`Context::gid_table`]. The extended attributes that `-v` shows (ODP, TSO, RSS, ...)
 //! need `ibv_query_device_ex()`, which the safe API does not wrap: that one call goes through
 //! [`ibverbs::ffi`].
+//!
+//! When the environment selects devices (`IBVERBS_HCA` or `NCCL_IB_HCA`, and the GID/MTU
+//! variables of `ibverbs::select`), only the selected, usable ports and their devices are shown:
+//! `NCCL_IB_HCA=^rxe1 devinfo` lists what a job would use. The flags win: with `-d` the
+//! environment is ignored, `-i` picks the port of the selected devices; `--all` ignores it.
 
 mod common;
+mod selection;
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -32,6 +38,10 @@ struct Args {
     /// Print all the attributes of the IB device(s)
     #[arg(short = 'v', long)]
     verbose: bool,
+    /// Show every device and port, ignoring IBVERBS_HCA/NCCL_IB_HCA and the other selection
+    /// variables
+    #[arg(short = 'a', long)]
+    all: bool,
 }
 
 fn main() -> ExitCode {
@@ -43,11 +53,25 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The environment's selection, unless a flag names the device.
+    let env = if args.all || args.ib_dev.is_some() {
+        None
+    } else {
+        match selection::read("devinfo", &list) {
+            Ok(env) => env,
+            Err(e) => {
+                eprintln!("devinfo: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    };
+    let in_env = |d: &Device<'_>| env.as_ref().map_or(true, |env| env.has_device(d.name()));
     if args.list {
-        let n = list.len();
+        let names: Vec<&str> = list.iter().filter(in_env).map(|d| d.name()).collect();
+        let n = names.len();
         println!("{n} HCA{} found:", if n == 1 { "" } else { "s" });
-        for device in list.iter() {
-            println!("\t{}", device.name());
+        for name in names {
+            println!("\t{name}");
         }
         println!();
         return ExitCode::SUCCESS;
@@ -63,16 +87,25 @@ fn main() -> ExitCode {
             }
         },
         None if list.is_empty() => {
-            eprintln!("devinfo: No IB devices found");
+            eprintln!(
+                "devinfo: No IB devices found ({})",
+                ibverbs::diag::SystemReport::gather().no_device_hint()
+            );
             return ExitCode::FAILURE;
         }
-        None => list.iter().collect(),
+        None => list.iter().filter(in_env).collect(),
+    };
+    // Ports: `-i`, else the environment's for the device, else all.
+    let ports = |device: &str, port: u8| match (args.ib_port, &env) {
+        (Some(p), _) => p == port,
+        (None, Some(env)) => env.has_port(device, port),
+        (None, None) => true,
     };
     let mut ok = true;
     for device in selected {
         // Print what was gathered even when a later query fails, as the C tool does.
         let mut out = String::new();
-        let result = print_hca_cap(&mut out, &device, args.ib_port, args.verbose);
+        let result = print_hca_cap(&mut out, &device, args.ib_port, &ports, args.verbose);
         print!("{out}");
         if let Err(e) = result {
             eprintln!("devinfo: {}: {e}", device.name());
@@ -485,6 +518,7 @@ fn print_hca_cap(
     out: &mut String,
     device: &Device<'_>,
     ib_port: Option<u8>,
+    show_port: &dyn Fn(&str, u8) -> bool,
     verbose: bool,
 ) -> Result<(), String> {
     let ctx = device.open().map_err(|e| format!("Failed to open device: {e}"))?;
@@ -515,7 +549,7 @@ fn print_hca_cap(
     }
 
     for port_num in 1..=a.phys_port_cnt {
-        if ib_port.is_some_and(|p| p != port_num) {
+        if !show_port(device.name(), port_num) {
             continue;
         }
         let port =

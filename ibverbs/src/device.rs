@@ -767,6 +767,17 @@ impl Gid {
         self.0[..10].iter().all(|&b| b == 0) && self.0[10] == 0xff && self.0[11] == 0xff
     }
 
+    /// The GID as an IP address: IPv4 for an IPv4-mapped GID (`::ffff:a.b.c.d`, as RoCE v2 GIDs
+    /// of IPv4 addresses are), IPv6 otherwise (RoCE GIDs of IPv6 addresses, link-local
+    /// `fe80::` GIDs, InfiniBand GIDs).
+    pub fn ip(&self) -> std::net::IpAddr {
+        let v6 = std::net::Ipv6Addr::from(self.0);
+        match v6.to_ipv4_mapped() {
+            Some(v4) => std::net::IpAddr::V4(v4),
+            None => std::net::IpAddr::V6(v6),
+        }
+    }
+
     /// Whether the GID is all zeroes (an unused entry).
     pub fn is_zero(&self) -> bool {
         self.0.iter().all(|&b| b == 0)
@@ -875,7 +886,10 @@ mod tests {
         let gid = Gid(g);
         assert_eq!(gid.to_string(), "0000:0000:0000:0000:0000:ffff:c000:0201");
         assert!(gid.is_ipv4_mapped());
-        assert!(!Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]).is_ipv4_mapped());
+        assert_eq!(gid.ip().to_string(), "192.0.2.1");
+        let link_local = Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
+        assert!(!link_local.is_ipv4_mapped());
+        assert_eq!(link_local.ip().to_string(), "fe80::102:304:506:708");
         assert_eq!(Gid::from_raw(&gid.to_raw()), gid);
     }
 

@@ -15,7 +15,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// A verb returned an error code or `NULL` with `errno` set.
-    #[error("{verb} failed: {source}")]
+    ///
+    /// The message adds what points to the fix where the crate can tell: for a registration
+    /// (`ibv_reg_mr`) refused with `ENOMEM` or `EPERM`, the current `RLIMIT_MEMLOCK` and how
+    /// to raise it (or that the limit is not the cause); for `ibv_get_device_list` and device
+    /// files that cannot be opened, whether `/dev/infiniband` and the kernel modules are there
+    /// (see [`diag`](crate::diag)). These are read when the message is formatted.
+    #[error("{verb} failed: {source}{}", crate::diag::verb_hint(.verb, .source))]
     Verb {
         /// The C verb, e.g. `"ibv_create_qp"`.
         verb: &'static str,
@@ -24,7 +30,13 @@ pub enum Error {
         source: io::Error,
     },
     /// No RDMA device of the requested name exists.
-    #[error("no RDMA device named {name:?} (devices present: {available})")]
+    ///
+    /// When no device exists at all (`available` is `"none"`), the message says whether
+    /// `/dev/infiniband` exists (not passed to the container?), whether the kernel has devices
+    /// and modules (`/sys/class/infiniband`, `ib_uverbs`), and how to fix what is missing
+    /// ([`SystemReport::no_device_hint`](crate::diag::SystemReport::no_device_hint), read when
+    /// the message is formatted).
+    #[error("no RDMA device named {name:?} (devices present: {available}){}", crate::diag::not_found_hint(.available))]
     DeviceNotFound {
         /// The name asked for.
         name: String,
@@ -88,6 +100,46 @@ pub enum Error {
         /// The C verb that would have been called.
         verb: &'static str,
     },
+    /// A setting — an environment variable such as `IBVERBS_HCA` or `NCCL_IB_HCA`, or a string
+    /// given to one of [`select`](crate::select)'s parsers — is not valid. The message names the
+    /// variable, its value and the position of the problem.
+    #[error("{}{error}", .variable.map(|v| format!("{v}=")).unwrap_or_default())]
+    Setting {
+        /// The environment variable, if the text came from one.
+        variable: Option<&'static str>,
+        /// What is wrong, and where.
+        #[source]
+        error: crate::select::ParseError,
+    },
+    /// A selection ([`select`](crate::select)) found no usable port: each port of each device
+    /// is listed with the problem that excluded it (not selected, not ACTIVE, no suitable GID,
+    /// MTU...).
+    #[error("no usable RDMA port for {selection}: {}", list_rejected(.rejected))]
+    NoUsablePort {
+        /// The selection: the variables that were set, or the [`Selection`](crate::select::Selection).
+        selection: String,
+        /// Every port (or device) and why it is not usable.
+        rejected: Vec<crate::select::Rejected>,
+    },
+    /// A port named explicitly cannot be used as asked: not ACTIVE, GID index empty or not RoCE
+    /// v2, an MTU above the port's active MTU... (see [`PortProblem`](crate::select::PortProblem)).
+    #[error("{device} port {port}: {problem}")]
+    Port {
+        /// The device.
+        device: String,
+        /// The port.
+        port: u8,
+        /// What is wrong with it.
+        problem: crate::select::PortProblem,
+    },
+}
+
+/// The ports of [`Error::NoUsablePort`], one after the other.
+fn list_rejected(rejected: &[crate::select::Rejected]) -> String {
+    if rejected.is_empty() {
+        return "no port".to_string();
+    }
+    rejected.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("; ")
 }
 
 impl Error {

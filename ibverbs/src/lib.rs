@@ -14,6 +14,15 @@
 #![doc = include_str!("../../examples/quickstart.rs")]
 //! ```
 //!
+//! # Choosing the device, port and GID
+//!
+//! [`select`] chooses them the way NCCL does, from the same environment variables
+//! (`NCCL_IB_HCA`, `NCCL_IB_GID_INDEX`, `NCCL_IB_TIMEOUT`, ... — or ours, `IBVERBS_*`, which
+//! win), so that a job configured for NCCL runs unchanged; [`diag`] checks the host (device
+//! files, kernel modules, the locked-memory limit) for error messages that point to the fix.
+//! The [`guide`] explains `ibv_devinfo`'s fields, the operations, the tuning settings and
+//! GPUDirect RDMA for readers who know RDMA from the operator's side.
+//!
 //! # Objects and resource lifetimes
 //!
 //! | type | C object | created by | destroyed by |
@@ -256,12 +265,15 @@ pub use ibverbs_sys as ffi;
 mod ah;
 mod connect;
 mod device;
+pub mod diag;
 mod error;
+pub mod guide;
 mod memory;
 mod pd;
 mod pool;
 mod post;
 mod queue;
+pub mod select;
 
 pub use ah::AddressHandle;
 pub use connect::{ConnectOptions, Endpoint};
