@@ -30,8 +30,8 @@ impl OwnedBuffer {
     /// `len` zeroed bytes, aligned to the page size (what the device likes best).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a length of 0; [`Error::Verb`] (`ENOMEM`) when the
-    /// allocation fails.
+    /// [`Error::InvalidArgument`] for a length of 0 or one too large to allocate;
+    /// [`Error::Verb`] naming `alloc_zeroed` (`ENOMEM`) when the host allocation fails.
     pub fn zeroed(len: usize) -> Result<OwnedBuffer> {
         if len == 0 {
             return Err(Error::InvalidArgument { verb: "ibv_reg_mr", reason: "zero-length memory region" });
@@ -46,8 +46,10 @@ impl OwnedBuffer {
         })?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        // A host allocation failure, not a registration one (whose ENOMEM means the locked-memory
+        // limit): named apart so that diagnostics do not confuse the two.
         let ptr = NonNull::new(ptr).ok_or(Error::Verb {
-            verb: "ibv_reg_mr",
+            verb: "alloc_zeroed",
             source: std::io::Error::from_raw_os_error(libc::ENOMEM),
         })?;
         Ok(OwnedBuffer { ptr, len, kind: BufferKind::Aligned(layout) })
