@@ -37,7 +37,7 @@ static GLOBAL: Counting = Counting;
 
 /// Polls until `n` completions arrived, taking the owned region of the last one; no allocation.
 fn drain(cq: &mut CompletionQueue, out: &mut [Completion], n: usize) -> Option<ibverbs::MemoryRegion> {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + scaled(Duration::from_secs(10));
     let mut seen = 0;
     let mut region = None;
     while seen < n {
@@ -106,7 +106,7 @@ fn a_receive_pool_in_steady_state_does_not_allocate() {
             let mut chunk = send_chunks.pop().unwrap();
             chunk[..4].copy_from_slice(&i.to_le_bytes());
             p.a.post_send(SendRequest::send(Local::new(chunk, ..4).unwrap())).unwrap();
-            let deadline = Instant::now() + Duration::from_secs(10);
+            let deadline = Instant::now() + scaled(Duration::from_secs(10));
             let (mut sent, mut got) = (false, false);
             while !(sent && got) {
                 assert!(Instant::now() < deadline, "timed out");

@@ -335,7 +335,7 @@ fn uc_write() {
     src.copy_from_slice(&data);
     p.a.post_send(SendRequest::write(Local::whole(src), target.remote())).unwrap();
     assert!(poll_one(&mut p.cq_a).is_ok());
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + scaled(Duration::from_secs(5));
     while target.to_vec() != data {
         assert!(Instant::now() < deadline, "UC write did not land");
         std::thread::sleep(Duration::from_millis(1));
@@ -527,7 +527,7 @@ fn destroyed_peer_gives_retry_exceeded_in_bounded_time() {
     let mut c = poll_one(&mut cq_a);
     let took = start.elapsed();
     assert_eq!(c.status(), WcStatus::RETRY_EXC_ERR, "{c:?}");
-    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(took < scaled(Duration::from_secs(10)), "took {took:?}");
     assert!(c.take_region().is_some());
     eprintln!("retry exceeded after {took:?}");
 }
@@ -619,7 +619,7 @@ fn completion_channel_events() {
     assert_eq!(ch.get_event(Some(Duration::from_millis(50))).unwrap(), None, "no event yet");
     b.post_recv(RecvRequest::new(Local::whole(pd.allocate(8).unwrap()))).unwrap();
     a.post_send(SendRequest::send_inline(b"")).unwrap();
-    let ev = ch.get_event(Some(Duration::from_secs(5))).unwrap();
+    let ev = ch.get_event(Some(scaled(Duration::from_secs(5)))).unwrap();
     assert_eq!(ev, Some(cq.id()));
     assert!(poll_one(&mut cq).is_ok());
     // Reactors watch the raw descriptor; it is readable while an event is pending.

@@ -51,7 +51,7 @@ fn a_receive_pool_keeps_a_queue_pair_stocked_and_messages_land_in_place() {
     let mut senders: VecDeque<Chunk> = p.pd.allocate(8 * 1024).unwrap().into_chunks(1024).unwrap().into();
     let mut out: [Completion; 16] = Default::default();
     let (mut sent, mut received) = (0u32, 0u32);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + scaled(std::time::Duration::from_secs(60));
     while received < MESSAGES {
         assert!(std::time::Instant::now() < deadline, "timed out at {received}");
         // Keep within the receives the peer has posted.

@@ -135,7 +135,7 @@ fn a_dropped_qps_leftovers_cannot_make_the_cq_overflow() {
             .unwrap();
     }
     // Let every write complete without polling (rxe loopback acks in microseconds).
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(scaled(Duration::from_millis(300)));
     drop(a);
     let build = || pd.create_qp(&cq, QpType::RC).max_send_wr(c - 1).max_recv_wr(1).build();
     match build() {
@@ -175,7 +175,7 @@ fn a_reset_keeps_the_room_of_its_outstanding_requests_until_the_cq_is_seen_empty
     for _ in 0..3 {
         a.post_send(SendRequest::write(Local::whole(src.clone()), target.remote())).unwrap();
     }
-    std::thread::sleep(Duration::from_millis(200));
+    std::thread::sleep(scaled(Duration::from_millis(200)));
     match a.reset() {
         Err(Error::CqTooSmall { .. }) => {}
         other => panic!("fresh queues were given room the old completions may use: {other:?}"),
@@ -224,14 +224,14 @@ fn a_panicking_buffer_free_is_contained_and_nothing_is_freed_twice() {
         a.post_send(SendRequest::write(Local::whole(mr), target.remote()).unsignaled()).unwrap();
     }
     a.post_send(SendRequest::write_inline(b"", target.remote()).wr_id(3)).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    std::thread::sleep(scaled(Duration::from_millis(200)));
     let mut out: [Completion; 4] = Default::default();
     let r = catch_unwind(AssertUnwindSafe(|| cq_a.poll(&mut out).map(|c| c.len())));
     assert!(r.is_err(), "the callback's panic propagates out of poll");
     assert_eq!(calls[0].load(Ordering::SeqCst), 1);
     // The QP goes; its remaining slots are released by the next poll.
     drop(a);
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + scaled(Duration::from_secs(5));
     while calls.iter().any(|c| c.load(Ordering::SeqCst) == 0) {
         assert!(Instant::now() < deadline, "buffers never released");
         let _ = cq_a.poll(&mut out).unwrap();
@@ -257,7 +257,7 @@ fn a_panicking_free_in_a_dropped_region_or_completion_entry_frees_once() {
     p.b.post_recv(RecvRequest::new(Local::whole(mr))).unwrap();
     p.a.post_send(SendRequest::send_inline(b"").wr_id(1)).unwrap();
     let mut entry = [Completion::default()];
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + scaled(Duration::from_secs(5));
     while p.cq_b.poll(&mut entry).unwrap().is_empty() {
         assert!(Instant::now() < deadline);
     }

@@ -14,6 +14,18 @@ pub fn context() -> Context {
     })
 }
 
+/// The factor by which the harness asks device tests to stretch their waits
+/// (`IBVERBS_TEST_TIME_SCALE`: set under valgrind and ThreadSanitizer, which slow everything
+/// down); 1 when unset.
+pub fn time_scale() -> u32 {
+    std::env::var("IBVERBS_TEST_TIME_SCALE").ok().and_then(|v| v.parse().ok()).filter(|&s| s > 0).unwrap_or(1)
+}
+
+/// `d` stretched by [`time_scale`].
+pub fn scaled(d: Duration) -> Duration {
+    d * time_scale()
+}
+
 /// Connection options for loopback tests: a finite retry count (rxe treats 7 as forever).
 pub fn opts() -> ConnectOptions {
     ConnectOptions { retry_cnt: 6, timeout: 14, ..ConnectOptions::default() }
@@ -26,7 +38,7 @@ pub fn poll_one(cq: &mut CompletionQueue) -> Completion {
 
 /// Polls `cq` until `n` completions arrived, or panics after 10 s.
 pub fn poll_n(cq: &mut CompletionQueue, n: usize) -> Vec<Completion> {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + scaled(Duration::from_secs(10));
     let mut out: Vec<Completion> = Vec::new();
     let mut buf: Vec<Completion> = (0..16).map(|_| Completion::default()).collect();
     while out.len() < n {
