@@ -9,46 +9,7 @@ use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
-/// Frame tags of the protocol (see the module documentation of `perf`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Tag {
-    /// Client → server: the test and its parameters.
-    Hello = 1,
-    /// Both ways: the queue pairs' endpoints and the buffers' remote slices.
-    Setup = 2,
-    /// Client → server: one measurement (message size and iterations) follows.
-    Run = 3,
-    /// Server → client: ready for the measurement (queue pairs connected, receives posted).
-    Ready = 4,
-    /// Client → server: the measurement is over (with the client's report, if any).
-    Done = 5,
-    /// Server → client: acknowledges `Done` (with the server's report, if any).
-    Ack = 6,
-    /// Client → server: no more measurements; the server answers with `Ack` and both exit.
-    End = 7,
-    /// Either way: the sender failed; the payload says why.
-    Error = 0xee,
-}
-
-impl Tag {
-    fn from_u8(b: u8) -> Option<Tag> {
-        Some(match b {
-            1 => Tag::Hello,
-            2 => Tag::Setup,
-            3 => Tag::Run,
-            4 => Tag::Ready,
-            5 => Tag::Done,
-            6 => Tag::Ack,
-            7 => Tag::End,
-            0xee => Tag::Error,
-            _ => return None,
-        })
-    }
-}
-
-/// Largest payload accepted (setup frames of many queue pairs are the biggest).
-const MAX_PAYLOAD: usize = 1 << 20;
+use super::proto::{Tag, MAX_PAYLOAD};
 
 /// The out-of-band connection.
 #[derive(Debug)]
