@@ -156,6 +156,20 @@ impl Running {
         }
     }
 
+    /// The child's process id.
+    fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// Stops the child with SIGSTOP: it keeps its sockets open but never answers again, as a
+    /// host that died (no FIN, no RST) looks to its peer.
+    fn freeze(&self) {
+        let pid = self.pid();
+        assert!(pid > 0, "no child to stop");
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "SIGSTOP {pid}");
+    }
+
     /// Kills the child now.
     fn kill(&mut self) {
         if let Some(child) = self.child.as_mut() {
@@ -570,4 +584,364 @@ fn rc_client_fails_when_its_server_vanishes() {
 #[test]
 fn ud_server_fails_when_its_client_vanishes() {
     survivor_fails_when_peer_vanishes("ud_pingpong", 18773, Impl::Ours, Impl::Ours, true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad peers, dead peers and bad input: every example fails clearly (one message, non-zero exit,
+// no panic) and promptly, in both roles. Fake peers are raw TCP sockets of this test: silent,
+// speaking garbage, closing early, or frozen with SIGSTOP (a stopped process keeps its socket
+// open and sends nothing, as a dead host: no FIN, no RST).
+
+use std::io::Write as _;
+use std::net::{TcpListener, TcpStream};
+
+/// The perftest-style examples.
+const PERF: [&str; 5] = ["write_bw", "read_bw", "send_bw", "write_lat", "send_lat"];
+/// Every example that talks to a peer.
+const NETWORKED: [&str; 7] =
+    ["rc_pingpong", "ud_pingpong", "write_bw", "read_bw", "send_bw", "write_lat", "send_lat"];
+
+/// How long a prompt failure may take (process start-up and device opening under TCG included).
+const PROMPTLY: Duration = Duration::from_secs(5);
+
+fn is_perf(tool: &str) -> bool {
+    PERF.contains(&tool)
+}
+
+/// Arguments choosing the device (and GID index) for `tool`, with TCP port `port`.
+fn device_args(tool: &str, port: u16) -> Vec<String> {
+    let gid_flag = if is_perf(tool) { "-x" } else { "-g" };
+    vec!["-d".into(), device(), gid_flag.into(), gid_index(), "-p".into(), port.to_string()]
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+impl Finished {
+    /// A failure as a user should see it: by itself, non-zero, within `within`, with a message
+    /// on stderr and no panic.
+    fn assert_clean_failure(&self, within: Duration) {
+        self.assert_failure(within);
+        assert!(!self.stderr.trim().is_empty(), "no error message: {}", self.describe());
+        assert!(
+            !self.stderr.contains("panicked") && self.status.and_then(|s| s.code()) != Some(101),
+            "it panicked: {}",
+            self.describe()
+        );
+        assert!(!self.stderr.contains("os error 11"), "an unexplained EAGAIN: {}", self.describe());
+    }
+}
+
+/// Runs `check` for every tool (with its index), all of them even when some fail, then fails
+/// naming those that did (their panic messages are printed as they happen).
+fn for_each_tool(tools: &[&str], check: impl Fn(&str, u16)) {
+    let mut failed = Vec::new();
+    for (i, &tool) in tools.iter().enumerate() {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(tool, i as u16))).is_err() {
+            failed.push(tool);
+        }
+    }
+    assert!(failed.is_empty(), "failed for {failed:?} (see above)");
+}
+
+/// Connects a raw TCP client to a server of ours once it listens on `port`.
+fn raw_client(server: &Running, port: u16) -> TcpStream {
+    let deadline = Instant::now() + LISTEN_TIMEOUT;
+    while !listening(port) {
+        assert!(Instant::now() < deadline, "`{}` never listened on port {port}", server.what);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    TcpStream::connect(("127.0.0.1", port)).expect("connecting to the server")
+}
+
+/// A fake server on `port`: accepts one client (waiting at most RUN_TIMEOUT).
+fn fake_server(port: u16) -> TcpListener {
+    TcpListener::bind(("127.0.0.1", port)).expect("binding the fake server")
+}
+
+fn accept_one(listener: &TcpListener) -> TcpStream {
+    listener.set_nonblocking(true).expect("nonblocking listener");
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).expect("blocking stream");
+                return s;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "the client never connected");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
+/// Reads what the peer sends until it closes (or 60 s pass), so that our side of the socket
+/// stays open meanwhile.
+fn drain(mut s: TcpStream) {
+    let _ = s.set_read_timeout(Some(RUN_TIMEOUT));
+    let mut buf = [0u8; 4096];
+    while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+}
+
+/// The address message of the pingpong tools with a multi-byte UTF-8 character in its GID.
+fn euro_address() -> Vec<u8> {
+    let mut m = b"0000:000011:abcdef:".to_vec();
+    m.extend("€".bytes());
+    m.extend([b'0'; 29]);
+    m.push(0);
+    assert_eq!(m.len(), 52);
+    m
+}
+
+#[test]
+fn perf_servers_check_device_port_and_gid_before_waiting_for_a_client() {
+    require_device();
+    let dev = device();
+    let bad: [&[&str]; 4] =
+        [&["-d", "nosuch0"], &["-d", &dev, "-i", "0"], &["-d", &dev, "-i", "9"], &["-d", &dev, "-x", "200"]];
+    for_each_tool(&PERF, |tool, i| {
+        for (j, bad) in bad.iter().enumerate() {
+            let mut args = strings(bad);
+            args.extend(["-p".to_string(), (18800 + 4 * i + j as u16).to_string()]);
+            let f = Running::spawn(example(tool), &args).finish(Duration::from_secs(2));
+            f.assert_clean_failure(Duration::from_secs(2));
+            let named = bad.last().copied().unwrap_or_default();
+            assert!(f.stderr.contains(named), "the message does not name {named:?}: {}", f.describe());
+            eprintln!("{tool} {}: {:.1} s: {}", bad.join(" "), f.elapsed.as_secs_f64(), f.stderr.trim());
+        }
+    });
+}
+
+#[test]
+fn pingpong_servers_reject_a_multibyte_gid_without_panicking() {
+    require_device();
+    for_each_tool(&["rc_pingpong", "ud_pingpong"], |tool, i| {
+        let act = |mut s: TcpStream| {
+            let _ = s.write_all(&euro_address());
+            drain(s);
+        };
+        let f = server_vs_raw_client(tool, 18821 + i, "30", act, PROMPTLY);
+        f.assert_clean_failure(PROMPTLY);
+        eprintln!("{tool} server: {}", f.stderr.trim());
+    });
+}
+
+#[test]
+fn pingpong_clients_reject_a_multibyte_gid_without_panicking() {
+    require_device();
+    for_each_tool(&["rc_pingpong", "ud_pingpong"], |tool, i| {
+        let act = |mut s: TcpStream| {
+            let mut theirs = [0u8; 52];
+            if s.read_exact(&mut theirs).is_ok() {
+                let _ = s.write_all(&euro_address());
+            }
+            drain(s);
+        };
+        let f = client_vs_fake_server(tool, 18823 + i, "30", act, PROMPTLY);
+        f.assert_clean_failure(PROMPTLY);
+        eprintln!("{tool} client: {}", f.stderr.trim());
+    });
+}
+
+/// Starts `tool` as a server with `--timeout timeout`, connects a raw client that does `act`
+/// with the socket, and returns how the server ended (killed after `within`).
+fn server_vs_raw_client(
+    tool: &str,
+    port: u16,
+    timeout: &str,
+    act: impl FnOnce(TcpStream) + Send + 'static,
+    within: Duration,
+) -> Finished {
+    let mut args = device_args(tool, port);
+    args.extend(strings(&["--timeout", timeout]));
+    let server = Running::spawn(example(tool), &args);
+    let s = raw_client(&server, port);
+    let keep = std::thread::spawn(move || act(s));
+    let f = server.finish(within);
+    let _ = keep.join();
+    f
+}
+
+/// Starts `tool` as a client with `--timeout timeout` towards a fake server that does `act` with
+/// the accepted socket, and returns how the client ended (killed after `within`).
+fn client_vs_fake_server(
+    tool: &str,
+    port: u16,
+    timeout: &str,
+    act: impl FnOnce(TcpStream) + Send + 'static,
+    within: Duration,
+) -> Finished {
+    let listener = fake_server(port);
+    let mut args = device_args(tool, port);
+    args.extend(strings(&["--timeout", timeout, "127.0.0.1"]));
+    let client = Running::spawn(example(tool), &args);
+    let s = accept_one(&listener);
+    let keep = std::thread::spawn(move || act(s));
+    let f = client.finish(within);
+    let _ = keep.join();
+    f
+}
+
+#[test]
+fn servers_fail_promptly_when_the_client_speaks_garbage() {
+    require_device();
+    for_each_tool(&NETWORKED, |tool, i| {
+        let act = |mut s: TcpStream| {
+            let _ = s.write_all(b"GET / HTTP/1.0\r\n\r\n");
+            drain(s);
+        };
+        let f = server_vs_raw_client(tool, 18830 + i, "30", act, PROMPTLY);
+        f.assert_clean_failure(PROMPTLY);
+        eprintln!("{tool} server: {}", f.stderr.trim());
+    });
+}
+
+#[test]
+fn clients_fail_promptly_when_the_server_speaks_garbage() {
+    require_device();
+    for_each_tool(&NETWORKED, |tool, i| {
+        let act = |mut s: TcpStream| {
+            let _ = s.write_all(b"SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u3\r\n");
+            drain(s);
+        };
+        let f = client_vs_fake_server(tool, 18910 + i, "30", act, PROMPTLY);
+        f.assert_clean_failure(PROMPTLY);
+        eprintln!("{tool} client: {}", f.stderr.trim());
+    });
+}
+
+#[test]
+fn servers_fail_promptly_when_the_client_closes_early() {
+    require_device();
+    for_each_tool(&NETWORKED, |tool, i| {
+        for (j, partial) in [&b""[..], b"0000:00"].into_iter().enumerate() {
+            let act = move |mut s: TcpStream| {
+                let _ = s.write_all(partial);
+            };
+            let f = server_vs_raw_client(tool, 18840 + 2 * i + j as u16, "30", act, PROMPTLY);
+            f.assert_clean_failure(PROMPTLY);
+            assert!(
+                f.stderr.contains("closed"),
+                "the message does not say the peer closed: {}",
+                f.describe()
+            );
+            eprintln!("{tool} server: {}", f.stderr.trim());
+        }
+    });
+}
+
+#[test]
+fn clients_fail_promptly_when_the_server_closes_early() {
+    require_device();
+    for_each_tool(&NETWORKED, |tool, i| {
+        let f = client_vs_fake_server(tool, 18920 + i, "30", drop, PROMPTLY);
+        f.assert_clean_failure(PROMPTLY);
+        assert!(f.stderr.contains("closed"), "the message does not say the peer closed: {}", f.describe());
+        eprintln!("{tool} client: {}", f.stderr.trim());
+    });
+}
+
+#[test]
+fn servers_give_up_on_a_silent_client_after_their_timeout() {
+    require_device();
+    let within = Duration::from_secs(3) + PROMPTLY;
+    for_each_tool(&NETWORKED, |tool, i| {
+        let f = server_vs_raw_client(tool, 18860 + i, "3", drain, within);
+        f.assert_clean_failure(within);
+        assert!(f.elapsed >= Duration::from_secs(3), "gave up before its timeout: {}", f.describe());
+        assert!(f.stderr.contains("3 s"), "the message does not say how long it waited: {}", f.describe());
+        eprintln!("{tool} server: {}", f.stderr.trim());
+    });
+}
+
+#[test]
+fn clients_give_up_on_a_silent_server_after_their_timeout() {
+    require_device();
+    let within = Duration::from_secs(3) + PROMPTLY;
+    for_each_tool(&NETWORKED, |tool, i| {
+        let f = client_vs_fake_server(tool, 18870 + i, "3", drain, within);
+        f.assert_clean_failure(within);
+        assert!(f.stderr.contains("3 s"), "the message does not say how long it waited: {}", f.describe());
+        eprintln!("{tool} client: {}", f.stderr.trim());
+    });
+}
+
+#[test]
+fn servers_fail_when_their_client_freezes_mid_run() {
+    require_device();
+    for_each_tool(&NETWORKED, |tool, i| {
+        let port = 18880 + i;
+        // Runs of minutes (the perf examples keep a timestamp per message: keep their memory small).
+        let iters = if is_perf(tool) { "1000000" } else { "100000000" };
+        let mut args = device_args(tool, port);
+        args.extend(strings(&["--timeout", "3", "-n", iters]));
+        if tool.ends_with("_bw") {
+            args.extend(strings(&["-s", "65536"]));
+        }
+        let server = Running::spawn(example(tool), &args);
+        let deadline = Instant::now() + LISTEN_TIMEOUT;
+        while !listening(port) {
+            assert!(Instant::now() < deadline, "{tool} never listened");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        args.push("127.0.0.1".into());
+        let client = Running::spawn(example(tool), &args);
+        let started = if is_perf(tool) { "#bytes" } else { "remote address" };
+        assert!(server.wait_for_line(started, RUN_TIMEOUT), "{tool}: the run never started");
+        std::thread::sleep(Duration::from_millis(1000));
+        client.freeze();
+        let frozen_at = Instant::now();
+        let within = Duration::from_secs(3) + PROMPTLY;
+        let f = server.finish(within + Duration::from_secs(5));
+        let took = frozen_at.elapsed();
+        drop(client);
+        f.assert_clean_failure(RUN_TIMEOUT);
+        assert!(took <= within, "{tool} server took {took:?} after its client froze: {}", f.describe());
+        eprintln!("{tool} server, {:.1} s after its client froze: {}", took.as_secs_f64(), f.stderr.trim());
+    });
+}
+
+#[test]
+fn rc_pingpong_with_an_oversized_message_fails_with_a_message() {
+    require_device();
+    // 1.5 GB: one buffer fits in the test VM's 2 GiB (the C tool's choice); two did not and the
+    // kernel's OOM killer ended the process without a word. 4 GiB - 1 cannot fit at all.
+    for (port, size) in [(18891, "1500000000"), (18892, "4294967295")] {
+        let mut args = device_args("rc_pingpong", port);
+        args.extend(strings(&["-s", size, "--timeout", "5"]));
+        let f = Running::spawn(example("rc_pingpong"), &args).finish(RUN_TIMEOUT);
+        // Either it cannot get the memory, or it has it and gives up waiting for a client.
+        f.assert_clean_failure(RUN_TIMEOUT);
+        eprintln!("rc_pingpong -s {size}: {:.1} s: {}", f.elapsed.as_secs_f64(), f.stderr.trim());
+    }
+}
+
+/// A frame of our perf examples' out-of-band protocol: tag, big-endian length, payload.
+fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![tag];
+    f.extend((payload.len() as u32).to_be_bytes());
+    f.extend(payload);
+    f
+}
+
+/// The `Hello` payload of write_bw (test 1) with `size` bytes, `qps` queue pairs, 5 iterations.
+fn write_bw_hello(size: u64, qps: u64) -> Vec<u8> {
+    // test, size, all, iters, qps, tx depth, rx depth, cq mod, post list, inline, mtu, raw
+    let words: [u64; 12] = [1, size, 0, 5, qps, 128, 512, 0, 1, 0, 0, 1];
+    words.iter().flat_map(|w| w.to_be_bytes()).collect()
+}
+
+#[test]
+fn perf_server_asked_for_more_memory_than_there_is_fails_with_a_message() {
+    require_device();
+    let act = |mut s: TcpStream| {
+        let _ = s.write_all(&frame(1, &write_bw_hello(1_500_000_000, 2)));
+        drain(s);
+    };
+    let f = server_vs_raw_client("write_bw", 18893, "30", act, RUN_TIMEOUT);
+    f.assert_clean_failure(RUN_TIMEOUT);
+    eprintln!("write_bw server: {}", f.stderr.trim());
 }
