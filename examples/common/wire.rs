@@ -43,34 +43,101 @@ impl Dest {
         Endpoint { qpn: self.qpn, psn: self.psn, lid: self.lid, gid, mtu: Mtu(0) }
     }
 
-    /// The wire form: `"%04x:%06x:%06x:%s"` and a NUL, 52 bytes.
+    /// The wire form: `"%04x:%06x:%06x:%s"` and a NUL, 52 bytes (QPN and PSN are 24-bit
+    /// values: higher bits are not sent).
     pub fn to_wire(self) -> [u8; WIRE_LEN] {
-        let mut text = format!("{:04x}:{:06x}:{:06x}:", self.lid, self.qpn, self.psn);
+        let mut text = format!("{:04x}:{:06x}:{:06x}:", self.lid, self.qpn & 0xff_ffff, self.psn & 0xff_ffff);
         for b in self.gid.0 {
             let _ = write!(text, "{b:02x}");
         }
         let mut msg = [0u8; WIRE_LEN];
-        let n = text.len().min(WIRE_LEN - 1);
-        msg[..n].copy_from_slice(&text.as_bytes()[..n]);
+        msg[..WIRE_LEN - 1].copy_from_slice(&text.as_bytes()[..WIRE_LEN - 1]);
         msg
     }
 
-    /// Parses the wire form, checking every field.
+    /// Parses the wire form, byte by byte: exactly [`WIRE_LEN`] bytes, four, six and six hex
+    /// digits and 32 for the GID, separated by colons, then a NUL (what the C tools send; they
+    /// read it with `sscanf`, so upper-case digits are taken too).
     pub fn from_wire(msg: &[u8]) -> Result<Dest, String> {
-        let text = msg.split(|&b| b == 0).next().unwrap_or_default();
-        let text = std::str::from_utf8(text).map_err(|_| "address message is not text".to_string())?;
-        let bad = || format!("malformed address message {text:?}");
-        let fields: Vec<&str> = text.split(':').collect();
-        let [lid, qpn, psn, gid] = fields[..] else { return Err(bad()) };
-        let hex = |s: &str| u32::from_str_radix(s, 16).map_err(|_| bad());
-        let (lid, qpn, psn) = (hex(lid)?, hex(qpn)?, hex(psn)?);
-        if lid > 0xffff || qpn > 0xff_ffff || psn > 0xff_ffff || gid.len() != 32 {
-            return Err(bad());
+        check_prefix(msg)?;
+        if msg.len() != WIRE_LEN {
+            return Err(format!(
+                "an address message of {} bytes instead of {WIRE_LEN}: {}",
+                msg.len(),
+                show_bytes(msg)
+            ));
         }
-        let mut raw = [0u8; 16];
-        for (i, b) in raw.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&gid[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        // Every byte is now known to be what its position needs.
+        let hex = |range: std::ops::Range<usize>| {
+            msg[range].iter().fold(0u32, |acc, &c| (acc << 4) | u32::from(hex_value(c).unwrap_or(0)))
+        };
+        let mut gid = [0u8; 16];
+        for (i, b) in gid.iter_mut().enumerate() {
+            *b = hex(19 + 2 * i..21 + 2 * i) as u8;
         }
-        Ok(Dest { lid: lid as u16, qpn, psn, gid: Gid(raw) })
+        Ok(Dest { lid: hex(0..4) as u16, qpn: hex(5..11), psn: hex(12..18), gid: Gid(gid) })
     }
+}
+
+/// What byte `i` of an address message must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Hex,
+    Colon,
+    Nul,
+}
+
+fn expect_at(i: usize) -> Expect {
+    match i {
+        4 | 11 | 18 => Expect::Colon,
+        51 => Expect::Nul,
+        _ => Expect::Hex,
+    }
+}
+
+fn hex_value(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Checks the first bytes of an address message as they arrive (so that a peer speaking another
+/// protocol is refused at once, not after a timeout): each byte must be what its position needs,
+/// and there may be at most [`WIRE_LEN`] of them.
+pub fn check_prefix(msg: &[u8]) -> Result<(), String> {
+    if msg.len() > WIRE_LEN {
+        return Err(format!("an address message of more than {WIRE_LEN} bytes: {}", show_bytes(msg)));
+    }
+    for (i, &c) in msg.iter().enumerate() {
+        let (ok, what) = match expect_at(i) {
+            Expect::Hex => (hex_value(c).is_some(), "a hex digit"),
+            Expect::Colon => (c == b':', "':'"),
+            Expect::Nul => (c == 0, "the terminating NUL"),
+        };
+        if !ok {
+            return Err(format!(
+                "malformed address message {} (byte {i} should be {what}); is the peer a pingpong tool?",
+                show_bytes(msg)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks the end-of-exchange message.
+pub fn check_done(msg: &[u8]) -> Result<(), String> {
+    if DONE.starts_with(msg) {
+        Ok(())
+    } else {
+        Err(format!("the peer sent {} instead of \"done\"", show_bytes(msg)))
+    }
+}
+
+/// Bytes as printable ASCII with escapes, e.g. `"0000:00\xe2\x82\xac"`.
+pub fn show_bytes(b: &[u8]) -> String {
+    let text: String = b.iter().flat_map(|&c| std::ascii::escape_default(c)).map(char::from).collect();
+    format!("\"{text}\"")
 }

@@ -17,14 +17,25 @@
 //!    own, where it measured one);
 //! 4. client → server `End`, server → client `Ack`: the final sync; both tear down.
 //!
-//! Every wait is bounded: the connect (`--connect-timeout`), every frame the client waits for,
-//! and every completion or memory poll (`--timeout` without progress); polling loops also notice
-//! at once when the peer's end of the TCP connection closes (a vanished peer), and exit non-zero
-//! with a message instead of hanging.
+//! Both sides send `Alive` frames every second or so from a thread (see [`oob`]).
+//!
+//! Device, port and GID index are checked before the server listens or the client connects.
+//! Every wait is bounded: the connect (`--connect-timeout`), the server's wait for a client
+//! (`--accept-timeout`, by default `--timeout`), every frame (the peer silent for `--timeout`:
+//! not even `Alive` frames; the peer's setup, which may register large buffers, also within
+//! `--setup-timeout`), and every completion or memory poll (`--timeout` without progress);
+//! polling loops also notice at once when the peer's end of the TCP connection closes. Failures
+//! end with one line on stderr (also sent to the peer) and a non-zero exit.
 #![allow(dead_code)] // each example uses part of this module
 
 pub mod bw;
 pub mod clock;
+#[path = "../common/device.rs"]
+pub mod device;
+#[path = "../common/memory.rs"]
+pub mod memory;
+#[path = "../common/net.rs"]
+pub mod net;
 pub mod oob;
 pub mod proto;
 pub mod report;
@@ -58,7 +69,8 @@ pub struct Args {
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     pub ib_dev: Option<String>,
     /// Port of the device.
-    #[arg(short = 'i', long = "ib-port", default_value_t = 1, value_name = "PORT")]
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1, value_name = "PORT",
+          value_parser = clap::value_parser!(u8).range(1..))]
     pub ib_port: u8,
     /// GID index (default: the RoCE v2 IPv4 GID on Ethernet ports, LID addressing on InfiniBand).
     #[arg(short = 'x', long = "gid-index", value_name = "INDEX")]
@@ -109,15 +121,20 @@ pub struct Args {
     /// poll_raw (the default: the faster one).
     #[arg(long)]
     pub raw: bool,
-    /// Seconds without progress (no completion, no peer write) before giving up.
+    /// Seconds without progress (no completion, no peer write, nothing at all from the peer)
+    /// before giving up.
     #[arg(long, default_value_t = 10.0, value_name = "SECS")]
     pub timeout: f64,
     /// Seconds the client retries connecting to the server.
     #[arg(long = "connect-timeout", default_value_t = 10.0, value_name = "SECS")]
     pub connect_timeout: f64,
-    /// Seconds the server waits for a client (default: forever).
+    /// Seconds the server waits for a client [default: --timeout].
     #[arg(long = "accept-timeout", value_name = "SECS")]
     pub accept_timeout: Option<f64>,
+    /// Seconds the peer's setup (verbs resources and buffer registration, which takes long for
+    /// large buffers) may take, as long as it stays alive.
+    #[arg(long = "setup-timeout", default_value_t = 120.0, value_name = "SECS")]
+    pub setup_timeout: f64,
     /// The server to connect to (client); none: be the server.
     pub host: Option<String>,
 }
@@ -294,15 +311,32 @@ pub struct Rdma {
     pub rd_atomic: u8,
 }
 
-impl Rdma {
-    fn open(kind: TestKind, a: &Args, p: &Params) -> Result<Rdma, String> {
-        let ctx = Context::open(a.ib_dev.as_deref()).map_err(|e| e.to_string())?;
-        let port = ctx.query_port(a.ib_port).map_err(|e| e.to_string())?;
-        let dev = ctx.query_device().map_err(|e| e.to_string())?;
+/// The device side of a test, opened and checked before any peer is waited for.
+#[derive(Debug)]
+pub struct Device {
+    ctx: Context,
+    port_num: u8,
+    port: PortAttr,
+    gid_index: Option<u32>,
+    rd_atomic: u8,
+}
+
+impl Device {
+    /// Opens the device of `-d` and checks the port of `-i` (it must be active) and the GID
+    /// index of `-x` (it must hold a GID).
+    fn open(kind: TestKind, a: &Args) -> Result<Device, String> {
+        let ctx = device::open_device(a.ib_dev.as_deref())?;
+        let port = device::active_port(&ctx, a.ib_port)?;
+        let dev = ctx.query_device().map_err(|e| format!("Couldn't query {}: {e}", ctx.name()))?;
         let gid_index = match a.gid_index {
-            Some(i) => Some(i),
+            Some(i) => {
+                device::check_gid_index(&ctx, a.ib_port, i)?;
+                Some(i)
+            }
             None if port.link_layer() == LinkLayer::ETHERNET => {
-                Some(ctx.roce_v2_ipv4_gid_index(a.ib_port).map_err(|e| e.to_string())?)
+                Some(ctx.roce_v2_ipv4_gid_index(a.ib_port).map_err(|e| {
+                    format!("no RoCE v2 IPv4 GID on port {} of {} (use -x): {e}", a.ib_port, ctx.name())
+                })?)
             }
             None => None,
         };
@@ -311,18 +345,29 @@ impl Rdma {
         } else {
             1
         };
+        Ok(Device { ctx, port_num: a.ib_port, port, gid_index, rd_atomic })
+    }
+}
+
+impl Rdma {
+    /// Creates the protection domain, completion queues and queue pairs of test `kind` with
+    /// parameters `p`.
+    fn create(kind: TestKind, d: Device, p: &Params) -> Result<Rdma, String> {
+        let Device { ctx, port_num, port, gid_index, rd_atomic } = d;
         let opts = ConnectOptions {
-            port: a.ib_port,
+            port: port_num,
             gid_index,
             mtu: Mtu::from_bytes(p.mtu),
             retry_cnt: 6, // rxe retries forever at 7: a vanished peer would never surface
             max_rd_atomic: Some(rd_atomic),
             ..ConnectOptions::default()
         };
-        let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
+        let pd = ctx.alloc_pd().map_err(|e| format!("Couldn't allocate PD: {e}"))?;
         let rx_depth = if kind.uses_recv() { u64::from(p.rx_depth).min(p.iters) as u32 } else { 1 };
-        let send_cq = ctx.create_cq(p.qps * p.tx_depth, None).map_err(|e| e.to_string())?;
-        let recv_cq = ctx.create_cq(p.qps * rx_depth, None).map_err(|e| e.to_string())?;
+        let cq =
+            |n: u32| ctx.create_cq(n, None).map_err(|e| format!("Couldn't create a CQ of {n} entries: {e}"));
+        let send_cq = cq(p.qps * p.tx_depth)?;
+        let recv_cq = cq(p.qps * rx_depth)?;
         let inline = if kind.is_bw() { 0 } else { p.inline };
         let mut qps = Vec::with_capacity(p.qps as usize);
         for _ in 0..p.qps {
@@ -333,7 +378,7 @@ impl Rdma {
                 .max_recv_wr(rx_depth)
                 .max_inline_data(inline)
                 .build()
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| format!("Couldn't create QP: {e}"))?;
             qps.push(qp);
         }
         let inline = qps.first().map_or(0, |q| q.caps().max_inline_data);
@@ -434,6 +479,9 @@ pub struct Session {
     plan: Vec<(u64, u64)>,
     next: usize,
     timeout: Duration,
+    setup_timeout: Duration,
+    /// The current measurement: (size, messages over all queue pairs).
+    current: (u64, u64),
     header_printed: bool,
 }
 
@@ -441,31 +489,31 @@ impl Session {
     fn start(kind: TestKind) -> Result<Session, String> {
         let matches = Args::command().name(kind.name()).about(kind.about()).get_matches();
         let args = Args::from_arg_matches(&matches).map_err(|e| e.to_string())?;
-        let secs = |s: f64, what: &str| {
-            Duration::try_from_secs_f64(s).map_err(|_| format!("bad {what} {s}")).and_then(|d| {
-                if d.is_zero() {
-                    Err(format!("{what} must be positive"))
-                } else {
-                    Ok(d)
-                }
-            })
+        let secs = |s: f64, what: &str| match Duration::try_from_secs_f64(s) {
+            Ok(d) if !d.is_zero() && d <= Duration::from_secs(net::MAX_WAIT_SECS) => Ok(d),
+            _ => {
+                Err(format!("{what} must be more than 0 and at most {} seconds, not {s}", net::MAX_WAIT_SECS))
+            }
         };
         let timeout = secs(args.timeout, "--timeout")?;
+        let setup_timeout = secs(args.setup_timeout, "--setup-timeout")?;
+        let connect_timeout = secs(args.connect_timeout, "--connect-timeout")?;
+        let accept_timeout = args.accept_timeout.map_or(Ok(timeout), |s| secs(s, "--accept-timeout"))?;
+        // Everything that can be checked alone is, before waiting for a peer.
+        let client_params = match args.host {
+            Some(_) => Some(Params::from_args(kind, &args)?),
+            None => None,
+        };
+        let device = Device::open(kind, &args)?;
         let clock = Clock::new();
-        let (role, oob, params) = match &args.host {
-            Some(host) => {
-                let params = Params::from_args(kind, &args)?;
-                let mut oob =
-                    Oob::connect(host, args.port, secs(args.connect_timeout, "--connect-timeout")?)?;
+        let (role, mut oob, params) = match (&args.host, client_params) {
+            (Some(host), Some(params)) => {
+                let mut oob = Oob::connect(host, args.port, connect_timeout, timeout)?;
                 oob.send(Tag::Hello, &params.encode(kind))?;
                 (Role::Client, oob, params)
             }
-            None => {
-                let wait = args.accept_timeout.map(|s| secs(s, "--accept-timeout")).transpose()?;
-                println!("\n************************************");
-                println!("* Waiting for client to connect... *");
-                println!("************************************");
-                let mut oob = Oob::accept(args.port, wait)?;
+            _ => {
+                let mut oob = Oob::accept(args.port, accept_timeout, timeout)?;
                 let own_level = if args.safe {
                     Some(Level::Safe)
                 } else if args.raw {
@@ -473,18 +521,18 @@ impl Session {
                 } else {
                     None
                 };
-                let hello = oob.recv(Tag::Hello, Some(timeout))?;
+                let hello = oob.recv_one(Tag::Hello, "the client's hello", None)?;
                 match Params::decode(kind, &hello, own_level) {
                     Ok(p) => (Role::Server, oob, p),
                     Err(e) => {
+                        let e = format!("refusing the client: {e}");
                         oob.fail(&e);
                         return Err(e);
                     }
                 }
             }
         };
-        let mut oob = oob;
-        let rdma = match Rdma::open(kind, &args, &params) {
+        let rdma = match Rdma::create(kind, device, &params) {
             Ok(r) => r,
             Err(e) => {
                 oob.fail(&e);
@@ -502,6 +550,8 @@ impl Session {
             keep: Vec::new(),
             next: 0,
             timeout,
+            setup_timeout,
+            current: (0, 0),
             header_printed: false,
         })
     }
@@ -532,8 +582,12 @@ impl Session {
 
     /// Allocates and registers a local-only buffer (kept registered as long as the queue pairs).
     pub fn alloc_ro(&mut self, len: usize, access: AccessFlags) -> Result<Arc<MemoryRegion>, String> {
-        let buf = OwnedBuffer::zeroed(len).map_err(|e| e.to_string())?;
-        let mr = Arc::new(self.rdma.pd.register(buf, access).map_err(|e| e.to_string())?);
+        memory::check(len as u64, "a buffer")?;
+        let buf = OwnedBuffer::zeroed(len)
+            .map_err(|e| format!("Couldn't allocate a buffer of {len} bytes: {e}"))?;
+        let mr =
+            self.rdma.pd.register(buf, access).map_err(|e| format!("Couldn't register {len} bytes: {e}"))?;
+        let mr = Arc::new(mr);
         self.keep.push(Buf::Ro(mr.clone()));
         Ok(mr)
     }
@@ -541,48 +595,61 @@ impl Session {
     /// Allocates and registers a device- or peer-writable buffer (kept registered as long as the
     /// queue pairs).
     pub fn alloc_rw(&mut self, len: usize, access: AccessFlags) -> Result<Arc<RemoteMemoryRegion>, String> {
-        let mr = Arc::new(self.rdma.pd.allocate_remote(len, access).map_err(|e| e.to_string())?);
+        memory::check(len as u64, "a buffer")?;
+        let mr = self.rdma.pd.allocate_remote(len, access);
+        let mr =
+            Arc::new(mr.map_err(|e| format!("Couldn't allocate and register a buffer of {len} bytes: {e}"))?);
         self.keep.push(Buf::Rw(mr.clone()));
         Ok(mr)
     }
 
+    /// How many bytes each of the peer's buffers must have, for the tests where this side
+    /// accesses them (`None`: the peer exposes none).
+    fn peer_buffer_need(&self) -> Option<u64> {
+        match (self.kind, self.role) {
+            (TestKind::WriteBw | TestKind::ReadBw, Role::Client) | (TestKind::WriteLat, _) => {
+                Some(self.buf_len() as u64)
+            }
+            _ => None,
+        }
+    }
+
     /// Exchanges endpoints and buffer descriptors (one per queue pair; `local` may hold empty
     /// slices where the peer needs none), connects the queue pairs and prints the header. Returns
-    /// the peer's buffer descriptors.
+    /// the peer's buffer descriptors. The peer's setup may take up to `--setup-timeout` (it may
+    /// register large buffers), as long as it stays alive.
     pub fn exchange(&mut self, local: &[RemoteSlice]) -> Result<Vec<RemoteSlice>, String> {
         let n = self.rdma.qps.len();
-        assert_eq!(local.len(), n, "one buffer descriptor per queue pair");
-        let mut mine = Vec::with_capacity(n * 50);
-        let mut eps = Vec::with_capacity(n);
-        for (qp, slice) in self.rdma.qps.iter().zip(local) {
-            let ep = qp.endpoint(&self.rdma.opts).map_err(|e| e.to_string())?;
-            mine.extend_from_slice(&ep.encode());
-            mine.extend_from_slice(&slice.encode());
-            eps.push(ep);
+        if local.len() != n {
+            return Err(format!("{} buffer descriptors for {n} queue pairs", local.len()));
         }
+        let mut entries = Vec::with_capacity(n);
+        for (qp, slice) in self.rdma.qps.iter().zip(local) {
+            let ep =
+                qp.endpoint(&self.rdma.opts).map_err(|e| format!("Couldn't get the local address: {e}"))?;
+            entries.push((ep, *slice));
+        }
+        let mine = proto::encode_setup(&entries);
+        let what = format!("the {}'s setup", self.oob.peer());
+        let cap = Some(self.setup_timeout);
         let theirs = match self.role {
             Role::Server => {
                 self.oob.send(Tag::Setup, &mine)?;
-                self.oob.recv(Tag::Setup, Some(self.timeout))?
+                self.oob.recv_one(Tag::Setup, &what, cap)?
             }
             Role::Client => {
-                let t = self.oob.recv(Tag::Setup, Some(self.timeout))?;
+                let t = self.oob.recv_one(Tag::Setup, &what, cap)?;
                 self.oob.send(Tag::Setup, &mine)?;
                 t
             }
         };
-        if theirs.len() != n * 50 {
-            return Err(format!("protocol error: setup of {} bytes for {n} queue pairs", theirs.len()));
+        let remote = proto::decode_setup(&theirs, n, self.peer_buffer_need())
+            .map_err(|e| format!("protocol error in {what}: {e}"))?;
+        for (qp, (ep, _)) in self.rdma.qps.iter_mut().zip(&remote) {
+            qp.connect(ep, &self.rdma.opts).map_err(|e| format!("Couldn't connect to the remote QP: {e}"))?;
         }
-        let mut remote_eps = Vec::with_capacity(n);
-        let mut slices = Vec::with_capacity(n);
-        for chunk in theirs.chunks_exact(50) {
-            remote_eps.push(Endpoint::decode(&chunk[..30]).map_err(|e| e.to_string())?);
-            slices.push(RemoteSlice::decode(&chunk[30..]).map_err(|e| e.to_string())?);
-        }
-        for (qp, ep) in self.rdma.qps.iter_mut().zip(&remote_eps) {
-            qp.connect(ep, &self.rdma.opts).map_err(|e| e.to_string())?;
-        }
+        let eps: Vec<Endpoint> = entries.iter().map(|e| e.0).collect();
+        let (remote_eps, slices): (Vec<Endpoint>, Vec<RemoteSlice>) = remote.into_iter().unzip();
         self.print_header(&eps, local, &remote_eps, &slices);
         Ok(slices)
     }
@@ -660,34 +727,38 @@ impl Session {
             Role::Client => {
                 let Some(&(size, iters)) = self.plan.get(self.next) else {
                     self.oob.send(Tag::End, &[])?;
-                    self.oob.recv(Tag::Ack, Some(self.timeout))?;
+                    self.oob.recv_one(Tag::Ack, "the server's final acknowledgement", None)?;
                     return Ok(None);
                 };
                 self.next += 1;
-                let mut b = size.to_be_bytes().to_vec();
-                b.extend_from_slice(&iters.to_be_bytes());
-                self.oob.send(Tag::Run, &b)?;
+                self.oob.send(Tag::Run, &proto::encode_run(size, iters))?;
                 (size, iters)
             }
             Role::Server => {
-                let (tag, b) = self.oob.recv_either(Tag::Run, Tag::End)?;
+                let what = "the client's next measurement (or its end)";
+                let (tag, b) = self.oob.recv(&[Tag::Run, Tag::End], what, None)?;
                 if tag == Tag::End {
                     self.oob.send(Tag::Ack, &[])?;
                     return Ok(None);
                 }
-                if b.len() != 16 {
-                    return Err("protocol error: bad run frame".into());
+                // The client runs the plan both sides derive from the parameters, in order.
+                let run = proto::decode_run(&b).map_err(|e| format!("protocol error: {e}"))?;
+                let expected = self.plan.get(self.next).copied();
+                if Some(run) != expected {
+                    return Err(format!(
+                        "protocol error: the client asks for {} x {} bytes, the plan says {}",
+                        run.1,
+                        run.0,
+                        expected.map_or("nothing more".to_string(), |(s, i)| format!("{i} x {s} bytes"))
+                    ));
                 }
-                let size = u64::from_be_bytes(b[..8].try_into().unwrap_or_default());
-                let iters = u64::from_be_bytes(b[8..].try_into().unwrap_or_default());
-                if size == 0 || size > self.params.size || iters == 0 || iters > self.params.iters {
-                    return Err(format!("protocol error: run of {iters} x {size} bytes out of range"));
-                }
-                (size, iters)
+                self.next += 1;
+                run
             }
         };
         let p = &self.params;
         let tx_depth = u64::from(p.tx_depth).min(iters);
+        self.current = (size, iters * u64::from(p.qps));
         Ok(Some(RunSpec {
             size,
             iters,
@@ -704,31 +775,41 @@ impl Session {
     /// Synchronizes the start of a measurement: the server says it is ready, the client waits
     /// for that.
     pub fn ready(&mut self) -> Result<(), String> {
-        ready(self.role, &mut self.oob, self.timeout)
+        ready(self.role, &mut self.oob)
     }
 
     /// Ends a measurement: the client sends its report and waits for the server's
-    /// acknowledgement (with the server's report); the server waits for the client (no time
-    /// limit: a passive server does not know how long the test takes, but notices the client's
-    /// exit). Returns the peer's report, if it sent one.
+    /// acknowledgement (with the server's report); the server waits for the client (as long as
+    /// the client's run takes, but no longer than `--timeout` once the client falls silent).
+    /// Returns the peer's report, if it sent one.
     pub fn finish(&mut self, mine: Option<&BwReport>) -> Result<Option<BwReport>, String> {
         let payload = mine.map(BwReport::encode).unwrap_or_default();
         let theirs = match self.role {
             Role::Client => {
                 self.oob.send(Tag::Done, &payload)?;
-                self.oob.recv(Tag::Ack, Some(self.timeout))?
+                self.oob.recv_one(Tag::Ack, "the server's acknowledgement of the measurement", None)?
             }
             Role::Server => {
-                let t = self.oob.recv(Tag::Done, None)?;
+                let t = self.oob.recv_one(Tag::Done, "the end of the client's measurement", None)?;
                 self.oob.send(Tag::Ack, &payload)?;
                 t
             }
         };
         if theirs.is_empty() {
-            Ok(None)
-        } else {
-            BwReport::decode(&theirs).map(Some)
+            return Ok(None);
         }
+        let r = BwReport::decode(&theirs).map_err(|e| format!("protocol error: {e}"))?;
+        if (r.size, r.iters) != self.current {
+            return Err(format!(
+                "protocol error: the {}'s report is for {} x {} bytes, the measurement was {} x {} bytes",
+                self.oob.peer(),
+                r.iters,
+                r.size,
+                self.current.1,
+                self.current.0
+            ));
+        }
+        Ok(Some(r))
     }
 
     /// Prints a bandwidth row.
@@ -744,10 +825,10 @@ impl Session {
 
 /// [`Session::ready`] on the parts of a session (for callers that borrow its verbs resources
 /// meanwhile).
-pub fn ready(role: Role, oob: &mut Oob, timeout: Duration) -> Result<(), String> {
+pub fn ready(role: Role, oob: &mut Oob) -> Result<(), String> {
     match role {
         Role::Server => oob.send(Tag::Ready, &[]),
-        Role::Client => oob.recv(Tag::Ready, Some(timeout)).map(drop),
+        Role::Client => oob.recv_one(Tag::Ready, "the server to be ready", None).map(drop),
     }
 }
 
