@@ -8,8 +8,13 @@
 //! ```
 //!
 //! Differences from the C tool: without `-g`, RoCE ports use their RoCE v2 IPv4 GID (the C tool
-//! needs `-g` there); the client retries connecting for `--timeout` seconds; a run fails (instead
-//! of hanging) when no completion arrives for `--timeout` seconds; `-c` fails the run on bad data.
+//! needs `-g` there); every wait is bounded: the server waits `--accept-timeout` seconds (by
+//! default `--timeout`) for a client, the client retries connecting for `--timeout` seconds, every
+//! later read or write of the exchange and every wait for a completion fails after `--timeout`
+//! seconds; the peer's address message is checked byte by byte (a peer speaking anything else is
+//! refused at its first wrong byte); the message buffer (one, as in the C tool) is checked
+//! against the memory available before it is allocated; `-c` fails the run on bad data. Every
+//! failure is one line on stderr and a non-zero exit.
 
 mod common;
 

@@ -84,7 +84,7 @@ fn safe_loop(
                 }
                 guard.idle()?;
             };
-            guard.progress(ticks());
+            guard.progress(ticks())?;
             if c.status() != WcStatus::SUCCESS {
                 return Err(guard.annotate(status_error("receive", c.status(), rcnt)));
             }
@@ -170,7 +170,7 @@ fn raw_loop(
             while recv_cq.poll_raw(&mut wc).map_err(|e| e.to_string())?.is_empty() {
                 guard.idle()?;
             }
-            guard.progress(ticks());
+            guard.progress(ticks())?;
             if !wc[0].is_ok() {
                 return Err(guard.annotate(status_error("receive", wc[0].status(), rcnt)));
             }

@@ -8,11 +8,12 @@
 //! ud_pingpong -d rxe0 -g 1 127.0.0.1    # client
 //! ```
 //!
-//! A UD message is at most one MTU, and every receive buffer has 40 bytes in front for the Global
-//! Routing Header the device writes there. Differences from the C tool are those of
-//! `rc_pingpong`: automatic RoCE v2 GID without `-g`, a bounded connect, an idle timeout
-//! (`--timeout`) so that a lost peer (or a lost datagram) ends the run, and `-c` failing the run
-//! on bad data.
+//! A UD message is at most one MTU, and every receive lands in the buffer with 40 bytes in front
+//! for the Global Routing Header the device writes there (one buffer, as in the C tool: sends go
+//! from the bytes after the GRH). Differences from the C tool are those of `rc_pingpong`:
+//! automatic RoCE v2 GID without `-g`, every wait bounded (`--accept-timeout`, `--timeout`: a
+//! lost peer, or a lost datagram, ends the run), the address message checked byte by byte, and
+//! `-c` failing the run on bad data.
 
 mod common;
 

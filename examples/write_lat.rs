@@ -103,7 +103,7 @@ fn safe_loop(
                 }
                 guard.idle()?;
             }
-            guard.progress(ticks());
+            guard.progress(ticks())?;
         }
         if scnt < iters {
             tposted[scnt as usize] = ticks();
@@ -179,7 +179,7 @@ fn raw_loop(
             while unsafe { ptr::read_volatile(poll_byte) } != want {
                 guard.idle()?;
             }
-            guard.progress(ticks());
+            guard.progress(ticks())?;
         }
         if scnt < iters {
             tposted[scnt as usize] = ticks();

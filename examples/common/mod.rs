@@ -91,33 +91,38 @@ pub fn page_size() -> usize {
 
 /// Fills `len` bytes of `buf` from `offset` with what a `-c` (`--chk`) run sends: `0x7b` (the C
 /// tools' fill byte), with 0 at the start of every page (counted from `offset`). Without `check`,
-/// only the fill byte. Page by page: no copy of the buffer is made.
+/// only the fill byte. In chunks of at most 1 MiB: no copy of the whole buffer is made.
 pub fn fill_pattern(buf: &RemoteMemoryRegion, offset: usize, len: usize, check: bool) -> Result<(), String> {
-    let page = page_size();
-    let mut chunk = vec![0x7b; page];
-    if check {
-        chunk[0] = 0;
+    if !check && offset == 0 && len == buf.len() {
+        buf.fill(0x7b);
+        return Ok(());
     }
-    for start in (0..len).step_by(page) {
-        let n = page.min(len - start);
+    let page = page_size();
+    let chunk_len = len.min(1 << 20).div_ceil(page) * page;
+    let chunk: Vec<u8> = (0..chunk_len).map(|i| if check && i % page == 0 { 0 } else { 0x7b }).collect();
+    for start in (0..len).step_by(chunk_len.max(1)) {
+        let n = chunk_len.min(len - start);
         buf.write(offset + start, &chunk[..n]).map_err(|e| e.to_string())?;
     }
     Ok(())
 }
 
 /// Compares `len` bytes of `buf` from `offset` with [`fill_pattern`]'s check pattern: the
-/// numbers of the pages that differ.
+/// numbers of the pages that differ. Reads in chunks of at most 1 MiB.
 pub fn invalid_pages(buf: &RemoteMemoryRegion, offset: usize, len: usize) -> Result<Vec<usize>, String> {
     let page = page_size();
     let mut expected = vec![0x7b; page];
     expected[0] = 0;
-    let mut got = vec![0u8; page];
+    let chunk_len = len.min(1 << 20).div_ceil(page) * page;
+    let mut got = vec![0u8; chunk_len];
     let mut bad = Vec::new();
-    for (i, start) in (0..len).step_by(page).enumerate() {
-        let n = page.min(len - start);
+    for start in (0..len).step_by(chunk_len.max(1)) {
+        let n = chunk_len.min(len - start);
         buf.read(offset + start, &mut got[..n]).map_err(|e| e.to_string())?;
-        if got[..n] != expected[..n] {
-            bad.push(i);
+        for (i, p) in got[..n].chunks(page).enumerate() {
+            if p != &expected[..p.len()] {
+                bad.push(start / page + i);
+            }
         }
     }
     Ok(bad)

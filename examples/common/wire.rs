@@ -119,7 +119,7 @@ pub fn check_prefix(msg: &[u8]) -> Result<(), String> {
         };
         if !ok {
             return Err(format!(
-                "malformed address message {} (byte {i} should be {what}); is the peer a pingpong tool?",
+                "a malformed address message {} (byte {i} should be {what}); is the peer a pingpong tool?",
                 show_bytes(msg)
             ));
         }

@@ -357,7 +357,7 @@ pub fn run_sender<P: SendPath>(p: &mut P, run: &RunSpec, guard: &mut Guard) -> R
             continue;
         }
         let now = ticks();
-        guard.progress(now);
+        guard.progress(now)?;
         for d in &done[..n] {
             if d.status != WcStatus::SUCCESS {
                 return Err(guard.annotate(status_error(d, "send")));
@@ -410,7 +410,7 @@ pub fn run_receiver<P: RecvPath>(
             continue;
         }
         let now = ticks();
-        guard.progress(now);
+        guard.progress(now)?;
         first.get_or_insert(now);
         for d in &done[..n] {
             if d.status != WcStatus::SUCCESS {

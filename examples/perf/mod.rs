@@ -386,18 +386,24 @@ impl Rdma {
     }
 }
 
-/// Fails a hot loop that waits too long: no progress for `--timeout` seconds, or the peer's end of
-/// the TCP connection closed (it exited or crashed). Checked every few dozen idle polls, with the
-/// time-stamp counter, so it costs nothing measurable.
+/// Fails a hot loop that waits too long: no progress for `--timeout` seconds, the peer's end of
+/// the TCP connection closed (it exited or crashed), or the peer silent for `--timeout` (no
+/// `Alive` frame arrived: a dead host or a stopped process, even while the RDMA traffic, which
+/// the peer's kernel or device handles alone, still flows). Checked every few dozen idle polls,
+/// with the time-stamp counter, so it costs nothing measurable.
 #[derive(Debug)]
 pub struct Guard {
     fd: RawFd,
+    peer: &'static str,
     stall: u64,
     stall_secs: f64,
     check_every: u64,
     last_progress: u64,
     next_check: u64,
     spins: u32,
+    /// When the bytes waiting on the socket last grew, and how many there were.
+    heard: u64,
+    pending: usize,
     what: &'static str,
 }
 
@@ -406,14 +412,22 @@ impl Guard {
     pub fn start(&mut self, what: &'static str) {
         let now = ticks();
         self.last_progress = now;
+        self.heard = now;
         self.next_check = now.wrapping_add(self.check_every);
         self.what = what;
     }
 
-    /// Something happened (a completion, a peer's write).
+    /// Something happened (a completion, a peer's write). Now and then (every 50 ms) also checks
+    /// that the peer is still there: on a loopback device completions may never stop coming
+    /// (the peer's kernel answers for a stopped peer), so [`idle`](Self::idle) alone may never
+    /// get to check.
     #[inline(always)]
-    pub fn progress(&mut self, now: u64) {
+    pub fn progress(&mut self, now: u64) -> Result<(), String> {
         self.last_progress = now;
+        if now < self.next_check {
+            return Ok(());
+        }
+        self.check(now)
     }
 
     /// Nothing happened on this poll: fails when it has been so for too long, or the peer is gone.
@@ -447,7 +461,20 @@ impl Guard {
     fn check(&mut self, now: u64) -> Result<(), String> {
         self.next_check = now.wrapping_add(self.check_every);
         if oob::socket_closed(self.fd) {
-            return Err(format!("the peer closed the connection while {}", self.what));
+            return Err(format!("the {} closed the connection while {}", self.peer, self.what));
+        }
+        let (alive, pending) = oob::take_alive_frames(self.fd);
+        if alive > 0 || pending != self.pending {
+            self.pending = pending;
+            self.heard = now;
+        }
+        if now.wrapping_sub(self.heard) > self.stall {
+            return Err(format!(
+                "the {} sent nothing for {} s while {} (is it still running?)",
+                self.peer,
+                net::secs(Duration::from_secs_f64(self.stall_secs)),
+                self.what
+            ));
         }
         if now.wrapping_sub(self.last_progress) > self.stall {
             return Err(format!(
@@ -565,12 +592,15 @@ impl Session {
     pub fn guard(&self) -> Guard {
         Guard {
             fd: self.oob.raw_fd(),
+            peer: self.oob.peer(),
             stall: self.clock.ticks_in(self.timeout),
             stall_secs: self.timeout.as_secs_f64(),
             check_every: self.clock.ticks_in(Duration::from_millis(50)),
             last_progress: ticks(),
             next_check: 0,
             spins: 0,
+            heard: ticks(),
+            pending: usize::MAX,
             what: "waiting",
         }
     }

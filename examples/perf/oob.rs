@@ -207,18 +207,36 @@ impl ByteSource for Source<'_> {
     }
 }
 
-/// Whether the peer has closed the connection on `fd` (or it broke): a non-blocking peek, one
-/// system call. Data waiting to be read means the peer is alive.
-pub fn socket_closed(fd: RawFd) -> bool {
-    let mut b = 0u8;
-    // SAFETY: a one-byte peek into a valid local buffer; a stale descriptor only yields an error.
-    let n = unsafe { libc::recv(fd, (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    match n {
-        0 => true,
-        n if n > 0 => false,
-        _ => {
-            let e = io::Error::last_os_error();
-            !matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted)
-        }
+/// Consumes the `Alive` frames at the head of what waits on socket `fd` (only those: a frame of
+/// another kind stays for the next receive), without waiting. Returns how many it took and how
+/// many bytes are left waiting (up to 4 KiB). For hot loops, which do not receive meanwhile: the
+/// heartbeats of a long measurement would otherwise fill the socket's buffer.
+pub fn take_alive_frames(fd: RawFd) -> (usize, usize) {
+    let mut buf = [0u8; 4096];
+    let peek = |buf: &mut [u8], flags| {
+        // SAFETY: receives at most `buf.len()` bytes into a valid local buffer.
+        unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags | libc::MSG_DONTWAIT) }
+    };
+    let n = peek(&mut buf, libc::MSG_PEEK);
+    let Ok(n) = usize::try_from(n) else { return (0, 0) };
+    let alive = encode_frame(Tag::Alive, &[]);
+    let frames = buf[..n].chunks_exact(alive.len()).take_while(|c| *c == &alive[..]).count();
+    let take = frames * alive.len();
+    if take == 0 {
+        return (0, n);
     }
+    let taken = usize::try_from(peek(&mut buf[..take], 0)).unwrap_or(0);
+    (taken / alive.len(), n - taken)
+}
+
+/// Whether the peer has closed the connection on `fd` (or it broke): one `poll` without waiting.
+/// `POLLRDHUP` reports the peer's FIN even while unread data (its `Alive` frames) is queued.
+pub fn socket_closed(fd: RawFd) -> bool {
+    let mut pfd = libc::pollfd { fd, events: libc::POLLRDHUP, revents: 0 };
+    // SAFETY: one valid pollfd; a stale descriptor only yields POLLNVAL.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    if n < 0 {
+        return io::Error::last_os_error().kind() != io::ErrorKind::Interrupted;
+    }
+    n > 0 && pfd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
 }
