@@ -347,7 +347,7 @@ pub fn pingpong(
 /// Prints the C tools' summary lines.
 pub fn print_summary(size: u32, iters: u32, elapsed: Duration) {
     let usec = elapsed.as_secs_f64() * 1e6;
-    let bytes = u64::from(size) * u64::from(iters) * 2;
+    let bytes = u128::from(size) * u128::from(iters) * 2;
     println!("{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec", usec / 1e6, bytes as f64 * 8.0 / usec);
     println!("{iters} iters in {:.2} seconds = {:.2} usec/iter", usec / 1e6, usec / f64::from(iters));
 }

@@ -47,6 +47,8 @@ pub const SETUP_ENTRY_LEN: usize = Endpoint::ENCODED_LEN + RemoteSlice::ENCODED_
 pub const MAX_QPS: u32 = 1024;
 /// Bytes of a report (`Done`/`Ack` payload, when there is one).
 pub const REPORT_LEN: usize = 40;
+/// The most work requests per post call (`--post-list`).
+pub const MAX_POST_LIST: u32 = 1024;
 /// The longest error message accepted.
 pub const MAX_ERROR_LEN: usize = 1024;
 
@@ -428,6 +430,9 @@ impl Params {
         }
         if self.post_list > 1 && (!kind.is_bw() || self.iters % u64::from(self.post_list) != 0) {
             return Err("--post-list is for bandwidth tests, and must divide the iterations".into());
+        }
+        if self.post_list > MAX_POST_LIST {
+            return Err(format!("--post-list is at most {MAX_POST_LIST}"));
         }
         if self.post_list > self.tx_depth {
             return Err("--post-list cannot exceed the tx depth".into());
