@@ -13,8 +13,10 @@ pub fn available() -> Option<u64> {
     (words.next() == Some("kB")).then(|| kib.saturating_mul(1024))
 }
 
-/// Memory left over for everything else (the process, the kernel's page tables and pinning).
-const SLACK: u64 = 32 << 20;
+/// Memory left over for everything else: the process, the kernel's bookkeeping of pinned pages,
+/// and the page cache that holds the running programs (with less, the kernel thrashes before its
+/// OOM killer strikes, and the process crawls for minutes instead of failing).
+const SLACK: u64 = 128 << 20;
 
 /// Fails with a message when `len` bytes for `what` are more than the memory available.
 pub fn check(len: u64, what: &str) -> Result<(), String> {
