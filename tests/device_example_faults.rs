@@ -162,7 +162,7 @@ fn server_vs_raw_client(
     within: Duration,
 ) -> Finished {
     let mut args = device_args(tool, port);
-    args.extend(strings(&["--timeout", timeout]));
+    args.extend(strings(&["--timeout", timeout, "--accept-timeout", "60"]));
     let server = Running::spawn(example(tool), &args);
     let s = raw_client(&server, port);
     let keep = std::thread::spawn(move || act(s));
@@ -285,7 +285,8 @@ fn servers_fail_when_their_client_freezes_mid_run() {
         // Runs of minutes (the perf examples keep a timestamp per message: keep their memory small).
         let iters = if is_perf(tool) { "1000000" } else { "100000000" };
         let mut args = device_args(tool, port);
-        args.extend(strings(&["--timeout", "3", "-n", iters]));
+        // The server waits for its client as long as the machine needs to start it.
+        args.extend(strings(&["--timeout", "3", "--accept-timeout", "60", "-n", iters]));
         if tool.ends_with("_bw") {
             args.extend(strings(&["-s", "65536"]));
         }
@@ -405,7 +406,8 @@ fn clients_fail_when_their_server_freezes_mid_run() {
         let port = 18940 + i;
         let iters = if is_perf(tool) { "1000000" } else { "100000000" };
         let mut args = device_args(tool, port);
-        args.extend(strings(&["--timeout", "3", "-n", iters]));
+        // The server waits for its client as long as the machine needs to start it.
+        args.extend(strings(&["--timeout", "3", "--accept-timeout", "60", "-n", iters]));
         if tool.ends_with("_bw") {
             args.extend(strings(&["-s", "65536"]));
         }
@@ -536,7 +538,7 @@ fn perf_setup_wait_is_bounded_by_setup_timeout() {
         keep_alive(&mut s, Duration::from_secs(30));
     };
     let mut args = device_args("write_bw", 18952);
-    args.extend(strings(&["--timeout", "1", "--setup-timeout", "3"]));
+    args.extend(strings(&["--timeout", "1", "--setup-timeout", "3", "--accept-timeout", "60"]));
     let server = Running::spawn(example("write_bw"), &args);
     let s = raw_client(&server, 18952);
     let _keep = std::thread::spawn(move || act(s));

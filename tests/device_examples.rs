@@ -308,6 +308,10 @@ fn survivor_fails_when_peer_vanishes(tool: &str, port: u16, server: Impl, client
         a.extend(["-n".to_string(), "100000000".to_string()]);
         if who == Impl::Ours {
             a.extend(["--timeout".to_string(), "3".to_string()]);
+            if !host {
+                // A server waits for its client as long as the machine needs to start it.
+                a.extend(["--accept-timeout".to_string(), "60".to_string()]);
+            }
         }
         if host {
             a.push("127.0.0.1".to_string());
