@@ -8,8 +8,13 @@
 //! ```
 //!
 //! Differences from the C tool: without `-g`, RoCE ports use their RoCE v2 IPv4 GID (the C tool
-//! needs `-g` there); the client retries connecting for `--timeout` seconds; a run fails (instead
-//! of hanging) when no completion arrives for `--timeout` seconds; `-c` fails the run on bad data.
+//! needs `-g` there); every wait is bounded: the server waits `--accept-timeout` seconds (by
+//! default `--timeout`) for a client, the client retries connecting for `--timeout` seconds, every
+//! later read or write of the exchange and every wait for a completion fails after `--timeout`
+//! seconds; the peer's address message is checked byte by byte (a peer speaking anything else is
+//! refused at its first wrong byte); the message buffer (one, as in the C tool) is checked
+//! against the memory available before it is allocated; `-c` fails the run on bad data. Every
+//! failure is one line on stderr and a non-zero exit.
 
 mod common;
 
@@ -63,8 +68,13 @@ struct Args {
     #[arg(short = 'c', long)]
     chk: bool,
     /// Seconds to keep trying to reach the server, and to wait for the peer at any later step
-    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "SECS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=common::net::MAX_WAIT_SECS))]
     timeout: u64,
+    /// Seconds the server waits for a client [default: --timeout]
+    #[arg(long = "accept-timeout", value_name = "SECS",
+          value_parser = clap::value_parser!(u64).range(1..=common::net::MAX_WAIT_SECS))]
+    accept_timeout: Option<u64>,
     /// Server to connect to (omit to be the server)
     host: Option<String>,
 }
@@ -81,6 +91,7 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<(), String> {
     let timeout = Duration::from_secs(args.timeout);
+    let accept_wait = Duration::from_secs(args.accept_timeout.unwrap_or(args.timeout));
     let size = args.size as usize;
     let ctx = common::open_device(args.ib_dev.as_deref())?;
     let port = ctx
@@ -101,22 +112,16 @@ fn run(args: &Args) -> Result<(), String> {
     let channel =
         if args.events { Some(ctx.create_comp_channel().map_err(|e| e.to_string())?) } else { None };
     let pd = ctx.alloc_pd().map_err(|e| format!("Couldn't allocate PD: {e}"))?;
-    // What we send: the C tools' fill byte, and with -c their check pattern.
-    let mut send_buf = pd.allocate(size).map_err(|e| format!("Couldn't register MR: {e}"))?;
-    if args.chk {
-        send_buf.copy_from_slice(&common::check_pattern(size));
-    } else {
-        send_buf.fill(0x7b);
-    }
-    let send_buf = Arc::new(send_buf);
-    // Every receive lands in this one buffer, as in the C tool. Memory the device writes while
-    // several posted requests share it is what `RemoteMemoryRegion` models (only copied out of);
-    // no remote access right is granted.
-    let recv_buf = Arc::new(
+    // One buffer, as in the C tool: every send goes from it and every receive lands in it. Memory
+    // the device writes while several posted requests share it is what `RemoteMemoryRegion`
+    // models (only copied into and out of); no remote access right is granted.
+    common::memory::check(size as u64, "the message buffer")?;
+    let buf = Arc::new(
         pd.allocate_remote(size, AccessFlags::LOCAL_WRITE)
-            .map_err(|e| format!("Couldn't register MR: {e}"))?,
+            .map_err(|e| format!("Couldn't allocate and register a buffer of {size} bytes: {e}"))?,
     );
-    recv_buf.fill(0x7b);
+    // What we send: the C tools' fill byte, and with -c their check pattern.
+    common::fill_pattern(&buf, 0, size, args.chk)?;
 
     let mut cq =
         ctx.create_cq(args.rx_depth + 1, channel.as_ref()).map_err(|e| format!("Couldn't create CQ: {e}"))?;
@@ -126,10 +131,17 @@ fn run(args: &Args) -> Result<(), String> {
         .max_recv_wr(args.rx_depth)
         .build()
         .map_err(|e| format!("Couldn't create QP: {e}"))?;
-    let inline = size <= qp.caps().max_inline_data as usize;
+    // Inline sends copy their bytes when posted: a copy of the buffer's (small) contents.
+    let inline_data = if size <= qp.caps().max_inline_data as usize {
+        let mut data = vec![0u8; size];
+        buf.read(0, &mut data).map_err(|e| e.to_string())?;
+        Some(data)
+    } else {
+        None
+    };
     qp.init(&opts).map_err(|e| format!("Failed to modify QP to INIT: {e}"))?;
 
-    let mut rx = Receives::new(recv_buf.clone(), size, args.rx_depth);
+    let mut rx = Receives::new(buf.clone(), size, args.rx_depth);
     rx.refill(&mut qp)?;
     if args.events {
         cq.req_notify(false).map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
@@ -153,7 +165,9 @@ fn run(args: &Args) -> Result<(), String> {
     };
     let remote = match &args.host {
         Some(host) => common::client_exchange(host, args.port, timeout, &me)?,
-        None => common::server_exchange(args.port, timeout, &me, |remote| connect(&mut qp, remote))?,
+        None => {
+            common::server_exchange(args.port, accept_wait, timeout, &me, |remote| connect(&mut qp, remote))?
+        }
     };
     println!(
         "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
@@ -167,10 +181,9 @@ fn run(args: &Args) -> Result<(), String> {
     }
 
     let post_send = |qp: &mut QueuePair| {
-        let wr = if inline {
-            SendRequest::send_inline(send_buf.as_slice())
-        } else {
-            SendRequest::send(Local::whole(send_buf.clone()))
+        let wr = match &inline_data {
+            Some(data) => SendRequest::send_inline(data),
+            None => SendRequest::send(Local::new(buf.clone(), ..size)?),
         };
         qp.post_send(wr.wr_id(SEND_WRID)).map_err(|e| e.error)
     };
@@ -180,7 +193,7 @@ fn run(args: &Args) -> Result<(), String> {
     common::print_summary(args.size, args.iters, elapsed);
 
     if args.chk && args.host.is_none() {
-        let bad = common::invalid_pages(&recv_buf.to_vec());
+        let bad = common::invalid_pages(&buf, 0, size)?;
         for page in &bad {
             println!("invalid data in page {page}");
         }

@@ -43,20 +43,20 @@ fn run(s: &mut Session) -> Result<(), String> {
 
 fn server_run(s: &mut Session, bufs: &[Buf], spec: RunSpec) -> Result<(), String> {
     let mut guard = s.guard();
-    let (role, timeout) = (s.role, s.timeout());
+    let role = s.role;
     let (first, last) = match spec.level {
         Level::Safe => {
             let r = &mut s.rdma;
             let mut path = SafePath::new(&mut r.qps, &mut r.recv_cq, bufs, &[], Op::Send, spec);
             let pre = bw::prepost(&mut path, &spec)?;
-            perf::ready(role, &mut s.oob, timeout)?;
+            perf::ready(role, &mut s.oob)?;
             bw::run_receiver(&mut path, &spec, pre, &mut guard)?
         }
         Level::Raw => {
             let r = &s.rdma;
             let mut path = RawPath::new(&r.qps, &r.recv_cq, bufs, &[], Op::Send, spec);
             let pre = bw::prepost(&mut path, &spec)?;
-            perf::ready(role, &mut s.oob, timeout)?;
+            perf::ready(role, &mut s.oob)?;
             bw::run_receiver(&mut path, &spec, pre, &mut guard)?
         }
     };

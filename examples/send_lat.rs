@@ -59,7 +59,7 @@ fn safe_loop(
     let (iters, size) = (spec.iters, spec.size as usize);
     let inline = size <= spec.inline as usize;
     let inline_data = vec![0u8; size];
-    let (role, timeout) = (s.role, s.timeout());
+    let role = s.role;
     let r = &mut s.rdma;
     let (qp, send_cq, recv_cq) = (&mut r.qps[0], &mut r.send_cq, &mut r.recv_cq);
     let recv = |k: u64| -> Result<RecvRequest, String> {
@@ -70,8 +70,8 @@ fn safe_loop(
         qp.post_recv(recv(posted)?).map_err(|e| format!("post_recv: {e}"))?;
         posted += 1;
     }
-    perf::ready(role, &mut s.oob, timeout)?;
-    let mut tposted = vec![0u64; iters as usize];
+    perf::ready(role, &mut s.oob)?;
+    let mut tposted = perf::memory::zeroed_vec::<u64>(iters, "the timestamps")?;
     let mut comps = [Completion::default()];
     let (mut scnt, mut rcnt) = (0u64, 0u64);
     guard.start("waiting for the peer's message");
@@ -84,7 +84,7 @@ fn safe_loop(
                 }
                 guard.idle()?;
             };
-            guard.progress(ticks());
+            guard.progress(ticks())?;
             if c.status() != WcStatus::SUCCESS {
                 return Err(guard.annotate(status_error("receive", c.status(), rcnt)));
             }
@@ -145,7 +145,7 @@ fn raw_loop(
         sg_list: &mut ssge,
         ..Default::default()
     };
-    let (role, timeout) = (s.role, s.timeout());
+    let role = s.role;
     let r = &s.rdma;
     let (qp, send_cq, recv_cq) = (&r.qps[0], &r.send_cq, &r.recv_cq);
     let mut post_recv = |k: u64| -> Result<(), String> {
@@ -160,8 +160,8 @@ fn raw_loop(
         post_recv(posted)?;
         posted += 1;
     }
-    perf::ready(role, &mut s.oob, timeout)?;
-    let mut tposted = vec![0u64; iters as usize];
+    perf::ready(role, &mut s.oob)?;
+    let mut tposted = perf::memory::zeroed_vec::<u64>(iters, "the timestamps")?;
     let mut wc = [WorkCompletion::default()];
     let (mut scnt, mut rcnt) = (0u64, 0u64);
     guard.start("waiting for the peer's message");
@@ -170,7 +170,7 @@ fn raw_loop(
             while recv_cq.poll_raw(&mut wc).map_err(|e| e.to_string())?.is_empty() {
                 guard.idle()?;
             }
-            guard.progress(ticks());
+            guard.progress(ticks())?;
             if !wc[0].is_ok() {
                 return Err(guard.annotate(status_error("receive", wc[0].status(), rcnt)));
             }

@@ -8,11 +8,12 @@
 //! ud_pingpong -d rxe0 -g 1 127.0.0.1    # client
 //! ```
 //!
-//! A UD message is at most one MTU, and every receive buffer has 40 bytes in front for the Global
-//! Routing Header the device writes there. Differences from the C tool are those of
-//! `rc_pingpong`: automatic RoCE v2 GID without `-g`, a bounded connect, an idle timeout
-//! (`--timeout`) so that a lost peer (or a lost datagram) ends the run, and `-c` failing the run
-//! on bad data.
+//! A UD message is at most one MTU, and every receive lands in the buffer with 40 bytes in front
+//! for the Global Routing Header the device writes there (one buffer, as in the C tool: sends go
+//! from the bytes after the GRH). Differences from the C tool are those of `rc_pingpong`:
+//! automatic RoCE v2 GID without `-g`, every wait bounded (`--accept-timeout`, `--timeout`: a
+//! lost peer, or a lost datagram, ends the run), the address message checked byte by byte, and
+//! `-c` failing the run on bad data.
 
 mod common;
 
@@ -68,8 +69,13 @@ struct Args {
     #[arg(short = 'c', long)]
     chk: bool,
     /// Seconds to keep trying to reach the server, and to wait for the peer at any later step
-    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "SECS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=common::net::MAX_WAIT_SECS))]
     timeout: u64,
+    /// Seconds the server waits for a client [default: --timeout]
+    #[arg(long = "accept-timeout", value_name = "SECS",
+          value_parser = clap::value_parser!(u64).range(1..=common::net::MAX_WAIT_SECS))]
+    accept_timeout: Option<u64>,
     /// Server to connect to (omit to be the server)
     host: Option<String>,
 }
@@ -86,6 +92,7 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<(), String> {
     let timeout = Duration::from_secs(args.timeout);
+    let accept_wait = Duration::from_secs(args.accept_timeout.unwrap_or(args.timeout));
     let size = args.size as usize;
     let ctx = common::open_device(args.ib_dev.as_deref())?;
     let port = ctx
@@ -106,21 +113,16 @@ fn run(args: &Args) -> Result<(), String> {
     let channel =
         if args.events { Some(ctx.create_comp_channel().map_err(|e| e.to_string())?) } else { None };
     let pd = ctx.alloc_pd().map_err(|e| format!("Couldn't allocate PD: {e}"))?;
-    let mut send_buf = pd.allocate(size).map_err(|e| format!("Couldn't register MR: {e}"))?;
-    if args.chk {
-        send_buf.copy_from_slice(&common::check_pattern(size));
-    } else {
-        send_buf.fill(0x7b);
-    }
-    let send_buf = Arc::new(send_buf);
-    // Every receive lands in this one buffer, as in the C tool. Memory the device writes while
-    // several posted requests share it is what `RemoteMemoryRegion` models (only copied out of);
-    // no remote access right is granted.
-    let recv_buf = Arc::new(
+    // One buffer, as in the C tool: receives land in it (the GRH first), sends go from its bytes
+    // after the GRH. Memory the device writes while several posted requests share it is what
+    // `RemoteMemoryRegion` models (only copied into and out of); no remote access right.
+    let buf = Arc::new(
         pd.allocate_remote(size + GRH, AccessFlags::LOCAL_WRITE)
-            .map_err(|e| format!("Couldn't register MR: {e}"))?,
+            .map_err(|e| format!("Couldn't allocate and register a buffer of {} bytes: {e}", size + GRH))?,
     );
-    recv_buf.fill(0x7b);
+    // What we send: the C tools' fill byte, and with -c their check pattern.
+    buf.fill(0x7b);
+    common::fill_pattern(&buf, GRH, size, args.chk)?;
 
     let mut cq =
         ctx.create_cq(args.rx_depth + 1, channel.as_ref()).map_err(|e| format!("Couldn't create CQ: {e}"))?;
@@ -130,10 +132,17 @@ fn run(args: &Args) -> Result<(), String> {
         .max_recv_wr(args.rx_depth)
         .build()
         .map_err(|e| format!("Couldn't create QP: {e}"))?;
-    let inline = size <= qp.caps().max_inline_data as usize;
+    // Inline sends copy their bytes when posted: a copy of the buffer's (small) contents.
+    let inline_data = if size <= qp.caps().max_inline_data as usize {
+        let mut data = vec![0u8; size];
+        buf.read(GRH, &mut data).map_err(|e| e.to_string())?;
+        Some(data)
+    } else {
+        None
+    };
     qp.init(&opts).map_err(|e| format!("Failed to modify QP to INIT: {e}"))?;
 
-    let mut rx = Receives::new(recv_buf.clone(), size + GRH, args.rx_depth);
+    let mut rx = Receives::new(buf.clone(), size + GRH, args.rx_depth);
     rx.refill(&mut qp)?;
     if args.events {
         cq.req_notify(false).map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
@@ -167,7 +176,7 @@ fn run(args: &Args) -> Result<(), String> {
         }
         None => {
             let mut ah = None;
-            let remote = common::server_exchange(args.port, timeout, &me, |remote| {
+            let remote = common::server_exchange(args.port, accept_wait, timeout, &me, |remote| {
                 ah = Some(connect(&mut qp, remote)?);
                 Ok(())
             })?;
@@ -183,10 +192,9 @@ fn run(args: &Args) -> Result<(), String> {
     );
 
     let post_send = |qp: &mut QueuePair| {
-        let wr = if inline {
-            SendRequest::send_inline(send_buf.as_slice())
-        } else {
-            SendRequest::send(Local::whole(send_buf.clone()))
+        let wr = match &inline_data {
+            Some(data) => SendRequest::send_inline(data),
+            None => SendRequest::send(Local::new(buf.clone(), GRH..GRH + size)?),
         };
         qp.post_send(wr.ud(&ah, remote.qpn, QKEY).wr_id(SEND_WRID)).map_err(|e| e.error)
     };
@@ -196,7 +204,7 @@ fn run(args: &Args) -> Result<(), String> {
     common::print_summary(args.size, args.iters, elapsed);
 
     if args.chk && args.host.is_none() {
-        let bad = common::invalid_pages(&recv_buf.to_vec()[GRH..]);
+        let bad = common::invalid_pages(&buf, GRH, size)?;
         for page in &bad {
             println!("invalid data in page {page}");
         }

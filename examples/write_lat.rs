@@ -32,22 +32,37 @@ fn main() -> ExitCode {
 fn run(s: &mut Session) -> Result<(), String> {
     let len = s.buf_len();
     let recv = s.alloc_rw(len, AccessFlags::REMOTE_WRITE)?;
+    // Only the source buffer of the level in use.
+    let level = s.params.level;
     // Raw level source: written through volatile stores between writes (never while one is in
     // flight); a RemoteMemoryRegion only for that interior mutability, it is not exposed.
-    let raw_src = s.alloc_rw(len, AccessFlags::LOCAL_WRITE)?;
+    let raw_src = if level == Level::Raw { Some(s.alloc_rw(len, AccessFlags::LOCAL_WRITE)?) } else { None };
     // Safe level source: moved into each write and handed back by its completion.
-    let mut safe_src = Some(s.rdma.pd.allocate(len).map_err(|e| e.to_string())?);
+    let mut safe_src = None;
+    if level == Level::Safe {
+        perf::memory::check(len as u64, "a buffer")?;
+        let mr = s.rdma.pd.allocate(len);
+        safe_src =
+            Some(mr.map_err(|e| format!("Couldn't allocate and register a buffer of {len} bytes: {e}"))?);
+    }
     let remote = s.exchange(&[recv.remote()])?[0];
+    let zeros = vec![0u8; len.min(1 << 16)];
     while let Some(spec) = s.next_run()? {
         // No write of this run can arrive before we say ready (server) or post first (client).
-        recv.write(0, &vec![0u8; spec.size as usize]).map_err(|e| e.to_string())?;
+        for start in (0..spec.size as usize).step_by(zeros.len()) {
+            let n = zeros.len().min(spec.size as usize - start);
+            recv.write(start, &zeros[..n]).map_err(|e| e.to_string())?;
+        }
         s.ready()?;
         let dst = remote.slice(0, spec.size).map_err(|e| format!("the peer's buffer is too small: {e}"))?;
         let initiator = s.role == Role::Client;
         let mut guard = s.guard();
         let tposted = match spec.level {
             Level::Safe => safe_loop(s, &spec, &recv, &mut safe_src, dst, initiator, &mut guard)?,
-            Level::Raw => raw_loop(s, &spec, &recv, &raw_src, dst, initiator, &mut guard)?,
+            Level::Raw => {
+                let src = raw_src.as_ref().ok_or("no source buffer for the raw level")?;
+                raw_loop(s, &spec, &recv, src, dst, initiator, &mut guard)?
+            }
         };
         s.finish(None)?;
         s.clock.recalibrate();
@@ -70,7 +85,7 @@ fn safe_loop(
     let (iters, size) = (spec.iters, spec.size as usize);
     let inline = size <= spec.inline as usize;
     let mut inline_data = vec![0u8; size];
-    let mut tposted = vec![0u64; iters as usize];
+    let mut tposted = perf::memory::zeroed_vec::<u64>(iters, "the timestamps")?;
     let mut comps = [Completion::default()];
     let qp = &mut s.rdma.qps[0];
     let cq = &mut s.rdma.send_cq;
@@ -88,7 +103,7 @@ fn safe_loop(
                 }
                 guard.idle()?;
             }
-            guard.progress(ticks());
+            guard.progress(ticks())?;
         }
         if scnt < iters {
             tposted[scnt as usize] = ticks();
@@ -150,7 +165,7 @@ fn raw_loop(
     let poll_byte = recv.addr().wrapping_add(size - 1).cast_const();
     let post_byte = src.addr().wrapping_add(size - 1);
     let mut wc = [WorkCompletion::default()];
-    let mut tposted = vec![0u64; iters as usize];
+    let mut tposted = perf::memory::zeroed_vec::<u64>(iters, "the timestamps")?;
     let qp = &s.rdma.qps[0];
     let cq = &s.rdma.send_cq;
     let (mut scnt, mut rcnt, mut ccnt) = (0u64, 0u64, 0u64);
@@ -164,7 +179,7 @@ fn raw_loop(
             while unsafe { ptr::read_volatile(poll_byte) } != want {
                 guard.idle()?;
             }
-            guard.progress(ticks());
+            guard.progress(ticks())?;
         }
         if scnt < iters {
             tposted[scnt as usize] = ticks();

@@ -10,32 +10,31 @@
 //!    own address in the same format;
 //! 3. the client answers `"done\0"` and both close the connection; the client then connects its
 //!    queue pair.
+//!
+//! Unlike the C tools, every step is bounded (the server's wait for a client by
+//! `--accept-timeout`, every other read and write by `--timeout`), the address message is parsed
+//! byte by byte and refused at its first wrong byte, and every failure is one line saying what
+//! happened.
 #![allow(dead_code)] // each example uses a part of this module
 
+pub mod device;
+pub mod memory;
+pub mod net;
+pub mod wire;
+
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Ipv4Addr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ibverbs::{
-    Completion, CompletionChannel, CompletionQueue, Context, Endpoint, Gid, Local, Mtu, QueuePair,
-    RecvRequest, RemoteMemoryRegion,
-};
+#[allow(unused_imports)] // each example uses a part of it
+pub use device::open_device;
+#[allow(unused_imports)] // each example uses a part of it
+pub use wire::{interface_id_is_zero, Dest, DONE, WIRE_LEN};
 
-/// Opens the device named `name`, or the first one. The error names the devices that exist.
-pub fn open_device(name: Option<&str>) -> Result<Context, String> {
-    let list = ibverbs::devices().map_err(|e| format!("Failed to get IB devices list: {e}"))?;
-    let names: Vec<&str> = list.iter().map(|d| d.name()).collect();
-    let device = match name {
-        Some(name) => list.iter().find(|d| d.name() == name).ok_or_else(|| {
-            let present = if names.is_empty() { "none".to_string() } else { names.join(", ") };
-            format!("IB device {name} not found (devices present: {present})")
-        })?,
-        None => list.get(0).ok_or("No IB devices found")?,
-    };
-    device.open().map_err(|e| format!("Couldn't get context for {}: {e}", device.name()))
-}
+use ibverbs::{
+    Completion, CompletionChannel, CompletionQueue, Local, Mtu, QueuePair, RecvRequest, RemoteMemoryRegion,
+};
 
 /// Formats 16 bytes as glibc's `inet_ntop(AF_INET6)` does (the C tools print GIDs with it):
 /// lowercase groups, the longest run of two or more zero groups as `::`, and a dotted IPv4 tail
@@ -85,165 +84,113 @@ pub fn ntop(bytes: &[u8; 16]) -> String {
     out
 }
 
-/// Whether the interface-ID half of a GID is zero: the C tools then address the peer by LID (and
-/// `ibv_devinfo -v` does not list the entry).
-pub fn interface_id_is_zero(gid: &Gid) -> bool {
-    gid.0[8..].iter().all(|&b| b == 0)
-}
-
 /// The system's page size (the C tools' `-c` pattern marks the first byte of every page).
 pub fn page_size() -> usize {
     ibverbs::page_size()
 }
 
-/// The bytes a `-c` (`--chk`) run sends: `0x7b` (the C tools' fill byte), with 0 at the start of
-/// every page.
-pub fn check_pattern(len: usize) -> Vec<u8> {
+/// Fills `len` bytes of `buf` from `offset` with what a `-c` (`--chk`) run sends: `0x7b` (the C
+/// tools' fill byte), with 0 at the start of every page (counted from `offset`). Without `check`,
+/// only the fill byte. In chunks of at most 1 MiB: no copy of the whole buffer is made.
+pub fn fill_pattern(buf: &RemoteMemoryRegion, offset: usize, len: usize, check: bool) -> Result<(), String> {
+    if !check && offset == 0 && len == buf.len() {
+        buf.fill(0x7b);
+        return Ok(());
+    }
     let page = page_size();
-    (0..len).map(|i| if i % page == 0 { 0 } else { 0x7b }).collect()
+    let chunk_len = len.min(1 << 20).div_ceil(page) * page;
+    let chunk: Vec<u8> = (0..chunk_len).map(|i| if check && i % page == 0 { 0 } else { 0x7b }).collect();
+    for start in (0..len).step_by(chunk_len.max(1)) {
+        let n = chunk_len.min(len - start);
+        buf.write(offset + start, &chunk[..n]).map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
-/// Compares received bytes with [`check_pattern`]: the numbers of the pages that differ.
-pub fn invalid_pages(data: &[u8]) -> Vec<usize> {
+/// Compares `len` bytes of `buf` from `offset` with [`fill_pattern`]'s check pattern: the
+/// numbers of the pages that differ. Reads in chunks of at most 1 MiB.
+pub fn invalid_pages(buf: &RemoteMemoryRegion, offset: usize, len: usize) -> Result<Vec<usize>, String> {
     let page = page_size();
-    let expected = check_pattern(data.len());
-    data.chunks(page)
-        .zip(expected.chunks(page))
-        .enumerate()
-        .filter(|(_, (a, b))| a != b)
-        .map(|(i, _)| i)
-        .collect()
-}
-
-/// A queue pair's address as the pingpong tools exchange it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dest {
-    /// Port LID (0 on RoCE).
-    pub lid: u16,
-    /// Queue pair number.
-    pub qpn: u32,
-    /// Initial packet sequence number.
-    pub psn: u32,
-    /// GID (all zero when the peer gave no `-g`).
-    pub gid: Gid,
-}
-
-/// Length of an address message: `"0000:000000:000000:"`, 32 hex digits and a NUL.
-pub const WIRE_LEN: usize = 52;
-/// The message that ends the exchange, NUL included.
-const DONE: &[u8; 5] = b"done\0";
-
-impl Dest {
-    /// This side's address, from its endpoint.
-    pub fn from_endpoint(ep: &Endpoint) -> Dest {
-        Dest { lid: ep.lid, qpn: ep.qpn, psn: ep.psn, gid: ep.gid }
-    }
-
-    /// The peer as an [`Endpoint`] to connect to or to make an address handle for. Like the C
-    /// tools, a GID whose interface ID is zero means "no GID" (LID addressing on InfiniBand). The
-    /// peer's MTU is not exchanged: the path MTU comes from the local port and `-m`.
-    pub fn to_endpoint(self) -> Endpoint {
-        let gid = if interface_id_is_zero(&self.gid) { Gid::default() } else { self.gid };
-        Endpoint { qpn: self.qpn, psn: self.psn, lid: self.lid, gid, mtu: Mtu(0) }
-    }
-
-    /// The wire form: `"%04x:%06x:%06x:%s"` and a NUL, 52 bytes.
-    pub fn to_wire(self) -> [u8; WIRE_LEN] {
-        let mut text = format!("{:04x}:{:06x}:{:06x}:", self.lid, self.qpn, self.psn);
-        for b in self.gid.0 {
-            let _ = write!(text, "{b:02x}");
-        }
-        let mut msg = [0u8; WIRE_LEN];
-        let n = text.len().min(WIRE_LEN - 1);
-        msg[..n].copy_from_slice(&text.as_bytes()[..n]);
-        msg
-    }
-
-    /// Parses the wire form, checking every field.
-    pub fn from_wire(msg: &[u8]) -> Result<Dest, String> {
-        let text = msg.split(|&b| b == 0).next().unwrap_or_default();
-        let text = std::str::from_utf8(text).map_err(|_| "address message is not text".to_string())?;
-        let bad = || format!("malformed address message {text:?}");
-        let fields: Vec<&str> = text.split(':').collect();
-        let [lid, qpn, psn, gid] = fields[..] else { return Err(bad()) };
-        let hex = |s: &str| u32::from_str_radix(s, 16).map_err(|_| bad());
-        let (lid, qpn, psn) = (hex(lid)?, hex(qpn)?, hex(psn)?);
-        if lid > 0xffff || qpn > 0xff_ffff || psn > 0xff_ffff || gid.len() != 32 {
-            return Err(bad());
-        }
-        let mut raw = [0u8; 16];
-        for (i, b) in raw.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&gid[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-        }
-        Ok(Dest { lid: lid as u16, qpn, psn, gid: Gid(raw) })
-    }
-}
-
-/// Connects to `host:port`, retrying refused connections until `timeout` has passed.
-fn connect(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, String> {
-    let deadline = Instant::now() + timeout;
-    let mut last = String::from("timed out");
-    loop {
-        let addrs = (host, port).to_socket_addrs().map_err(|e| format!("{host}:{port}: {e}"))?;
-        for addr in addrs {
-            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-            match TcpStream::connect_timeout(&addr, left) {
-                Ok(stream) => return Ok(stream),
-                Err(e) => last = e.to_string(),
+    let mut expected = vec![0x7b; page];
+    expected[0] = 0;
+    let chunk_len = len.min(1 << 20).div_ceil(page) * page;
+    let mut got = vec![0u8; chunk_len];
+    let mut bad = Vec::new();
+    for start in (0..len).step_by(chunk_len.max(1)) {
+        let n = chunk_len.min(len - start);
+        buf.read(offset + start, &mut got[..n]).map_err(|e| e.to_string())?;
+        for (i, p) in got[..n].chunks(page).enumerate() {
+            if p != &expected[..p.len()] {
+                bad.push(start / page + i);
             }
         }
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "Couldn't connect to {host}:{port} within {} s: {last}",
-                timeout.as_secs_f64()
-            ));
-        }
-        std::thread::sleep(
-            Duration::from_millis(100).min(deadline.saturating_duration_since(Instant::now())),
-        );
+    }
+    Ok(bad)
+}
+
+/// A failed step of the exchange as one line: what we were doing and what happened.
+fn failed(e: net::IoError, wait: Duration, doing: &str, peer: &str) -> String {
+    match e {
+        net::IoError::TimedOut => format!("timed out after {} s {doing}", net::secs(wait)),
+        net::IoError::Closed => format!("the {peer} closed the connection ({doing})"),
+        net::IoError::Failed(e) => format!("{doing}: {e}"),
     }
 }
 
-/// Bounds every read and write on `stream` by `timeout`.
-fn bound(stream: &TcpStream, timeout: Duration) -> Result<(), String> {
-    stream
-        .set_read_timeout(Some(timeout))
-        .and_then(|()| stream.set_write_timeout(Some(timeout)))
-        .map_err(|e| format!("setting socket timeouts: {e}"))
-}
-
-/// The client's side of the exchange: sends `me`, returns the server's address.
-pub fn client_exchange(host: &str, port: u16, timeout: Duration, me: &Dest) -> Result<Dest, String> {
-    let mut stream = connect(host, port, timeout)?;
-    bound(&stream, timeout)?;
-    stream.write_all(&me.to_wire()).map_err(|e| format!("Couldn't send local address: {e}"))?;
+/// Reads the peer's address message, refusing it at its first byte that does not fit.
+fn read_address(stream: &mut TcpStream, wait: Duration, peer: &str) -> Result<Dest, String> {
     let mut msg = [0u8; WIRE_LEN];
-    stream.read_exact(&mut msg).map_err(|e| format!("Couldn't read remote address: {e}"))?;
-    stream.write_all(DONE).map_err(|e| format!("Couldn't send \"done\": {e}"))?;
-    Dest::from_wire(&msg)
+    let doing = format!("waiting for the {peer}'s address message");
+    net::read_exact_checked(stream, &mut msg, net::deadline_after(wait), wire::check_prefix).map_err(
+        |(got, e)| match e {
+            net::ReadFailure::Invalid(msg) => format!("the {peer} sent {msg}"),
+            net::ReadFailure::Io(net::IoError::Closed) => format!(
+                "the {peer} closed the connection after {got} of the {WIRE_LEN} bytes of its address message \
+                 (is it a pingpong tool?)"
+            ),
+            net::ReadFailure::Io(e) => failed(e, wait, &doing, peer),
+        },
+    )?;
+    Dest::from_wire(&msg).map_err(|e| format!("the {peer} sent {e}"))
 }
 
-/// The server's side of the exchange: waits for a client on `port` (as long as it takes), reads its
-/// address, runs `connect` with it (bringing the local queue pair up before the client can send),
-/// then replies with `me`. Every read and write is bounded by `timeout`.
+/// The client's side of the exchange: connects (retrying for `timeout`), sends `me`, returns
+/// the server's address. Every step waits at most `timeout`.
+pub fn client_exchange(host: &str, port: u16, timeout: Duration, me: &Dest) -> Result<Dest, String> {
+    let mut stream = net::connect(host, port, timeout)?;
+    net::write_all(&mut stream, &me.to_wire(), net::deadline_after(timeout))
+        .map_err(|e| failed(e, timeout, "sending our address", "server"))?;
+    let remote = read_address(&mut stream, timeout, "server")?;
+    net::write_all(&mut stream, DONE, net::deadline_after(timeout))
+        .map_err(|e| failed(e, timeout, "sending \"done\"", "server"))?;
+    Ok(remote)
+}
+
+/// The server's side of the exchange: waits at most `accept_wait` for a client on `port`, reads
+/// its address, runs `connect` with it (bringing the local queue pair up before the client can
+/// send), then replies with `me`. Every later step waits at most `timeout`.
 pub fn server_exchange(
     port: u16,
+    accept_wait: Duration,
     timeout: Duration,
     me: &Dest,
     connect: impl FnOnce(&Dest) -> Result<(), String>,
 ) -> Result<Dest, String> {
-    let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))
-        .map_err(|e| format!("Couldn't listen to port {port}: {e}"))?;
-    let (mut stream, _) = listener.accept().map_err(|e| format!("accept() failed: {e}"))?;
+    let listener = net::listen(port)?;
+    let mut stream = net::accept(&listener, port, accept_wait)?;
     drop(listener);
-    bound(&stream, timeout)?;
-    let mut msg = [0u8; WIRE_LEN];
-    stream.read_exact(&mut msg).map_err(|e| format!("Couldn't read remote address: {e}"))?;
-    let remote = Dest::from_wire(&msg)?;
+    let remote = read_address(&mut stream, timeout, "client")?;
     connect(&remote).map_err(|e| format!("Couldn't connect to remote QP: {e}"))?;
-    stream.write_all(&me.to_wire()).map_err(|e| format!("Couldn't send local address: {e}"))?;
+    net::write_all(&mut stream, &me.to_wire(), net::deadline_after(timeout))
+        .map_err(|e| failed(e, timeout, "sending our address", "client"))?;
     let mut done = [0u8; DONE.len()];
-    stream.read_exact(&mut done).map_err(|e| format!("Couldn't read \"done\" from the client: {e}"))?;
+    let doing = "waiting for the client's \"done\"";
+    net::read_exact_checked(&mut stream, &mut done, net::deadline_after(timeout), wire::check_done).map_err(
+        |(_, e)| match e {
+            net::ReadFailure::Invalid(msg) => msg,
+            net::ReadFailure::Io(e) => failed(e, timeout, doing, "client"),
+        },
+    )?;
     Ok(remote)
 }
 
@@ -400,7 +347,7 @@ pub fn pingpong(
 /// Prints the C tools' summary lines.
 pub fn print_summary(size: u32, iters: u32, elapsed: Duration) {
     let usec = elapsed.as_secs_f64() * 1e6;
-    let bytes = u64::from(size) * u64::from(iters) * 2;
+    let bytes = u128::from(size) * u128::from(iters) * 2;
     println!("{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec", usec / 1e6, bytes as f64 * 8.0 / usec);
     println!("{iters} iters in {:.2} seconds = {:.2} usec/iter", usec / 1e6, usec / f64::from(iters));
 }

@@ -13,7 +13,7 @@ use ibverbs::{
 
 use super::clock::ticks;
 use super::report::bw_report;
-use super::{split_wr_id, wr_id, Buf, Guard, Level, Role, RunSpec, Session};
+use super::{memory, split_wr_id, wr_id, Buf, Guard, Level, Role, RunSpec, Session};
 
 /// Completions fetched per poll (perftest's default batch).
 pub const POLL_BATCH: usize = 16;
@@ -332,9 +332,10 @@ pub fn run_sender<P: SendPath>(p: &mut P, run: &RunSpec, guard: &mut Guard) -> R
     let q = run.qps;
     let iters = run.iters;
     let pl = run.post_list;
-    let tot = (iters * q as u64) as usize;
-    let mut tposted = vec![0u64; tot];
-    let mut tcompleted = vec![0u64; tot];
+    let tot = iters * q as u64;
+    let mut tposted = memory::zeroed_vec::<u64>(tot, "the post timestamps")?;
+    let mut tcompleted = memory::zeroed_vec::<u64>(tot, "the completion timestamps")?;
+    let tot = tposted.len();
     let mut scnt = vec![0u64; q];
     let mut ccnt = vec![0u64; q];
     let (mut totscnt, mut totccnt) = (0usize, 0usize);
@@ -356,7 +357,7 @@ pub fn run_sender<P: SendPath>(p: &mut P, run: &RunSpec, guard: &mut Guard) -> R
             continue;
         }
         let now = ticks();
-        guard.progress(now);
+        guard.progress(now)?;
         for d in &done[..n] {
             if d.status != WcStatus::SUCCESS {
                 return Err(guard.annotate(status_error(d, "send")));
@@ -409,7 +410,7 @@ pub fn run_receiver<P: RecvPath>(
             continue;
         }
         let now = ticks();
-        guard.progress(now);
+        guard.progress(now)?;
         first.get_or_insert(now);
         for d in &done[..n] {
             if d.status != WcStatus::SUCCESS {

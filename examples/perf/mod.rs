@@ -17,15 +17,27 @@
 //!    own, where it measured one);
 //! 4. client → server `End`, server → client `Ack`: the final sync; both tear down.
 //!
-//! Every wait is bounded: the connect (`--connect-timeout`), every frame the client waits for,
-//! and every completion or memory poll (`--timeout` without progress); polling loops also notice
-//! at once when the peer's end of the TCP connection closes (a vanished peer), and exit non-zero
-//! with a message instead of hanging.
+//! Both sides send `Alive` frames every second or so from a thread (see [`oob`]).
+//!
+//! Device, port and GID index are checked before the server listens or the client connects.
+//! Every wait is bounded: the connect (`--connect-timeout`), the server's wait for a client
+//! (`--accept-timeout`, by default `--timeout`), every frame (the peer silent for `--timeout`:
+//! not even `Alive` frames; the peer's setup, which may register large buffers, also within
+//! `--setup-timeout`), and every completion or memory poll (`--timeout` without progress);
+//! polling loops also notice at once when the peer's end of the TCP connection closes. Failures
+//! end with one line on stderr (also sent to the peer) and a non-zero exit.
 #![allow(dead_code)] // each example uses part of this module
 
 pub mod bw;
 pub mod clock;
+#[path = "../common/device.rs"]
+pub mod device;
+#[path = "../common/memory.rs"]
+pub mod memory;
+#[path = "../common/net.rs"]
+pub mod net;
 pub mod oob;
+pub mod proto;
 pub mod report;
 
 use std::fmt::Write as _;
@@ -42,104 +54,10 @@ use ibverbs::{
 };
 
 use clock::{ticks, Clock};
-use oob::{Oob, Tag};
+use oob::Oob;
+pub use proto::{Level, Params, TestKind, DEFAULT_LEVEL};
+use proto::{Tag, CACHE_LINE, CYCLE_BUFFER, MAX_SWEEP_SIZE};
 use report::{BwReport, LatReport, BW_HEADER, LAT_HEADER, RESULT_LINE};
-
-/// Which posting level the hot loop uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    /// `QueuePair::post_send`/`post_recv`(`_chain`) and `CompletionQueue::poll`: checked, buffers
-    /// moved into the queue pair and handed back by the completion.
-    Safe,
-    /// `unsafe` `post_send_unchecked`/`post_recv_unchecked` with prebuilt `ibv_send_wr`s and
-    /// `poll_raw`: C's cost.
-    Raw,
-}
-
-/// The level used when neither `--safe` nor `--raw` is given: the faster one. Measured on
-/// SoftRoCE in a TCG VM (5 alternating runs each): the bandwidth tests are equal within noise at
-/// 64 KiB (the device dominates), the latency tests are faster at the raw level (write_lat 2 B:
-/// 10.9 vs 11.7 µs, send_lat 2 B: 12.0 vs 14.1 µs; `benches/post_poll.rs` puts the safe level's
-/// extra cost at about 1.5 µs per post + poll there).
-pub const DEFAULT_LEVEL: Level = Level::Raw;
-
-impl Level {
-    fn describe(self) -> &'static str {
-        match self {
-            Level::Safe => "safe (post_send/post_recv + poll)",
-            Level::Raw => "raw (post_send_unchecked + poll_raw)",
-        }
-    }
-}
-
-/// The five tests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TestKind {
-    /// RDMA Write bandwidth.
-    WriteBw,
-    /// RDMA Write latency (ping-pong of writes, polling memory).
-    WriteLat,
-    /// RDMA Read bandwidth.
-    ReadBw,
-    /// Send bandwidth.
-    SendBw,
-    /// Send latency (ping-pong of sends).
-    SendLat,
-}
-
-impl TestKind {
-    const ALL: [TestKind; 5] =
-        [TestKind::WriteBw, TestKind::WriteLat, TestKind::ReadBw, TestKind::SendBw, TestKind::SendLat];
-
-    /// Program name.
-    pub fn name(self) -> &'static str {
-        match self {
-            TestKind::WriteBw => "write_bw",
-            TestKind::WriteLat => "write_lat",
-            TestKind::ReadBw => "read_bw",
-            TestKind::SendBw => "send_bw",
-            TestKind::SendLat => "send_lat",
-        }
-    }
-
-    fn title(self) -> &'static str {
-        match self {
-            TestKind::WriteBw => "RDMA_Write BW Test",
-            TestKind::WriteLat => "RDMA_Write Latency Test",
-            TestKind::ReadBw => "RDMA_Read BW Test",
-            TestKind::SendBw => "Send BW Test",
-            TestKind::SendLat => "Send Latency Test",
-        }
-    }
-
-    fn about(self) -> &'static str {
-        match self {
-            TestKind::WriteBw => "RDMA Write bandwidth test (like perftest's ib_write_bw)",
-            TestKind::WriteLat => "RDMA Write latency test (like perftest's ib_write_lat)",
-            TestKind::ReadBw => "RDMA Read bandwidth test (like perftest's ib_read_bw)",
-            TestKind::SendBw => "Send bandwidth test (like perftest's ib_send_bw)",
-            TestKind::SendLat => "Send latency test (like perftest's ib_send_lat)",
-        }
-    }
-
-    /// Bandwidth (true) or latency test.
-    pub fn is_bw(self) -> bool {
-        matches!(self, TestKind::WriteBw | TestKind::ReadBw | TestKind::SendBw)
-    }
-
-    /// Whether the receiver posts receives.
-    pub fn uses_recv(self) -> bool {
-        matches!(self, TestKind::SendBw | TestKind::SendLat)
-    }
-
-    fn id(self) -> u64 {
-        TestKind::ALL.iter().position(|&k| k == self).unwrap_or(0) as u64 + 1
-    }
-
-    fn from_id(id: u64) -> Option<TestKind> {
-        TestKind::ALL.get((id as usize).checked_sub(1)?).copied()
-    }
-}
 
 /// The command line, as perftest's where the flag exists there.
 #[derive(Parser, Debug)]
@@ -151,7 +69,8 @@ pub struct Args {
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     pub ib_dev: Option<String>,
     /// Port of the device.
-    #[arg(short = 'i', long = "ib-port", default_value_t = 1, value_name = "PORT")]
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1, value_name = "PORT",
+          value_parser = clap::value_parser!(u8).range(1..))]
     pub ib_port: u8,
     /// GID index (default: the RoCE v2 IPv4 GID on Ethernet ports, LID addressing on InfiniBand).
     #[arg(short = 'x', long = "gid-index", value_name = "INDEX")]
@@ -202,15 +121,20 @@ pub struct Args {
     /// poll_raw (the default: the faster one).
     #[arg(long)]
     pub raw: bool,
-    /// Seconds without progress (no completion, no peer write) before giving up.
+    /// Seconds without progress (no completion, no peer write, nothing at all from the peer)
+    /// before giving up.
     #[arg(long, default_value_t = 10.0, value_name = "SECS")]
     pub timeout: f64,
     /// Seconds the client retries connecting to the server.
     #[arg(long = "connect-timeout", default_value_t = 10.0, value_name = "SECS")]
     pub connect_timeout: f64,
-    /// Seconds the server waits for a client (default: forever).
+    /// Seconds the server waits for a client [default: --timeout].
     #[arg(long = "accept-timeout", value_name = "SECS")]
     pub accept_timeout: Option<f64>,
+    /// Seconds the peer's setup (verbs resources and buffer registration, which takes long for
+    /// large buffers) may take, as long as it stays alive.
+    #[arg(long = "setup-timeout", default_value_t = 120.0, value_name = "SECS")]
+    pub setup_timeout: f64,
     /// The server to connect to (client); none: be the server.
     pub host: Option<String>,
 }
@@ -223,39 +147,6 @@ pub enum Role {
     /// Connects and drives.
     Client,
 }
-
-/// The parameters both sides agree on (the client's, after defaults).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Params {
-    /// Message size (the largest one with `all`).
-    pub size: u64,
-    /// Size sweep.
-    pub all: bool,
-    /// Iterations per queue pair.
-    pub iters: u64,
-    /// Queue pairs.
-    pub qps: u32,
-    /// Send queue depth.
-    pub tx_depth: u32,
-    /// Receive queue depth.
-    pub rx_depth: u32,
-    /// Requested CQ moderation (0: perftest's rule).
-    pub cq_mod: u32,
-    /// Work requests per post call.
-    pub post_list: u32,
-    /// Inline threshold.
-    pub inline: u32,
-    /// Path MTU in bytes (0: active MTU).
-    pub mtu: u32,
-    /// Posting level.
-    pub level: Level,
-}
-
-const HELLO_WORDS: usize = 12;
-const MAX_SWEEP_SIZE: u64 = 1 << 23;
-const MIN_SWEEP_ITERS: u64 = 16;
-const CYCLE_BUFFER: u64 = 4096;
-const CACHE_LINE: u64 = 64;
 
 impl Params {
     fn from_args(kind: TestKind, a: &Args) -> Result<Params, String> {
@@ -283,112 +174,6 @@ impl Params {
         };
         p.validate(kind)?;
         Ok(p)
-    }
-
-    fn validate(&self, kind: TestKind) -> Result<(), String> {
-        if self.size == 0 || self.size > u64::from(u32::MAX) {
-            return Err(format!("size must be 1..={} bytes", u32::MAX));
-        }
-        if self.iters < 5 || self.iters >= 1 << 40 {
-            return Err("iterations must be at least 5 (and below 2^40)".into());
-        }
-        if self.qps == 0 || self.qps > 1024 {
-            return Err("the number of queue pairs must be 1..=1024".into());
-        }
-        if !kind.is_bw() && self.qps != 1 {
-            return Err("latency tests use one queue pair (-q 1)".into());
-        }
-        if self.tx_depth == 0 || self.rx_depth == 0 || self.post_list == 0 {
-            return Err("tx depth, rx depth and post list must be at least 1".into());
-        }
-        if self.tx_depth > 1 << 16 || self.rx_depth > 1 << 16 {
-            return Err("tx and rx depths are at most 65536".into());
-        }
-        if self.post_list > 1 && (!kind.is_bw() || self.iters % u64::from(self.post_list) != 0) {
-            return Err("--post-list is for bandwidth tests, and must divide the iterations".into());
-        }
-        if self.post_list > self.tx_depth {
-            return Err("--post-list cannot exceed the tx depth".into());
-        }
-        if self.mtu != 0 && Mtu::from_bytes(self.mtu).is_none() {
-            return Err(format!("invalid MTU {} (256, 512, 1024, 2048 or 4096)", self.mtu));
-        }
-        Ok(())
-    }
-
-    fn encode(&self, kind: TestKind) -> Vec<u8> {
-        let words: [u64; HELLO_WORDS] = [
-            kind.id(),
-            self.size,
-            u64::from(self.all),
-            self.iters,
-            u64::from(self.qps),
-            u64::from(self.tx_depth),
-            u64::from(self.rx_depth),
-            u64::from(self.cq_mod),
-            u64::from(self.post_list),
-            u64::from(self.inline),
-            u64::from(self.mtu),
-            (self.level == Level::Raw) as u64,
-        ];
-        words.iter().flat_map(|w| w.to_be_bytes()).collect()
-    }
-
-    fn decode(kind: TestKind, b: &[u8], own_level: Option<Level>) -> Result<Params, String> {
-        if b.len() != HELLO_WORDS * 8 {
-            return Err("protocol error: bad hello (is the client one of our perf examples?)".into());
-        }
-        let w = |i: usize| u64::from_be_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or_default());
-        let n = |i: usize| u32::try_from(w(i)).map_err(|_| "protocol error: bad hello".to_string());
-        let theirs = TestKind::from_id(w(0)).map_or("an unknown test", |k| k.name());
-        if w(0) != kind.id() {
-            return Err(format!("the client runs {theirs} but this server is {}", kind.name()));
-        }
-        let p = Params {
-            size: w(1),
-            all: w(2) != 0,
-            iters: w(3),
-            qps: n(4)?,
-            tx_depth: n(5)?,
-            rx_depth: n(6)?,
-            cq_mod: n(7)?,
-            post_list: n(8)?,
-            inline: n(9)?,
-            mtu: n(10)?,
-            level: own_level.unwrap_or(if w(11) != 0 { Level::Raw } else { Level::Safe }),
-        };
-        p.validate(kind)?;
-        Ok(p)
-    }
-
-    /// The measurements to run: (size, iterations per queue pair).
-    fn plan(&self, kind: TestKind) -> Vec<(u64, u64)> {
-        if !self.all {
-            return vec![(self.size, self.iters)];
-        }
-        let budget: u64 = if kind.is_bw() { 64 << 20 } else { 16 << 20 };
-        let pl = u64::from(self.post_list);
-        (1..=23)
-            .map(|e| {
-                let size = 1u64 << e;
-                let iters = self.iters.min((budget / size).max(MIN_SWEEP_ITERS));
-                (size, (iters / pl * pl).max(pl))
-            })
-            .collect()
-    }
-
-    /// The CQ moderation of a measurement (perftest's rules).
-    fn cq_mod_for(&self, size: u64, tx_depth: u32) -> u32 {
-        let m = if self.post_list > 1 {
-            self.post_list
-        } else if self.cq_mod != 0 {
-            self.cq_mod
-        } else if size > 8192 && !self.all {
-            1
-        } else {
-            100
-        };
-        m.min(tx_depth).max(1)
     }
 }
 
@@ -526,15 +311,32 @@ pub struct Rdma {
     pub rd_atomic: u8,
 }
 
-impl Rdma {
-    fn open(kind: TestKind, a: &Args, p: &Params) -> Result<Rdma, String> {
-        let ctx = Context::open(a.ib_dev.as_deref()).map_err(|e| e.to_string())?;
-        let port = ctx.query_port(a.ib_port).map_err(|e| e.to_string())?;
-        let dev = ctx.query_device().map_err(|e| e.to_string())?;
+/// The device side of a test, opened and checked before any peer is waited for.
+#[derive(Debug)]
+pub struct Device {
+    ctx: Context,
+    port_num: u8,
+    port: PortAttr,
+    gid_index: Option<u32>,
+    rd_atomic: u8,
+}
+
+impl Device {
+    /// Opens the device of `-d` and checks the port of `-i` (it must be active) and the GID
+    /// index of `-x` (it must hold a GID).
+    fn open(kind: TestKind, a: &Args) -> Result<Device, String> {
+        let ctx = device::open_device(a.ib_dev.as_deref())?;
+        let port = device::active_port(&ctx, a.ib_port)?;
+        let dev = ctx.query_device().map_err(|e| format!("Couldn't query {}: {e}", ctx.name()))?;
         let gid_index = match a.gid_index {
-            Some(i) => Some(i),
+            Some(i) => {
+                device::check_gid_index(&ctx, a.ib_port, i)?;
+                Some(i)
+            }
             None if port.link_layer() == LinkLayer::ETHERNET => {
-                Some(ctx.roce_v2_ipv4_gid_index(a.ib_port).map_err(|e| e.to_string())?)
+                Some(ctx.roce_v2_ipv4_gid_index(a.ib_port).map_err(|e| {
+                    format!("no RoCE v2 IPv4 GID on port {} of {} (use -x): {e}", a.ib_port, ctx.name())
+                })?)
             }
             None => None,
         };
@@ -543,18 +345,29 @@ impl Rdma {
         } else {
             1
         };
+        Ok(Device { ctx, port_num: a.ib_port, port, gid_index, rd_atomic })
+    }
+}
+
+impl Rdma {
+    /// Creates the protection domain, completion queues and queue pairs of test `kind` with
+    /// parameters `p`.
+    fn create(kind: TestKind, d: Device, p: &Params) -> Result<Rdma, String> {
+        let Device { ctx, port_num, port, gid_index, rd_atomic } = d;
         let opts = ConnectOptions {
-            port: a.ib_port,
+            port: port_num,
             gid_index,
             mtu: Mtu::from_bytes(p.mtu),
             retry_cnt: 6, // rxe retries forever at 7: a vanished peer would never surface
             max_rd_atomic: Some(rd_atomic),
             ..ConnectOptions::default()
         };
-        let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
+        let pd = ctx.alloc_pd().map_err(|e| format!("Couldn't allocate PD: {e}"))?;
         let rx_depth = if kind.uses_recv() { u64::from(p.rx_depth).min(p.iters) as u32 } else { 1 };
-        let send_cq = ctx.create_cq(p.qps * p.tx_depth, None).map_err(|e| e.to_string())?;
-        let recv_cq = ctx.create_cq(p.qps * rx_depth, None).map_err(|e| e.to_string())?;
+        let cq =
+            |n: u32| ctx.create_cq(n, None).map_err(|e| format!("Couldn't create a CQ of {n} entries: {e}"));
+        let send_cq = cq(p.qps * p.tx_depth)?;
+        let recv_cq = cq(p.qps * rx_depth)?;
         let inline = if kind.is_bw() { 0 } else { p.inline };
         let mut qps = Vec::with_capacity(p.qps as usize);
         for _ in 0..p.qps {
@@ -565,7 +378,7 @@ impl Rdma {
                 .max_recv_wr(rx_depth)
                 .max_inline_data(inline)
                 .build()
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| format!("Couldn't create QP: {e}"))?;
             qps.push(qp);
         }
         let inline = qps.first().map_or(0, |q| q.caps().max_inline_data);
@@ -573,18 +386,24 @@ impl Rdma {
     }
 }
 
-/// Fails a hot loop that waits too long: no progress for `--timeout` seconds, or the peer's end of
-/// the TCP connection closed (it exited or crashed). Checked every few dozen idle polls, with the
-/// time-stamp counter, so it costs nothing measurable.
+/// Fails a hot loop that waits too long: no progress for `--timeout` seconds, the peer's end of
+/// the TCP connection closed (it exited or crashed), or the peer silent for `--timeout` (no
+/// `Alive` frame arrived: a dead host or a stopped process, even while the RDMA traffic, which
+/// the peer's kernel or device handles alone, still flows). Checked every few dozen idle polls,
+/// with the time-stamp counter, so it costs nothing measurable.
 #[derive(Debug)]
 pub struct Guard {
     fd: RawFd,
+    peer: &'static str,
     stall: u64,
     stall_secs: f64,
     check_every: u64,
     last_progress: u64,
     next_check: u64,
     spins: u32,
+    /// When the bytes waiting on the socket last grew, and how many there were.
+    heard: u64,
+    pending: usize,
     what: &'static str,
 }
 
@@ -593,14 +412,22 @@ impl Guard {
     pub fn start(&mut self, what: &'static str) {
         let now = ticks();
         self.last_progress = now;
+        self.heard = now;
         self.next_check = now.wrapping_add(self.check_every);
         self.what = what;
     }
 
-    /// Something happened (a completion, a peer's write).
+    /// Something happened (a completion, a peer's write). Now and then (every 50 ms) also checks
+    /// that the peer is still there: on a loopback device completions may never stop coming
+    /// (the peer's kernel answers for a stopped peer), so [`idle`](Self::idle) alone may never
+    /// get to check.
     #[inline(always)]
-    pub fn progress(&mut self, now: u64) {
+    pub fn progress(&mut self, now: u64) -> Result<(), String> {
         self.last_progress = now;
+        if now < self.next_check {
+            return Ok(());
+        }
+        self.check(now)
     }
 
     /// Nothing happened on this poll: fails when it has been so for too long, or the peer is gone.
@@ -634,7 +461,20 @@ impl Guard {
     fn check(&mut self, now: u64) -> Result<(), String> {
         self.next_check = now.wrapping_add(self.check_every);
         if oob::socket_closed(self.fd) {
-            return Err(format!("the peer closed the connection while {}", self.what));
+            return Err(format!("the {} closed the connection while {}", self.peer, self.what));
+        }
+        let (alive, pending) = oob::take_alive_frames(self.fd);
+        if alive > 0 || pending != self.pending {
+            self.pending = pending;
+            self.heard = now;
+        }
+        if now.wrapping_sub(self.heard) > self.stall {
+            return Err(format!(
+                "the {} sent nothing for {} s while {} (is it still running?)",
+                self.peer,
+                net::secs(Duration::from_secs_f64(self.stall_secs)),
+                self.what
+            ));
         }
         if now.wrapping_sub(self.last_progress) > self.stall {
             return Err(format!(
@@ -666,6 +506,9 @@ pub struct Session {
     plan: Vec<(u64, u64)>,
     next: usize,
     timeout: Duration,
+    setup_timeout: Duration,
+    /// The current measurement: (size, messages over all queue pairs).
+    current: (u64, u64),
     header_printed: bool,
 }
 
@@ -673,31 +516,31 @@ impl Session {
     fn start(kind: TestKind) -> Result<Session, String> {
         let matches = Args::command().name(kind.name()).about(kind.about()).get_matches();
         let args = Args::from_arg_matches(&matches).map_err(|e| e.to_string())?;
-        let secs = |s: f64, what: &str| {
-            Duration::try_from_secs_f64(s).map_err(|_| format!("bad {what} {s}")).and_then(|d| {
-                if d.is_zero() {
-                    Err(format!("{what} must be positive"))
-                } else {
-                    Ok(d)
-                }
-            })
+        let secs = |s: f64, what: &str| match Duration::try_from_secs_f64(s) {
+            Ok(d) if !d.is_zero() && d <= Duration::from_secs(net::MAX_WAIT_SECS) => Ok(d),
+            _ => {
+                Err(format!("{what} must be more than 0 and at most {} seconds, not {s}", net::MAX_WAIT_SECS))
+            }
         };
         let timeout = secs(args.timeout, "--timeout")?;
+        let setup_timeout = secs(args.setup_timeout, "--setup-timeout")?;
+        let connect_timeout = secs(args.connect_timeout, "--connect-timeout")?;
+        let accept_timeout = args.accept_timeout.map_or(Ok(timeout), |s| secs(s, "--accept-timeout"))?;
+        // Everything that can be checked alone is, before waiting for a peer.
+        let client_params = match args.host {
+            Some(_) => Some(Params::from_args(kind, &args)?),
+            None => None,
+        };
+        let device = Device::open(kind, &args)?;
         let clock = Clock::new();
-        let (role, oob, params) = match &args.host {
-            Some(host) => {
-                let params = Params::from_args(kind, &args)?;
-                let mut oob =
-                    Oob::connect(host, args.port, secs(args.connect_timeout, "--connect-timeout")?)?;
+        let (role, mut oob, params) = match (&args.host, client_params) {
+            (Some(host), Some(params)) => {
+                let mut oob = Oob::connect(host, args.port, connect_timeout, timeout)?;
                 oob.send(Tag::Hello, &params.encode(kind))?;
                 (Role::Client, oob, params)
             }
-            None => {
-                let wait = args.accept_timeout.map(|s| secs(s, "--accept-timeout")).transpose()?;
-                println!("\n************************************");
-                println!("* Waiting for client to connect... *");
-                println!("************************************");
-                let mut oob = Oob::accept(args.port, wait)?;
+            _ => {
+                let mut oob = Oob::accept(args.port, accept_timeout, timeout)?;
                 let own_level = if args.safe {
                     Some(Level::Safe)
                 } else if args.raw {
@@ -705,18 +548,18 @@ impl Session {
                 } else {
                     None
                 };
-                let hello = oob.recv(Tag::Hello, Some(timeout))?;
+                let hello = oob.recv_one(Tag::Hello, "the client's hello", None)?;
                 match Params::decode(kind, &hello, own_level) {
                     Ok(p) => (Role::Server, oob, p),
                     Err(e) => {
+                        let e = format!("refusing the client: {e}");
                         oob.fail(&e);
                         return Err(e);
                     }
                 }
             }
         };
-        let mut oob = oob;
-        let rdma = match Rdma::open(kind, &args, &params) {
+        let rdma = match Rdma::create(kind, device, &params) {
             Ok(r) => r,
             Err(e) => {
                 oob.fail(&e);
@@ -734,6 +577,8 @@ impl Session {
             keep: Vec::new(),
             next: 0,
             timeout,
+            setup_timeout,
+            current: (0, 0),
             header_printed: false,
         })
     }
@@ -747,12 +592,15 @@ impl Session {
     pub fn guard(&self) -> Guard {
         Guard {
             fd: self.oob.raw_fd(),
+            peer: self.oob.peer(),
             stall: self.clock.ticks_in(self.timeout),
             stall_secs: self.timeout.as_secs_f64(),
             check_every: self.clock.ticks_in(Duration::from_millis(50)),
             last_progress: ticks(),
             next_check: 0,
             spins: 0,
+            heard: ticks(),
+            pending: usize::MAX,
             what: "waiting",
         }
     }
@@ -764,8 +612,12 @@ impl Session {
 
     /// Allocates and registers a local-only buffer (kept registered as long as the queue pairs).
     pub fn alloc_ro(&mut self, len: usize, access: AccessFlags) -> Result<Arc<MemoryRegion>, String> {
-        let buf = OwnedBuffer::zeroed(len).map_err(|e| e.to_string())?;
-        let mr = Arc::new(self.rdma.pd.register(buf, access).map_err(|e| e.to_string())?);
+        memory::check(len as u64, "a buffer")?;
+        let buf = OwnedBuffer::zeroed(len)
+            .map_err(|e| format!("Couldn't allocate a buffer of {len} bytes: {e}"))?;
+        let mr =
+            self.rdma.pd.register(buf, access).map_err(|e| format!("Couldn't register {len} bytes: {e}"))?;
+        let mr = Arc::new(mr);
         self.keep.push(Buf::Ro(mr.clone()));
         Ok(mr)
     }
@@ -773,48 +625,61 @@ impl Session {
     /// Allocates and registers a device- or peer-writable buffer (kept registered as long as the
     /// queue pairs).
     pub fn alloc_rw(&mut self, len: usize, access: AccessFlags) -> Result<Arc<RemoteMemoryRegion>, String> {
-        let mr = Arc::new(self.rdma.pd.allocate_remote(len, access).map_err(|e| e.to_string())?);
+        memory::check(len as u64, "a buffer")?;
+        let mr = self.rdma.pd.allocate_remote(len, access);
+        let mr =
+            Arc::new(mr.map_err(|e| format!("Couldn't allocate and register a buffer of {len} bytes: {e}"))?);
         self.keep.push(Buf::Rw(mr.clone()));
         Ok(mr)
     }
 
+    /// How many bytes each of the peer's buffers must have, for the tests where this side
+    /// accesses them (`None`: the peer exposes none).
+    fn peer_buffer_need(&self) -> Option<u64> {
+        match (self.kind, self.role) {
+            (TestKind::WriteBw | TestKind::ReadBw, Role::Client) | (TestKind::WriteLat, _) => {
+                Some(self.buf_len() as u64)
+            }
+            _ => None,
+        }
+    }
+
     /// Exchanges endpoints and buffer descriptors (one per queue pair; `local` may hold empty
     /// slices where the peer needs none), connects the queue pairs and prints the header. Returns
-    /// the peer's buffer descriptors.
+    /// the peer's buffer descriptors. The peer's setup may take up to `--setup-timeout` (it may
+    /// register large buffers), as long as it stays alive.
     pub fn exchange(&mut self, local: &[RemoteSlice]) -> Result<Vec<RemoteSlice>, String> {
         let n = self.rdma.qps.len();
-        assert_eq!(local.len(), n, "one buffer descriptor per queue pair");
-        let mut mine = Vec::with_capacity(n * 50);
-        let mut eps = Vec::with_capacity(n);
-        for (qp, slice) in self.rdma.qps.iter().zip(local) {
-            let ep = qp.endpoint(&self.rdma.opts).map_err(|e| e.to_string())?;
-            mine.extend_from_slice(&ep.encode());
-            mine.extend_from_slice(&slice.encode());
-            eps.push(ep);
+        if local.len() != n {
+            return Err(format!("{} buffer descriptors for {n} queue pairs", local.len()));
         }
+        let mut entries = Vec::with_capacity(n);
+        for (qp, slice) in self.rdma.qps.iter().zip(local) {
+            let ep =
+                qp.endpoint(&self.rdma.opts).map_err(|e| format!("Couldn't get the local address: {e}"))?;
+            entries.push((ep, *slice));
+        }
+        let mine = proto::encode_setup(&entries);
+        let what = format!("the {}'s setup", self.oob.peer());
+        let cap = Some(self.setup_timeout);
         let theirs = match self.role {
             Role::Server => {
                 self.oob.send(Tag::Setup, &mine)?;
-                self.oob.recv(Tag::Setup, Some(self.timeout))?
+                self.oob.recv_one(Tag::Setup, &what, cap)?
             }
             Role::Client => {
-                let t = self.oob.recv(Tag::Setup, Some(self.timeout))?;
+                let t = self.oob.recv_one(Tag::Setup, &what, cap)?;
                 self.oob.send(Tag::Setup, &mine)?;
                 t
             }
         };
-        if theirs.len() != n * 50 {
-            return Err(format!("protocol error: setup of {} bytes for {n} queue pairs", theirs.len()));
+        let remote = proto::decode_setup(&theirs, n, self.peer_buffer_need())
+            .map_err(|e| format!("protocol error in {what}: {e}"))?;
+        for (qp, (ep, _)) in self.rdma.qps.iter_mut().zip(&remote) {
+            qp.connect(ep, &self.rdma.opts).map_err(|e| format!("Couldn't connect to the remote QP: {e}"))?;
         }
-        let mut remote_eps = Vec::with_capacity(n);
-        let mut slices = Vec::with_capacity(n);
-        for chunk in theirs.chunks_exact(50) {
-            remote_eps.push(Endpoint::decode(&chunk[..30]).map_err(|e| e.to_string())?);
-            slices.push(RemoteSlice::decode(&chunk[30..]).map_err(|e| e.to_string())?);
-        }
-        for (qp, ep) in self.rdma.qps.iter_mut().zip(&remote_eps) {
-            qp.connect(ep, &self.rdma.opts).map_err(|e| e.to_string())?;
-        }
+        let eps: Vec<Endpoint> = entries.iter().map(|e| e.0).collect();
+        let (remote_eps, slices): (Vec<Endpoint>, Vec<RemoteSlice>) = remote.into_iter().unzip();
         self.print_header(&eps, local, &remote_eps, &slices);
         Ok(slices)
     }
@@ -892,34 +757,38 @@ impl Session {
             Role::Client => {
                 let Some(&(size, iters)) = self.plan.get(self.next) else {
                     self.oob.send(Tag::End, &[])?;
-                    self.oob.recv(Tag::Ack, Some(self.timeout))?;
+                    self.oob.recv_one(Tag::Ack, "the server's final acknowledgement", None)?;
                     return Ok(None);
                 };
                 self.next += 1;
-                let mut b = size.to_be_bytes().to_vec();
-                b.extend_from_slice(&iters.to_be_bytes());
-                self.oob.send(Tag::Run, &b)?;
+                self.oob.send(Tag::Run, &proto::encode_run(size, iters))?;
                 (size, iters)
             }
             Role::Server => {
-                let (tag, b) = self.oob.recv_either(Tag::Run, Tag::End)?;
+                let what = "the client's next measurement (or its end)";
+                let (tag, b) = self.oob.recv(&[Tag::Run, Tag::End], what, None)?;
                 if tag == Tag::End {
                     self.oob.send(Tag::Ack, &[])?;
                     return Ok(None);
                 }
-                if b.len() != 16 {
-                    return Err("protocol error: bad run frame".into());
+                // The client runs the plan both sides derive from the parameters, in order.
+                let run = proto::decode_run(&b).map_err(|e| format!("protocol error: {e}"))?;
+                let expected = self.plan.get(self.next).copied();
+                if Some(run) != expected {
+                    return Err(format!(
+                        "protocol error: the client asks for {} x {} bytes, the plan says {}",
+                        run.1,
+                        run.0,
+                        expected.map_or("nothing more".to_string(), |(s, i)| format!("{i} x {s} bytes"))
+                    ));
                 }
-                let size = u64::from_be_bytes(b[..8].try_into().unwrap_or_default());
-                let iters = u64::from_be_bytes(b[8..].try_into().unwrap_or_default());
-                if size == 0 || size > self.params.size || iters == 0 || iters > self.params.iters {
-                    return Err(format!("protocol error: run of {iters} x {size} bytes out of range"));
-                }
-                (size, iters)
+                self.next += 1;
+                run
             }
         };
         let p = &self.params;
         let tx_depth = u64::from(p.tx_depth).min(iters);
+        self.current = (size, iters * u64::from(p.qps));
         Ok(Some(RunSpec {
             size,
             iters,
@@ -936,31 +805,41 @@ impl Session {
     /// Synchronizes the start of a measurement: the server says it is ready, the client waits
     /// for that.
     pub fn ready(&mut self) -> Result<(), String> {
-        ready(self.role, &mut self.oob, self.timeout)
+        ready(self.role, &mut self.oob)
     }
 
     /// Ends a measurement: the client sends its report and waits for the server's
-    /// acknowledgement (with the server's report); the server waits for the client (no time
-    /// limit: a passive server does not know how long the test takes, but notices the client's
-    /// exit). Returns the peer's report, if it sent one.
+    /// acknowledgement (with the server's report); the server waits for the client (as long as
+    /// the client's run takes, but no longer than `--timeout` once the client falls silent).
+    /// Returns the peer's report, if it sent one.
     pub fn finish(&mut self, mine: Option<&BwReport>) -> Result<Option<BwReport>, String> {
         let payload = mine.map(BwReport::encode).unwrap_or_default();
         let theirs = match self.role {
             Role::Client => {
                 self.oob.send(Tag::Done, &payload)?;
-                self.oob.recv(Tag::Ack, Some(self.timeout))?
+                self.oob.recv_one(Tag::Ack, "the server's acknowledgement of the measurement", None)?
             }
             Role::Server => {
-                let t = self.oob.recv(Tag::Done, None)?;
+                let t = self.oob.recv_one(Tag::Done, "the end of the client's measurement", None)?;
                 self.oob.send(Tag::Ack, &payload)?;
                 t
             }
         };
         if theirs.is_empty() {
-            Ok(None)
-        } else {
-            BwReport::decode(&theirs).map(Some)
+            return Ok(None);
         }
+        let r = BwReport::decode(&theirs).map_err(|e| format!("protocol error: {e}"))?;
+        if (r.size, r.iters) != self.current {
+            return Err(format!(
+                "protocol error: the {}'s report is for {} x {} bytes, the measurement was {} x {} bytes",
+                self.oob.peer(),
+                r.iters,
+                r.size,
+                self.current.1,
+                self.current.0
+            ));
+        }
+        Ok(Some(r))
     }
 
     /// Prints a bandwidth row.
@@ -976,10 +855,10 @@ impl Session {
 
 /// [`Session::ready`] on the parts of a session (for callers that borrow its verbs resources
 /// meanwhile).
-pub fn ready(role: Role, oob: &mut Oob, timeout: Duration) -> Result<(), String> {
+pub fn ready(role: Role, oob: &mut Oob) -> Result<(), String> {
     match role {
         Role::Server => oob.send(Tag::Ready, &[]),
-        Role::Client => oob.recv(Tag::Ready, Some(timeout)).map(drop),
+        Role::Client => oob.recv_one(Tag::Ready, "the server to be ready", None).map(drop),
     }
 }
 

@@ -1,183 +1,143 @@
-//! The out-of-band channel: one TCP connection carrying small tagged frames.
+//! The out-of-band channel: one TCP connection carrying the frames of [`super::proto`].
 //!
-//! A frame is a tag byte, a big-endian `u32` length and the payload. Either side may send an
-//! [`Tag::Error`] frame (a UTF-8 message) instead of the expected one; the receiver then fails with
-//! the peer's message.
+//! Every wait is bounded. A thread of each side sends an `Alive` frame every second or so (at
+//! most a quarter of `--timeout` apart), so a receiver can tell a peer that is busy (registering a
+//! large buffer, or running a long measurement while this side only waits) from one that is gone:
+//! a receive fails when nothing at all has arrived for `--timeout`, which is what a dead host, a
+//! stopped process or a peer speaking no protocol look like. Some waits also have an overall
+//! bound (the setup's `--setup-timeout`). Either side may send an `Error` frame instead of the
+//! expected one; the receiver then fails with the peer's message.
 
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::io;
+use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Frame tags of the protocol (see the module documentation of `perf`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Tag {
-    /// Client → server: the test and its parameters.
-    Hello = 1,
-    /// Both ways: the queue pairs' endpoints and the buffers' remote slices.
-    Setup = 2,
-    /// Client → server: one measurement (message size and iterations) follows.
-    Run = 3,
-    /// Server → client: ready for the measurement (queue pairs connected, receives posted).
-    Ready = 4,
-    /// Client → server: the measurement is over (with the client's report, if any).
-    Done = 5,
-    /// Server → client: acknowledges `Done` (with the server's report, if any).
-    Ack = 6,
-    /// Client → server: no more measurements; the server answers with `Ack` and both exit.
-    End = 7,
-    /// Either way: the sender failed; the payload says why.
-    Error = 0xee,
-}
-
-impl Tag {
-    fn from_u8(b: u8) -> Option<Tag> {
-        Some(match b {
-            1 => Tag::Hello,
-            2 => Tag::Setup,
-            3 => Tag::Run,
-            4 => Tag::Ready,
-            5 => Tag::Done,
-            6 => Tag::Ack,
-            7 => Tag::End,
-            0xee => Tag::Error,
-            _ => return None,
-        })
-    }
-}
-
-/// Largest payload accepted (setup frames of many queue pairs are the biggest).
-const MAX_PAYLOAD: usize = 1 << 20;
+use super::net::{self, IoError};
+use super::proto::{encode_frame, read_frame, ByteSource, FrameError, ReadError, Tag};
 
 /// The out-of-band connection.
 #[derive(Debug)]
 pub struct Oob {
+    /// Read by the main thread only.
     stream: TcpStream,
+    /// The same socket for writing, shared with the heartbeat thread (whole frames under the lock).
+    writer: Arc<Mutex<TcpStream>>,
+    /// The longest silence of the peer we accept.
+    timeout: Duration,
+    /// "server" or "client".
+    peer: &'static str,
+    /// Stops the heartbeat thread when dropped.
+    beat_stop: Option<mpsc::Sender<()>>,
+    beat: Option<JoinHandle<()>>,
 }
 
 impl Oob {
-    /// Connects to `host:port`, retrying for `wait` while nobody listens yet.
-    pub fn connect(host: &str, port: u16, wait: Duration) -> Result<Oob, String> {
-        let deadline = Instant::now() + wait;
-        let mut last_err;
-        loop {
-            match (host, port).to_socket_addrs() {
-                Ok(addrs) => {
-                    last_err = format!("{host}:{port} resolves to no address");
-                    for addr in addrs {
-                        let left = deadline
-                            .saturating_duration_since(Instant::now())
-                            .max(Duration::from_millis(100));
-                        match TcpStream::connect_timeout(&addr, left) {
-                            Ok(stream) => return Oob::new(stream),
-                            Err(e) => last_err = format!("{addr}: {e}"),
-                        }
-                    }
-                }
-                Err(e) => last_err = format!("cannot resolve {host}: {e}"),
-            }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "could not connect to the server at {host}:{port} within {:.0} s ({last_err}); \
-                     is it running?",
-                    wait.as_secs_f64()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    /// Connects to the server at `host:port`, retrying for `wait` while nobody listens yet.
+    pub fn connect(host: &str, port: u16, wait: Duration, timeout: Duration) -> Result<Oob, String> {
+        let stream = net::connect(host, port, wait).map_err(|e| format!("{e}; is the server running?"))?;
+        Oob::new(stream, timeout, "server")
     }
 
-    /// Waits on `port` (all addresses) for one client, at most `wait` (forever for `None`).
-    pub fn accept(port: u16, wait: Option<Duration>) -> Result<Oob, String> {
-        let listener = TcpListener::bind(("0.0.0.0", port))
-            .map_err(|e| format!("cannot listen on TCP port {port}: {e}"))?;
-        let Some(wait) = wait else {
-            let (stream, _) = listener.accept().map_err(|e| format!("accept on port {port}: {e}"))?;
-            return Oob::new(stream);
-        };
-        listener.set_nonblocking(true).map_err(|e| format!("listener: {e}"))?;
-        let deadline = Instant::now() + wait;
-        loop {
-            match listener.accept() {
-                Ok((stream, _)) => {
-                    stream.set_nonblocking(false).map_err(|e| format!("socket: {e}"))?;
-                    return Oob::new(stream);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        return Err(format!(
-                            "no client connected to TCP port {port} within {:.0} s",
-                            wait.as_secs_f64()
-                        ));
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                Err(e) => return Err(format!("accept on port {port}: {e}")),
-            }
-        }
+    /// Listens on `port` (all addresses) and waits at most `wait` for one client.
+    pub fn accept(port: u16, wait: Duration, timeout: Duration) -> Result<Oob, String> {
+        let listener = net::listen(port)?;
+        println!("\n************************************");
+        println!("* Waiting for client to connect... *");
+        println!("************************************");
+        let stream = net::accept(&listener, port, wait)?;
+        Oob::new(stream, timeout, "client")
     }
 
-    fn new(stream: TcpStream) -> Result<Oob, String> {
+    fn new(stream: TcpStream, timeout: Duration, peer: &'static str) -> Result<Oob, String> {
         stream.set_nodelay(true).map_err(|e| format!("socket: {e}"))?;
-        Ok(Oob { stream })
+        let writer = Arc::new(Mutex::new(stream.try_clone().map_err(|e| format!("socket: {e}"))?));
+        let (stop, stopped) = mpsc::channel::<()>();
+        let interval = (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let beat_writer = writer.clone();
+        let beat = std::thread::Builder::new()
+            .name("oob-alive".into())
+            .spawn(move || {
+                let frame = encode_frame(Tag::Alive, &[]);
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
+                    let mut w = lock(&beat_writer);
+                    if net::write_all(&mut w, &frame, net::deadline_after(interval)).is_err() {
+                        return; // the main thread finds out by itself
+                    }
+                }
+            })
+            .map_err(|e| format!("starting the heartbeat thread: {e}"))?;
+        Ok(Oob { stream, writer, timeout, peer, beat_stop: Some(stop), beat: Some(beat) })
     }
 
-    /// Sends one frame.
+    /// The peer: "server" or "client".
+    pub fn peer(&self) -> &'static str {
+        self.peer
+    }
+
+    /// Sends one frame (waiting at most `--timeout` for room in the socket).
     pub fn send(&mut self, tag: Tag, payload: &[u8]) -> Result<(), String> {
-        let mut frame = Vec::with_capacity(5 + payload.len());
-        frame.push(tag as u8);
-        frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-        frame.extend_from_slice(payload);
-        self.stream.write_all(&frame).map_err(|e| format!("sending to the peer: {e}"))
-    }
-
-    /// Receives the next frame, which must carry `tag`; waits at most `timeout` (forever for
-    /// `None`). Returns its payload.
-    pub fn recv(&mut self, tag: Tag, timeout: Option<Duration>) -> Result<Vec<u8>, String> {
-        self.stream.set_read_timeout(timeout).map_err(|e| format!("socket: {e}"))?;
-        let what = |e: io::Error| match e.kind() {
-            io::ErrorKind::UnexpectedEof => format!("the peer closed the connection (waiting for {tag:?})"),
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
-                "the peer did not answer within {:.0} s (waiting for {tag:?})",
-                timeout.unwrap_or_default().as_secs_f64()
+        let frame = encode_frame(tag, payload);
+        let sent = net::write_all(&mut lock(&self.writer), &frame, net::deadline_after(self.timeout));
+        sent.map_err(|e| match e {
+            IoError::Closed => self.why_closed(&format!("sending {tag:?}")),
+            IoError::TimedOut => format!(
+                "timed out after {} s sending {tag:?}: the {} does not read (is it stuck?)",
+                net::secs(self.timeout),
+                self.peer
             ),
-            _ => format!("receiving from the peer (waiting for {tag:?}): {e}"),
-        };
-        let mut head = [0u8; 5];
-        self.stream.read_exact(&mut head).map_err(what)?;
-        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-        if len > MAX_PAYLOAD {
-            return Err(format!("protocol error: frame of {len} bytes"));
-        }
-        let mut payload = vec![0u8; len];
-        self.stream.read_exact(&mut payload).map_err(what)?;
-        match Tag::from_u8(head[0]) {
-            Some(t) if t == tag => Ok(payload),
-            Some(Tag::Error) => Err(format!("the peer failed: {}", String::from_utf8_lossy(&payload))),
-            other => Err(format!("protocol error: expected {tag:?}, got {other:?} (tag {})", head[0])),
+            IoError::Failed(e) => format!("sending {tag:?} to the {}: {e}", self.peer),
+        })
+    }
+
+    /// After the peer closed the connection under a send: its `Error` frame, if it sent one.
+    fn why_closed(&mut self, doing: &str) -> String {
+        let mut src = Source::new(&mut self.stream, Duration::from_millis(500), None);
+        match read_frame(&mut src, &[], || {}) {
+            Err(FrameError::Peer(msg)) => format!("the {} failed: {msg}", self.peer),
+            _ => format!("the {} closed the connection ({doing})", self.peer),
         }
     }
 
-    /// Receives a frame with one of two tags.
-    pub fn recv_either(&mut self, a: Tag, b: Tag) -> Result<(Tag, Vec<u8>), String> {
-        self.stream.set_read_timeout(None).map_err(|e| format!("socket: {e}"))?;
-        let mut head = [0u8; 5];
-        self.stream.read_exact(&mut head).map_err(|e| match e.kind() {
-            io::ErrorKind::UnexpectedEof => "the peer closed the connection".to_string(),
-            _ => format!("receiving from the peer: {e}"),
-        })?;
-        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-        if len > MAX_PAYLOAD {
-            return Err(format!("protocol error: frame of {len} bytes"));
-        }
-        let mut payload = vec![0u8; len];
-        self.stream.read_exact(&mut payload).map_err(|e| format!("receiving from the peer: {e}"))?;
-        match Tag::from_u8(head[0]) {
-            Some(t) if t == a || t == b => Ok((t, payload)),
-            Some(Tag::Error) => Err(format!("the peer failed: {}", String::from_utf8_lossy(&payload))),
-            other => Err(format!("protocol error: expected {a:?} or {b:?}, got {other:?}")),
-        }
+    /// Receives the next frame with one of the tags `expect` (skipping `Alive` frames); `what`
+    /// names it for messages. Fails when the peer sends nothing for `--timeout`, or when `cap`
+    /// (if any) passes.
+    pub fn recv(
+        &mut self,
+        expect: &[Tag],
+        what: &str,
+        cap: Option<Duration>,
+    ) -> Result<(Tag, Vec<u8>), String> {
+        let mut src = Source::new(&mut self.stream, self.timeout, cap);
+        let got = read_frame(&mut src, expect, || {});
+        let cap_passed = src.cap.is_some_and(|c| Instant::now() >= c);
+        got.map_err(|e| match e {
+            FrameError::Read(ReadError::TimedOut) if cap_passed => format!(
+                "timed out after {} s waiting for {what} (--setup-timeout sets how long a peer's setup may take)",
+                net::secs(cap.unwrap_or_default())
+            ),
+            FrameError::Read(ReadError::TimedOut) => format!(
+                "the {} sent nothing for {} s while we waited for {what} (is it still running?)",
+                self.peer,
+                net::secs(self.timeout)
+            ),
+            FrameError::Read(ReadError::Closed { got: 0 }) => {
+                format!("the {} closed the connection while we waited for {what}", self.peer)
+            }
+            FrameError::Read(ReadError::Closed { .. }) => {
+                format!("the {} closed the connection in the middle of a message (waiting for {what})", self.peer)
+            }
+            FrameError::Read(ReadError::Failed(e)) => format!("receiving {what} from the {}: {e}", self.peer),
+            FrameError::Peer(msg) => format!("the {} failed: {msg}", self.peer),
+            FrameError::Protocol(msg) => format!("protocol error while waiting for {what}: {msg}"),
+        })
+    }
+
+    /// Receives the next frame, which must carry `tag`; returns its payload.
+    pub fn recv_one(&mut self, tag: Tag, what: &str, cap: Option<Duration>) -> Result<Vec<u8>, String> {
+        self.recv(&[tag], what, cap).map(|(_, payload)| payload)
     }
 
     /// The socket, for [`socket_closed`].
@@ -187,23 +147,96 @@ impl Oob {
 
     /// Tells the peer why we fail (best effort) and closes the connection.
     pub fn fail(&mut self, msg: &str) {
-        let _ = self.send(Tag::Error, msg.as_bytes());
+        let msg = msg.as_bytes();
+        let frame = encode_frame(Tag::Error, &msg[..msg.len().min(super::proto::MAX_ERROR_LEN)]);
+        let until = net::deadline_after(self.timeout.min(Duration::from_secs(1)));
+        let _ = net::write_all(&mut lock(&self.writer), &frame, until);
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 }
 
-/// Whether the peer has closed the connection on `fd` (or it broke): a non-blocking peek, one
-/// system call. Data waiting to be read means the peer is alive.
-pub fn socket_closed(fd: RawFd) -> bool {
-    let mut b = 0u8;
-    // SAFETY: a one-byte peek into a valid local buffer; a stale descriptor only yields an error.
-    let n = unsafe { libc::recv(fd, (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    match n {
-        0 => true,
-        n if n > 0 => false,
-        _ => {
-            let e = io::Error::last_os_error();
-            !matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted)
+impl Drop for Oob {
+    fn drop(&mut self) {
+        drop(self.beat_stop.take());
+        if let Some(beat) = self.beat.take() {
+            let _ = beat.join();
         }
     }
+}
+
+fn lock(m: &Mutex<TcpStream>) -> MutexGuard<'_, TcpStream> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The socket as a [`ByteSource`]: each read waits until the peer's silence exceeds `liveness`
+/// (any byte restarts that clock) or `cap` passes.
+struct Source<'a> {
+    stream: &'a mut TcpStream,
+    liveness: Duration,
+    live_until: Instant,
+    cap: Option<Instant>,
+}
+
+impl<'a> Source<'a> {
+    fn new(stream: &'a mut TcpStream, liveness: Duration, cap: Option<Duration>) -> Self {
+        Source {
+            stream,
+            liveness,
+            live_until: net::deadline_after(liveness),
+            cap: cap.map(net::deadline_after),
+        }
+    }
+}
+
+impl ByteSource for Source<'_> {
+    fn fill(&mut self, buf: &mut [u8]) -> Result<(), ReadError> {
+        let mut got = 0;
+        while got < buf.len() {
+            let until = self.cap.map_or(self.live_until, |c| c.min(self.live_until));
+            match net::read_some(self.stream, &mut buf[got..], until) {
+                Ok(n) => {
+                    got += n;
+                    self.live_until = net::deadline_after(self.liveness);
+                }
+                Err(IoError::Closed) => return Err(ReadError::Closed { got }),
+                Err(IoError::TimedOut) => return Err(ReadError::TimedOut),
+                Err(IoError::Failed(e)) => return Err(ReadError::Failed(e.to_string())),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Consumes the `Alive` frames at the head of what waits on socket `fd` (only those: a frame of
+/// another kind stays for the next receive), without waiting. Returns how many it took and how
+/// many bytes are left waiting (up to 4 KiB). For hot loops, which do not receive meanwhile: the
+/// heartbeats of a long measurement would otherwise fill the socket's buffer.
+pub fn take_alive_frames(fd: RawFd) -> (usize, usize) {
+    let mut buf = [0u8; 4096];
+    let peek = |buf: &mut [u8], flags| {
+        // SAFETY: receives at most `buf.len()` bytes into a valid local buffer.
+        unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags | libc::MSG_DONTWAIT) }
+    };
+    let n = peek(&mut buf, libc::MSG_PEEK);
+    let Ok(n) = usize::try_from(n) else { return (0, 0) };
+    let alive = encode_frame(Tag::Alive, &[]);
+    let frames = buf[..n].chunks_exact(alive.len()).take_while(|c| *c == &alive[..]).count();
+    let take = frames * alive.len();
+    if take == 0 {
+        return (0, n);
+    }
+    let taken = usize::try_from(peek(&mut buf[..take], 0)).unwrap_or(0);
+    (taken / alive.len(), n - taken)
+}
+
+/// Whether the peer has closed the connection on `fd` (or it broke): one `poll` without waiting.
+/// `POLLRDHUP` reports the peer's FIN even while unread data (its `Alive` frames) is queued.
+pub fn socket_closed(fd: RawFd) -> bool {
+    let mut pfd = libc::pollfd { fd, events: libc::POLLRDHUP, revents: 0 };
+    // SAFETY: one valid pollfd; a stale descriptor only yields POLLNVAL.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    if n < 0 {
+        return io::Error::last_os_error().kind() != io::ErrorKind::Interrupted;
+    }
+    n > 0 && pfd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
 }

@@ -60,19 +60,29 @@ impl BwReport {
         v
     }
 
-    /// Decodes [`encode`](Self::encode)'s output.
+    /// Decodes [`encode`](Self::encode)'s output: every figure finite and not negative.
     pub fn decode(b: &[u8]) -> Result<BwReport, String> {
-        if b.len() != Self::ENCODED_LEN {
-            return Err(format!("protocol error: a report is {} bytes, got {}", Self::ENCODED_LEN, b.len()));
+        let b: &[u8; Self::ENCODED_LEN] =
+            b.try_into().map_err(|_| format!("a report is {} bytes, got {}", Self::ENCODED_LEN, b.len()))?;
+        let mut w = [0u64; 5];
+        for (w, chunk) in w.iter_mut().zip(b.chunks_exact(8)) {
+            *w = u64::from_be_bytes(chunk.try_into().unwrap_or_default());
         }
-        let w = |i: usize| u64::from_be_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or_default());
-        Ok(BwReport {
-            size: w(0),
-            iters: w(1),
-            peak: f64::from_bits(w(2)),
-            avg: f64::from_bits(w(3)),
-            msg_rate: f64::from_bits(w(4)),
-        })
+        let r = BwReport {
+            size: w[0],
+            iters: w[1],
+            peak: f64::from_bits(w[2]),
+            avg: f64::from_bits(w[3]),
+            msg_rate: f64::from_bits(w[4]),
+        };
+        for (what, x) in
+            [("peak bandwidth", r.peak), ("average bandwidth", r.avg), ("message rate", r.msg_rate)]
+        {
+            if !(x.is_finite() && x >= 0.0) {
+                return Err(format!("a report with {what} {x}"));
+            }
+        }
+        Ok(r)
     }
 }
 
