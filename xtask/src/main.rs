@@ -15,7 +15,9 @@
 //!   `IBVERBS_TEST_GID_INDEX` (`1`: the RoCE v2 GID `::ffff:192.0.2.1`), `IBVERBS_TEST_IP`
 //!   (`192.0.2.1`, for RDMA-CM), plus the host's `PATH`, `HOME`, `USER`, `LANG`/`LC_*`, `TZ`,
 //!   `RUST_BACKTRACE`, `RUST_LOG`, `RUST_LIB_BACKTRACE`, `RUST_MIN_STACK`, `RUST_TEST_*`, `IBVERBS_*`,
-//!   `RDMAV_*`, `CARGO_*` (not those describing xtask's own package) and `NO_COLOR`/`CLICOLOR*`.
+//!   `RDMAV_*`, `MLX5_*`, `VALGRIND_OPTS`, `TSAN_OPTIONS`, `CARGO_*` (not those describing xtask's own
+//!   package) and `NO_COLOR`/`CLICOLOR*`. Under valgrind and ThreadSanitizer (`cargo xtask test`), device
+//!   tests also get `IBVERBS_TEST_TIME_SCALE` (20 and 10 unless set): the factor to apply to their waits.
 //!   Nothing else: no `TERM`, no `TMPDIR`. stdin is `/dev/null`; stdout and stderr are files, not
 //!   terminals (C programs buffer fully: use `stdbuf -oL`).
 //! - **The VM** sees the host's whole file tree at the same paths, writable but copy-on-write (writes,

@@ -36,7 +36,7 @@ pub fn toolchain() -> String {
 /// `rustup ARGS` within `limit`, output shown.
 fn rustup(args: &[&str], limit: Duration, show: bool) -> Result<Finished, String> {
     let mut cmd = Command::new("rustup");
-    cmd.args(args).env_remove("RUSTUP_TOOLCHAIN");
+    cmd.args(args).env_remove("RUSTUP_TOOLCHAIN").env_remove("RUST_BACKTRACE");
     process::run(&mut cmd, limit, show)
 }
 
@@ -94,7 +94,11 @@ pub fn ensure() -> Result<String, String> {
             return Err(cannot(format!(
                 "rustup could not install it ({}): {}\nInstall it yourself: rustup toolchain install {toolchain}{comps}",
                 r.describe(),
-                crate::vm::last_lines(r.stderr.trim(), 3).trim()
+                r.stderr
+                    .lines()
+                    .find(|l| l.starts_with("error:"))
+                    .map_or_else(|| crate::vm::last_lines(r.stderr.trim(), 3), str::to_string)
+                    .trim()
             )));
         }
     }
@@ -157,15 +161,21 @@ pub fn miri(toolchain: &str, root: &Path) -> Result<PassResult, String> {
         PASS_LIMIT,
         true,
     )?;
-    let note = miri_abort(&format!("{}{}", r.stdout, r.stderr)).unwrap_or_default();
+    let note = miri_abort(&r.stdout, &r.stderr).unwrap_or_default();
     Ok(PassResult::from(&r, note))
 }
 
 /// When Miri stopped a whole test binary (an unsupported operation such as an FFI call aborts it, not
-/// just the test), which test and why.
-pub fn miri_abort(output: &str) -> Option<String> {
-    let line = output.lines().find(|l| l.starts_with("test ") && l.contains(" ... error: "))?;
-    let (name, why) = line.strip_prefix("test ")?.split_once(" ... error: ")?;
+/// just the test): which test (the last `test NAME ...` line of libtest's stdout without a verdict)
+/// and why (Miri's first `error:` line on stderr).
+pub fn miri_abort(stdout: &str, stderr: &str) -> Option<String> {
+    let line = stdout.lines().rev().find(|l| l.starts_with("test "))?;
+    let name = line.strip_prefix("test ")?.trim_end().strip_suffix("...")?.trim_end();
+    let why = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("error: "))
+        .find(|w| !w.starts_with("aborting") && !w.starts_with("test failed"))
+        .unwrap_or("see the log");
     let mut note = format!("Miri aborted the run in `{name}`: {why}");
     if why.contains("foreign function") {
         note.push_str(" — mark unit tests that call C #[cfg_attr(miri, ignore)]");
@@ -296,8 +306,8 @@ pub fn build_tsan(toolchain: &str, root: &Path, target_dir: &Path) -> Result<Tsa
     let dir = target_dir.join("tsan");
     let dir_s = dir.to_string_lossy().into_owned();
     let tsan_cargo = |cwd: &Path, args: &[&str]| {
-        let mut all = vec!["-Zbuild-std", "--target", TSAN_TARGET, "--target-dir", &dir_s];
-        all.extend(args);
+        let mut all = args.to_vec();
+        all.extend(["-Zbuild-std", "--target", TSAN_TARGET, "--target-dir", &dir_s]);
         all.push("--message-format=json-render-diagnostics");
         let mut cmd = nightly_cargo(toolchain, cwd, &all);
         cmd.env("RUSTFLAGS", "-Zsanitizer=thread");
@@ -328,6 +338,12 @@ pub fn build_tsan(toolchain: &str, root: &Path, target_dir: &Path) -> Result<Tsa
     if tests.is_empty() {
         return Err("the ThreadSanitizer build produced no tests/device_threads*.rs binary".into());
     }
+    for t in &tests {
+        let data = fs::read(&t.executable).map_err(|e| format!("reading {}: {e}", t.executable.display()))?;
+        if crate::image::find_all(&data, b"__tsan_init").next().is_none() {
+            return Err(format!("{} has no ThreadSanitizer runtime (__tsan_init)", t.executable.display()));
+        }
+    }
     let probe_dir = dir.join("probe");
     let io = |e: std::io::Error| format!("writing the probe crate in {}: {e}", probe_dir.display());
     fs::create_dir_all(probe_dir.join("src")).map_err(io)?;
@@ -356,11 +372,13 @@ mod tests {
 
     #[test]
     fn finds_where_miri_aborted() {
-        let out = "running 3 tests\ntest a::ok_one ... ok\n\
-                   test cq::tests::names ... error: unsupported operation: can't call foreign function `ibv_wc_status_str` on OS `linux`\n";
-        let note = miri_abort(out).unwrap();
-        assert!(note.contains("`cq::tests::names`") && note.contains("cfg_attr(miri, ignore)"), "{note}");
-        assert_eq!(miri_abort("test a ... ok\ntest result: ok. 1 passed;"), None);
+        let out = "running 3 tests\ntest a::ok_one ... ok\ntest cq::tests::names ... \n";
+        let err = "   Compiling x\nerror: unsupported operation: can't call foreign function `ibv_wc_status_str` on OS `linux`\n\
+                   error: aborting due to 1 previous error\n";
+        let note = miri_abort(out, err).unwrap();
+        assert!(note.contains("`cq::tests::names`: unsupported operation"), "{note}");
+        assert!(note.contains("cfg_attr(miri, ignore)"), "{note}");
+        assert_eq!(miri_abort("test a ... ok\ntest result: ok. 1 passed;", ""), None);
     }
 
     #[test]
