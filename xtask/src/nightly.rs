@@ -64,10 +64,18 @@ pub fn ensure() -> Result<String, String> {
             "xtask: installing the Rust toolchain `{toolchain}` with {} (rustup) ...",
             COMPONENTS.join(", ")
         );
-        let mut args = vec!["toolchain", "install", &toolchain, "--profile", "minimal"];
-        for c in COMPONENTS {
-            args.extend(["--component", c]);
-        }
+        let components = COMPONENTS.join(",");
+        // --allow-downgrade: a nightly whose Miri is broken is skipped for the newest one that has it.
+        let args = [
+            "toolchain",
+            "install",
+            &toolchain,
+            "--profile",
+            "minimal",
+            "--allow-downgrade",
+            "--component",
+            &components,
+        ];
         Some(rustup(&args, RUSTUP_LIMIT, true)?)
     } else {
         let installed: Vec<&str> = listed.stdout.lines().map(str::trim).collect();
@@ -87,18 +95,16 @@ pub fn ensure() -> Result<String, String> {
     };
     if let Some(r) = attempt {
         if !r.success() {
-            let mut comps = String::new();
-            for c in COMPONENTS {
-                comps.push_str(&format!(" --component {c}"));
-            }
             return Err(cannot(format!(
-                "rustup could not install it ({}): {}\nInstall it yourself: rustup toolchain install {toolchain}{comps}",
+                "rustup could not install it ({}): {}\nInstall it yourself: rustup toolchain install {toolchain} \
+                 --component {}",
                 r.describe(),
                 r.stderr
                     .lines()
                     .find(|l| l.starts_with("error:"))
                     .map_or_else(|| crate::vm::last_lines(r.stderr.trim(), 3), str::to_string)
-                    .trim()
+                    .trim(),
+                COMPONENTS.join(",")
             )));
         }
     }

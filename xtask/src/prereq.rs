@@ -428,7 +428,7 @@ fn plan_install(missing: &[String]) -> Result<Plan, String> {
                 let again = simulate(&args)?;
                 if again.clean() {
                     let note = format!(
-                        "installing {} from {suite}: from the default suite it would remove {culprit} {version}",
+                        "taking {} from {suite}: from the default suite, the install would remove {culprit} {version}",
                         pinned.iter().chain(&deps).cloned().collect::<Vec<_>>().join(" ")
                     );
                     return Ok(Plan { args, auto: deps, installs: again.installs, note: Some(note) });
