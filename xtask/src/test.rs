@@ -114,9 +114,11 @@ pub fn valgrind_argv(root: &Path) -> Vec<OsString> {
 
 /// The `TSAN_OPTIONS` of a ThreadSanitizer step: stop at the first report with exit status 66, with
 /// our suppressions (for uninstrumented C code), and then whatever the caller's `TSAN_OPTIONS` adds.
+/// `allocator_may_return_null=1`: an impossible allocation returns NULL as with glibc's malloc instead
+/// of aborting (tests check that a huge registration is a typed error; TSan's allocator caps at 1 TiB).
 pub fn tsan_options(root: &Path) -> String {
     format!(
-        "halt_on_error=1 exitcode={} second_deadlock_stack=1 suppressions={}",
+        "halt_on_error=1 exitcode={} second_deadlock_stack=1 allocator_may_return_null=1 suppressions={}",
         nightly::TSAN_EXIT,
         root.join("xtask/tsan.supp").display()
     )
@@ -1134,7 +1136,7 @@ mod tests {
             "{script}"
         );
         let tsan = String::from_utf8(sanitizer_prelude(Path::new("/w"), Kind::Tsan)).unwrap();
-        assert!(tsan.contains("TSAN_OPTIONS='halt_on_error=1 exitcode=66 second_deadlock_stack=1 suppressions=/w/xtask/tsan.supp'\"${TSAN_OPTIONS:+ $TSAN_OPTIONS}\""), "{tsan}");
+        assert!(tsan.contains("TSAN_OPTIONS='halt_on_error=1 exitcode=66 second_deadlock_stack=1 allocator_may_return_null=1 suppressions=/w/xtask/tsan.supp'\"${TSAN_OPTIONS:+ $TSAN_OPTIONS}\""), "{tsan}");
         assert!(tsan.contains(":-10}"), "{tsan}");
     }
 
