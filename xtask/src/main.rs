@@ -15,7 +15,9 @@
 //!   `IBVERBS_TEST_GID_INDEX` (`1`: the RoCE v2 GID `::ffff:192.0.2.1`), `IBVERBS_TEST_IP`
 //!   (`192.0.2.1`, for RDMA-CM), plus the host's `PATH`, `HOME`, `USER`, `LANG`/`LC_*`, `TZ`,
 //!   `RUST_BACKTRACE`, `RUST_LOG`, `RUST_LIB_BACKTRACE`, `RUST_MIN_STACK`, `RUST_TEST_*`, `IBVERBS_*`,
-//!   `RDMAV_*`, `CARGO_*` (not those describing xtask's own package) and `NO_COLOR`/`CLICOLOR*`.
+//!   `RDMAV_*`, `MLX5_*`, `VALGRIND_OPTS`, `TSAN_OPTIONS`, `CARGO_*` (not those describing xtask's own
+//!   package) and `NO_COLOR`/`CLICOLOR*`. Under valgrind and ThreadSanitizer (`cargo xtask test`), device
+//!   tests also get `IBVERBS_TEST_TIME_SCALE` (20 and 10 unless set): the factor to apply to their waits.
 //!   Nothing else: no `TERM`, no `TMPDIR`. stdin is `/dev/null`; stdout and stderr are files, not
 //!   terminals (C programs buffer fully: use `stdbuf -oL`).
 //! - **The VM** sees the host's whole file tree at the same paths, writable but copy-on-write (writes,
@@ -30,7 +32,9 @@ mod cargo;
 mod demo;
 mod image;
 mod json;
+mod nightly;
 mod prereq;
+mod process;
 mod shell;
 mod signals;
 mod test;
@@ -54,16 +58,24 @@ Commands:
         IBVERBS_TEST_IP set; its stdout and stderr come back separately. stdin is /dev/null.
         Exit status: CMD's, or 124 (timeout), 125 (the VM failed), 127 (no such command),
         128+N (signal N).
-  test [--vm] [--mtu N] [--timeout S] [-- TEST_ARGS...]
-        The whole test suite: builds, host tests, then the device tests (tests/device_*.rs) with
-        the harness's self-tests and a leak check in one VM boot, and a summary. TEST_ARGS go to
-        each device test binary (e.g. a test name filter).
+  test [--vm] [--mtu N] [--timeout S] [--valgrind] [--tsan] [--miri] [-- TEST_ARGS...]
+        The whole test suite: builds, host tests, doc tests; with a nightly toolchain (installed
+        with rustup if missing): doc tests under nightly rustdoc (checks compile_fail error codes),
+        Miri over the library's unit tests, the ThreadSanitizer build of tests/device_threads*.rs;
+        then in one VM boot the device tests (tests/device_*.rs), the same under valgrind, the
+        ThreadSanitizer binaries, the harness's self-tests and a leak check; a summary.
+        --valgrind, --tsan, --miri: run only these passes (any combination).
+        TEST_ARGS go to each device test binary (e.g. a test name filter).
   demo [--vm] [--mtu N] [--timeout S]
         Show the device at work: our devinfo, rc_pingpong and write_bw examples (one VM boot).
   bench [--vm] [--mtu N] [--timeout S]
         Benchmarks in one VM boot: our write_bw, read_bw, send_bw, write_lat, send_lat against
         perftest's ib_* tools (alternating, medians and ratios), then the post/poll micro-benchmark
         (safe level vs unsafe level vs raw ffi). Release build.
+  deps [--dry-run]
+        Install the Debian packages of every command (xtask/packages.txt; .ci/run uses this) as
+        root, never removing an installed package (checked by simulation first); otherwise, or
+        with --dry-run, show what would be installed.
   help  This text.
 
 Options:
@@ -72,12 +84,18 @@ Options:
   --timeout S   Seconds CMD (rxe; default 600), each device test binary (test; default 600) or each
                 demo command (demo; default 120) may run, once the VM is up (boot: 120 s at most).
 
-Environment: IBVERBS_XTASK_APPEND adds words to the VM kernel's command line (debugging).
+Environment: IBVERBS_XTASK_APPEND adds words to the VM kernel's command line (debugging);
+IBVERBS_XTASK_NIGHTLY names the nightly toolchain (default: nightly); VALGRIND_OPTS and
+TSAN_OPTIONS add options to the valgrind and ThreadSanitizer passes.
 Files: boot files cached in ~/.cache/ibverbs-xtask/<kernel>/; the last VM console in
 ~/.cache/ibverbs-xtask/last-console.log.";
 
 /// Exit status for a bad command line.
 const EXIT_USAGE: u8 = 2;
+
+/// The hidden command that makes two memory errors for valgrind to find (a self-test of the valgrind
+/// pass runs `valgrind ... xtask __memcheck-probe`).
+pub const MEMCHECK_PROBE: &str = "__memcheck-probe";
 
 /// Options shared by the commands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,11 +106,27 @@ struct Options {
     mtu: u32,
     /// `--timeout S`, if given.
     timeout: Option<Duration>,
+    /// `test --valgrind`.
+    valgrind: bool,
+    /// `test --tsan`.
+    tsan: bool,
+    /// `test --miri`.
+    miri: bool,
+    /// `deps --dry-run`.
+    dry_run: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { vm: false, mtu: 1500, timeout: None }
+        Options {
+            vm: false,
+            mtu: 1500,
+            timeout: None,
+            valgrind: false,
+            tsan: false,
+            miri: false,
+            dry_run: false,
+        }
     }
 }
 
@@ -109,6 +143,10 @@ enum Cli {
     Demo(Options),
     /// `bench [options]`.
     Bench(Options),
+    /// `deps [--dry-run]`.
+    Deps(Options),
+    /// The memcheck probe (hidden).
+    MemcheckProbe,
 }
 
 /// Parses the arguments after `cargo xtask`.
@@ -118,7 +156,10 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
     if matches!(command, "help" | "-h" | "--help") {
         return Ok(Cli::Help);
     }
-    if !matches!(command, "rxe" | "test" | "demo" | "bench") {
+    if command == MEMCHECK_PROBE && rest.is_empty() {
+        return Ok(Cli::MemcheckProbe);
+    }
+    if !matches!(command, "rxe" | "test" | "demo" | "bench" | "deps") {
         return Err(format!("unknown command `{command}`"));
     }
     let mut opts = Options::default();
@@ -147,8 +188,16 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
             let v = rest.get(i).ok_or(format!("{name} needs a value"))?;
             Ok(v.to_string_lossy().into_owned())
         };
+        let flag = inline.is_none();
         match name.as_str() {
-            "--vm" if inline.is_none() => opts.vm = true,
+            "--vm" if flag && command != "deps" => opts.vm = true,
+            "--valgrind" if flag && command == "test" => opts.valgrind = true,
+            "--tsan" if flag && command == "test" => opts.tsan = true,
+            "--miri" if flag && command == "test" => opts.miri = true,
+            "--dry-run" if flag && command == "deps" => opts.dry_run = true,
+            "--mtu" | "--timeout" if command == "deps" => {
+                return Err(format!("unknown option `{arg}` for `{command}`"))
+            }
             "--mtu" => {
                 let v = value()?;
                 opts.mtu =
@@ -172,6 +221,7 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
         "test" => Ok(Cli::Test(opts, tail)),
         _ if !tail.is_empty() => Err(format!("{command} takes no arguments")),
         "bench" => Ok(Cli::Bench(opts)),
+        "deps" => Ok(Cli::Deps(opts)),
         _ => Ok(Cli::Demo(opts)),
     }
 }
@@ -182,27 +232,61 @@ pub fn workspace_root() -> PathBuf {
     manifest_dir.parent().unwrap_or(manifest_dir).to_path_buf()
 }
 
-/// Picks where to run (the host's device, or the VM) and checks that what it needs is installed.
-fn backend(opts: &Options) -> Result<vm::Backend, String> {
+/// Picks where to run (the host's device, or the VM) and makes sure the packages of `extra` and of
+/// that place are installed (see [`prereq::ensure`]).
+fn backend(opts: &Options, extra: &[prereq::Group]) -> Result<vm::Backend, String> {
     let host = if opts.vm { None } else { prereq::host_device() };
-    match host {
+    let mut groups = extra.to_vec();
+    let backend = match host {
         Some(device) => {
-            prereq::ensure_packages(prereq::HOST_PACKAGES)?;
-            Ok(vm::Backend::Local(device))
+            groups.push(prereq::Group::Device);
+            vm::Backend::Local(device)
         }
         None => {
             if !cfg!(target_arch = "x86_64") {
                 return Err("the rxe VM boots the host's x86_64 root: it needs an x86_64 host".into());
             }
-            prereq::ensure_packages(prereq::VM_PACKAGES)?;
-            Ok(vm::Backend::Vm { mtu: opts.mtu })
+            groups.push(prereq::Group::Vm);
+            vm::Backend::Vm { mtu: opts.mtu }
+        }
+    };
+    prereq::ensure(&groups)?;
+    Ok(backend)
+}
+
+/// The packages `cargo xtask test` needs besides its backend's.
+fn test_groups(passes: test::Passes) -> Vec<prereq::Group> {
+    let mut groups = vec![prereq::Group::Build];
+    if passes.valgrind {
+        groups.push(prereq::Group::Valgrind);
+    }
+    groups
+}
+
+/// The memcheck probe: an uninitialised buffer handed to a system call, and a block whose last pointer
+/// is dropped (a definite leak). valgrind must report both; without valgrind it does no harm.
+#[inline(never)]
+fn memcheck_probe() -> u8 {
+    // SAFETY: malloc has no preconditions; the block is not read by Rust code. write(2) to /dev/null
+    // only reads the 64 bytes (uninitialised on purpose: valgrind reports it), then the pointer is
+    // dropped without free on purpose (valgrind reports a definite leak).
+    unsafe {
+        let block = libc::malloc(64);
+        if block.is_null() {
+            return 1;
+        }
+        let fd = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
+        if fd >= 0 {
+            libc::write(fd, block, 64);
+            libc::close(fd);
         }
     }
+    0
 }
 
 /// `cargo xtask rxe`.
 fn rxe(opts: &Options, argv: &[OsString]) -> Result<u8, String> {
-    let backend = backend(opts)?;
+    let backend = backend(opts, &[])?;
     let cwd = std::env::current_dir().map_err(|e| format!("the current directory: {e}"))?;
     let label = argv.iter().map(|a| String::from_utf8_lossy(&shell::quote(a.as_bytes())).into_owned());
     let steps = [vm::Step {
@@ -231,16 +315,28 @@ fn main() -> ExitCode {
             println!("{USAGE}");
             Ok(0)
         }
+        Cli::MemcheckProbe => return ExitCode::from(memcheck_probe()),
         Cli::Rxe(opts, argv) => rxe(opts, argv),
-        Cli::Test(opts, test_args) => backend(opts).and_then(|backend| {
-            test::run(&test::TestOptions {
-                backend,
-                timeout: opts.timeout.unwrap_or(Duration::from_secs(600)),
-                test_args: test_args.clone(),
+        Cli::Test(opts, test_args) => {
+            let passes = test::Passes::only(opts.valgrind, opts.tsan, opts.miri);
+            backend(opts, &test_groups(passes)).and_then(|backend| {
+                test::run(&test::TestOptions {
+                    backend,
+                    timeout: opts.timeout.unwrap_or(Duration::from_secs(600)),
+                    test_args: test_args.clone(),
+                    passes,
+                })
             })
-        }),
-        Cli::Demo(opts) => backend(opts).and_then(|backend| demo::run(&backend, opts.timeout)),
-        Cli::Bench(opts) => backend(opts).and_then(|backend| demo::bench(&backend, opts.timeout)),
+        }
+        Cli::Demo(opts) => {
+            backend(opts, &[prereq::Group::Build]).and_then(|backend| demo::run(&backend, opts.timeout))
+        }
+        Cli::Bench(opts) => {
+            backend(opts, &[prereq::Group::Build]).and_then(|backend| demo::bench(&backend, opts.timeout))
+        }
+        Cli::Deps(opts) => {
+            prereq::ensure_packages(&prereq::packages(&prereq::Group::ALL), opts.dry_run).map(|()| 0)
+        }
     };
     let code = match result {
         Ok(code) => code,
@@ -270,7 +366,7 @@ mod tests {
 
     #[test]
     fn parses_rxe() {
-        let opts = Options { vm: true, mtu: 9000, timeout: secs(30) };
+        let opts = Options { vm: true, mtu: 9000, timeout: secs(30), ..Options::default() };
         assert_eq!(
             parse_args(&os(&["rxe", "--vm", "--mtu", "9000", "--timeout=30", "--", "ls", "-l"])),
             Ok(Cli::Rxe(opts, os(&["ls", "-l"])))
@@ -301,6 +397,20 @@ mod tests {
             parse_args(&os(&["bench", "--timeout", "900"])),
             Ok(Cli::Bench(Options { timeout: secs(900), ..Options::default() }))
         );
+        assert_eq!(
+            parse_args(&os(&["test", "--valgrind", "--tsan", "--", "x"])),
+            Ok(Cli::Test(Options { valgrind: true, tsan: true, ..Options::default() }, os(&["x"])))
+        );
+        assert_eq!(
+            parse_args(&os(&["test", "--miri"])),
+            Ok(Cli::Test(Options { miri: true, ..Options::default() }, vec![]))
+        );
+        assert_eq!(parse_args(&os(&["deps"])), Ok(Cli::Deps(Options::default())));
+        assert_eq!(
+            parse_args(&os(&["deps", "--dry-run"])),
+            Ok(Cli::Deps(Options { dry_run: true, ..Options::default() }))
+        );
+        assert_eq!(parse_args(&os(&[MEMCHECK_PROBE])), Ok(Cli::MemcheckProbe));
         assert_eq!(parse_args(&os(&[])), Ok(Cli::Help));
         assert_eq!(parse_args(&os(&["help"])), Ok(Cli::Help));
         assert_eq!(parse_args(&os(&["test", "-h"])), Ok(Cli::Help));
@@ -321,7 +431,15 @@ mod tests {
             &["rxe", "--vm=yes", "true"],
             &["rxe", "--bogus", "true"],
             &["test", "filter"],
+            &["test", "--valgrind=yes"],
             &["demo", "--", "x"],
+            &["demo", "--tsan"],
+            &["rxe", "--miri", "true"],
+            &["deps", "--vm"],
+            &["deps", "--mtu", "9000"],
+            &["deps", "x"],
+            &["test", "--dry-run"],
+            &[MEMCHECK_PROBE, "x"],
         ] {
             assert!(parse_args(&os(bad)).is_err(), "{bad:?}");
         }

@@ -1,72 +1,496 @@
-//! Prerequisites: the Debian packages the harness needs, and whether this host has an RDMA device.
+//! Prerequisites: the Debian packages the commands need (the list is `xtask/packages.txt`, shared with
+//! `.ci/run`), installed without removing anything the user has; and whether this host has an RDMA device.
+//!
+//! # Installing without removing
+//! `apt-get install` may remove installed packages to satisfy a `Breaks`/`Conflicts`. Example: an image
+//! with `qemu-utils` 10.0 from bookworm-backports (`Breaks: qemu-system-common (<< 1:8.0+dfsg-5~)`) loses
+//! it when Debian 12's `qemu-system-x86` 7.2 comes in, since that depends on `qemu-system-common (= 7.2)`.
+//! So the missing packages are first installed in simulation (`apt-get -s`). If that would remove a
+//! package, the packages to install that come from the same source package are asked for from the apt
+//! suite that offers the installed version (`qemu-system-x86/bookworm-backports`), and simulated again.
+//! If no such set exists, nothing is installed and the error explains why and what to do. The real
+//! install runs with `--no-remove` on top.
+//!
+//! apt honours `APT_CONFIG`, and the installed-package check reads the status file apt's configuration
+//! names, so a simulated system (another status file and source list) can be examined end to end with
+//! `APT_CONFIG=... cargo xtask deps --dry-run`.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
-/// Packages the VM harness needs (the VM's root is the host's root, so the RDMA tools and providers
-/// come from the host too).
-pub const VM_PACKAGES: &[&str] = &[
-    "qemu-system-x86",
-    "linux-image-amd64",
-    "busybox-static",
-    "rdma-core",
-    "ibverbs-utils",
-    "ibverbs-providers",
-    "perftest",
-    "rdmacm-utils",
-    "iproute2",
-    "kmod",
-    "cpio",
-    "xz-utils",
-];
+use crate::process;
 
-/// Packages needed when commands run directly on a host with its own RDMA device.
-pub const HOST_PACKAGES: &[&str] =
-    &["rdma-core", "ibverbs-utils", "ibverbs-providers", "perftest", "rdmacm-utils", "iproute2"];
+/// The package list: `package group...` lines, `#` comments.
+pub const PACKAGES_TXT: &str = include_str!("../packages.txt");
 
-/// Makes sure `packages` are installed: as root, installs the missing ones with apt-get (saying so);
-/// otherwise prints the command to run and fails. Does nothing where there is no dpkg.
-pub fn ensure_packages(packages: &[&str]) -> Result<(), String> {
+/// What a package is needed for (the groups of `packages.txt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    /// Building the workspace.
+    Build,
+    /// The SoftRoCE VM harness.
+    Vm,
+    /// Running on a host's own RDMA device.
+    Device,
+    /// The valgrind pass of `cargo xtask test`.
+    Valgrind,
+}
+
+impl Group {
+    /// Every group.
+    pub const ALL: [Group; 4] = [Group::Build, Group::Vm, Group::Device, Group::Valgrind];
+
+    /// Its name in `packages.txt`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Group::Build => "build",
+            Group::Vm => "vm",
+            Group::Device => "device",
+            Group::Valgrind => "valgrind",
+        }
+    }
+}
+
+/// Parses `packages.txt`: (package, groups) in file order. Fails on an unknown group or a package
+/// without one.
+pub fn parse_packages(text: &str) -> Result<Vec<(String, Vec<Group>)>, String> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or_default();
+        let mut words = line.split_whitespace();
+        let Some(package) = words.next() else { continue };
+        let groups = words
+            .map(|w| {
+                Group::ALL
+                    .into_iter()
+                    .find(|g| g.name() == w)
+                    .ok_or(format!("line {}: unknown group `{w}`", n + 1))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if groups.is_empty() {
+            return Err(format!("line {}: `{package}` has no group", n + 1));
+        }
+        out.push((package.to_string(), groups));
+    }
+    Ok(out)
+}
+
+/// The packages of `groups`, in the order of `packages.txt`, each once.
+pub fn packages(groups: &[Group]) -> Vec<String> {
+    let all = parse_packages(PACKAGES_TXT).expect("xtask/packages.txt is valid (a unit test checks it)");
+    all.into_iter().filter(|(_, g)| g.iter().any(|g| groups.contains(g))).map(|(p, _)| p).collect()
+}
+
+/// Makes sure the packages of `groups` are installed (see [`ensure_packages`]).
+pub fn ensure(groups: &[Group]) -> Result<(), String> {
+    ensure_packages(&packages(groups), false)
+}
+
+/// How long apt may take: `apt-get update`, one simulation or query, the real install.
+const APT_UPDATE_LIMIT: Duration = Duration::from_secs(600);
+const APT_QUERY_LIMIT: Duration = Duration::from_secs(120);
+const APT_INSTALL_LIMIT: Duration = Duration::from_secs(1800);
+
+/// Makes sure `packages` are installed. As root, installs the missing ones with apt-get (saying so) if
+/// that removes nothing; otherwise prints the command to run (as planned, see the module's docs) and
+/// fails. With `dry_run`, only shows the plan. Does nothing where there is no dpkg.
+pub fn ensure_packages(packages: &[String], dry_run: bool) -> Result<(), String> {
     if Command::new("dpkg-query").arg("--version").output().is_err() {
         eprintln!("xtask: no dpkg-query: not a Debian system, assuming {} are installed", packages.join(" "));
         return Ok(());
     }
-    let missing: Vec<&str> = packages.iter().copied().filter(|p| !is_installed(p)).collect();
+    let missing = missing_packages(packages)?;
     if missing.is_empty() {
+        if dry_run {
+            eprintln!("xtask: all {} packages are installed: {}", packages.len(), packages.join(" "));
+        }
         return Ok(());
     }
-    let list = missing.join(" ");
-    if !is_root() {
+    let root = is_root();
+    if root && !dry_run {
+        eprintln!("xtask: missing Debian packages: {}; apt-get update ...", missing.join(" "));
+        match apt(&["update", "-q"], APT_UPDATE_LIMIT, true) {
+            Ok(r) if r.success() => {}
+            Ok(r) => eprintln!(
+                "xtask: warning: apt-get update failed ({}); going on with the lists we have",
+                r.describe()
+            ),
+            Err(e) => return Err(e),
+        }
+    }
+    let plan = plan_install(&missing)?;
+    if let Some(note) = &plan.note {
+        eprintln!("xtask: {note}");
+    }
+    let line = format!("apt-get install -y --no-install-recommends --no-remove {}", plan.args.join(" "));
+    if dry_run {
+        eprintln!("xtask: missing: {}\nxtask: would run: {line}\nxtask: which installs:", missing.join(" "));
+        for inst in &plan.installs {
+            eprintln!("    {inst}");
+        }
+        return Ok(());
+    }
+    if !root {
         return Err(format!(
-            "missing Debian packages: {list}\nInstall them with:\n    sudo apt-get install -y {list}"
+            "missing Debian packages: {}\nInstall them with (removes nothing: checked by simulation):\n    sudo {line}",
+            missing.join(" ")
         ));
     }
-    eprintln!("xtask: installing missing Debian packages: {list}");
-    let apt = |args: &[&str]| -> Result<(), String> {
-        let status = Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .map_err(|e| format!("running apt-get: {e}"))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(format!("apt-get {} failed ({status})", args.join(" ")))
-        }
-    };
-    apt(&["update", "-q"])?;
-    let mut install = vec!["install", "-y", "-q", "--no-install-recommends"];
-    install.extend(&missing);
-    apt(&install)
+    eprintln!("xtask: installing: {line}");
+    let mut args = vec!["install", "-y", "-q", "--no-install-recommends", "--no-remove"];
+    args.extend(plan.args.iter().map(String::as_str));
+    let r = apt(&args, APT_INSTALL_LIMIT, true)?;
+    if !r.success() {
+        return Err(format!("`{line}` failed ({})", r.describe()));
+    }
+    if !plan.auto.is_empty() {
+        // They were named only to take them from the suite: dependencies, not the user's choice.
+        let mut mark = Command::new("apt-mark");
+        mark.arg("auto").args(&plan.auto);
+        let _ = process::run(&mut mark, APT_QUERY_LIMIT, false);
+    }
+    let still = missing_packages(packages)?;
+    if !still.is_empty() {
+        return Err(format!("`{line}` succeeded but these are still not installed: {}", still.join(" ")));
+    }
+    Ok(())
 }
 
-/// Whether dpkg says `package` is installed.
-fn is_installed(package: &str) -> bool {
-    Command::new("dpkg-query")
-        .args(["-W", "-f=${Status}", package])
+/// Runs `apt-get ARGS` non-interactively within `limit`.
+fn apt(args: &[&str], limit: Duration, show: bool) -> Result<process::Finished, String> {
+    let mut cmd = Command::new("apt-get");
+    cmd.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+    process::run(&mut cmd, limit, show)
+}
+
+/// Runs `apt-cache ARGS` and returns its stdout.
+fn apt_cache(args: &[&str]) -> Result<String, String> {
+    let r = process::run(Command::new("apt-cache").args(args), APT_QUERY_LIMIT, false)?;
+    Ok(r.stdout)
+}
+
+/// The dpkg database folder apt is configured with (`Dir::State::status`'s folder; honours `APT_CONFIG`).
+fn dpkg_admindir() -> PathBuf {
+    let out = Command::new("apt-config").args(["shell", "S", "Dir::State::status/f"]).output();
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    let status =
+        text.trim().strip_prefix("S='").and_then(|s| s.strip_suffix('\'')).unwrap_or("/var/lib/dpkg/status");
+    Path::new(status).parent().unwrap_or(Path::new("/var/lib/dpkg")).to_path_buf()
+}
+
+/// The packages of `packages` that dpkg does not list as installed.
+fn missing_packages(packages: &[String]) -> Result<Vec<String>, String> {
+    let out = Command::new("dpkg-query")
+        .arg(format!("--admindir={}", dpkg_admindir().display()))
+        .args(["-W", "-f=${Package}\t${Status}\n"])
+        .args(packages)
         .output()
-        .is_ok_and(|out| is_installed_status(&String::from_utf8_lossy(&out.stdout)))
+        .map_err(|e| format!("running dpkg-query: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let installed: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .filter(|(_, status)| is_installed_status(status))
+        .map(|(name, _)| name)
+        .collect();
+    Ok(packages.iter().filter(|p| !installed.contains(&p.as_str())).cloned().collect())
+}
+
+/// What `apt-get -s install` said.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Simulation {
+    /// Whether apt-get exited 0.
+    pub ok: bool,
+    /// `Remv` lines: (package, installed version).
+    pub removed: Vec<(String, String)>,
+    /// `Inst` lines, as apt wrote them after `Inst `.
+    pub installs: Vec<String>,
+    /// Packages named on the left of apt's unmet-dependency lines (` pkg : Breaks: ...`).
+    pub broken: Vec<String>,
+    /// apt's explanation lines (unmet dependencies and `E:` lines).
+    pub problems: Vec<String>,
+}
+
+impl Simulation {
+    /// Whether the install would succeed without removing anything.
+    pub fn clean(&self) -> bool {
+        self.ok && self.removed.is_empty()
+    }
+}
+
+/// A package name without its `:arch` suffix.
+fn bare(name: &str) -> &str {
+    name.split(':').next().unwrap_or(name)
+}
+
+/// Parses the output of `apt-get -s install ...`.
+pub fn parse_simulation(ok: bool, text: &str) -> Simulation {
+    let mut sim = Simulation { ok, ..Simulation::default() };
+    let mut in_unmet = false;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("Remv ") {
+            let mut words = rest.split_whitespace();
+            let name = bare(words.next().unwrap_or_default()).to_string();
+            let version = words.next().unwrap_or_default().trim_matches(|c| c == '[' || c == ']').to_string();
+            sim.removed.push((name, version));
+        } else if let Some(rest) = line.strip_prefix("Inst ") {
+            sim.installs.push(rest.to_string());
+        } else if line.starts_with("The following packages have unmet dependencies") {
+            in_unmet = true;
+        } else if line.starts_with("E: ") {
+            sim.problems.push(line.to_string());
+        } else if in_unmet && line.starts_with(' ') {
+            sim.problems.push(line.trim_end().to_string());
+            if let Some((name, rest)) = line.trim_start().split_once(" : ") {
+                let kind = rest.split(':').next().unwrap_or_default();
+                if matches!(kind, "Breaks" | "Depends" | "PreDepends" | "Pre-Depends" | "Conflicts") {
+                    let name = bare(name).to_string();
+                    if !sim.broken.contains(&name) {
+                        sim.broken.push(name);
+                    }
+                }
+            }
+        } else {
+            in_unmet = false;
+        }
+    }
+    sim
+}
+
+/// Simulates `apt-get install --no-install-recommends ARGS`.
+fn simulate(args: &[String]) -> Result<Simulation, String> {
+    let mut all = vec!["-s", "-q", "install", "--no-install-recommends"];
+    all.extend(args.iter().map(String::as_str));
+    let r = apt(&all, APT_QUERY_LIMIT, false)?;
+    Ok(parse_simulation(r.success(), &format!("{}{}", r.stdout, r.stderr)))
+}
+
+/// One version of a package in `apt-cache policy`: the version and the suites (`bookworm-backports`)
+/// that offer it; `installed` for the one marked `***`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PolicyVersion {
+    /// The version.
+    pub version: String,
+    /// Whether it is the installed one.
+    pub installed: bool,
+    /// The suites of the apt sources offering it (not `/var/lib/dpkg/status`).
+    pub suites: Vec<String>,
+}
+
+/// Parses the version table of `apt-cache policy PACKAGE` (one package).
+pub fn parse_policy(text: &str) -> Vec<PolicyVersion> {
+    let mut versions: Vec<PolicyVersion> = Vec::new();
+    let mut in_table = false;
+    for line in text.lines() {
+        if line.trim() == "Version table:" {
+            in_table = true;
+            continue;
+        }
+        if !in_table || line.trim().is_empty() {
+            continue;
+        }
+        let indent = line.len() - line.trim_start().len();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if indent >= 8 {
+            // `PRIO URL SUITE/COMPONENT ARCH Packages`, or `PRIO /var/lib/dpkg/status`.
+            if let (Some(v), Some(dist)) = (versions.last_mut(), words.get(2)) {
+                if let Some(suite) = dist.split('/').next().filter(|s| !s.is_empty() && *s != ".") {
+                    if !v.suites.iter().any(|s| s == suite) {
+                        v.suites.push(suite.to_string());
+                    }
+                }
+            }
+        } else {
+            let installed = words.first() == Some(&"***");
+            let version = if installed { words.get(1) } else { words.first() };
+            versions.push(PolicyVersion {
+                version: version.copied().unwrap_or_default().to_string(),
+                installed,
+                suites: Vec::new(),
+            });
+        }
+    }
+    versions
+}
+
+/// The `Source:` of the first stanza of `apt-cache show` output (the package's own name if none).
+pub fn parse_source(show: &str, package: &str) -> String {
+    let stanza = show.split("\n\n").next().unwrap_or_default();
+    stanza
+        .lines()
+        .find_map(|l| l.strip_prefix("Source: "))
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or(package)
+        .to_string()
+}
+
+/// The value of `field` in the first stanza of `apt-cache show` output.
+fn stanza_field(show: &str, field: &str) -> Option<String> {
+    let stanza = show.split("\n\n").next().unwrap_or_default();
+    let prefix = format!("{field}: ");
+    stanza.lines().find_map(|l| l.strip_prefix(prefix.as_str())).map(str::to_string)
+}
+
+/// What to ask apt-get for.
+#[derive(Debug)]
+struct Plan {
+    /// The arguments after `install`: package names, some as `name/suite`.
+    args: Vec<String>,
+    /// Dependencies named in `args` only to take them from a suite: marked automatic afterwards.
+    auto: Vec<String>,
+    /// What the simulation said would be installed.
+    installs: Vec<String>,
+    /// Why some come from another suite.
+    note: Option<String>,
+}
+
+/// The packages apt could not give the version another needs: `X` of `Depends: X (= V) but W is to be
+/// installed` lines.
+pub fn unmet_dependencies(problems: &[String]) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in problems {
+        for part in line.split("Depends: ").skip(1) {
+            let name = bare(part.split_whitespace().next().unwrap_or_default()).to_string();
+            if !name.is_empty() && !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    names
+}
+
+/// Whether some version of `package` comes from `suite`.
+fn offered_by(package: &str, suite: &str) -> Result<bool, String> {
+    Ok(parse_policy(&apt_cache(&["policy", package])?).iter().any(|v| v.suites.iter().any(|s| s == suite)))
+}
+
+/// How many rounds of "take the unmet dependencies from the suite too" a plan may try.
+const PIN_ROUNDS: usize = 10;
+
+/// Plans the install of `missing` so that nothing installed is removed (see the module's docs).
+fn plan_install(missing: &[String]) -> Result<Plan, String> {
+    let sim = simulate(missing)?;
+    if sim.clean() {
+        return Ok(Plan { args: missing.to_vec(), auto: Vec::new(), installs: sim.installs, note: None });
+    }
+    // The installed packages in the way, with their installed version.
+    let mut culprits: Vec<(String, String)> = sim.removed.clone();
+    for name in &sim.broken {
+        if culprits.iter().any(|(c, _)| c == name) {
+            continue;
+        }
+        if let Some(v) = parse_policy(&apt_cache(&["policy", name])?).into_iter().find(|v| v.installed) {
+            culprits.push((name.clone(), v.version));
+        }
+    }
+    let mut explained = Vec::new();
+    let mut tried = Vec::new();
+    for (culprit, version) in &culprits {
+        let policy = parse_policy(&apt_cache(&["policy", culprit])?);
+        // One version may be listed twice (the installed copy apart from a source's when they differ).
+        let mut suites: Vec<String> = Vec::new();
+        for v in policy.iter().filter(|v| &v.version == version) {
+            suites.extend(v.suites.iter().filter(|s| !suites.contains(s)).cloned().collect::<Vec<_>>());
+        }
+        let show = apt_cache(&["show", &format!("{culprit}={version}")])?;
+        let source = parse_source(&show, culprit);
+        let mut why: Vec<String> = ["Breaks", "Conflicts"]
+            .iter()
+            .filter_map(|f| stanza_field(&show, f).map(|v| format!("{f}: {v}")))
+            .collect();
+        if why.is_empty() {
+            why.push("see apt's messages below".into());
+        }
+        let from = if suites.is_empty() { "no configured apt source".to_string() } else { suites.join(", ") };
+        explained
+            .push(format!("  {culprit} {version} ({}; this version offered by: {from})", why.join("; ")));
+        for suite in &suites {
+            // The missing packages built from the culprit's source package come from its suite, and
+            // then whatever dependencies apt says they need from there.
+            let mut pinned = Vec::new();
+            for p in missing {
+                if parse_source(&apt_cache(&["show", p])?, p) == source && offered_by(p, suite)? {
+                    pinned.push(p.clone());
+                }
+            }
+            if pinned.is_empty() {
+                continue;
+            }
+            let mut deps: Vec<String> = Vec::new();
+            for _ in 0..PIN_ROUNDS {
+                let mut args: Vec<String> = missing
+                    .iter()
+                    .map(|p| if pinned.contains(p) { format!("{p}/{suite}") } else { p.clone() })
+                    .collect();
+                args.extend(deps.iter().map(|d| format!("{d}/{suite}")));
+                let again = simulate(&args)?;
+                if again.clean() {
+                    let note = format!(
+                        "taking {} from {suite}: from the default suite, the install would remove {culprit} {version}",
+                        pinned.iter().chain(&deps).cloned().collect::<Vec<_>>().join(" ")
+                    );
+                    return Ok(Plan { args, auto: deps, installs: again.installs, note: Some(note) });
+                }
+                let mut more = Vec::new();
+                for d in unmet_dependencies(&again.problems) {
+                    if !deps.contains(&d) && !pinned.contains(&d) && offered_by(&d, suite)? {
+                        more.push(d);
+                    }
+                }
+                if more.is_empty() {
+                    tried.push(format!(
+                        "asking for {} from {suite} did not work either; apt said:\n{}",
+                        pinned.iter().chain(&deps).cloned().collect::<Vec<_>>().join(" "),
+                        again.problems.join("\n")
+                    ));
+                    break;
+                }
+                deps.extend(more);
+            }
+        }
+    }
+    let mut msg = format!(
+        "installing {} would remove installed packages, and no set of the configured apt sources keeps \
+         them:\n{}\n",
+        missing.join(" "),
+        explained.join("\n")
+    );
+    if !sim.problems.is_empty() {
+        msg.push_str(&format!("apt said:\n{}\n", sim.problems.join("\n")));
+    }
+    for t in &tried {
+        msg.push_str(t);
+        msg.push('\n');
+    }
+    msg.push_str("Nothing was installed or removed. Either make the matching versions installable");
+    if let Some(hint) = culprits.iter().find_map(|(_, v)| backports_hint(v)) {
+        msg.push_str(&format!(
+            " (a `~bpo` version comes from backports: add `deb http://deb.debian.org/debian {hint} main` to \
+             the apt sources and run `apt-get update`; then this installs the matching packages from {hint})"
+        ));
+    }
+    msg.push_str(&format!(
+        ", or accept the removal by installing them yourself:\n    sudo apt-get install --no-install-recommends {}",
+        missing.join(" ")
+    ));
+    Err(msg)
+}
+
+/// The backports suite a `~bpoNN` version comes from (`~bpo12+1` → `bookworm-backports`).
+pub fn backports_hint(version: &str) -> Option<String> {
+    let n = version.split("~bpo").nth(1)?;
+    let release: String = n.chars().take_while(char::is_ascii_digit).collect();
+    let codename = match release.as_str() {
+        "10" => "buster",
+        "11" => "bullseye",
+        "12" => "bookworm",
+        "13" => "trixie",
+        "14" => "forky",
+        _ => return None,
+    };
+    Some(format!("{codename}-backports"))
 }
 
 /// Whether a `dpkg-query -f '${Status}'` answer means "installed".
@@ -150,6 +574,129 @@ pub fn ipv4_of_gid(gid: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_package_list_is_valid_and_grouped() {
+        let all = parse_packages(PACKAGES_TXT).unwrap();
+        assert!(all.len() >= 18);
+        let build = packages(&[Group::Build]);
+        for p in ["libibverbs-dev", "librdmacm-dev", "libclang-dev", "pkg-config", "build-essential"] {
+            assert!(build.contains(&p.to_string()), "{p}");
+        }
+        assert!(packages(&[Group::Vm]).contains(&"qemu-system-x86".to_string()));
+        assert!(!packages(&[Group::Device]).contains(&"qemu-system-x86".to_string()));
+        assert!(packages(&[Group::Device]).contains(&"rdma-core".to_string()));
+        assert_eq!(packages(&[Group::Valgrind]), ["valgrind"]);
+        // Each package once, even when asked for through several groups.
+        let every = packages(&Group::ALL);
+        assert_eq!(every.len(), all.len());
+        assert!(parse_packages("foo\n").is_err());
+        assert!(parse_packages("foo bogus\n").is_err());
+        assert_eq!(
+            parse_packages("# c\n\nfoo build vm # why\n").unwrap(),
+            [("foo".into(), vec![Group::Build, Group::Vm])]
+        );
+    }
+
+    /// `apt-get -s install qemu-system-x86` on Debian 12 with qemu-utils 10.0 from bookworm-backports
+    /// installed and no backports source (the real output, shortened).
+    const SIM_REMOVES: &str = "\
+The following packages will be REMOVED:
+  qemu-utils
+The following NEW packages will be installed:
+  ipxe-qemu qemu-system-common qemu-system-data qemu-system-x86 seabios
+0 upgraded, 5 newly installed, 1 to remove and 126 not upgraded.
+Remv qemu-utils [1:10.0.2+ds-2+deb13u1~bpo12+1]
+Inst ipxe-qemu (1.0.0+git-20190125.36a4c85-5.1 Debian:12.15/oldstable [all])
+Inst qemu-system-common (1:7.2+dfsg-7+deb12u18+b3 Debian:12.15/oldstable [amd64])
+Inst qemu-system-x86 (1:7.2+dfsg-7+deb12u18+b3 Debian:12.15/oldstable [amd64])
+Conf qemu-system-x86 (1:7.2+dfsg-7+deb12u18+b3 Debian:12.15/oldstable [amd64])
+";
+
+    /// The same with a bookworm-backports source configured: apt gives up instead.
+    const SIM_BROKEN: &str = "\
+Some packages could not be installed. This may mean that you have
+requested an impossible situation or if you are using the unstable
+distribution that some required packages have not yet been created
+or been moved out of Incoming.
+The following information may help to resolve the situation:
+
+The following packages have unmet dependencies:
+ qemu-utils : Breaks: qemu-system-common (< 1:8.0+dfsg-5~) but 1:7.2+dfsg-7+deb12u18+b3 is to be installed
+ qemu-system-x86 : Depends: qemu-system-common (= 1:10.0.2+ds-2+deb13u1~bpo12+1) but 1:7.2 is to be installed
+                   Depends: seabios (> 1.16.3-1~) but 1.16.2-1 is to be installed
+E: Error, pkgProblemResolver::Resolve generated breaks, this may be caused by held packages.
+";
+
+    #[test]
+    fn parses_apt_simulations() {
+        let sim = parse_simulation(true, SIM_REMOVES);
+        assert_eq!(sim.removed, [("qemu-utils".to_string(), "1:10.0.2+ds-2+deb13u1~bpo12+1".to_string())]);
+        assert_eq!(sim.installs.len(), 3);
+        assert!(sim.installs[2].starts_with("qemu-system-x86 (1:7.2"));
+        assert!(sim.broken.is_empty() && !sim.clean());
+
+        let sim = parse_simulation(false, SIM_BROKEN);
+        assert!(sim.removed.is_empty() && !sim.clean());
+        assert_eq!(sim.broken, ["qemu-utils", "qemu-system-x86"]);
+        assert_eq!(sim.problems.len(), 4);
+        assert!(sim.problems[3].starts_with("E: Error"));
+
+        let sim = parse_simulation(true, "Inst valgrind (1:3.19.0-1 Debian:12.15/oldstable [amd64])\n");
+        assert!(sim.clean());
+    }
+
+    #[test]
+    fn parses_apt_cache_policy_and_show() {
+        let policy = "\
+qemu-utils:
+  Installed: 1:10.0.2+ds-2+deb13u1~bpo12+1
+  Candidate: 1:10.0.2+ds-2+deb13u1~bpo12+1
+  Version table:
+ *** 1:10.0.2+ds-2+deb13u1~bpo12+1 100
+        100 http://deb.debian.org/debian bookworm-backports/main amd64 Packages
+        100 /var/lib/dpkg/status
+     1:7.2+dfsg-7+deb12u18+b3 500
+        500 http://deb.debian.org/debian bookworm/main amd64 Packages
+     1:7.2+dfsg-7+deb12u15 500
+        500 http://deb.debian.org/debian-security bookworm-security/main amd64 Packages
+";
+        let versions = parse_policy(policy);
+        assert_eq!(versions.len(), 3);
+        assert_eq!(
+            versions[0],
+            PolicyVersion {
+                version: "1:10.0.2+ds-2+deb13u1~bpo12+1".into(),
+                installed: true,
+                suites: vec!["bookworm-backports".into()]
+            }
+        );
+        assert!(!versions[1].installed);
+        assert_eq!(versions[2].suites, ["bookworm-security"]);
+        assert!(parse_policy("N: Unable to locate package x\n").is_empty());
+
+        let show = "Package: qemu-system-x86\nSource: qemu (1:7.2+dfsg-7+deb12u18)\nVersion: 1:7.2\n\nPackage: qemu-system-x86\nSource: other\n";
+        assert_eq!(parse_source(show, "qemu-system-x86"), "qemu");
+        assert_eq!(parse_source("Package: valgrind\nVersion: 1\n", "valgrind"), "valgrind");
+        let show = "Package: qemu-utils\nBreaks: qemu-system-common (<< 1:8.0+dfsg-5~)\n";
+        assert_eq!(stanza_field(show, "Breaks").as_deref(), Some("qemu-system-common (<< 1:8.0+dfsg-5~)"));
+        assert_eq!(stanza_field(show, "Conflicts"), None);
+    }
+
+    #[test]
+    fn finds_unmet_dependencies() {
+        let sim = parse_simulation(false, SIM_BROKEN);
+        assert_eq!(unmet_dependencies(&sim.problems), ["qemu-system-common", "seabios"]);
+        assert!(unmet_dependencies(&[]).is_empty());
+    }
+
+    #[test]
+    fn backports_versions_name_their_suite() {
+        assert_eq!(backports_hint("1:10.0.2+ds-2+deb13u1~bpo12+1").as_deref(), Some("bookworm-backports"));
+        assert_eq!(backports_hint("5.0-1~bpo11+2").as_deref(), Some("bullseye-backports"));
+        assert_eq!(backports_hint("1:7.2+dfsg-7+deb12u18+b3"), None);
+        assert_eq!(backports_hint("1.0~bpo99+1"), None);
+    }
 
     #[test]
     fn dpkg_status() {

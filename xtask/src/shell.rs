@@ -57,6 +57,9 @@ pub fn is_forwarded(name: &str) -> bool {
         "RUST_LIB_BACKTRACE",
         "RUST_LOG",
         "RUST_MIN_STACK",
+        // Extra options for the valgrind and ThreadSanitizer passes of `cargo xtask test`.
+        "VALGRIND_OPTS",
+        "TSAN_OPTIONS",
     ];
     const PREFIXES: &[&str] = &["IBVERBS_", "CARGO_", "RUST_TEST_", "LC_", "RDMAV_", "MLX5_", "CLICOLOR"];
     // What `cargo run` sets to describe the package it runs (xtask itself): wrong for anything else.
@@ -173,7 +176,15 @@ mod tests {
 
     #[test]
     fn forwarded_variables() {
-        for name in ["PATH", "HOME", "RUST_BACKTRACE", "RUST_LOG", "IBVERBS_TEST_DEVICE", "CARGO_HOME"] {
+        for name in [
+            "PATH",
+            "HOME",
+            "RUST_BACKTRACE",
+            "RUST_LOG",
+            "IBVERBS_TEST_DEVICE",
+            "CARGO_HOME",
+            "VALGRIND_OPTS",
+        ] {
             assert!(is_forwarded(name), "{name}");
         }
         for name in

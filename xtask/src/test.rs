@@ -2,26 +2,72 @@
 //!
 //! 1. `cargo build --workspace --all-targets` and `cargo build --examples`;
 //! 2. the host tests: `cargo test --workspace` without the device test binaries, then the doc tests;
-//! 3. the device test binaries — the integration tests of the root package named `device_*`
-//!    (`tests/device_*.rs`) — in ONE VM boot, one after the other, each with `--test-threads=1`,
-//!    followed in the same boot by the harness's self-tests and a leak check (`rdma resource show`
-//!    against a baseline taken before the first test);
-//! 4. self-tests of `cargo xtask rxe` as a program (timeout → 124, SIGTERM → nothing left behind,
+//! 3. the nightly passes ([`nightly`]): the doc tests again with nightly rustdoc (which checks the
+//!    error codes of `compile_fail,E....` doc tests) plus a self-test proving it does, Miri over the
+//!    library's unit tests, and the ThreadSanitizer build of `tests/device_threads*.rs`;
+//! 4. in ONE VM boot, one binary after the other, each with `--test-threads=1`:
+//!    - the device test binaries — the integration tests of the root package named `device_*`
+//!      (`tests/device_*.rs`);
+//!    - the same binaries under valgrind's memcheck ([`valgrind_argv`]: memory errors and definite
+//!      leaks fail them with exit status [`VALGRIND_ERROR_EXIT`]), and a probe valgrind must catch;
+//!    - the ThreadSanitizer builds of `tests/device_threads*.rs` (`TSAN_OPTIONS=halt_on_error=1`: a
+//!      report fails them with exit status 66), and a racy probe TSan must catch;
+//!    - the harness's self-tests and a leak check (`rdma resource show` against a baseline taken
+//!      before the first test);
+//! 5. self-tests of `cargo xtask rxe` as a program (timeout → 124, SIGTERM → nothing left behind,
 //!    boot failure → 125), each a short run of its own;
-//! 5. a summary, ending with the line `N passed, M failed`.
+//! 6. a summary, ending with the line `N passed, M failed`.
+//!
+//! `--valgrind`, `--tsan` and `--miri` run only those passes (with their probes and the leak check).
+//! Under valgrind and ThreadSanitizer the device tests run with `IBVERBS_TEST_TIME_SCALE` set (see
+//! [`VALGRIND_TIME_SCALE`]), a factor the test helpers apply to their waits.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::cargo::{self, Artifact};
+use crate::nightly::{self, TsanBuild};
 use crate::vm::{self, Backend, End, Output, Step, StepResult};
 use crate::{demo, shell, signals};
+
+/// Which passes of the suite run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Passes {
+    /// Host tests, doc tests, the device tests, the harness's self-tests.
+    pub plain: bool,
+    /// The doc tests under nightly rustdoc, and the self-test of its error-code check.
+    pub nightly_doc: bool,
+    /// Miri over the library's unit tests.
+    pub miri: bool,
+    /// The device tests under valgrind.
+    pub valgrind: bool,
+    /// `tests/device_threads*.rs` under ThreadSanitizer.
+    pub tsan: bool,
+}
+
+impl Passes {
+    /// The whole suite (`cargo xtask test`).
+    pub const ALL: Passes = Passes { plain: true, nightly_doc: true, miri: true, valgrind: true, tsan: true };
+
+    /// Only the passes asked for (`--valgrind`, `--tsan`, `--miri`); the whole suite if none is.
+    pub fn only(valgrind: bool, tsan: bool, miri: bool) -> Passes {
+        if !(valgrind || tsan || miri) {
+            return Passes::ALL;
+        }
+        Passes { plain: false, nightly_doc: false, miri, valgrind, tsan }
+    }
+
+    /// Whether a pass needs the nightly toolchain.
+    pub fn need_nightly(&self) -> bool {
+        self.nightly_doc || self.miri || self.tsan
+    }
+}
 
 /// Options of `cargo xtask test`.
 #[derive(Debug, Clone)]
@@ -32,6 +78,50 @@ pub struct TestOptions {
     pub timeout: Duration,
     /// Extra arguments for each device test binary (after `--test-threads=1`), e.g. a test name filter.
     pub test_args: Vec<OsString>,
+    /// The passes to run.
+    pub passes: Passes,
+}
+
+/// The exit status valgrind gives a program in which it found errors (`--error-exitcode`): distinct
+/// from libtest's 101, the harness's 124/125/127 and TSan's 66.
+pub const VALGRIND_ERROR_EXIT: i32 = 99;
+/// `IBVERBS_TEST_TIME_SCALE` under valgrind (unless set already): memcheck slowed the device tests 7
+/// to 13 times under QEMU TCG (measured), so 20 leaves a margin for a busy machine.
+pub const VALGRIND_TIME_SCALE: u32 = 20;
+/// `IBVERBS_TEST_TIME_SCALE` under ThreadSanitizer (unless set already): about 3 times slower (measured).
+pub const TSAN_TIME_SCALE: u32 = 10;
+
+/// The valgrind command that runs a device test binary: memcheck; errors and definite leaks (of any
+/// code: the suppressions file lists the known ones that are not ours) make it exit with
+/// [`VALGRIND_ERROR_EXIT`]. Child processes are not traced.
+pub fn valgrind_argv(root: &Path) -> Vec<OsString> {
+    let mut supp = OsString::from("--suppressions=");
+    supp.push(root.join("xtask/valgrind.supp"));
+    let mut argv: Vec<OsString> = [
+        "valgrind",
+        "--tool=memcheck",
+        "--leak-check=full",
+        "--show-leak-kinds=definite",
+        "--errors-for-leak-kinds=definite",
+        "--num-callers=40",
+    ]
+    .map(OsString::from)
+    .to_vec();
+    argv.push(format!("--error-exitcode={VALGRIND_ERROR_EXIT}").into());
+    argv.push(supp);
+    argv
+}
+
+/// The `TSAN_OPTIONS` of a ThreadSanitizer step: stop at the first report with exit status 66, with
+/// our suppressions (for uninstrumented C code), and then whatever the caller's `TSAN_OPTIONS` adds.
+/// `allocator_may_return_null=1`: an impossible allocation returns NULL as with glibc's malloc instead
+/// of aborting (tests check that a huge registration is a typed error; TSan's allocator caps at 1 TiB).
+pub fn tsan_options(root: &Path) -> String {
+    format!(
+        "halt_on_error=1 exitcode={} second_deadlock_stack=1 allocator_may_return_null=1 suppressions={}",
+        nightly::TSAN_EXIT,
+        root.join("xtask/tsan.supp").display()
+    )
 }
 
 /// Pass/fail counts, as libtest reports them.
@@ -82,6 +172,7 @@ struct Line {
     ok: bool,
     tally: Tally,
     note: String,
+    took: Option<Duration>,
 }
 
 /// The results gathered so far.
@@ -98,14 +189,27 @@ impl Summary {
         if !ok && tally.failed == 0 {
             tally.failed = 1; // it failed without saying which test: count the binary as one failure
         }
-        self.lines.push(Line { what: what.into(), ok, tally, note: note.into() });
+        self.lines.push(Line { what: what.into(), ok, tally, note: note.into(), took: None });
     }
 
     /// Adds a line for one check of our own.
     fn check(&mut self, what: impl Into<String>, result: Result<(), String>) {
         let ok = result.is_ok();
         let tally = Tally { passed: u64::from(ok), failed: u64::from(!ok), ignored: 0 };
-        self.lines.push(Line { what: what.into(), ok, tally, note: result.err().unwrap_or_default() });
+        self.lines.push(Line {
+            what: what.into(),
+            ok,
+            tally,
+            note: result.err().unwrap_or_default(),
+            took: None,
+        });
+    }
+
+    /// Records how long the last line's work took.
+    fn took(&mut self, elapsed: Duration) {
+        if let Some(line) = self.lines.last_mut() {
+            line.took = Some(elapsed);
+        }
     }
 
     fn total(&self) -> Tally {
@@ -127,6 +231,9 @@ impl Summary {
             if l.tally.ignored > 0 {
                 counts.push_str(&format!(", {} ignored", l.tally.ignored));
             }
+            if let Some(took) = l.took {
+                counts.push_str(&format!("  [{:.1} s]", took.as_secs_f64()));
+            }
             let note = if l.note.is_empty() { String::new() } else { format!("  ({})", l.note) };
             let _ = writeln!(out, "xtask: {:width$}  {status:6}  {counts}{note}", l.what);
         }
@@ -135,35 +242,110 @@ impl Summary {
     }
 }
 
-/// Runs the whole suite; returns the exit status.
+/// Runs the suite; returns the exit status.
 pub fn run(opts: &TestOptions) -> Result<u8, String> {
     let start = Instant::now();
     let root = crate::workspace_root();
+    let passes = opts.passes;
     let mut summary = Summary::default();
 
-    cargo::run(&root, &["build", "--workspace", "--all-targets"])?;
-    cargo::run(&root, &["build", "--examples"])?;
-    let artifacts = cargo::test_artifacts(&root)?;
-    interrupted()?;
-    let (device, host_tests) = classify(&artifacts, &root.join("Cargo.toml"));
+    // The stable build, for the host tests and the device tests (plain and under valgrind).
+    let (device, host_tests) = if passes.plain || passes.valgrind {
+        cargo::run(&root, &["build", "--workspace", "--all-targets"])?;
+        cargo::run(&root, &["build", "--examples"])?;
+        let artifacts = cargo::test_artifacts(&root)?;
+        interrupted()?;
+        classify(&artifacts, &root.join("Cargo.toml"))
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let target_dir = cargo::target_dir(&root)?;
 
-    let mut host = vec![OsString::from("test"), "--workspace".into(), "--lib".into(), "--bins".into()];
-    for name in &host_tests {
-        host.extend(["--test".into(), name.into()]);
+    if passes.plain {
+        let mut host = vec![OsString::from("test"), "--workspace".into(), "--lib".into(), "--bins".into()];
+        for name in &host_tests {
+            host.extend(["--test".into(), name.into()]);
+        }
+        let t = Instant::now();
+        let (code, tally) = cargo_test(&root, &host)?;
+        summary.counted("host tests (cargo test --workspace, no device_*)", code, tally, "");
+        summary.took(t.elapsed());
+        let t = Instant::now();
+        let (code, tally) = cargo_test(&root, &["test".into(), "--workspace".into(), "--doc".into()])?;
+        summary.counted("doc tests (cargo test --workspace --doc)", code, tally, "");
+        summary.took(t.elapsed());
     }
-    let (code, tally) = cargo_test(&root, &host)?;
-    summary.counted("host tests (cargo test --workspace, no device_*)", code, tally, "");
-    let (code, tally) = cargo_test(&root, &["test".into(), "--workspace".into(), "--doc".into()])?;
-    summary.counted("doc tests (cargo test --workspace --doc)", code, tally, "");
 
-    if device.is_empty() {
-        eprintln!(
-            "xtask: no device test binaries (tests/device_*.rs) yet: only the harness self-tests use the VM"
-        );
+    let mut tsan = None;
+    if passes.need_nightly() {
+        let t = Instant::now();
+        let toolchain = nightly::ensure();
+        interrupted()?;
+        if let Err(why) = &toolchain {
+            eprintln!("xtask: error: {why}");
+        }
+        if passes.nightly_doc {
+            let what = "doc tests with nightly rustdoc (checks compile_fail codes)";
+            match &toolchain {
+                Ok(tc) => {
+                    let r = nightly::doc_tests(tc, &root, &target_dir)?;
+                    summary.counted(what, r.code, parse_libtest(&r.stdout), r.note);
+                    summary.took(r.elapsed);
+                    let t = Instant::now();
+                    let check = nightly::check_error_codes(tc, &root);
+                    interrupted()?;
+                    if let Ok(record) = &check {
+                        eprintln!("xtask: self-test: rustdoc error codes ... ok ({record})");
+                    }
+                    summary.check(
+                        "self-test: nightly rustdoc fails a compile_fail doc test whose error code is wrong",
+                        check.map(|_| ()),
+                    );
+                    summary.took(t.elapsed());
+                }
+                Err(why) => summary.counted(what, -1, None, why.clone()),
+            }
+        }
+        if passes.miri {
+            let what = "Miri: cargo +nightly miri test -p ibverbs --lib";
+            match &toolchain {
+                Ok(tc) => {
+                    let r = nightly::miri(tc, &root)?;
+                    summary.counted(what, r.code, parse_libtest(&r.stdout), r.note);
+                    summary.took(r.elapsed);
+                }
+                Err(why) => summary.counted(what, -1, None, why.clone()),
+            }
+        }
+        if passes.tsan {
+            let what = "ThreadSanitizer build of tests/device_threads*.rs";
+            let built = toolchain.clone().and_then(|tc| nightly::build_tsan(&tc, &root, &target_dir));
+            interrupted()?;
+            match built {
+                Ok(b) => {
+                    summary.check(what, Ok(()));
+                    summary.took(b.elapsed);
+                    tsan = Some(b);
+                }
+                Err(why) => summary.check(what, Err(why)),
+            }
+        }
+        eprintln!("xtask: nightly passes took {:.0} s", t.elapsed().as_secs_f64());
     }
-    run_device_job(opts, &root, &device, &mut summary)?;
-    interrupted()?;
-    run_program_self_tests(&opts.backend, &mut summary);
+
+    // The VM boots if something is to run there (not for a failed ThreadSanitizer build alone).
+    if passes.plain || passes.valgrind || tsan.is_some() {
+        if device.is_empty() && passes.plain {
+            eprintln!(
+                "xtask: no device test binaries (tests/device_*.rs) yet: only the harness self-tests use the VM"
+            );
+        }
+        run_device_job(opts, &root, &device, tsan.as_ref(), &mut summary)?;
+        interrupted()?;
+    }
+    if passes.plain {
+        run_program_self_tests(&opts.backend, &mut summary);
+    }
 
     summary.print();
     eprintln!("xtask: test took {:.0} s", start.elapsed().as_secs_f64());
@@ -392,32 +574,232 @@ pub fn leaked(baseline: &Resources, after: &Resources) -> Vec<String> {
 /// `rdma resource show`, then (after a `---` line) the details of each object kind.
 const RESOURCES_SCRIPT: &[u8] = b"rdma resource show || exit\necho ---\nfor kind in qp cq mr pd ctx srq cm_id; do rdma resource show $kind; done\ntrue\n";
 
-/// The device test binaries, the self-tests and the leak check, in one VM boot.
+/// How a device test binary runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// As it is.
+    Plain,
+    /// Under valgrind's memcheck.
+    Valgrind,
+    /// A ThreadSanitizer build.
+    Tsan,
+}
+
+/// A device test binary as a step of the device job, and its line in the summary.
+#[derive(Debug)]
+struct DeviceRun {
+    what: String,
+    kind: Kind,
+    step: Step,
+}
+
+/// The script of a device test binary's step: `CARGO_MANIFEST_DIR`, `prelude`, then
+/// `exec WRAPPER... EXE --test-threads=1 TEST_ARGS...` in the workspace root.
+fn device_script(
+    root: &Path,
+    prelude: &[u8],
+    wrapper: &[OsString],
+    exe: &Path,
+    test_args: &[OsString],
+) -> Vec<u8> {
+    let mut script = b"export CARGO_MANIFEST_DIR=".to_vec();
+    script.extend_from_slice(&shell::quote(root.as_os_str().as_bytes()));
+    script.push(b'\n');
+    script.extend_from_slice(prelude);
+    script.extend_from_slice(b"exec");
+    for word in wrapper.iter().map(|w| w.as_bytes()).chain([exe.as_os_str().as_bytes()]) {
+        script.push(b' ');
+        script.extend_from_slice(&shell::quote(word));
+    }
+    script.extend_from_slice(b" --test-threads=1");
+    for arg in test_args {
+        script.push(b' ');
+        script.extend_from_slice(&shell::quote(arg.as_bytes()));
+    }
+    script
+}
+
+/// `export IBVERBS_TEST_TIME_SCALE=...` (unless set) and, for TSan, `TSAN_OPTIONS`.
+fn sanitizer_prelude(root: &Path, kind: Kind) -> Vec<u8> {
+    let scale = if kind == Kind::Tsan { TSAN_TIME_SCALE } else { VALGRIND_TIME_SCALE };
+    let mut prelude =
+        format!("export IBVERBS_TEST_TIME_SCALE=\"${{IBVERBS_TEST_TIME_SCALE:-{scale}}}\"\n").into_bytes();
+    if kind == Kind::Tsan {
+        prelude.extend_from_slice(b"export TSAN_OPTIONS=");
+        prelude.extend_from_slice(&shell::quote(tsan_options(root).as_bytes()));
+        prelude.extend_from_slice(b"\"${TSAN_OPTIONS:+ $TSAN_OPTIONS}\"\n");
+    }
+    prelude
+}
+
+/// The device test binaries' steps: plain, under valgrind, ThreadSanitizer builds.
+fn device_runs(
+    opts: &TestOptions,
+    root: &Path,
+    device: &[Artifact],
+    tsan: Option<&TsanBuild>,
+) -> Vec<DeviceRun> {
+    let where_ = if matches!(opts.backend, Backend::Vm { .. }) { "in the VM" } else { "on this host" };
+    let mut runs = Vec::new();
+    let mut add = |name: &str, how: &str, kind: Kind, script: Vec<u8>| {
+        let step = Step {
+            label: format!("{name} ({how})"),
+            script: shell::in_dir(root, &script),
+            timeout: opts.timeout,
+            output: Output::Live,
+        };
+        let what = if kind == Kind::Plain {
+            format!("{name} ({where_})")
+        } else {
+            format!("{name} ({how}, {where_})")
+        };
+        runs.push(DeviceRun { what, kind, step });
+    };
+    if opts.passes.plain {
+        for bin in device {
+            let script = device_script(root, b"", &[], &bin.executable, &opts.test_args);
+            add(&bin.name, "device tests", Kind::Plain, script);
+        }
+    }
+    if opts.passes.valgrind {
+        for bin in device {
+            let prelude = sanitizer_prelude(root, Kind::Valgrind);
+            let script =
+                device_script(root, &prelude, &valgrind_argv(root), &bin.executable, &opts.test_args);
+            add(&bin.name, "valgrind", Kind::Valgrind, script);
+        }
+    }
+    if let Some(build) = tsan {
+        for bin in &build.tests {
+            let prelude = sanitizer_prelude(root, Kind::Tsan);
+            let script = device_script(root, &prelude, &[], &bin.executable, &opts.test_args);
+            add(&bin.name, "ThreadSanitizer", Kind::Tsan, script);
+        }
+    }
+    runs
+}
+
+/// `valgrind: N errors, definitely lost X` from valgrind's stderr, or `None` if it printed no
+/// `ERROR SUMMARY` (so the program did not run under valgrind).
+pub fn valgrind_verdict(stderr: &str) -> Option<(u64, String)> {
+    let errors = stderr.lines().rev().find_map(|l| {
+        let rest = l.split_once("ERROR SUMMARY: ")?.1;
+        rest.split_whitespace().next()?.parse::<u64>().ok()
+    })?;
+    let lost = stderr
+        .lines()
+        .rev()
+        .find_map(|l| l.split_once("definitely lost: ").map(|(_, r)| r.trim().to_string()))
+        .unwrap_or_else(|| "no leak summary".into());
+    Some((errors, format!("valgrind: {errors} errors, definitely lost: {lost}")))
+}
+
+/// How many ThreadSanitizer reports a program's stderr holds.
+pub fn tsan_reports(stderr: &str) -> usize {
+    stderr.matches("WARNING: ThreadSanitizer:").count()
+}
+
+/// The summary entry of a device test binary's step: (exit status to count, note).
+fn device_verdict(run: &DeviceRun, r: &StepResult, timeout: Duration) -> (i32, String) {
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    let mut notes = Vec::new();
+    let mut code = r.code;
+    if r.timed_out {
+        notes.push(format!("timed out after {} s", timeout.as_secs()));
+    }
+    match run.kind {
+        Kind::Plain => {}
+        Kind::Valgrind => match valgrind_verdict(&stderr) {
+            Some((_, note)) => {
+                if r.code == VALGRIND_ERROR_EXIT {
+                    notes.push(format!("valgrind found errors (exit {VALGRIND_ERROR_EXIT}); {note}"));
+                } else {
+                    notes.push(note);
+                }
+            }
+            None if !r.timed_out => {
+                code = if code == 0 { -1 } else { code };
+                notes.push("no valgrind ERROR SUMMARY in its output: it did not run under valgrind".into());
+            }
+            None => {}
+        },
+        Kind::Tsan => {
+            let n = tsan_reports(&stderr);
+            if n > 0 || r.code == nightly::TSAN_EXIT {
+                notes.push(format!("ThreadSanitizer: {n} report(s) (exit {})", r.code));
+            }
+        }
+    }
+    (code, notes.join("; "))
+}
+
+/// Self-tests proving the sanitizer passes catch what they are for, as steps of the device job.
+fn sanitizer_self_tests(root: &Path, passes: Passes, tsan: Option<&TsanBuild>) -> Vec<(Step, Check)> {
+    let mut tests: Vec<(Step, Check)> = Vec::new();
+    if passes.valgrind {
+        let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("xtask"));
+        let mut argv = valgrind_argv(root);
+        argv.extend([exe.into_os_string(), crate::MEMCHECK_PROBE.into()]);
+        tests.push((
+            self_test_step(
+                "valgrind fails a program with an uninitialised read and a definite leak (exit 99)",
+                shell::argv_script(root, &argv),
+                300,
+            ),
+            Box::new(|r| {
+                code_is(r, VALGRIND_ERROR_EXIT)?;
+                let err = String::from_utf8_lossy(&r.stderr);
+                for want in ["points to uninitialised byte(s)", "definitely lost: 64 bytes in 1 blocks"] {
+                    if !err.contains(want) {
+                        return Err(format!(
+                            "no `{want}` in valgrind's report:\n{}",
+                            vm::last_lines(&err, 30)
+                        ));
+                    }
+                }
+                Ok(())
+            }),
+        ));
+    }
+    if let Some(build) = tsan {
+        let mut script = b"export TSAN_OPTIONS=".to_vec();
+        script.extend_from_slice(&shell::quote(tsan_options(root).as_bytes()));
+        script.extend_from_slice(b"\nexec ");
+        script.extend_from_slice(&shell::quote(build.probe.as_os_str().as_bytes()));
+        tests.push((
+            self_test_step(
+                "ThreadSanitizer fails a program with a data race (exit 66)",
+                shell::in_dir(root, &script),
+                120,
+            ),
+            Box::new(|r| {
+                code_is(r, nightly::TSAN_EXIT)?;
+                let err = String::from_utf8_lossy(&r.stderr);
+                if err.contains("WARNING: ThreadSanitizer: data race") {
+                    Ok(())
+                } else {
+                    Err(format!("no data race report:\n{}", vm::last_lines(&err, 30)))
+                }
+            }),
+        ));
+    }
+    tests
+}
+
+/// The device test binaries (plain, under valgrind, ThreadSanitizer builds), the self-tests and the
+/// leak check, in one VM boot.
 fn run_device_job(
     opts: &TestOptions,
     root: &Path,
     device: &[Artifact],
+    tsan: Option<&TsanBuild>,
     summary: &mut Summary,
 ) -> Result<(), String> {
+    let runs = device_runs(opts, root, device, tsan);
     let mut steps = vec![self_test_step("rdma resource baseline", RESOURCES_SCRIPT.to_vec(), 60)];
-    for bin in device {
-        let mut script = b"export CARGO_MANIFEST_DIR=".to_vec();
-        script.extend_from_slice(&shell::quote(root.as_os_str().as_bytes()));
-        script.extend_from_slice(b"\nexec ");
-        script.extend_from_slice(&shell::quote(bin.executable.as_os_str().as_bytes()));
-        script.extend_from_slice(b" --test-threads=1");
-        for arg in &opts.test_args {
-            script.push(b' ');
-            script.extend_from_slice(&shell::quote(arg.as_bytes()));
-        }
-        steps.push(Step {
-            label: format!("{} (device tests)", bin.name),
-            script: shell::in_dir(root, &script),
-            timeout: opts.timeout,
-            output: Output::Live,
-        });
-    }
-    let self_tests = job_self_tests(&opts.backend, root);
+    steps.extend(runs.iter().map(|r| r.step.clone()));
+    let mut self_tests = if opts.passes.plain { job_self_tests(&opts.backend, root) } else { Vec::new() };
+    self_tests.extend(sanitizer_self_tests(root, opts.passes, tsan));
     let first_self_test = steps.len();
     steps.extend(self_tests.iter().map(|(step, _)| step.clone()));
     let leak_step = steps.len();
@@ -446,22 +828,18 @@ fn run_device_job(
         End::Stuck(i) => format!("not run: `{}` hung the VM", steps[*i].label),
         End::Interrupted(signal) => format!("not run: interrupted by signal {signal}"),
     };
-    let where_ = if matches!(opts.backend, Backend::Vm { .. }) { "in the VM" } else { "on this host" };
     if let Some(r) = results.first().filter(|r| r.code != 0) {
         summary.check("rdma resource baseline", Err(String::from_utf8_lossy(&r.stderr).trim().to_string()));
     }
-    for (i, bin) in device.iter().enumerate() {
-        let what = format!("{} ({where_})", bin.name);
+    for (i, run) in runs.iter().enumerate() {
         match results.get(i + 1) {
             Some(r) => {
-                let note = if r.timed_out {
-                    format!("timed out after {} s", opts.timeout.as_secs())
-                } else {
-                    String::new()
-                };
-                summary.counted(what, r.code, parse_libtest(&String::from_utf8_lossy(&r.stdout)), note);
+                let (code, note) = device_verdict(run, r, opts.timeout);
+                let tally = parse_libtest(&String::from_utf8_lossy(&r.stdout));
+                summary.counted(run.what.clone(), code, tally, note);
+                summary.took(r.elapsed);
             }
-            None => summary.counted(what, -1, None, vm_note.clone()),
+            None => summary.counted(run.what.clone(), -1, None, vm_note.clone()),
         }
     }
     let mut verdicts = verdicts.into_iter();
@@ -723,6 +1101,60 @@ mod tests {
         let (device, host) = classify(&arts, Path::new("/w/Cargo.toml"));
         assert_eq!(device.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["device_cq", "device_qp"]);
         assert_eq!(host, ["api", "device_sys"]);
+    }
+
+    #[test]
+    fn passes_asked_for() {
+        assert_eq!(Passes::only(false, false, false), Passes::ALL);
+        let v = Passes::only(true, false, false);
+        assert!(v.valgrind && !v.plain && !v.tsan && !v.miri && !v.nightly_doc);
+        assert!(!v.need_nightly());
+        let m = Passes::only(false, false, true);
+        assert!(m.need_nightly() && !m.plain && !m.valgrind && !m.tsan);
+        assert!(Passes::only(false, true, false).need_nightly());
+    }
+
+    #[test]
+    fn device_scripts_run_the_binary_under_its_wrapper() {
+        let root = Path::new("/w s");
+        let args = [OsString::from("name filter")];
+        let plain = device_script(root, b"", &[], Path::new("/t/device_x-1"), &args);
+        assert_eq!(
+            String::from_utf8(plain).unwrap(),
+            "export CARGO_MANIFEST_DIR='/w s'\nexec /t/device_x-1 --test-threads=1 'name filter'"
+        );
+        let prelude = sanitizer_prelude(root, Kind::Valgrind);
+        let script = device_script(root, &prelude, &valgrind_argv(root), Path::new("/t/d"), &[]);
+        let script = String::from_utf8(script).unwrap();
+        assert!(script.contains("IBVERBS_TEST_TIME_SCALE=\"${IBVERBS_TEST_TIME_SCALE:-20}\""), "{script}");
+        assert!(
+            script.contains("exec valgrind --tool=memcheck ") && script.contains("--error-exitcode=99 "),
+            "{script}"
+        );
+        assert!(
+            script.contains("'--suppressions=/w s/xtask/valgrind.supp' /t/d --test-threads=1"),
+            "{script}"
+        );
+        let tsan = String::from_utf8(sanitizer_prelude(Path::new("/w"), Kind::Tsan)).unwrap();
+        assert!(tsan.contains("TSAN_OPTIONS='halt_on_error=1 exitcode=66 second_deadlock_stack=1 allocator_may_return_null=1 suppressions=/w/xtask/tsan.supp'\"${TSAN_OPTIONS:+ $TSAN_OPTIONS}\""), "{tsan}");
+        assert!(tsan.contains(":-10}"), "{tsan}");
+    }
+
+    #[test]
+    fn reads_sanitizer_verdicts() {
+        let clean = "==1== HEAP SUMMARY:\n==1==    definitely lost: 0 bytes in 0 blocks\n\
+                     ==1== ERROR SUMMARY: 0 errors from 0 contexts (suppressed: 0 from 0)\n";
+        assert_eq!(
+            valgrind_verdict(clean),
+            Some((0, "valgrind: 0 errors, definitely lost: 0 bytes in 0 blocks".to_string()))
+        );
+        let bad =
+            "==7==    definitely lost: 64 bytes in 1 blocks\n==7== ERROR SUMMARY: 2 errors from 2 contexts\n";
+        assert_eq!(valgrind_verdict(bad).map(|v| v.0), Some(2));
+        assert_eq!(valgrind_verdict("test result: ok. 1 passed;"), None);
+        let race = "==================\nWARNING: ThreadSanitizer: data race (pid=1)\n";
+        assert_eq!(tsan_reports(race), 1);
+        assert_eq!(tsan_reports("test result: ok"), 0);
     }
 
     #[test]
