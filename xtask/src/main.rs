@@ -72,7 +72,7 @@ Commands:
         Benchmarks in one VM boot: our write_bw, read_bw, send_bw, write_lat, send_lat against
         perftest's ib_* tools (alternating, medians and ratios), then the post/poll micro-benchmark
         (safe level vs unsafe level vs raw ffi). Release build.
-  deps [--dry-run]
+  deps [--dry-run] [--allow-remove PKG]...
         Install the Debian packages of every command (xtask/packages.txt; .ci/run uses this) as
         root, never removing an installed package (checked by simulation first); otherwise, or
         with --dry-run, show what would be installed.
@@ -114,6 +114,8 @@ struct Options {
     miri: bool,
     /// `deps --dry-run`.
     dry_run: bool,
+    /// `deps --allow-remove PKG`: installed packages the install may remove (repeatable).
+    allow_remove: Vec<String>,
 }
 
 impl Default for Options {
@@ -126,6 +128,7 @@ impl Default for Options {
             tsan: false,
             miri: false,
             dry_run: false,
+            allow_remove: Vec::new(),
         }
     }
 }
@@ -195,6 +198,13 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
             "--tsan" if flag && command == "test" => opts.tsan = true,
             "--miri" if flag && command == "test" => opts.miri = true,
             "--dry-run" if flag && command == "deps" => opts.dry_run = true,
+            "--allow-remove" if command == "deps" => {
+                let v = value()?;
+                if v.is_empty() || v.starts_with('-') {
+                    return Err(format!("--allow-remove needs a package name, not `{v}`"));
+                }
+                opts.allow_remove.push(v);
+            }
             "--mtu" | "--timeout" if command == "deps" => {
                 return Err(format!("unknown option `{arg}` for `{command}`"))
             }
@@ -335,7 +345,8 @@ fn main() -> ExitCode {
             backend(opts, &[prereq::Group::Build]).and_then(|backend| demo::bench(&backend, opts.timeout))
         }
         Cli::Deps(opts) => {
-            prereq::ensure_packages(&prereq::packages(&prereq::Group::ALL), opts.dry_run).map(|()| 0)
+            prereq::ensure_packages(&prereq::packages(&prereq::Group::ALL), opts.dry_run, &opts.allow_remove)
+                .map(|()| 0)
         }
     };
     let code = match result {
@@ -410,6 +421,13 @@ mod tests {
             parse_args(&os(&["deps", "--dry-run"])),
             Ok(Cli::Deps(Options { dry_run: true, ..Options::default() }))
         );
+        assert_eq!(
+            parse_args(&os(&["deps", "--allow-remove", "qemu-utils", "--allow-remove=x"])),
+            Ok(Cli::Deps(Options {
+                allow_remove: vec!["qemu-utils".into(), "x".into()],
+                ..Options::default()
+            }))
+        );
         assert_eq!(parse_args(&os(&[MEMCHECK_PROBE])), Ok(Cli::MemcheckProbe));
         assert_eq!(parse_args(&os(&[])), Ok(Cli::Help));
         assert_eq!(parse_args(&os(&["help"])), Ok(Cli::Help));
@@ -438,6 +456,9 @@ mod tests {
             &["deps", "--vm"],
             &["deps", "--mtu", "9000"],
             &["deps", "x"],
+            &["deps", "--allow-remove"],
+            &["deps", "--allow-remove", "--dry-run"],
+            &["test", "--allow-remove", "qemu-utils"],
             &["test", "--dry-run"],
             &[MEMCHECK_PROBE, "x"],
         ] {

@@ -85,7 +85,7 @@ pub fn packages(groups: &[Group]) -> Vec<String> {
 
 /// Makes sure the packages of `groups` are installed (see [`ensure_packages`]).
 pub fn ensure(groups: &[Group]) -> Result<(), String> {
-    ensure_packages(&packages(groups), false)
+    ensure_packages(&packages(groups), false, &[])
 }
 
 /// How long apt may take: `apt-get update`, one simulation or query, the real install.
@@ -96,7 +96,11 @@ const APT_INSTALL_LIMIT: Duration = Duration::from_secs(1800);
 /// Makes sure `packages` are installed. As root, installs the missing ones with apt-get (saying so) if
 /// that removes nothing; otherwise prints the command to run (as planned, see the module's docs) and
 /// fails. With `dry_run`, only shows the plan. Does nothing where there is no dpkg.
-pub fn ensure_packages(packages: &[String], dry_run: bool) -> Result<(), String> {
+///
+/// `allow_remove` names installed packages the install may remove when nothing else works (CI's
+/// fresh machines: their image's backported `qemu-utils` against Debian 12's `qemu-system-x86`);
+/// any other removal is still refused.
+pub fn ensure_packages(packages: &[String], dry_run: bool, allow_remove: &[String]) -> Result<(), String> {
     if Command::new("dpkg-query").arg("--version").output().is_err() {
         eprintln!("xtask: no dpkg-query: not a Debian system, assuming {} are installed", packages.join(" "));
         return Ok(());
@@ -120,11 +124,16 @@ pub fn ensure_packages(packages: &[String], dry_run: bool) -> Result<(), String>
             Err(e) => return Err(e),
         }
     }
-    let plan = plan_install(&missing)?;
+    let plan = match plan_install(&missing) {
+        Ok(plan) => plan,
+        Err(e) if !allow_remove.is_empty() => allowed_removal(&missing, allow_remove).ok_or(e)?,
+        Err(e) => return Err(e),
+    };
     if let Some(note) = &plan.note {
         eprintln!("xtask: {note}");
     }
-    let line = format!("apt-get install -y --no-install-recommends --no-remove {}", plan.args.join(" "));
+    let no_remove = if plan.removes.is_empty() { " --no-remove" } else { "" };
+    let line = format!("apt-get install -y --no-install-recommends{no_remove} {}", plan.args.join(" "));
     if dry_run {
         eprintln!("xtask: missing: {}\nxtask: would run: {line}\nxtask: which installs:", missing.join(" "));
         for inst in &plan.installs {
@@ -139,7 +148,12 @@ pub fn ensure_packages(packages: &[String], dry_run: bool) -> Result<(), String>
         ));
     }
     eprintln!("xtask: installing: {line}");
-    let mut args = vec!["install", "-y", "-q", "--no-install-recommends", "--no-remove"];
+    let mut args = vec!["install", "-y", "-q", "--no-install-recommends"];
+    if plan.removes.is_empty() {
+        args.push("--no-remove");
+    } else {
+        eprintln!("xtask: removing {} (allowed by --allow-remove)", plan.removes.join(" "));
+    }
     args.extend(plan.args.iter().map(String::as_str));
     let r = apt(&args, APT_INSTALL_LIMIT, true)?;
     if !r.success() {
@@ -344,6 +358,25 @@ struct Plan {
     installs: Vec<String>,
     /// Why some come from another suite.
     note: Option<String>,
+    /// Installed packages the install removes (only those named by `--allow-remove`).
+    removes: Vec<String>,
+}
+
+/// A plan that removes installed packages, if apt's simulation removes only packages named in
+/// `allowed` (and would otherwise succeed).
+fn allowed_removal(missing: &[String], allowed: &[String]) -> Option<Plan> {
+    let sim = simulate(missing).ok()?;
+    let only_allowed = sim.removed.iter().all(|(name, _)| allowed.contains(name));
+    (sim.ok && !sim.removed.is_empty() && only_allowed).then(|| Plan {
+        args: missing.to_vec(),
+        auto: Vec::new(),
+        note: Some(format!(
+            "installing removes {} (allowed by --allow-remove)",
+            sim.removed.iter().map(|(n, v)| format!("{n} {v}")).collect::<Vec<_>>().join(", ")
+        )),
+        removes: sim.removed.iter().map(|(n, _)| n.clone()).collect(),
+        installs: sim.installs,
+    })
 }
 
 /// The packages apt could not give the version another needs: `X` of `Depends: X (= V) but W is to be
@@ -373,7 +406,13 @@ const PIN_ROUNDS: usize = 10;
 fn plan_install(missing: &[String]) -> Result<Plan, String> {
     let sim = simulate(missing)?;
     if sim.clean() {
-        return Ok(Plan { args: missing.to_vec(), auto: Vec::new(), installs: sim.installs, note: None });
+        return Ok(Plan {
+            args: missing.to_vec(),
+            auto: Vec::new(),
+            installs: sim.installs,
+            note: None,
+            removes: Vec::new(),
+        });
     }
     // The installed packages in the way, with their installed version.
     let mut culprits: Vec<(String, String)> = sim.removed.clone();
@@ -431,7 +470,13 @@ fn plan_install(missing: &[String]) -> Result<Plan, String> {
                         "taking {} from {suite}: from the default suite, the install would remove {culprit} {version}",
                         pinned.iter().chain(&deps).cloned().collect::<Vec<_>>().join(" ")
                     );
-                    return Ok(Plan { args, auto: deps, installs: again.installs, note: Some(note) });
+                    return Ok(Plan {
+                        args,
+                        auto: deps,
+                        installs: again.installs,
+                        note: Some(note),
+                        removes: Vec::new(),
+                    });
                 }
                 let mut more = Vec::new();
                 for d in unmet_dependencies(&again.problems) {
