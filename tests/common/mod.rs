@@ -17,8 +17,12 @@ pub fn context() -> Context {
 /// The factor by which the harness asks device tests to stretch their waits
 /// (`IBVERBS_TEST_TIME_SCALE`: set under valgrind and ThreadSanitizer, which slow everything
 /// down); 1 when unset.
+/// Read once: reading the environment allocates, and `device_alloc` counts allocations.
 pub fn time_scale() -> u32 {
-    std::env::var("IBVERBS_TEST_TIME_SCALE").ok().and_then(|v| v.parse().ok()).filter(|&s| s > 0).unwrap_or(1)
+    static SCALE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *SCALE.get_or_init(|| {
+        std::env::var("IBVERBS_TEST_TIME_SCALE").ok().and_then(|v| v.parse().ok()).filter(|&s| s > 0).unwrap_or(1)
+    })
 }
 
 /// `d` stretched by [`time_scale`].
