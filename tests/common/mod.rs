@@ -21,7 +21,11 @@ pub fn context() -> Context {
 pub fn time_scale() -> u32 {
     static SCALE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *SCALE.get_or_init(|| {
-        std::env::var("IBVERBS_TEST_TIME_SCALE").ok().and_then(|v| v.parse().ok()).filter(|&s| s > 0).unwrap_or(1)
+        std::env::var("IBVERBS_TEST_TIME_SCALE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&s| s > 0)
+            .unwrap_or(1)
     })
 }
 
