@@ -263,6 +263,7 @@
 pub use ibverbs_sys as ffi;
 
 mod ah;
+pub mod cm;
 mod connect;
 mod device;
 pub mod diag;
