@@ -224,13 +224,11 @@ fn an_address_nobody_answers_for_fails_within_the_bound() {
     let bound = scaled(Duration::from_secs(3));
     let t = Instant::now();
     // On dummy0's subnet, but no host has it: ARP never resolves.
-    let e = cm::connect("192.0.2.77:7471".parse().unwrap(), &s.pd, &s.cq, caps(), &ConnParam::default(), bound)
-        .unwrap_err();
+    let e =
+        cm::connect("192.0.2.77:7471".parse().unwrap(), &s.pd, &s.cq, caps(), &ConnParam::default(), bound)
+            .unwrap_err();
     let took = t.elapsed();
-    assert!(
-        matches!(e, Error::Timeout { .. } | Error::CmEvent { .. } | Error::Rejected { .. }),
-        "{e:?}"
-    );
+    assert!(matches!(e, Error::Timeout { .. } | Error::CmEvent { .. } | Error::Rejected { .. }), "{e:?}");
     assert!(took < bound + Duration::from_secs(1), "took {took:?}");
     eprintln!("{e} after {took:?}");
 }
