@@ -347,14 +347,27 @@ fn client(args: &Args) -> Res<()> {
     let cq = ctx.create_cq(32, None).map_err(err("ibv_create_cq"))?;
     let caps = ibverbs::QpCaps { max_send_wr: 16, max_recv_wr: 2, ..Default::default() };
     let deadline = Instant::now() + timeout;
+    // A rejection may mean the server is not listening yet: retry until the deadline, then
+    // report the rejection rather than the timeout of the last short attempt.
+    let mut rejected: Option<Error> = None;
     let (id, qp) = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match cm::connect(addr, &pd, &cq, caps, &ConnParam::default(), left.max(Duration::from_millis(1))) {
             Ok(c) => break c,
-            Err(Error::Rejected { .. }) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(100));
+            Err(e @ Error::Rejected { .. }) if Instant::now() < deadline => {
+                rejected = Some(e);
+                std::thread::sleep(Duration::from_millis(100).min(left));
             }
-            Err(e) => return Err(format!("connect to {addr}: {e}")),
+            Err(e) => {
+                let e = match (e, rejected) {
+                    (Error::Timeout { .. } | Error::Rejected { .. }, Some(r))
+                    | (r @ Error::Rejected { .. }, None) => {
+                        format!("{r} (retried for {timeout:?})")
+                    }
+                    (e, _) => e.to_string(),
+                };
+                return Err(format!("connect to {addr}: {e}"));
+            }
         }
     };
     let mut c = Conn { id, qp, cq, infos: VecDeque::new(), regions: Vec::new(), timeout, debug: args.debug };
