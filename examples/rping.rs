@@ -282,9 +282,8 @@ fn serve(args: &Args, id: CmId, timeout: Duration) -> Res<()> {
     c.qp.refresh_state().map_err(err("ibv_query_qp"))?;
     let mut rdma_buf = Some(pd.allocate(size).map_err(err("ibv_reg_mr"))?);
     let mut send_buf = Some(pd.allocate(INFO_LEN).map_err(err("ibv_reg_mr"))?);
-    loop {
-        // The client's source buffer: RDMA Read it.
-        let Some(info) = c.info()? else { break };
+    // The client's source buffer: RDMA Read it.
+    while let Some(info) = c.info()? {
         if info.size as usize > size || info.size == 0 {
             return Err(format!("the client advertises {} bytes; this server's -S is {size}", info.size));
         }
