@@ -332,6 +332,51 @@ fn forgotten_events_and_ids_never_block_destruction() {
     drop(id);
 }
 
+#[test]
+fn disconnect_flushes_outstanding_receives_and_hands_their_buffers_back() {
+    let (mut c, _s, _) = connected(ConnParam::default());
+    let mut mr = c.side.pd.allocate(64).unwrap();
+    mr.copy_from_slice(&pattern(64, 4));
+    c.qp.post_recv(RecvRequest::new(Local::whole(mr)).wr_id(42)).unwrap();
+    c.id().disconnect().unwrap();
+    let mut wc = poll_one(&mut c.side.cq);
+    assert_eq!(wc.status(), WcStatus::WR_FLUSH_ERR, "{wc:?}");
+    assert_eq!(wc.wr_id(), 42);
+    assert_eq!(&wc.take_region().unwrap()[..], &pattern(64, 4)[..]);
+    assert_eq!(c.qp.refresh_state().unwrap(), QpState::ERR);
+}
+
+#[test]
+fn events_read_in_another_thread_while_the_queue_pair_and_id_go() {
+    let (c, s, _) = connected(ConnParam::default());
+    let ch = s.id().channel();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let mut kinds = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(ev) = ch.get_event(Some(Duration::from_millis(1))).unwrap() {
+                    kinds.push(ev.kind());
+                }
+            }
+            kinds
+        })
+    };
+    c.id().disconnect().unwrap();
+    // Racing the reader, which may be processing the DISCONNECTED event of this very id.
+    drop(s.qp);
+    drop(s.id);
+    thread::sleep(scaled(Duration::from_millis(200)));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let kinds = reader.join().unwrap();
+    assert!(
+        kinds.iter().all(|k| *k == CmEventKind::DISCONNECTED || *k == CmEventKind::TIMEWAIT_EXIT),
+        "{kinds:?}"
+    );
+    drop(c);
+}
+
 // ---- rping: our example against rdma-core's `rping` (rdmacm-utils), both roles ----
 
 mod rping {

@@ -187,6 +187,12 @@ impl<'a> QueuePairBuilder<'a> {
     /// [`activate_ud`](QueuePair::activate_ud) and [`reset`](QueuePair::reset) refuse it with
     /// [`Error::CmManaged`]. Posting works as for any queue pair, with the same slot rings.
     ///
+    /// Its [`state`](QueuePair::state) is read from the device at creation (INIT); RDMA-CM moves
+    /// it to RTS when the connection is established, so call
+    /// [`refresh_state`](QueuePair::refresh_state) after the `ESTABLISHED` event before posting
+    /// sends ([`cm::connect`](crate::cm::connect) and [`Listener::accept`](crate::cm::Listener::accept)
+    /// do).
+    ///
     /// The queue pair keeps the id alive: it is destroyed first, and clears `id->qp` (as
     /// `rdma_destroy_qp()` does), so librdmacm never uses a destroyed queue pair.
     ///
