@@ -320,3 +320,41 @@ impl CmId {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conn_params_are_checked_before_librdmacm_sees_them() {
+        let p = ConnParam { private_data: vec![1; 57], ..ConnParam::default() };
+        assert!(matches!(
+            p.raw("rdma_connect", 56),
+            Err(Error::PrivateDataTooLong { verb: "rdma_connect", len: 57, max: 56 })
+        ));
+        let p = ConnParam { private_data: vec![1; 56], ..ConnParam::default() };
+        let raw = p.raw("rdma_connect", 56).unwrap();
+        assert_eq!(raw.private_data_len, 56);
+        assert_eq!(raw.private_data, p.private_data.as_ptr().cast());
+        assert_eq!((raw.retry_count, raw.rnr_retry_count), (6, 6), "finite: 7 is forever on rxe");
+        let raw = ConnParam::default().raw("rdma_accept", 196).unwrap();
+        assert!(raw.private_data.is_null() && raw.private_data_len == 0);
+        let p = ConnParam { rnr_retry_count: 8, ..ConnParam::default() };
+        assert!(matches!(p.raw("rdma_connect", 56), Err(Error::InvalidArgument { .. })));
+        // The largest length a u8 carries (iWARP's limit here).
+        let p = ConnParam { private_data: vec![0; 255], ..ConnParam::default() };
+        assert_eq!(p.raw("rdma_connect", 255).unwrap().private_data_len, 255);
+    }
+
+    #[test]
+    fn errors_name_reject_reasons_and_errnos() {
+        let e = Error::Rejected { verb: "rdma_connect", status: 8, private_data: vec![] };
+        assert!(e.to_string().contains("nothing listens"), "{e}");
+        let e = Error::CmEvent {
+            verb: "rdma_resolve_addr",
+            event: crate::cm::CmEventKind::ADDR_ERROR,
+            status: -libc::ETIMEDOUT,
+        };
+        assert!(e.to_string().contains("ADDR_ERROR") && e.to_string().contains("timed out"), "{e}");
+    }
+}
