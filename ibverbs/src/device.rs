@@ -207,7 +207,7 @@ impl<'a> Device<'a> {
         // SAFETY: valid device pointer; the context is closed once in ContextInner::drop.
         let raw = unsafe { ffi::ibv_open_device(self.raw.as_ptr()) };
         let raw = cvt_p("ibv_open_device", raw)?;
-        Ok(Context { inner: Arc::new(ContextInner { raw, name: self.name().to_string() }) })
+        Ok(Context { inner: Arc::new(ContextInner { raw, name: self.name().to_string(), cm_anchor: None }) })
     }
 
     /// The raw `struct ibv_device *`.
@@ -249,7 +249,11 @@ impl fmt::Debug for Guid {
 
 pub(crate) struct ContextInner {
     pub(crate) raw: NonNull<ffi::ibv_context>,
-    name: String,
+    pub(crate) name: String,
+    /// For a context librdmacm opened (an RDMA-CM id's `verbs`): the `rdma_get_devices()` list
+    /// that keeps it open. Such a context is never closed by this crate: dropping the anchor
+    /// (`rdma_free_devices()`) hands it back to librdmacm.
+    pub(crate) cm_anchor: Option<crate::cm::DeviceAnchor>,
 }
 
 // SAFETY: libibverbs contexts are thread-safe: every verb taking a context may be called from any
@@ -260,6 +264,10 @@ unsafe impl Sync for ContextInner {}
 
 impl Drop for ContextInner {
     fn drop(&mut self) {
+        if self.cm_anchor.is_some() {
+            // librdmacm's context: the anchor's drop releases it; librdmacm closes it.
+            return;
+        }
         // SAFETY: every child (PD, CQ, channel...) holds an Arc of this inner, so none is left;
         // the context is closed exactly once.
         unsafe { ffi::ibv_close_device(self.raw.as_ptr()) };

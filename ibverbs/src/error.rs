@@ -100,6 +100,54 @@ pub enum Error {
         /// The C verb that would have been called.
         verb: &'static str,
     },
+    /// A bounded wait ended without what it waited for (an RDMA-CM event, a connection).
+    #[error("{verb}: timed out after {waited:?}")]
+    Timeout {
+        /// The C call (or step) whose outcome did not arrive.
+        verb: &'static str,
+        /// How long the crate waited.
+        waited: std::time::Duration,
+    },
+    /// Private data for an RDMA-CM message is longer than the transport carries; refused before
+    /// anything was sent (never truncated).
+    #[error("{verb}: private data of {len} bytes is longer than the transport's limit of {max}")]
+    PrivateDataTooLong {
+        /// `"rdma_connect"`, `"rdma_accept"` or `"rdma_reject"`.
+        verb: &'static str,
+        /// Bytes given.
+        len: usize,
+        /// Bytes the message carries.
+        max: usize,
+    },
+    /// The queue pair was created on an RDMA-CM id ([`cm`](crate::cm)): RDMA-CM drives its
+    /// state transitions, so `init`, `connect`, `activate_ud` and `reset` are refused.
+    #[error("{verb}: the queue pair is managed by RDMA-CM (connect, accept and disconnect its id instead)")]
+    CmManaged {
+        /// The C verb that would have been called.
+        verb: &'static str,
+    },
+    /// The peer rejected an RDMA-CM connection (`RDMA_CM_EVENT_REJECTED`).
+    #[error("{verb}: connection rejected by the peer (reason {status}{})", reject_reason(*.status))]
+    Rejected {
+        /// The step that was answered with the rejection.
+        verb: &'static str,
+        /// The transport's reject reason (InfiniBand/RoCE: 28 = rejected by the peer's
+        /// application, 8 = nothing listens on that port).
+        status: i32,
+        /// The private data the peer sent with the rejection (padded by the transport).
+        private_data: Vec<u8>,
+    },
+    /// An RDMA-CM operation ended with an event other than the one that means success
+    /// (`ADDR_ERROR`, `ROUTE_ERROR`, `UNREACHABLE`, `CONNECT_ERROR`, `DEVICE_REMOVAL`...).
+    #[error("{verb}: {event:?} (status {status}{})", errno_name(*.status))]
+    CmEvent {
+        /// The step that failed.
+        verb: &'static str,
+        /// The event that came instead.
+        event: crate::cm::CmEventKind,
+        /// The event's status (a negated errno value for most errors).
+        status: i32,
+    },
     /// A setting — an environment variable such as `IBVERBS_HCA` or `NCCL_IB_HCA`, or a string
     /// given to one of [`select`](crate::select)'s parsers — is not valid. The message names the
     /// variable, its value and the position of the problem.
@@ -132,6 +180,24 @@ pub enum Error {
         /// What is wrong with it.
         problem: crate::select::PortProblem,
     },
+}
+
+/// A note on common InfiniBand CM reject reasons.
+fn reject_reason(status: i32) -> &'static str {
+    match status {
+        8 => ": invalid service ID, nothing listens on that port",
+        28 => ": rejected by the peer's application",
+        _ => "",
+    }
+}
+
+/// A negated errno value as text, e.g. `: Connection timed out`.
+fn errno_name(status: i32) -> String {
+    if status < 0 {
+        format!(": {}", io::Error::from_raw_os_error(-status))
+    } else {
+        String::new()
+    }
 }
 
 /// The ports of [`Error::NoUsablePort`], one after the other.

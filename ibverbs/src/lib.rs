@@ -34,6 +34,9 @@
 //! | [`CompletionQueue`] | `ibv_cq` | [`Context::create_cq`] | `ibv_destroy_cq` |
 //! | [`QueuePair`] | `ibv_qp` | [`ProtectionDomain::create_qp`] | `ibv_destroy_qp` |
 //! | [`AddressHandle`] | `ibv_ah` | [`ProtectionDomain::create_ah`] | `ibv_destroy_ah` |
+//! | [`cm::EventChannel`] | `rdma_event_channel` | [`cm::EventChannel::new`] | `rdma_destroy_event_channel` |
+//! | [`cm::CmId`] | `rdma_cm_id` | [`cm::EventChannel::create_id`], a connection request | `rdma_destroy_id` |
+//! | [`QueuePair`] on a [`cm::CmId`] | `ibv_qp` | [`QueuePairBuilder::build_on`] | `ibv_destroy_qp` + `id->qp = NULL` |
 //!
 //! Every handle is `'static`: a child holds an `Arc` of its parent's inner object, so parents
 //! outlive children by construction, whatever order the caller drops things in, and handles can be
@@ -144,6 +147,24 @@
 //! [`AsRawFd`](std::os::fd::AsRawFd) for reactors to watch, not `AsFd`: safe code could
 //! otherwise `read()` an event the crate never acknowledges.
 //!
+//! ## Connection management (RDMA-CM)
+//! [`cm`] wraps librdmacm. Its rules, pinned by device tests: a queue pair created on an id
+//! holds the id, which holds its event channel, so the QP is destroyed before the id
+//! (librdmacm keeps `id->qp` and uses it, e.g. in `rdma_disconnect`; the QP's drop clears it)
+//! and the id before its channel, whatever order the caller drops them in.
+//! [`cm::EventChannel::get_event`] copies every event (private data included, at most the 255
+//! bytes its `u8` length allows) and acknowledges it at once, so `rdma_destroy_id` never blocks
+//! on an unacknowledged event, whatever the caller does with events (`mem::forget` included).
+//! librdmacm reads and writes an id's fields when it processes the id's events: every call on an
+//! id, every event read and a CM QP's destruction hold the channel's lock. The channel's
+//! descriptor is `AsRawFd` only, as for completion channels. librdmacm opens its own device
+//! contexts; [`cm::CmId::context`] hands them out as [`Context`]s (one per device, kept open by an
+//! `rdma_get_devices()` reference), and a QP on an id is refused unless its PD and CQs belong to
+//! the id's context. RDMA-CM drives a CM QP's state: [`QueuePair::connect`],
+//! [`init`](QueuePair::init), [`activate_ud`](QueuePair::activate_ud) and
+//! [`reset`](QueuePair::reset) refuse it ([`Error::CmManaged`]). Private data longer than the
+//! transport carries is [`Error::PrivateDataTooLong`] before anything is sent.
+//!
 //! ## What `unsafe` code must not do with raw handles
 //! The `as_raw()` handles let `ffi` calls do anything C can. These break the crate's invariants
 //! and are forbidden: destroying, deallocating or deregistering an object the crate owns
@@ -239,6 +260,13 @@
 //! let fd = ch.as_fd(); // error: no method named `as_fd`
 //! # }
 //! ```
+//! Nor can an RDMA-CM event channel's:
+//! ```compile_fail,E0599
+//! # fn f(ch: &ibverbs::cm::EventChannel) {
+//! use std::os::fd::AsFd;
+//! let fd = ch.as_fd(); // error: no method named `as_fd`
+//! # }
+//! ```
 //! Inline data must outlive the request that borrows it:
 //! ```compile_fail,E0597
 //! # fn f(qp: &mut ibverbs::QueuePair) {
@@ -255,6 +283,10 @@
 //! assert_static_send_sync::<ibverbs::CompletionQueue>();
 //! assert_static_send_sync::<ibverbs::MemoryRegion>();
 //! assert_static_send_sync::<ibverbs::RemoteMemoryRegion>();
+//! assert_static_send_sync::<ibverbs::cm::EventChannel>();
+//! assert_static_send_sync::<ibverbs::cm::CmId>();
+//! assert_static_send_sync::<ibverbs::cm::CmEvent>();
+//! assert_static_send_sync::<ibverbs::cm::Listener>();
 //! // Handles can live in the caller's own structs, without lifetimes.
 //! struct Endpoint { _qp: ibverbs::QueuePair, _cq: ibverbs::CompletionQueue, _pd: ibverbs::ProtectionDomain }
 //! ```
@@ -263,6 +295,7 @@
 pub use ibverbs_sys as ffi;
 
 mod ah;
+pub mod cm;
 mod connect;
 mod device;
 pub mod diag;

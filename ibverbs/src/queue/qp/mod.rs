@@ -172,10 +172,75 @@ impl<'a> QueuePairBuilder<'a> {
     /// the device's limits).
     #[doc(alias = "ibv_create_qp")]
     pub fn build(self) -> Result<QueuePair> {
+        let pd = self.pd.as_raw();
+        self.build_with("ibv_create_qp", None, |init| {
+            // SAFETY: valid PD and CQs (kept alive by the QP's Arcs); `init` is a valid attribute
+            // struct.
+            cvt_p("ibv_create_qp", unsafe { ffi::ibv_create_qp(pd, init) })
+        })
+    }
+
+    /// Creates the queue pair on an RDMA-CM id (`rdma_create_qp()`): an RC queue pair in INIT
+    /// whose state transitions RDMA-CM drives ([`CmId::connect`](crate::cm::CmId::connect),
+    /// [`accept`](crate::cm::CmId::accept), [`disconnect`](crate::cm::CmId::disconnect)); this
+    /// crate's [`init`](QueuePair::init), [`connect`](QueuePair::connect),
+    /// [`activate_ud`](QueuePair::activate_ud) and [`reset`](QueuePair::reset) refuse it with
+    /// [`Error::CmManaged`]. Posting works as for any queue pair, with the same slot rings.
+    ///
+    /// Its [`state`](QueuePair::state) is read from the device at creation (INIT); RDMA-CM moves
+    /// it to RTS when the connection is established, so call
+    /// [`refresh_state`](QueuePair::refresh_state) after the `ESTABLISHED` event before posting
+    /// sends ([`cm::connect`](crate::cm::connect) and [`Listener::accept`](crate::cm::Listener::accept)
+    /// do).
+    ///
+    /// The queue pair keeps the id alive: it is destroyed first, and clears `id->qp` (as
+    /// `rdma_destroy_qp()` does), so librdmacm never uses a destroyed queue pair.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a non-RC type, an id not bound to a device yet (resolve
+    /// its route, or take it from a connection request), or a PD or CQ of another context than
+    /// the id's device (make them from [`CmId::context`](crate::cm::CmId::context)); `EINVAL`
+    /// when the id already has a queue pair; otherwise as [`build`](Self::build).
+    #[doc(alias = "rdma_create_qp")]
+    pub fn build_on(self, id: &crate::cm::CmId) -> Result<QueuePair> {
+        let bad = |reason| Err(Error::InvalidArgument { verb: "rdma_create_qp", reason });
+        if self.qp_type != QpType::RC {
+            return bad("RDMA-CM ids of the RDMA_PS_TCP port space carry RC queue pairs only");
+        }
+        if id.verbs()?.as_ptr() != self.pd.inner.ctx.raw.as_ptr() {
+            // Both contexts are open now, so equal addresses mean the same context.
+            return bad(
+                "the protection domain belongs to another device context than the id (use CmId::context)",
+            );
+        }
+        let cm = id.inner.clone();
+        let pd = self.pd.as_raw();
+        let mut qp = self.build_with("rdma_create_qp", Some(cm.clone()), |init| {
+            let _g = cm.channel.lock();
+            // SAFETY: valid id, PD and CQs (the PD and CQs share the id's context, checked above
+            // and in build_with); `init` is a valid attribute struct. librdmacm stores the QP in
+            // `id->qp` under the channel lock we hold.
+            let ret = unsafe { ffi::rdma_create_qp(cm.raw.as_ptr(), pd, init) };
+            cvt("rdma_create_qp", ret)?;
+            // SAFETY: valid id; `qp` was just written under our lock.
+            cvt_p("rdma_create_qp", unsafe { (*cm.raw.as_ptr()).qp })
+        })?;
+        qp.refresh_state()?;
+        Ok(qp)
+    }
+
+    /// The creation steps common to every queue pair: checks, ring registration (all or
+    /// nothing), `create` (the verb), and the QP's scratch arrays.
+    fn build_with(
+        self,
+        verb: &'static str,
+        cm: Option<Arc<crate::cm::CmIdInner>>,
+        create: impl FnOnce(&mut ffi::ibv_qp_init_attr) -> Result<NonNull<ffi::ibv_qp>>,
+    ) -> Result<QueuePair> {
         let caps = self.caps;
         if caps.max_send_wr == 0 || caps.max_recv_wr == 0 {
             return Err(Error::InvalidArgument {
-                verb: "ibv_create_qp",
+                verb,
                 reason: "send and receive queue depths must be at least 1",
             });
         }
@@ -198,22 +263,15 @@ impl<'a> QueuePairBuilder<'a> {
             // libibverbs would pass the CQ's per-context handle on the PD's context, attaching
             // the QP to whichever CQ of that context has the same number.
             return Err(Error::InvalidArgument {
-                verb: "ibv_create_qp",
+                verb,
                 reason: "a completion queue belongs to another device context than the protection domain",
             });
         }
         let send_cq = self.send_cq.inner.clone();
         let recv_cq = self.recv_cq.inner.clone();
-        let [send, recv] = register_rings(
-            &send_cq.registry,
-            &recv_cq.registry,
-            caps.max_send_wr,
-            caps.max_recv_wr,
-            "ibv_create_qp",
-        )?;
-        // SAFETY: valid PD and CQs (kept alive by the QP's Arcs); `init` is a valid attribute struct.
-        let raw = unsafe { ffi::ibv_create_qp(self.pd.as_raw(), &mut init) };
-        let raw = match cvt_p("ibv_create_qp", raw) {
+        let [send, recv] =
+            register_rings(&send_cq.registry, &recv_cq.registry, caps.max_send_wr, caps.max_recv_wr, verb)?;
+        let raw = match create(&mut init) {
             Ok(r) => r,
             Err(e) => {
                 // The rings never reached the device.
@@ -254,6 +312,7 @@ impl<'a> QueuePairBuilder<'a> {
             send_cq,
             recv_cq,
             pd: self.pd.inner.clone(),
+            cm,
         })
     }
 }
@@ -290,6 +349,9 @@ pub struct QueuePair {
     send_cq: Arc<CqInner>,
     recv_cq: Arc<CqInner>,
     pd: Arc<PdInner>,
+    /// The RDMA-CM id the QP was created on: RDMA-CM drives its state, and the id is destroyed
+    /// only after the QP (this Arc).
+    pub(crate) cm: Option<Arc<crate::cm::CmIdInner>>,
 }
 
 // SAFETY: libibverbs QPs may be used from any thread (providers lock their queues). The rings are
@@ -431,6 +493,33 @@ impl QueuePair {
         self.raw.as_ptr()
     }
 
+    /// Whether the QP was created on an RDMA-CM id (whose connection drives its state).
+    pub fn is_cm_managed(&self) -> bool {
+        self.cm.is_some()
+    }
+
+    /// Reads the state from the device (`ibv_query_qp()`) into [`state`](Self::state), e.g.
+    /// after an RDMA-CM event moved it (a QP left [`QpState::UNUSABLE`] stays so).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the verb fails.
+    #[doc(alias = "ibv_query_qp")]
+    pub fn refresh_state(&mut self) -> Result<QpState> {
+        let s = self.query_state()?;
+        if self.state != QpState::UNUSABLE {
+            self.state = s;
+        }
+        Ok(self.state)
+    }
+
+    /// Refuses a state transition of this crate's on a queue pair RDMA-CM drives.
+    pub(crate) fn check_not_cm(&self) -> Result<()> {
+        if self.cm.is_some() {
+            return Err(Error::CmManaged { verb: "ibv_modify_qp" });
+        }
+        Ok(())
+    }
+
     fn context(&self) -> Context {
         Context { inner: self.pd.ctx.clone() }
     }
@@ -446,8 +535,26 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        // SAFETY: created once, destroyed once.
-        let ret = unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) };
+        let ret = match &self.cm {
+            None => {
+                // SAFETY: created once, destroyed once.
+                unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) }
+            }
+            Some(cm) => {
+                // What rdma_destroy_qp() does (the id has no CQs of librdmacm's: we always pass
+                // ours), but with the result checked: on failure `id->qp` keeps naming the QP,
+                // which is then leaked, so librdmacm never uses freed memory.
+                let _g = cm.channel.lock();
+                // SAFETY: created once, destroyed once, under the channel lock that every
+                // librdmacm call on the id (and event processing, which uses `id->qp`) holds.
+                let ret = unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) };
+                if ret == 0 {
+                    // SAFETY: valid id (our Arc keeps it); written under the lock.
+                    unsafe { (*cm.raw.as_ptr()).qp = std::ptr::null_mut() };
+                }
+                ret
+            }
+        };
         if ret == 0 {
             // The device is done with every posted buffer: hand them to the CQs to release.
             self.send_cq.registry.retire(&self.send);

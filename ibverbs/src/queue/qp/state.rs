@@ -44,9 +44,10 @@ impl QueuePair {
     ///
     /// # Errors
     /// [`Error::QpState`] unless the QP is in RESET; [`Error::Verb`] for a bad port or P_Key
-    /// index.
+    /// index; [`Error::CmManaged`] for a queue pair created on an RDMA-CM id.
     #[doc(alias = "ibv_modify_qp")]
     pub fn init(&mut self, opts: &ConnectOptions) -> Result<()> {
+        self.check_not_cm()?;
         if self.state != QpState::RESET {
             return Err(Error::QpState { verb: "ibv_modify_qp", state: self.state, expected: "RESET" });
         }
@@ -79,9 +80,10 @@ impl QueuePair {
     /// # Errors
     /// [`Error::QpState`] unless the QP is in RESET or INIT; [`Error::InvalidArgument`] for a UD
     /// QP or out-of-range options; [`Error::Verb`] for a bad port or GID index, or when the device
-    /// rejects a transition.
+    /// rejects a transition; [`Error::CmManaged`] for a queue pair created on an RDMA-CM id.
     #[doc(alias = "ibv_modify_qp")]
     pub fn connect(&mut self, remote: &Endpoint, opts: &ConnectOptions) -> Result<()> {
+        self.check_not_cm()?;
         let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_modify_qp", reason });
         if self.qp_type == QpType::UD {
             return bad("UD queue pairs are not connected: use activate_ud and address handles");
@@ -150,9 +152,11 @@ impl QueuePair {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a non-UD QP, [`Error::QpState`] unless in RESET or INIT,
-    /// [`Error::Verb`] when the device rejects a transition.
+    /// [`Error::Verb`] when the device rejects a transition; [`Error::CmManaged`] for a queue pair
+    /// created on an RDMA-CM id.
     #[doc(alias = "ibv_modify_qp")]
     pub fn activate_ud(&mut self, opts: &ConnectOptions) -> Result<()> {
+        self.check_not_cm()?;
         if self.qp_type != QpType::UD {
             return Err(Error::InvalidArgument {
                 verb: "ibv_modify_qp",
@@ -198,9 +202,10 @@ impl QueuePair {
     /// # Errors
     /// [`Error::Verb`] when the device rejects the transition; [`Error::CqTooSmall`] or
     /// [`Error::TooManyQueuePairs`] if the fresh queues cannot be registered (the QP is then left
-    /// in RESET, unable to post).
+    /// in RESET, unable to post); [`Error::CmManaged`] for a queue pair created on an RDMA-CM id.
     #[doc(alias = "ibv_modify_qp")]
     pub fn reset(&mut self) -> Result<()> {
+        self.check_not_cm()?;
         let mut attr = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_RESET, ..Default::default() };
         self.modify(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE)?;
         // The device has forgotten every request: retire the rings (their buffers go at the next

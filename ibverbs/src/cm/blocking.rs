@@ -1,0 +1,168 @@
+//! Blocking helpers: a whole RDMA-CM connection setup with bounded waits.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use crate::cm::event::{CmEvent, CmEventKind, EventChannel};
+use crate::cm::id::{CmId, ConnParam};
+use crate::device::Context;
+use crate::error::{Error, Result};
+use crate::pd::ProtectionDomain;
+use crate::queue::{CompletionQueue, QpCaps, QpType, QueuePair};
+
+/// The error for an event that is not the `expected` one.
+fn unexpected(verb: &'static str, ev: &CmEvent) -> Error {
+    if ev.kind() == CmEventKind::REJECTED {
+        Error::Rejected { verb, status: ev.status(), private_data: ev.private_data().to_vec() }
+    } else {
+        Error::CmEvent { verb, event: ev.kind(), status: ev.status() }
+    }
+}
+
+/// Waits for the `expected` event on the id's private channel until `deadline`.
+fn expect(
+    id: &CmId,
+    verb: &'static str,
+    expected: CmEventKind,
+    deadline: Instant,
+    total: Duration,
+) -> Result<CmEvent> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let ev = id.next_event(verb, left).map_err(|e| match e {
+        Error::Timeout { verb, .. } => Error::Timeout { verb, waited: total },
+        e => e,
+    })?;
+    if ev.kind() == expected && ev.status() == 0 {
+        Ok(ev)
+    } else {
+        Err(unexpected(verb, &ev))
+    }
+}
+
+/// The RDMA-CM [`Context`] of the device that `addr` resolves to (`rdma_resolve_addr()` on a
+/// temporary id, bounded by `timeout`): for a local address the device that owns it, for a
+/// remote one the device that routes to it. Make the protection domain and CQs of
+/// [`connect`] or [`Listener::accept`] from it.
+///
+/// # Errors
+/// [`Error::Timeout`], [`Error::CmEvent`] (`ADDR_ERROR`) or [`Error::Verb`] when the address does
+/// not resolve.
+#[doc(alias = "rdma_resolve_addr")]
+pub fn device_context(addr: SocketAddr, timeout: Duration) -> Result<Context> {
+    let deadline = Instant::now() + timeout;
+    let id = EventChannel::new()?.create_id()?;
+    id.resolve_addr(None, addr, timeout)?;
+    expect(&id, "rdma_resolve_addr", CmEventKind::ADDR_RESOLVED, deadline, timeout)?;
+    id.context()
+}
+
+/// Connects an RC queue pair to the listener at `addr`: resolves the address and route, creates
+/// the queue pair on the id (with `pd`, `cq` for both queues, and `caps`), sends the request with
+/// `param`, and waits for the connection to be established; every wait together is bounded by
+/// `timeout`. The queue pair is in RTS.
+///
+/// `pd` and `cq` must come from the RDMA-CM context of the device that reaches `addr` (see
+/// [`device_context`]).
+///
+/// # Errors
+/// [`Error::Timeout`] when a step does not finish in time (e.g. an address nobody answers for);
+/// [`Error::Rejected`] when the peer (or its CM, for a port nobody listens on) rejects;
+/// [`Error::CmEvent`] for an address, route or connection error event;
+/// [`Error::PrivateDataTooLong`] before anything is sent; [`Error::InvalidArgument`] when `pd`
+/// or `cq` belong to another context than the id's device; and the errors of
+/// [`QueuePairBuilder::build`](crate::QueuePairBuilder::build).
+#[doc(alias = "rdma_connect")]
+pub fn connect(
+    addr: SocketAddr,
+    pd: &ProtectionDomain,
+    cq: &CompletionQueue,
+    caps: QpCaps,
+    param: &ConnParam,
+    timeout: Duration,
+) -> Result<(CmId, QueuePair)> {
+    let deadline = Instant::now() + timeout;
+    let id = EventChannel::new()?.create_id()?;
+    id.resolve_addr(None, addr, timeout)?;
+    expect(&id, "rdma_resolve_addr", CmEventKind::ADDR_RESOLVED, deadline, timeout)?;
+    id.resolve_route(deadline.saturating_duration_since(Instant::now()))?;
+    expect(&id, "rdma_resolve_route", CmEventKind::ROUTE_RESOLVED, deadline, timeout)?;
+    let mut qp = pd.create_qp(cq, QpType::RC).caps(caps).build_on(&id)?;
+    id.connect(param)?;
+    expect(&id, "rdma_connect", CmEventKind::ESTABLISHED, deadline, timeout)?;
+    qp.refresh_state()?;
+    Ok((id, qp))
+}
+
+/// A listening RDMA-CM id (`rdma_bind_addr()` + `rdma_listen()`) that accepts RC connections.
+#[derive(Debug)]
+pub struct Listener {
+    id: CmId,
+}
+
+impl Listener {
+    /// Binds to `addr` (port 0 picks one, see [`local_addr`](Self::local_addr)) and listens,
+    /// with a backlog of 64 connection requests.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] from `rdma_create_event_channel()`, `rdma_create_id()`,
+    /// `rdma_bind_addr()` (e.g. `EADDRINUSE`) or `rdma_listen()`.
+    #[doc(alias = "rdma_listen")]
+    pub fn bind(addr: SocketAddr) -> Result<Listener> {
+        let id = EventChannel::new()?.create_id()?;
+        id.bind(addr)?;
+        id.listen(64)?;
+        Ok(Listener { id })
+    }
+
+    /// The address listened on, with the port chosen.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.id.local_addr()
+    }
+
+    /// The listening id, e.g. to get connection requests as events from its
+    /// [`channel`](CmId::channel) instead of through [`accept`](Self::accept).
+    pub fn id(&self) -> &CmId {
+        &self.id
+    }
+
+    /// Waits for a connection request, creates an RC queue pair for it (with `pd`, `cq` for
+    /// both queues, and `caps`), accepts it with `param` and waits until the connection is
+    /// established; every wait together is bounded by `timeout`. Returns the connection's id (owned
+    /// by the caller; the listener may go first), its queue pair in RTS, and the private data
+    /// the peer sent.
+    ///
+    /// A request that cannot be served (a queue pair that cannot be created, e.g. `pd` of
+    /// another device) is rejected and the error returned.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when no request arrives or the connection does not complete in time;
+    /// [`Error::CmEvent`] for an error event; the errors of [`CmId::accept`] and
+    /// [`QueuePairBuilder::build`](crate::QueuePairBuilder::build).
+    #[doc(alias = "rdma_accept")]
+    pub fn accept(
+        &self,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        caps: QpCaps,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<(CmId, QueuePair, Vec<u8>)> {
+        let deadline = Instant::now() + timeout;
+        let mut ev = expect(&self.id, "rdma_listen", CmEventKind::CONNECT_REQUEST, deadline, timeout)?;
+        let id = ev.take_new_id().ok_or(Error::InvalidArgument {
+            verb: "rdma_get_cm_event",
+            reason: "a connection request without a new id",
+        })?;
+        let mut qp = match pd.create_qp(cq, QpType::RC).caps(caps).build_on(&id) {
+            Ok(qp) => qp,
+            Err(e) => {
+                let _ = id.reject(&[]);
+                return Err(e);
+            }
+        };
+        id.accept(param)?;
+        expect(&id, "rdma_accept", CmEventKind::ESTABLISHED, deadline, timeout)?;
+        qp.refresh_state()?;
+        Ok((id, qp, ev.private_data().to_vec()))
+    }
+}

@@ -1,0 +1,378 @@
+//! RDMA-CM event channels and events.
+
+use std::fmt;
+use std::os::fd::{AsRawFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::cm::id::{CmId, CmIdInner};
+use crate::error::{cvt, cvt_p, Error, Result};
+use crate::ffi;
+
+pub(crate) struct ChannelInner {
+    raw: NonNull<ffi::rdma_event_channel>,
+    /// Held by every librdmacm call on an id of this channel and while an event is processed:
+    /// librdmacm reads and writes the id's fields (`qp`, `route`...) in both.
+    lock: Mutex<()>,
+}
+
+// SAFETY: an event channel is a descriptor; librdmacm's calls on it are thread-safe, and the
+// fields of its ids are only touched under `lock`.
+unsafe impl Send for ChannelInner {}
+// SAFETY: as above.
+unsafe impl Sync for ChannelInner {}
+
+impl ChannelInner {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, ()> {
+        // The guarded data is `()`: a panic while it was held leaves nothing half-changed.
+        self.lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn raw(&self) -> *mut ffi::rdma_event_channel {
+        self.raw.as_ptr()
+    }
+}
+
+impl Drop for ChannelInner {
+    fn drop(&mut self) {
+        // SAFETY: every id of the channel holds an Arc of this inner, so none is left.
+        unsafe { ffi::rdma_destroy_event_channel(self.raw.as_ptr()) };
+    }
+}
+
+/// An RDMA-CM event channel (`struct rdma_event_channel`): the descriptor through which
+/// librdmacm reports the events of the ids created on it.
+///
+/// [`get_event`](Self::get_event) waits with a bound, copies the event and acknowledges it. Like
+/// the [`CompletionChannel`](crate::CompletionChannel), the channel implements [`AsRawFd`] for
+/// reactors to watch for readability, but not `AsFd`: safe code could otherwise read an event
+/// that is never acknowledged, after which `rdma_destroy_id` would block forever. Cloning is
+/// cheap (an `Arc`).
+#[derive(Clone)]
+pub struct EventChannel {
+    pub(crate) inner: Arc<ChannelInner>,
+}
+
+impl fmt::Debug for EventChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventChannel").field("fd", &self.as_raw_fd()).finish()
+    }
+}
+
+impl AsRawFd for EventChannel {
+    /// The channel's descriptor, to watch for readability (never to read: see the type's docs).
+    fn as_raw_fd(&self) -> RawFd {
+        // SAFETY: the channel is valid while self lives; fd is written at creation.
+        unsafe { (*self.inner.raw.as_ptr()).fd }
+    }
+}
+
+/// The kind of an RDMA-CM event (`enum rdma_cm_event_type`); sound for any value librdmacm
+/// writes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct CmEventKind(pub u32);
+
+impl CmEventKind {
+    /// `rdma_resolve_addr` succeeded.
+    pub const ADDR_RESOLVED: CmEventKind =
+        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED.0);
+    /// `rdma_resolve_addr` failed (status: the error, e.g. `-ETIMEDOUT`, `-ENODEV`).
+    pub const ADDR_ERROR: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_ERROR.0);
+    /// `rdma_resolve_route` succeeded.
+    pub const ROUTE_RESOLVED: CmEventKind =
+        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED.0);
+    /// `rdma_resolve_route` failed.
+    pub const ROUTE_ERROR: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_ERROR.0);
+    /// A peer asks to connect to a listener: the event carries the new id
+    /// ([`CmEvent::take_new_id`]) and the peer's private data.
+    pub const CONNECT_REQUEST: CmEventKind =
+        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST.0);
+    /// A reply to a connection request of an id without a queue pair.
+    pub const CONNECT_RESPONSE: CmEventKind =
+        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_RESPONSE.0);
+    /// The connection could not be established.
+    pub const CONNECT_ERROR: CmEventKind =
+        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_ERROR.0);
+    /// The peer is unreachable or did not answer.
+    pub const UNREACHABLE: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_UNREACHABLE.0);
+    /// The peer rejected the connection (status: the reason, e.g. 28 for a consumer reject and
+    /// 8 when nothing listens on an InfiniBand/RoCE port), with its private data.
+    pub const REJECTED: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_REJECTED.0);
+    /// The connection is established: the queue pair is in RTS.
+    pub const ESTABLISHED: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED.0);
+    /// The connection was disconnected (by either side).
+    pub const DISCONNECTED: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED.0);
+    /// The id's device was removed: destroy everything of it.
+    pub const DEVICE_REMOVAL: CmEventKind =
+        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_DEVICE_REMOVAL.0);
+    /// A multicast join completed.
+    pub const MULTICAST_JOIN: CmEventKind =
+        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_MULTICAST_JOIN.0);
+    /// A multicast join failed.
+    pub const MULTICAST_ERROR: CmEventKind =
+        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_MULTICAST_ERROR.0);
+    /// The id's network address changed.
+    pub const ADDR_CHANGE: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_CHANGE.0);
+    /// The queue pair of a disconnected connection left its time-wait state and may be reused.
+    pub const TIMEWAIT_EXIT: CmEventKind =
+        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_TIMEWAIT_EXIT.0);
+}
+
+impl fmt::Debug for CmEventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match *self {
+            CmEventKind::ADDR_RESOLVED => "ADDR_RESOLVED",
+            CmEventKind::ADDR_ERROR => "ADDR_ERROR",
+            CmEventKind::ROUTE_RESOLVED => "ROUTE_RESOLVED",
+            CmEventKind::ROUTE_ERROR => "ROUTE_ERROR",
+            CmEventKind::CONNECT_REQUEST => "CONNECT_REQUEST",
+            CmEventKind::CONNECT_RESPONSE => "CONNECT_RESPONSE",
+            CmEventKind::CONNECT_ERROR => "CONNECT_ERROR",
+            CmEventKind::UNREACHABLE => "UNREACHABLE",
+            CmEventKind::REJECTED => "REJECTED",
+            CmEventKind::ESTABLISHED => "ESTABLISHED",
+            CmEventKind::DISCONNECTED => "DISCONNECTED",
+            CmEventKind::DEVICE_REMOVAL => "DEVICE_REMOVAL",
+            CmEventKind::MULTICAST_JOIN => "MULTICAST_JOIN",
+            CmEventKind::MULTICAST_ERROR => "MULTICAST_ERROR",
+            CmEventKind::ADDR_CHANGE => "ADDR_CHANGE",
+            CmEventKind::TIMEWAIT_EXIT => "TIMEWAIT_EXIT",
+            CmEventKind(n) => return write!(f, "CmEventKind({n})"),
+        };
+        f.write_str(name)
+    }
+}
+
+/// An RDMA-CM event (`struct rdma_cm_event`), copied out of librdmacm and already acknowledged.
+pub struct CmEvent {
+    kind: CmEventKind,
+    status: i32,
+    id: usize,
+    listen_id: usize,
+    private_data: Vec<u8>,
+    responder_resources: u8,
+    initiator_depth: u8,
+    retry_count: u8,
+    rnr_retry_count: u8,
+    new_id: Option<CmId>,
+}
+
+impl fmt::Debug for CmEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CmEvent")
+            .field("kind", &self.kind)
+            .field("status", &self.status)
+            .field("private_data_len", &self.private_data.len())
+            .field("new_id", &self.new_id.is_some())
+            .finish()
+    }
+}
+
+impl CmEvent {
+    /// What happened.
+    pub fn kind(&self) -> CmEventKind {
+        self.kind
+    }
+
+    /// The event's status: 0 on success; for errors a negated errno value, or for
+    /// [`CmEventKind::REJECTED`] the transport's reject reason.
+    pub fn status(&self) -> i32 {
+        self.status
+    }
+
+    /// Whether the event is about `id` (for a connection request: whether `id` is the listener
+    /// it came to).
+    pub fn is_for(&self, id: &CmId) -> bool {
+        let raw = id.inner.raw.as_ptr() as usize;
+        self.id == raw || (self.kind == CmEventKind::CONNECT_REQUEST && self.listen_id == raw)
+    }
+
+    /// The private data the peer sent with a connection request, accept or reject (a copy; on
+    /// InfiniBand and RoCE the transport pads it to its maximum size with zeros).
+    pub fn private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+
+    /// The connection parameters the peer asked for (`responder_resources`, `initiator_depth`,
+    /// `retry_count`, `rnr_retry_count`), in a connection request or reply.
+    pub fn conn_param(&self) -> (u8, u8, u8, u8) {
+        (self.responder_resources, self.initiator_depth, self.retry_count, self.rnr_retry_count)
+    }
+
+    /// Takes the new id of a [`CmEventKind::CONNECT_REQUEST`]: accept or reject it. It is owned
+    /// by the caller, not by the listener, and has an event channel of its own
+    /// ([`CmId::channel`]). Dropping it (or the event) unaccepted destroys it, which the peer
+    /// sees as a rejection or timeout.
+    pub fn take_new_id(&mut self) -> Option<CmId> {
+        self.new_id.take()
+    }
+}
+
+impl EventChannel {
+    /// Creates an event channel (`rdma_create_event_channel()`), with a non-blocking
+    /// descriptor.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the call fails (e.g. no `rdma_ucm` module: `ENODEV`).
+    #[doc(alias = "rdma_create_event_channel")]
+    pub fn new() -> Result<EventChannel> {
+        // SAFETY: no arguments; destroyed once in ChannelInner::drop.
+        let raw = cvt_p("rdma_create_event_channel", unsafe { ffi::rdma_create_event_channel() })?;
+        let ch = EventChannel { inner: Arc::new(ChannelInner { raw, lock: Mutex::new(()) }) };
+        // Non-blocking: a reader that loses a race for an event returns instead of blocking
+        // (librdmacm supports this, see rdma_get_cm_event(3)).
+        let fd = ch.as_raw_fd();
+        // SAFETY: fcntl on a descriptor the channel owns.
+        let ret =
+            unsafe { libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK) };
+        if ret < 0 {
+            return Err(Error::last_os("fcntl"));
+        }
+        Ok(ch)
+    }
+
+    /// Creates an id for RC connections (port space `RDMA_PS_TCP`) on this channel
+    /// (`rdma_create_id()`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the call fails.
+    #[doc(alias = "rdma_create_id")]
+    pub fn create_id(&self) -> Result<CmId> {
+        let _g = self.inner.lock();
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid channel and out-pointer; the id is destroyed once in CmIdInner::drop.
+        let ret = unsafe {
+            ffi::rdma_create_id(
+                self.inner.raw(),
+                &mut raw,
+                std::ptr::null_mut(),
+                ffi::rdma_port_space::RDMA_PS_TCP,
+            )
+        };
+        cvt("rdma_create_id", ret)?;
+        let raw = cvt_p("rdma_create_id", raw)?;
+        Ok(CmId { inner: Arc::new(CmIdInner { raw, channel: self.inner.clone() }) })
+    }
+
+    /// Waits up to `timeout` (forever for `None`) for an event (`rdma_get_cm_event()`), copies
+    /// it and acknowledges it (`rdma_ack_cm_event()`); `None` on timeout or when another thread
+    /// took the event.
+    ///
+    /// A [`CmEventKind::CONNECT_REQUEST`]'s new id is moved to an event channel of its own
+    /// (`rdma_migrate_id()`) before it is handed out.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when `poll(2)`, `rdma_get_cm_event()` or, for a connection request,
+    /// `rdma_create_event_channel()`/`rdma_migrate_id()` fails (the request is then rejected).
+    #[doc(alias = "rdma_get_cm_event")]
+    #[doc(alias = "rdma_ack_cm_event")]
+    pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<CmEvent>> {
+        let ms = match timeout {
+            None => -1,
+            Some(t) => i32::try_from(t.as_millis()).unwrap_or(i32::MAX),
+        };
+        let mut pfd = libc::pollfd { fd: self.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                return Ok(None);
+            }
+            return Err(Error::Verb { verb: "poll", source: e });
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        let guard = self.inner.lock();
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: valid channel and out-pointer; the descriptor is non-blocking.
+        let ret = unsafe { ffi::rdma_get_cm_event(self.inner.raw(), &mut ev) };
+        if ret != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                return Ok(None);
+            }
+            return Err(Error::Verb { verb: "rdma_get_cm_event", source: e });
+        }
+        let Some(ev) = NonNull::new(ev) else {
+            return Err(Error::InvalidArgument { verb: "rdma_get_cm_event", reason: "returned no event" });
+        };
+        // SAFETY: a valid event until it is acknowledged below; librdmacm zero-fills it
+        // (calloc), so the parameter union is initialised whichever member it wrote.
+        let (kind, status, id, listen_id, conn) = unsafe {
+            let e = &*ev.as_ptr();
+            (CmEventKind(e.event.0), e.status, e.id, e.listen_id, e.param.conn)
+        };
+        let mut private_data = Vec::new();
+        if !conn.private_data.is_null() && conn.private_data_len > 0 {
+            // SAFETY: librdmacm points private_data at the event's own buffer of
+            // RDMA_MAX_PRIVATE_DATA (256) bytes and writes its length (a u8, at most 255).
+            let bytes = unsafe {
+                std::slice::from_raw_parts(conn.private_data.cast::<u8>(), conn.private_data_len.into())
+            };
+            private_data.extend_from_slice(bytes);
+        }
+        // SAFETY: the event came from rdma_get_cm_event and is acknowledged once; nothing of
+        // it is used afterwards (all copied above). Acknowledged before any id could be
+        // destroyed: rdma_destroy_id waits for its events' acknowledgements.
+        unsafe { ffi::rdma_ack_cm_event(ev.as_ptr()) };
+        let new_id = match (kind == CmEventKind::CONNECT_REQUEST, NonNull::new(id)) {
+            (true, Some(new)) => Some(Self::adopt_request(new)?),
+            _ => None,
+        };
+        drop(guard);
+        Ok(Some(CmEvent {
+            kind,
+            status,
+            id: id as usize,
+            listen_id: listen_id as usize,
+            private_data,
+            responder_resources: conn.responder_resources,
+            initiator_depth: conn.initiator_depth,
+            retry_count: conn.retry_count,
+            rnr_retry_count: conn.rnr_retry_count,
+            new_id,
+        }))
+    }
+
+    /// Gives a connection request's new id (whose event is acknowledged) a channel of its own
+    /// and an owner; rejects and destroys it if that fails.
+    fn adopt_request(new: NonNull<ffi::rdma_cm_id>) -> Result<CmId> {
+        let fail = |e: Error| {
+            // SAFETY: the new id is ours alone (never handed out), its only event acknowledged,
+            // no QP on it: reject and destroy it once.
+            unsafe {
+                ffi::rdma_reject(new.as_ptr(), std::ptr::null(), 0);
+                ffi::rdma_destroy_id(new.as_ptr());
+            }
+            e
+        };
+        let ch = EventChannel::new().map_err(fail)?;
+        // SAFETY: valid id and channel; all events of the id are acknowledged, so the call
+        // does not wait.
+        let ret = unsafe { ffi::rdma_migrate_id(new.as_ptr(), ch.inner.raw()) };
+        cvt("rdma_migrate_id", ret).map_err(fail)?;
+        Ok(CmId { inner: Arc::new(CmIdInner { raw: new, channel: ch.inner }) })
+    }
+
+    /// The raw `struct rdma_event_channel *`. What `ffi` calls may not do with it: read events
+    /// without acknowledging them, or destroy it.
+    pub fn as_raw(&self) -> *mut ffi::rdma_event_channel {
+        self.inner.raw()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_kinds_print_their_names() {
+        assert_eq!(format!("{:?}", CmEventKind::ESTABLISHED), "ESTABLISHED");
+        assert_eq!(format!("{:?}", CmEventKind::TIMEWAIT_EXIT), "TIMEWAIT_EXIT");
+        assert_eq!(format!("{:?}", CmEventKind(999)), "CmEventKind(999)");
+    }
+}

@@ -1,0 +1,360 @@
+//! RDMA-CM identifiers (`struct rdma_cm_id`) and their operations.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cm::event::{ChannelInner, EventChannel};
+use crate::cm::{cm_context, read_sockaddr, timeout_ms, SockAddr};
+use crate::device::{Context, TransportType};
+use crate::error::{cvt, Error, Result};
+use crate::ffi;
+
+pub(crate) struct CmIdInner {
+    pub(crate) raw: NonNull<ffi::rdma_cm_id>,
+    pub(crate) channel: Arc<ChannelInner>,
+}
+
+// SAFETY: librdmacm's calls are thread-safe; the id's fields are only read or written under
+// its channel's lock.
+unsafe impl Send for CmIdInner {}
+// SAFETY: as above.
+unsafe impl Sync for CmIdInner {}
+
+impl Drop for CmIdInner {
+    fn drop(&mut self) {
+        let _g = self.channel.lock();
+        // SAFETY: created once, destroyed once; a QP on the id holds an Arc of this inner, so
+        // it is gone (and `id->qp` cleared). Every event of the id was acknowledged when it was
+        // read (get_event acknowledges under the lock we hold), so this does not block.
+        unsafe { ffi::rdma_destroy_id(self.raw.as_ptr()) };
+    }
+}
+
+/// An RDMA-CM identifier (`struct rdma_cm_id`): the RDMA analogue of a socket, in the
+/// `RDMA_PS_TCP` port space (RC connections).
+///
+/// Created by [`EventChannel::create_id`] or taken from a connection request
+/// ([`CmEvent::take_new_id`](crate::cm::CmEvent::take_new_id)). The calls start an operation
+/// whose outcome arrives as an event on the id's [`channel`](Self::channel). Dropping the id
+/// destroys it (`rdma_destroy_id()`), after a queue pair created on it (which keeps it alive).
+pub struct CmId {
+    pub(crate) inner: Arc<CmIdInner>,
+}
+
+impl fmt::Debug for CmId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CmId").field("local", &self.local_addr()).field("peer", &self.peer_addr()).finish()
+    }
+}
+
+/// Connection parameters of [`CmId::connect`] and [`CmId::accept`] (`struct rdma_conn_param`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnParam {
+    /// Private data for the peer. At most the transport's limit, checked before anything is
+    /// sent: on InfiniBand and RoCE 56 bytes in a connect, 196 in an accept, 148 in a reject;
+    /// on iWARP 255.
+    pub private_data: Vec<u8>,
+    /// RDMA Reads and atomics the peer may have outstanding towards us.
+    pub responder_resources: u8,
+    /// RDMA Reads and atomics we may have outstanding towards the peer.
+    pub initiator_depth: u8,
+    /// Transport retries (0–7; 7 means "forever" on rxe, so the default is 6). Connect only.
+    pub retry_count: u8,
+    /// Receiver-not-ready retries (0–7; 7 means "forever"). Default 6.
+    pub rnr_retry_count: u8,
+}
+
+impl Default for ConnParam {
+    fn default() -> Self {
+        ConnParam {
+            private_data: Vec::new(),
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 6,
+            rnr_retry_count: 6,
+        }
+    }
+}
+
+/// Which message private data goes in.
+#[derive(Clone, Copy)]
+enum Message {
+    Connect,
+    Accept,
+    Reject,
+}
+
+impl ConnParam {
+    fn raw(&self, verb: &'static str, max: usize) -> Result<ffi::rdma_conn_param> {
+        if self.private_data.len() > max {
+            return Err(Error::PrivateDataTooLong { verb, len: self.private_data.len(), max });
+        }
+        if self.retry_count > 7 || self.rnr_retry_count > 7 {
+            return Err(Error::InvalidArgument { verb, reason: "retry counts are 3-bit values (0..=7)" });
+        }
+        Ok(ffi::rdma_conn_param {
+            private_data: if self.private_data.is_empty() {
+                std::ptr::null()
+            } else {
+                self.private_data.as_ptr().cast()
+            },
+            // max <= 255.
+            private_data_len: self.private_data.len() as u8,
+            responder_resources: self.responder_resources,
+            initiator_depth: self.initiator_depth,
+            flow_control: 0,
+            retry_count: self.retry_count,
+            rnr_retry_count: self.rnr_retry_count,
+            srq: 0,
+            qp_num: 0,
+        })
+    }
+}
+
+impl CmId {
+    fn raw(&self) -> *mut ffi::rdma_cm_id {
+        self.inner.raw.as_ptr()
+    }
+
+    /// The raw `struct rdma_cm_id *`. What `ffi` calls may not do with it: destroy it, create
+    /// or destroy a queue pair on it, migrate it, or call anything while another thread may use
+    /// the id (the crate serialises its own calls with the channel's lock).
+    pub fn as_raw(&self) -> *mut ffi::rdma_cm_id {
+        self.raw()
+    }
+
+    /// The event channel the id's events arrive on.
+    pub fn channel(&self) -> EventChannel {
+        EventChannel { inner: self.inner.channel.clone() }
+    }
+
+    /// The id's device context (`id->verbs`) as a [`Context`], shared with every other id of
+    /// the same device: make the protection domain, CQs and memory regions of the id's queue
+    /// pair from it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] before the id is bound to a device (resolve or bind an
+    /// address first); [`Error::Verb`] from `rdma_get_devices()`.
+    pub fn context(&self) -> Result<Context> {
+        let verbs = self.verbs()?;
+        cm_context(verbs)
+    }
+
+    pub(crate) fn verbs(&self) -> Result<NonNull<ffi::ibv_context>> {
+        let _g = self.inner.channel.lock();
+        // SAFETY: valid id; its fields are written only under the lock we hold.
+        NonNull::new(unsafe { (*self.raw()).verbs }).ok_or(Error::InvalidArgument {
+            verb: "rdma_create_qp",
+            reason: "the id is not bound to a device yet: resolve or bind an address first",
+        })
+    }
+
+    fn max_private_data(&self, verb: &'static str, msg: Message) -> Result<usize> {
+        let verbs = self.verbs().map_err(|_| Error::InvalidArgument {
+            verb,
+            reason: "the id is not bound to a device yet: resolve its route first",
+        })?;
+        // SAFETY: a context stays valid while an id bound to it lives; `device` is set at open.
+        let transport = unsafe { TransportType((*(*verbs.as_ptr()).device).transport_type.0) };
+        Ok(match (transport, msg) {
+            (TransportType::IWARP, _) => 255,
+            (_, Message::Connect) => 56,
+            (_, Message::Accept) => 196,
+            (_, Message::Reject) => 148,
+        })
+    }
+
+    /// Binds the id to a local address (`rdma_bind_addr()`); port 0 picks one. Binding to a
+    /// specific IP address binds the id to that address's device.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] (e.g. `EADDRINUSE`, `EADDRNOTAVAIL`).
+    #[doc(alias = "rdma_bind_addr")]
+    pub fn bind(&self, addr: SocketAddr) -> Result<()> {
+        let mut sa = SockAddr::new(addr);
+        let _g = self.inner.channel.lock();
+        // SAFETY: valid id; `sa` is a socket address of its family's size.
+        cvt("rdma_bind_addr", unsafe { ffi::rdma_bind_addr(self.raw(), sa.as_mut_ptr()) })
+    }
+
+    /// Listens for connection requests (`rdma_listen()`), which arrive as
+    /// [`CONNECT_REQUEST`](crate::cm::CmEventKind::CONNECT_REQUEST) events.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] (e.g. `EADDRINUSE`).
+    #[doc(alias = "rdma_listen")]
+    pub fn listen(&self, backlog: i32) -> Result<()> {
+        let _g = self.inner.channel.lock();
+        // SAFETY: valid id.
+        cvt("rdma_listen", unsafe { ffi::rdma_listen(self.raw(), backlog) })
+    }
+
+    /// Resolves `dst` (and the local device) within `timeout` (`rdma_resolve_addr()`), from
+    /// `src` if given; the outcome is an [`ADDR_RESOLVED`](crate::cm::CmEventKind::ADDR_RESOLVED)
+    /// or [`ADDR_ERROR`](crate::cm::CmEventKind::ADDR_ERROR) event.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the request cannot be started (e.g. `EADDRNOTAVAIL`, `ENODEV`).
+    #[doc(alias = "rdma_resolve_addr")]
+    pub fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr, timeout: Duration) -> Result<()> {
+        let mut src = src.map(SockAddr::new);
+        let mut dst = SockAddr::new(dst);
+        let src_ptr = src.as_mut().map_or(std::ptr::null_mut(), SockAddr::as_mut_ptr);
+        let _g = self.inner.channel.lock();
+        // SAFETY: valid id; socket addresses of their families' sizes (or NULL for src).
+        let ret =
+            unsafe { ffi::rdma_resolve_addr(self.raw(), src_ptr, dst.as_mut_ptr(), timeout_ms(timeout)) };
+        cvt("rdma_resolve_addr", ret)
+    }
+
+    /// Resolves the route to the resolved address within `timeout` (`rdma_resolve_route()`);
+    /// the outcome is a [`ROUTE_RESOLVED`](crate::cm::CmEventKind::ROUTE_RESOLVED) or
+    /// [`ROUTE_ERROR`](crate::cm::CmEventKind::ROUTE_ERROR) event.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the request cannot be started.
+    #[doc(alias = "rdma_resolve_route")]
+    pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
+        let _g = self.inner.channel.lock();
+        // SAFETY: valid id.
+        cvt("rdma_resolve_route", unsafe { ffi::rdma_resolve_route(self.raw(), timeout_ms(timeout)) })
+    }
+
+    /// Sends a connection request (`rdma_connect()`), after route resolution; the outcome is an
+    /// [`ESTABLISHED`](crate::cm::CmEventKind::ESTABLISHED) event (the id's queue pair is then in
+    /// RTS), [`REJECTED`](crate::cm::CmEventKind::REJECTED), `UNREACHABLE` or `CONNECT_ERROR`.
+    ///
+    /// # Errors
+    /// [`Error::PrivateDataTooLong`] before anything is sent; [`Error::InvalidArgument`] for
+    /// retry counts above 7 or an unresolved id; [`Error::Verb`] from `rdma_connect()`.
+    #[doc(alias = "rdma_connect")]
+    pub fn connect(&self, param: &ConnParam) -> Result<()> {
+        let max = self.max_private_data("rdma_connect", Message::Connect)?;
+        let mut raw = param.raw("rdma_connect", max)?;
+        let _g = self.inner.channel.lock();
+        // SAFETY: valid id; `raw` points at `param`'s private data, which outlives the call
+        // (librdmacm copies it).
+        cvt("rdma_connect", unsafe { ffi::rdma_connect(self.raw(), &mut raw) })
+    }
+
+    /// Accepts a connection request (`rdma_accept()`) on its new id, which moves the id's queue
+    /// pair to RTS; the connection is usable after the
+    /// [`ESTABLISHED`](crate::cm::CmEventKind::ESTABLISHED) event.
+    ///
+    /// # Errors
+    /// [`Error::PrivateDataTooLong`] before anything is sent; [`Error::Verb`] from
+    /// `rdma_accept()`.
+    #[doc(alias = "rdma_accept")]
+    pub fn accept(&self, param: &ConnParam) -> Result<()> {
+        let max = self.max_private_data("rdma_accept", Message::Accept)?;
+        let mut raw = param.raw("rdma_accept", max)?;
+        let _g = self.inner.channel.lock();
+        // SAFETY: valid id; `raw` points at `param`'s private data (copied by the call).
+        cvt("rdma_accept", unsafe { ffi::rdma_accept(self.raw(), &mut raw) })
+    }
+
+    /// Rejects a connection request (`rdma_reject()`) with `private_data` for the peer.
+    ///
+    /// # Errors
+    /// [`Error::PrivateDataTooLong`] before anything is sent; [`Error::Verb`] from
+    /// `rdma_reject()`.
+    #[doc(alias = "rdma_reject")]
+    pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        let max = self.max_private_data("rdma_reject", Message::Reject)?;
+        if private_data.len() > max {
+            return Err(Error::PrivateDataTooLong { verb: "rdma_reject", len: private_data.len(), max });
+        }
+        let ptr = if private_data.is_empty() { std::ptr::null() } else { private_data.as_ptr().cast() };
+        let _g = self.inner.channel.lock();
+        // SAFETY: valid id; the data (at most 255 bytes, checked) is copied by the call.
+        cvt("rdma_reject", unsafe { ffi::rdma_reject(self.raw(), ptr, private_data.len() as u8) })
+    }
+
+    /// Disconnects (`rdma_disconnect()`): the id's queue pair goes to the error state (its
+    /// outstanding requests are flushed) and both sides get a
+    /// [`DISCONNECTED`](crate::cm::CmEventKind::DISCONNECTED) event.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] from `rdma_disconnect()` (e.g. `EINVAL` when not connected).
+    #[doc(alias = "rdma_disconnect")]
+    pub fn disconnect(&self) -> Result<()> {
+        let _g = self.inner.channel.lock();
+        // SAFETY: valid id; `id->qp` is NULL or a live QP (cleared under this lock when the QP
+        // is destroyed).
+        cvt("rdma_disconnect", unsafe { ffi::rdma_disconnect(self.raw()) })
+    }
+
+    /// The local address (`rdma_get_local_addr()`), once bound or resolved.
+    #[doc(alias = "rdma_get_local_addr")]
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        let _g = self.inner.channel.lock();
+        // SAFETY: valid id; the address lives in the id (a sockaddr_storage-sized union) and is
+        // written only under the lock we hold.
+        unsafe { read_sockaddr(ffi::rdma_get_local_addr(self.raw())) }
+    }
+
+    /// The peer's address (`rdma_get_peer_addr()`), once resolved or connected.
+    #[doc(alias = "rdma_get_peer_addr")]
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        let _g = self.inner.channel.lock();
+        // SAFETY: as in local_addr.
+        unsafe { read_sockaddr(ffi::rdma_get_peer_addr(self.raw())) }
+    }
+
+    /// Waits (bounded by `timeout`) for the next event on the id's channel, which must be
+    /// private to the id; `Err(Error::Timeout)` when none comes.
+    pub(crate) fn next_event(&self, verb: &'static str, timeout: Duration) -> Result<crate::cm::CmEvent> {
+        let ch = self.channel();
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if let Some(ev) = ch.get_event(Some(left))? {
+                return Ok(ev);
+            }
+            if left.is_zero() {
+                return Err(Error::Timeout { verb, waited: timeout });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conn_params_are_checked_before_librdmacm_sees_them() {
+        let p = ConnParam { private_data: vec![1; 57], ..ConnParam::default() };
+        assert!(matches!(
+            p.raw("rdma_connect", 56),
+            Err(Error::PrivateDataTooLong { verb: "rdma_connect", len: 57, max: 56 })
+        ));
+        let p = ConnParam { private_data: vec![1; 56], ..ConnParam::default() };
+        let raw = p.raw("rdma_connect", 56).unwrap();
+        assert_eq!(raw.private_data_len, 56);
+        assert_eq!(raw.private_data, p.private_data.as_ptr().cast());
+        assert_eq!((raw.retry_count, raw.rnr_retry_count), (6, 6), "finite: 7 is forever on rxe");
+        let raw = ConnParam::default().raw("rdma_accept", 196).unwrap();
+        assert!(raw.private_data.is_null() && raw.private_data_len == 0);
+        let p = ConnParam { rnr_retry_count: 8, ..ConnParam::default() };
+        assert!(matches!(p.raw("rdma_connect", 56), Err(Error::InvalidArgument { .. })));
+        // The largest length a u8 carries (iWARP's limit here).
+        let p = ConnParam { private_data: vec![0; 255], ..ConnParam::default() };
+        assert_eq!(p.raw("rdma_connect", 255).unwrap().private_data_len, 255);
+    }
+
+    #[test]
+    fn errors_name_reject_reasons_and_errnos() {
+        let e = Error::Rejected { verb: "rdma_connect", status: 8, private_data: vec![] };
+        assert!(e.to_string().contains("nothing listens"), "{e}");
+        let e = Error::CmEvent {
+            verb: "rdma_resolve_addr",
+            event: crate::cm::CmEventKind::ADDR_ERROR,
+            status: -libc::ETIMEDOUT,
+        };
+        assert!(e.to_string().contains("ADDR_ERROR") && e.to_string().contains("timed out"), "{e}");
+    }
+}

@@ -1,0 +1,649 @@
+//! Device tests of RDMA connection management (librdmacm) over SoftRoCE: connections made with
+//! [`ibverbs::cm`] move bytes, errors are typed and bounded, and objects may be dropped in any
+//! order. The harness puts rxe0 on dummy0 at 192.0.2.1 (RDMA-CM cannot use 127.0.0.1).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use ibverbs::cm::{self, CmEventKind, CmId, ConnParam, EventChannel, Listener};
+use ibverbs::{
+    AccessFlags, CompletionQueue, Error, Local, ProtectionDomain, QpCaps, QpState, QueuePair, RecvRequest,
+    SendRequest, WcOpcode, WcStatus,
+};
+
+const HOST: &str = "192.0.2.1";
+
+fn addr(port: u16) -> SocketAddr {
+    format!("{HOST}:{port}").parse().unwrap()
+}
+
+fn wait() -> Duration {
+    scaled(Duration::from_secs(10))
+}
+
+struct Side {
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+}
+
+/// A PD and a CQ of the RDMA-CM context of the test device.
+fn side() -> Side {
+    let ctx = cm::device_context(addr(0), wait()).expect("rdma_resolve_addr of the local address");
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None).unwrap();
+    Side { pd, cq }
+}
+
+fn caps() -> QpCaps {
+    QpCaps { max_send_wr: 8, max_recv_wr: 8, ..QpCaps::default() }
+}
+
+/// A listener on an ephemeral port.
+fn listener() -> (Listener, SocketAddr) {
+    let l = Listener::bind(addr(0)).unwrap();
+    let a = l.local_addr().unwrap();
+    assert_ne!(a.port(), 0);
+    (l, a)
+}
+
+struct Conn {
+    side: Side,
+    id: Option<CmId>,
+    qp: QueuePair,
+}
+
+impl Conn {
+    fn id(&self) -> &CmId {
+        self.id.as_ref().unwrap()
+    }
+}
+
+/// A connected pair: (client, server, the private data the server got).
+fn connected(param: ConnParam) -> (Conn, Conn, Vec<u8>) {
+    let (l, a) = listener();
+    let server = thread::spawn(move || {
+        let s = side();
+        let (id, qp, pdata) = l.accept(&s.pd, &s.cq, caps(), &ConnParam::default(), wait()).unwrap();
+        (Conn { side: s, id: Some(id), qp }, pdata)
+    });
+    let c = side();
+    let (id, qp) = cm::connect(a, &c.pd, &c.cq, caps(), &param, wait()).unwrap();
+    let (s, pdata) = server.join().unwrap();
+    (Conn { side: c, id: Some(id), qp }, s, pdata)
+}
+
+/// Sends `data` from `a` to `b` and checks it arrives.
+fn send_recv(a: &mut Conn, b: &mut Conn, data: &[u8]) {
+    let recv = b.side.pd.allocate(data.len()).unwrap();
+    b.qp.post_recv(RecvRequest::new(Local::whole(recv)).wr_id(7)).unwrap();
+    let mut src = a.side.pd.allocate(data.len()).unwrap();
+    src.copy_from_slice(data);
+    a.qp.post_send(SendRequest::send(Local::whole(src)).wr_id(8)).unwrap();
+    let sc = poll_one(&mut a.side.cq);
+    assert_eq!(sc.status(), WcStatus::SUCCESS, "{sc:?}");
+    let mut rc = poll_one(&mut b.side.cq);
+    assert_eq!(rc.status(), WcStatus::SUCCESS, "{rc:?}");
+    assert_eq!(rc.opcode(), WcOpcode::RECV);
+    assert_eq!(rc.byte_len() as usize, data.len());
+    assert_eq!(&rc.take_region().unwrap()[..], data);
+}
+
+#[test]
+fn connect_accept_send_recv_and_rdma_write() {
+    let pdata = b"hello from the client".to_vec();
+    let (mut c, mut s, got) = connected(ConnParam { private_data: pdata.clone(), ..ConnParam::default() });
+    assert_eq!(&got[..pdata.len()], &pdata[..], "the connect's private data reaches the listener");
+    assert!(got[pdata.len()..].iter().all(|&b| b == 0), "padding is zeros");
+    assert_eq!(c.qp.state(), QpState::RTS);
+    assert_eq!(s.qp.state(), QpState::RTS);
+    assert!(c.qp.is_cm_managed() && s.qp.is_cm_managed());
+    assert_eq!(c.id().peer_addr().unwrap().ip(), addr(0).ip());
+    assert_eq!(s.id().local_addr().unwrap().port(), c.id().peer_addr().unwrap().port());
+
+    send_recv(&mut c, &mut s, &pattern(1000, 1));
+    send_recv(&mut s, &mut c, &pattern(4096, 2));
+
+    // RDMA Write from the client into a server region, compared byte for byte.
+    let target = Arc::new(s.side.pd.allocate_remote(8192, AccessFlags::REMOTE_WRITE).unwrap());
+    let data = pattern(5000, 9);
+    let mut src = c.side.pd.allocate(5000).unwrap();
+    src.copy_from_slice(&data);
+    let remote = target.remote().slice(100, 5000).unwrap();
+    c.qp.post_send(SendRequest::write(Local::whole(src), remote).wr_id(3)).unwrap();
+    let wc = poll_one(&mut c.side.cq);
+    assert_eq!(wc.status(), WcStatus::SUCCESS, "{wc:?}");
+    assert_eq!(wc.opcode(), WcOpcode::RDMA_WRITE);
+    let got = target.to_vec();
+    assert_eq!(&got[100..5100], &data[..]);
+    assert!(got[..100].iter().chain(&got[5100..]).all(|&b| b == 0));
+
+    // Disconnect: the server's own channel reports it.
+    c.id().disconnect().unwrap();
+    let deadline = Instant::now() + wait();
+    loop {
+        let ev = s.id().channel().get_event(Some(Duration::from_millis(100))).unwrap();
+        if let Some(ev) = ev {
+            assert!(ev.is_for(s.id()));
+            assert_eq!(ev.kind(), CmEventKind::DISCONNECTED, "{ev:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no DISCONNECTED event");
+    }
+}
+
+#[test]
+fn our_state_transitions_are_refused_on_a_cm_queue_pair() {
+    let (mut c, _s, _) = connected(ConnParam::default());
+    let ep = c.qp.endpoint(&opts()).unwrap();
+    assert!(matches!(c.qp.connect(&ep, &opts()), Err(Error::CmManaged { .. })));
+    assert!(matches!(c.qp.init(&opts()), Err(Error::CmManaged { .. })));
+    assert!(matches!(c.qp.reset(), Err(Error::CmManaged { .. })));
+    assert!(matches!(c.qp.activate_ud(&opts()), Err(Error::CmManaged { .. })));
+    assert_eq!(c.qp.state(), QpState::RTS, "refusals change nothing");
+}
+
+#[test]
+fn connecting_to_a_port_nobody_listens_on_is_rejected() {
+    let s = side();
+    let (l, a) = listener();
+    drop(l); // the port is free again
+    let t = Instant::now();
+    let e = cm::connect(a, &s.pd, &s.cq, caps(), &ConnParam::default(), wait()).unwrap_err();
+    match &e {
+        Error::Rejected { status, .. } => assert_ne!(*status, 0, "{e}"),
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+    assert!(t.elapsed() < wait(), "{:?}", t.elapsed());
+    eprintln!("{e}");
+}
+
+#[test]
+fn an_application_reject_carries_its_reason_and_private_data() {
+    let (l, a) = listener();
+    let server = thread::spawn(move || {
+        let ch = l.id().channel();
+        let deadline = Instant::now() + wait();
+        loop {
+            if let Some(mut ev) = ch.get_event(Some(Duration::from_millis(100))).unwrap() {
+                assert_eq!(ev.kind(), CmEventKind::CONNECT_REQUEST);
+                assert!(ev.is_for(l.id()));
+                let id = ev.take_new_id().unwrap();
+                // Too long for a reject (148 on RoCE): typed, nothing sent.
+                assert!(matches!(id.reject(&[1; 149]), Err(Error::PrivateDataTooLong { max: 148, .. })));
+                id.reject(b"go away").unwrap();
+                return;
+            }
+            assert!(Instant::now() < deadline, "no connection request");
+        }
+    });
+    let s = side();
+    let e = cm::connect(a, &s.pd, &s.cq, caps(), &ConnParam::default(), wait()).unwrap_err();
+    server.join().unwrap();
+    match e {
+        Error::Rejected { status, private_data, .. } => {
+            assert_eq!(status, 28, "consumer reject");
+            assert_eq!(&private_data[..7], b"go away");
+        }
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+}
+
+#[test]
+fn private_data_too_long_is_refused_before_anything_is_sent() {
+    let (l, a) = listener();
+    let s = side();
+    let long = ConnParam { private_data: vec![7; 57], ..ConnParam::default() };
+    let e = cm::connect(a, &s.pd, &s.cq, caps(), &long, wait()).unwrap_err();
+    assert!(matches!(e, Error::PrivateDataTooLong { verb: "rdma_connect", len: 57, max: 56 }), "{e:?}");
+    // Nothing reached the listener.
+    assert!(l.id().channel().get_event(Some(Duration::from_millis(300))).unwrap().is_none());
+    // 56 bytes go through.
+    let server = thread::spawn(move || {
+        let s = side();
+        let (_id, _qp, pdata) = l.accept(&s.pd, &s.cq, caps(), &ConnParam::default(), wait()).unwrap();
+        pdata
+    });
+    let ok = ConnParam { private_data: vec![7; 56], ..ConnParam::default() };
+    let (_id, _qp) = cm::connect(a, &s.pd, &s.cq, caps(), &ok, wait()).unwrap();
+    assert_eq!(server.join().unwrap(), vec![7; 56]);
+    let bad = ConnParam { retry_count: 8, ..ConnParam::default() };
+    assert!(matches!(
+        cm::connect(a, &s.pd, &s.cq, caps(), &bad, wait()),
+        Err(Error::InvalidArgument { .. } | Error::Rejected { .. })
+    ));
+}
+
+#[test]
+fn an_address_nobody_answers_for_fails_within_the_bound() {
+    let s = side();
+    let bound = scaled(Duration::from_secs(3));
+    let t = Instant::now();
+    // On dummy0's subnet, but no host has it: ARP never resolves.
+    let e =
+        cm::connect("192.0.2.77:7471".parse().unwrap(), &s.pd, &s.cq, caps(), &ConnParam::default(), bound)
+            .unwrap_err();
+    let took = t.elapsed();
+    assert!(matches!(e, Error::Timeout { .. } | Error::CmEvent { .. } | Error::Rejected { .. }), "{e:?}");
+    assert!(took < bound + Duration::from_secs(1), "took {took:?}");
+    eprintln!("{e} after {took:?}");
+}
+
+#[test]
+fn a_pd_of_another_context_is_refused() {
+    let ctx = context(); // opened with ibv_open_device, not librdmacm's
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None).unwrap();
+    let (_l, a) = listener();
+    let e = cm::connect(a, &pd, &cq, caps(), &ConnParam::default(), wait()).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { verb: "rdma_create_qp", .. }), "{e:?}");
+    // A CQ of another context than the PD, too.
+    let s = side();
+    let e = cm::connect(a, &s.pd, &cq, caps(), &ConnParam::default(), wait()).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+}
+
+#[test]
+fn cm_contexts_are_shared_per_device() {
+    let a = cm::device_context(addr(0), wait()).unwrap();
+    let b = cm::device_context(addr(0), wait()).unwrap();
+    assert_eq!(a.as_raw(), b.as_raw());
+    let all = cm::devices().unwrap();
+    assert!(all.iter().any(|c| c.as_raw() == a.as_raw()));
+    // A PD of one and a CQ of the other are accepted: they are the same context.
+    let pd = a.alloc_pd().unwrap();
+    let cq = b.create_cq(64, None).unwrap();
+    let (l, addr) = listener();
+    let server = thread::spawn(move || {
+        let s = side();
+        l.accept(&s.pd, &s.cq, caps(), &ConnParam::default(), wait()).map(|_| ())
+    });
+    cm::connect(addr, &pd, &cq, caps(), &ConnParam::default(), wait()).unwrap();
+    server.join().unwrap().unwrap();
+}
+
+#[test]
+fn drop_orders_id_before_its_queue_pair_and_listener_before_accepted_ids() {
+    let (mut c, mut s, _) = connected(ConnParam::default());
+    // The client's id goes first: its QP keeps it alive and still works.
+    drop(c.id.take());
+    send_recv(&mut c, &mut s, b"still connected");
+    // QP dropped before its id (the usual order) and the id before its (last) channel handle.
+    let ch = s.id().channel();
+    drop(s.qp);
+    drop(s.id);
+    drop(ch);
+    drop(c.qp);
+    drop(c.side);
+}
+
+#[test]
+fn a_listener_dropped_before_its_accepted_connection() {
+    let (l, a) = listener();
+    let server = thread::spawn(move || {
+        let s = side();
+        let (id, qp, _) = l.accept(&s.pd, &s.cq, caps(), &ConnParam::default(), wait()).unwrap();
+        drop(l);
+        Conn { side: s, id: Some(id), qp }
+    });
+    let c = side();
+    let (id, qp) = cm::connect(a, &c.pd, &c.cq, caps(), &ConnParam::default(), wait()).unwrap();
+    let mut c = Conn { side: c, id: Some(id), qp };
+    let mut s = server.join().unwrap();
+    send_recv(&mut s, &mut c, &pattern(64, 5));
+    send_recv(&mut c, &mut s, &pattern(64, 6));
+}
+
+#[test]
+fn forgotten_events_and_ids_never_block_destruction() {
+    let (l, a) = listener();
+    let server = thread::spawn(move || {
+        let ch = l.id().channel();
+        let deadline = Instant::now() + wait();
+        loop {
+            if let Some(ev) = ch.get_event(Some(Duration::from_millis(100))).unwrap() {
+                assert_eq!(ev.kind(), CmEventKind::CONNECT_REQUEST);
+                // Leaks the request's new id (never accepted, never destroyed); the event was
+                // already acknowledged, so the listener's destruction cannot wait for it.
+                std::mem::forget(ev);
+                break;
+            }
+            assert!(Instant::now() < deadline, "no connection request");
+        }
+        drop(ch);
+        drop(l);
+    });
+    let s = side();
+    let bound = scaled(Duration::from_secs(3));
+    let t = Instant::now();
+    let e = cm::connect(a, &s.pd, &s.cq, caps(), &ConnParam::default(), bound).unwrap_err();
+    server.join().unwrap();
+    assert!(t.elapsed() < bound + Duration::from_secs(2), "{:?}", t.elapsed());
+    eprintln!("unanswered request: {e}");
+    // Our own id, QP and channel dropped in the middle of a connection attempt.
+    let ch = EventChannel::new().unwrap();
+    let id = ch.create_id().unwrap();
+    id.resolve_addr(None, addr(1), wait()).unwrap();
+    drop(ch);
+    drop(id);
+}
+
+#[test]
+fn disconnect_flushes_outstanding_receives_and_hands_their_buffers_back() {
+    let (mut c, _s, _) = connected(ConnParam::default());
+    let mut mr = c.side.pd.allocate(64).unwrap();
+    mr.copy_from_slice(&pattern(64, 4));
+    c.qp.post_recv(RecvRequest::new(Local::whole(mr)).wr_id(42)).unwrap();
+    c.id().disconnect().unwrap();
+    let mut wc = poll_one(&mut c.side.cq);
+    assert_eq!(wc.status(), WcStatus::WR_FLUSH_ERR, "{wc:?}");
+    assert_eq!(wc.wr_id(), 42);
+    assert_eq!(&wc.take_region().unwrap()[..], &pattern(64, 4)[..]);
+    assert_eq!(c.qp.refresh_state().unwrap(), QpState::ERR);
+}
+
+#[test]
+fn events_read_in_another_thread_while_the_queue_pair_and_id_go() {
+    let (c, s, _) = connected(ConnParam::default());
+    let ch = s.id().channel();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let mut kinds = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(ev) = ch.get_event(Some(Duration::from_millis(1))).unwrap() {
+                    kinds.push(ev.kind());
+                }
+            }
+            kinds
+        })
+    };
+    c.id().disconnect().unwrap();
+    // Racing the reader, which may be processing the DISCONNECTED event of this very id.
+    drop(s.qp);
+    drop(s.id);
+    thread::sleep(scaled(Duration::from_millis(200)));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let kinds = reader.join().unwrap();
+    assert!(
+        kinds.iter().all(|k| *k == CmEventKind::DISCONNECTED || *k == CmEventKind::TIMEWAIT_EXIT),
+        "{kinds:?}"
+    );
+    drop(c);
+}
+
+// ---- rping: our example against rdma-core's `rping` (rdmacm-utils), both roles ----
+
+mod rping {
+    use std::io::{BufRead, BufReader, Read};
+    use std::path::PathBuf;
+    use std::process::{Child, Command, Stdio};
+    use std::sync::mpsc;
+    use std::thread::JoinHandle;
+    use std::time::{Duration, Instant};
+
+    use super::scaled;
+
+    /// How long one rping run may take (three pings of 64 KiB take well under a second; TCG
+    /// is slow).
+    pub fn run_timeout() -> Duration {
+        scaled(Duration::from_secs(60))
+    }
+
+    /// Our example, next to this test binary: `target/<profile>/examples/rping`.
+    pub fn ours() -> PathBuf {
+        example("rping")
+    }
+
+    /// One of our examples, next to this test binary: `target/<profile>/examples/<name>`.
+    pub fn example(name: &str) -> PathBuf {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let dir = exe.parent().and_then(|d| d.parent()).expect("target/<profile>/deps/<test>");
+        let path = dir.join("examples").join(name);
+        assert!(path.is_file(), "{} is missing: `cargo build --examples` first", path.display());
+        path
+    }
+
+    /// A child process whose output is collected; killed when dropped.
+    pub struct Proc {
+        what: String,
+        child: Option<Child>,
+        started: Instant,
+        lines: mpsc::Receiver<String>,
+        out: Option<JoinHandle<String>>,
+        err: Option<JoinHandle<String>>,
+    }
+
+    #[derive(Debug)]
+    pub struct Done {
+        pub what: String,
+        pub ok: bool,
+        pub exited: bool,
+        pub elapsed: Duration,
+        pub stdout: String,
+        pub stderr: String,
+    }
+
+    impl Done {
+        pub fn assert_ok(&self) {
+            assert!(self.ok, "expected success: {self:#?}");
+        }
+        pub fn assert_failed_within(&self, bound: Duration) {
+            assert!(self.exited && !self.ok, "expected a clean failure: {self:#?}");
+            assert!(self.elapsed <= bound, "expected failure within {bound:?}: {self:#?}");
+            assert!(!self.stderr.contains("panicked"), "a panic: {self:#?}");
+        }
+        pub fn count(&self, needle: &str) -> usize {
+            self.stdout.lines().filter(|l| l.contains(needle)).count()
+        }
+    }
+
+    impl Proc {
+        pub fn spawn(program: impl Into<PathBuf>, args: &[&str]) -> Proc {
+            let program = program.into();
+            let what = format!("{} {}", program.display(), args.join(" "));
+            let mut child = Command::new(&program)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot run `{what}`: {e} (is rdmacm-utils installed?)"));
+            let (tx, lines) = mpsc::channel();
+            let o = child.stdout.take().unwrap();
+            let out = std::thread::spawn(move || {
+                let mut all = String::new();
+                for line in BufReader::new(o).lines() {
+                    let Ok(line) = line else { break };
+                    all.push_str(&line);
+                    all.push('\n');
+                    let _ = tx.send(line);
+                }
+                all
+            });
+            let mut e = child.stderr.take().unwrap();
+            let err = std::thread::spawn(move || {
+                let mut all = Vec::new();
+                let _ = e.read_to_end(&mut all);
+                String::from_utf8_lossy(&all).into_owned()
+            });
+            Proc { what, child: Some(child), started: Instant::now(), lines, out: Some(out), err: Some(err) }
+        }
+
+        pub fn wait_for_line(&self, needle: &str, timeout: Duration) -> bool {
+            let deadline = Instant::now() + timeout;
+            loop {
+                match self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(l) if l.contains(needle) => return true,
+                    Ok(_) => {}
+                    Err(_) => return false,
+                }
+            }
+        }
+
+        pub fn finish(mut self, timeout: Duration) -> Done {
+            let mut child = self.child.take().unwrap();
+            let deadline = Instant::now() + timeout;
+            let (status, exited) = loop {
+                match child.try_wait() {
+                    Ok(Some(s)) => break (Some(s), true),
+                    Ok(None) if Instant::now() >= deadline => {
+                        let _ = child.kill();
+                        break (child.wait().ok(), false);
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                    Err(_) => break (None, false),
+                }
+            };
+            let elapsed = self.started.elapsed();
+            let stdout = self.out.take().and_then(|h| h.join().ok()).unwrap_or_default();
+            let stderr = self.err.take().and_then(|h| h.join().ok()).unwrap_or_default();
+            Done {
+                what: std::mem::take(&mut self.what),
+                ok: exited && status.is_some_and(|s| s.success()),
+                exited,
+                elapsed,
+                stdout,
+                stderr,
+            }
+        }
+    }
+
+    impl Drop for Proc {
+        fn drop(&mut self) {
+            if let Some(mut c) = self.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+use rping::{example, ours, run_timeout, Proc};
+
+/// One rping run: a server and a client (ours or C) on `port` with `-S size`, three pings with
+/// verification; both must succeed and print every ping.
+fn rping_run(server_ours: bool, client_ours: bool, port: u16, size: u32) {
+    let p = port.to_string();
+    let s = size.to_string();
+    let c_rping = std::path::PathBuf::from("rping");
+    let server_prog = if server_ours { ours() } else { c_rping.clone() };
+    let client_prog = if client_ours { ours() } else { c_rping };
+    let server = Proc::spawn(server_prog, &["-s", "-a", HOST, "-p", &p, "-S", &s, "-v"]);
+    if server_ours {
+        assert!(server.wait_for_line("listening on", run_timeout()), "our server never listened");
+    } else {
+        // The C server prints nothing when ready; our client retries a rejected connection,
+        // the C client does not.
+        std::thread::sleep(scaled(Duration::from_millis(500)));
+    }
+    let client = Proc::spawn(client_prog, &["-c", "-a", HOST, "-p", &p, "-S", &s, "-C", "3", "-V", "-v"]);
+    let c = client.finish(run_timeout());
+    let sv = server.finish(run_timeout());
+    c.assert_ok();
+    sv.assert_ok();
+    assert_eq!(c.count("ping data: "), 3, "{c:#?}");
+    assert_eq!(sv.count("server ping data: "), 3, "{sv:#?}");
+    for i in 0..3 {
+        let want = format!("rdma-ping-{i}: ");
+        if size as usize > want.len() {
+            assert!(c.stdout.contains(&want), "ping {i} missing: {c:#?}");
+        }
+    }
+    eprintln!("{} <-> {} -S {size}: ok\n{}", sv.what, c.what, c.stdout.lines().next().unwrap_or(""));
+}
+
+#[test]
+fn rping_our_server_with_c_client() {
+    for (i, size) in [26, 4096, 65535].into_iter().enumerate() {
+        rping_run(true, false, 7300 + i as u16, size);
+    }
+}
+
+#[test]
+fn rping_c_server_with_our_client() {
+    for (i, size) in [26, 4096, 65535].into_iter().enumerate() {
+        rping_run(false, true, 7310 + i as u16, size);
+    }
+}
+
+#[test]
+fn rping_ours_with_ours() {
+    for (i, size) in [1, 4096, 65536].into_iter().enumerate() {
+        rping_run(true, true, 7320 + i as u16, size);
+    }
+}
+
+#[test]
+fn rping_client_without_server_fails_within_its_timeout() {
+    let c = Proc::spawn(ours(), &["-c", "-a", HOST, "-p", "7330", "-C", "1", "--timeout", "2"]);
+    let d = c.finish(run_timeout());
+    d.assert_failed_within(scaled(Duration::from_secs(8)));
+    assert!(d.stderr.contains("rejected"), "{d:#?}");
+}
+
+#[test]
+fn rping_mismatched_sizes_fail_cleanly_on_both_sides() {
+    let server = Proc::spawn(ours(), &["-s", "-a", HOST, "-p", "7331", "-S", "64", "--timeout", "5"]);
+    assert!(server.wait_for_line("listening on", run_timeout()));
+    let client =
+        Proc::spawn(ours(), &["-c", "-a", HOST, "-p", "7331", "-S", "4096", "-C", "2", "--timeout", "5"]);
+    let sv = server.finish(run_timeout());
+    let c = client.finish(run_timeout());
+    let bound = scaled(Duration::from_secs(20));
+    sv.assert_failed_within(bound);
+    assert!(sv.stderr.contains("advertises 4096 bytes"), "{sv:#?}");
+    c.assert_failed_within(bound);
+}
+
+#[test]
+fn rping_server_without_client_gives_up_within_its_timeout() {
+    let s = Proc::spawn(ours(), &["-s", "-a", HOST, "-p", "7332", "--timeout", "2"]);
+    let d = s.finish(run_timeout());
+    d.assert_failed_within(scaled(Duration::from_secs(8)));
+    assert!(d.stderr.contains("no client"), "{d:#?}");
+}
+
+/// rdma_server/rdma_client (one 16-byte message each way), ours or C on each side.
+fn rdma_server_client(server_ours: bool, client_ours: bool, port: u16) {
+    let p = port.to_string();
+    let prog = |ours: bool, name: &str| if ours { example(name) } else { std::path::PathBuf::from(name) };
+    let server = Proc::spawn(prog(server_ours, "rdma_server"), &["-s", HOST, "-p", &p]);
+    if server_ours {
+        assert!(server.wait_for_line("listening on", run_timeout()), "our server never listened");
+    } else {
+        std::thread::sleep(scaled(Duration::from_millis(500)));
+    }
+    // A generous bound for ours: a lost CM message (seen once in ~80 runs against the C server,
+    // whose rdma_accept waits for the RTU before it answers) is retried by the kernel's CM only
+    // after seconds.
+    let mut args = vec!["-s", HOST, "-p", &p];
+    if client_ours {
+        args.extend(["--timeout", "40"]);
+    }
+    let c = Proc::spawn(prog(client_ours, "rdma_client"), &args).finish(run_timeout());
+    let s = server.finish(run_timeout());
+    assert!(c.ok && s.ok, "expected success:\n{c:#?}\n{s:#?}");
+    assert!(c.stdout.contains("rdma_client: end 0"), "{c:#?}");
+    assert!(s.stdout.contains("rdma_server: end 0"), "{s:#?}");
+}
+
+#[test]
+fn rdma_server_ours_with_c_client() {
+    rdma_server_client(true, false, 7340);
+}
+
+#[test]
+fn rdma_client_ours_with_c_server() {
+    rdma_server_client(false, true, 7341);
+}
+
+#[test]
+fn rdma_server_and_client_ours_with_ours() {
+    rdma_server_client(true, true, 7342);
+}
