@@ -680,3 +680,21 @@ fn handles_are_static_send_sync_and_work_across_threads() {
     assert_eq!(sum, n * (n - 1) / 2);
     let _ = Mtu::MTU_1024;
 }
+
+#[test]
+fn a_refused_max_rd_atomic_leaves_the_qp_able_to_connect_again() {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8, None).unwrap();
+    let build = || pd.create_qp(&cq, QpType::RC).max_send_wr(2).max_recv_wr(2).build().unwrap();
+    let (mut a, mut b) = (build(), build());
+    let o = opts();
+    let (ea, eb) = (a.endpoint(&o).unwrap(), b.endpoint(&o).unwrap());
+    // rxe refused 255 only at RTS, leaving the QP in RTR where connect cannot run again.
+    let greedy = ConnectOptions { max_rd_atomic: Some(255), ..o.clone() };
+    assert!(matches!(a.connect(&eb, &greedy), Err(Error::InvalidArgument { .. })));
+    assert_eq!(a.state(), QpState::INIT, "refused before any transition past INIT");
+    a.connect(&eb, &o).unwrap();
+    b.connect(&ea, &o).unwrap();
+    assert_eq!((a.state(), b.state()), (QpState::RTS, QpState::RTS));
+}

@@ -79,8 +79,11 @@ impl QueuePair {
     ///
     /// # Errors
     /// [`Error::QpState`] unless the QP is in RESET or INIT; [`Error::InvalidArgument`] for a UD
-    /// QP or out-of-range options; [`Error::Verb`] for a bad port or GID index, or when the device
-    /// rejects a transition; [`Error::CmManaged`] for a queue pair created on an RDMA-CM id.
+    /// QP or out-of-range options (including a `max_rd_atomic` above the device's limits);
+    /// [`Error::Verb`] for a bad port or GID index, or when the device rejects a transition;
+    /// [`Error::CmManaged`] for a queue pair created on an RDMA-CM id. Options are checked before
+    /// any transition, but if the device still refuses RTS after accepting RTR, the QP stays in
+    /// RTR, where `connect` refuses to run again: [`reset`](Self::reset) it first.
     #[doc(alias = "ibv_modify_qp")]
     pub fn connect(&mut self, remote: &Endpoint, opts: &ConnectOptions) -> Result<()> {
         self.check_not_cm()?;
@@ -102,13 +105,19 @@ impl QueuePair {
         if let Some(m) = opts.mtu {
             mtu = mtu.min(m);
         }
+        let dev = ctx.query_device()?;
+        let device_max = dev.max_qp_rd_atom().min(dev.max_qp_init_rd_atom());
         let rd_atomic = match opts.max_rd_atomic {
-            Some(n) => n,
-            None => {
-                let dev = ctx.query_device()?;
-                let n = dev.max_qp_rd_atom().min(dev.max_qp_init_rd_atom()).clamp(1, 16);
-                u8::try_from(n).unwrap_or(16)
+            // Checked before any transition: the device would refuse it only at RTS, leaving the
+            // QP in RTR.
+            Some(n) if u32::from(n) > device_max => {
+                return Err(Error::InvalidArgument {
+                    verb: "ibv_modify_qp",
+                    reason: "max_rd_atomic is above the device's max_qp_rd_atom / max_qp_init_rd_atom",
+                })
             }
+            Some(n) => n,
+            None => u8::try_from(device_max.clamp(1, 16)).unwrap_or(16),
         };
         use ffi::ibv_qp_attr_mask as M;
         let mut attr = ffi::ibv_qp_attr {
