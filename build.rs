@@ -1,13 +1,13 @@
 //! Build script of the safe `ibverbs` crate: turns the rdma-core version that `ibverbs-sys`
-//! exports (`links = "ibverbs"` → `DEP_IBVERBS_RDMA_CORE`) into `cfg`s for verbs that older
+//! exports (`links = "rdma_verbs"` → `DEP_RDMA_VERBS_RDMA_CORE`) into `cfg`s for verbs that older
 //! rdma-core releases lack.
 
 fn main() {
-    println!("cargo:rerun-if-env-changed=DEP_IBVERBS_RDMA_CORE");
+    println!("cargo:rerun-if-env-changed=DEP_RDMA_VERBS_RDMA_CORE");
     println!("cargo:rustc-check-cfg=cfg(ibverbs_has_query_gid_ex)");
     println!("cargo:rustc-check-cfg=cfg(ibverbs_has_query_gid_table)");
     let rdma_core: u32 =
-        std::env::var("DEP_IBVERBS_RDMA_CORE").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+        std::env::var("DEP_RDMA_VERBS_RDMA_CORE").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     // ibv_query_gid_ex() and ibv_query_gid_table() appeared in rdma-core v32.
     if rdma_core >= 32 {
         println!("cargo:rustc-cfg=ibverbs_has_query_gid_ex");

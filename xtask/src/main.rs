@@ -35,6 +35,7 @@ mod json;
 mod nightly;
 mod prereq;
 mod process;
+mod publish;
 mod shell;
 mod signals;
 mod test;
@@ -58,13 +59,14 @@ Commands:
         IBVERBS_TEST_IP set; its stdout and stderr come back separately. stdin is /dev/null.
         Exit status: CMD's, or 124 (timeout), 125 (the VM failed), 127 (no such command),
         128+N (signal N).
-  test [--vm] [--mtu N] [--timeout S] [--valgrind] [--tsan] [--miri] [-- TEST_ARGS...]
+  test [--vm] [--mtu N] [--timeout S] [--valgrind] [--tsan] [--miri] [--publish] [-- TEST_ARGS...]
         The whole test suite: builds, host tests, doc tests; with a nightly toolchain (installed
         with rustup if missing): doc tests under nightly rustdoc (checks compile_fail error codes),
         Miri over the library's unit tests, the ThreadSanitizer build of tests/device_threads*.rs;
         then in one VM boot the device tests (tests/device_*.rs), the same under valgrind, the
-        ThreadSanitizer binaries, the harness's self-tests and a leak check; a summary.
-        --valgrind, --tsan, --miri: run only these passes (any combination).
+        ThreadSanitizer binaries, the harness's self-tests and a leak check; the publish checks
+        (MSRV, docs without rdma-core, cargo publish --dry-run); a summary.
+        --valgrind, --tsan, --miri, --publish: run only these passes (any combination).
         TEST_ARGS go to each device test binary (e.g. a test name filter).
   demo [--vm] [--mtu N] [--timeout S]
         Show the device at work: our devinfo, rc_pingpong and write_bw examples (one VM boot).
@@ -112,6 +114,8 @@ struct Options {
     tsan: bool,
     /// `test --miri`.
     miri: bool,
+    /// `test --publish`.
+    publish: bool,
     /// `deps --dry-run`.
     dry_run: bool,
     /// `deps --allow-remove PKG`: installed packages the install may remove (repeatable).
@@ -127,6 +131,7 @@ impl Default for Options {
             valgrind: false,
             tsan: false,
             miri: false,
+            publish: false,
             dry_run: false,
             allow_remove: Vec::new(),
         }
@@ -197,6 +202,7 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
             "--valgrind" if flag && command == "test" => opts.valgrind = true,
             "--tsan" if flag && command == "test" => opts.tsan = true,
             "--miri" if flag && command == "test" => opts.miri = true,
+            "--publish" if flag && command == "test" => opts.publish = true,
             "--dry-run" if flag && command == "deps" => opts.dry_run = true,
             "--allow-remove" if command == "deps" => {
                 let v = value()?;
@@ -328,7 +334,7 @@ fn main() -> ExitCode {
         Cli::MemcheckProbe => return ExitCode::from(memcheck_probe()),
         Cli::Rxe(opts, argv) => rxe(opts, argv),
         Cli::Test(opts, test_args) => {
-            let passes = test::Passes::only(opts.valgrind, opts.tsan, opts.miri);
+            let passes = test::Passes::only(opts.valgrind, opts.tsan, opts.miri, opts.publish);
             backend(opts, &test_groups(passes)).and_then(|backend| {
                 test::run(&test::TestOptions {
                     backend,

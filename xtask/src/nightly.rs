@@ -159,11 +159,11 @@ impl PassResult {
     }
 }
 
-/// `cargo +nightly miri test -p ibverbs --lib`: the library's unit tests under Miri.
+/// `cargo +nightly miri test -p rdma-verbs --lib`: the library's unit tests under Miri.
 pub fn miri(toolchain: &str, root: &Path) -> Result<PassResult, String> {
-    eprintln!("xtask: ==== Miri: cargo +{toolchain} miri test -p ibverbs --lib");
+    eprintln!("xtask: ==== Miri: cargo +{toolchain} miri test -p rdma-verbs --lib");
     let r = process::run(
-        &mut nightly_cargo(toolchain, root, &["miri", "test", "-p", "ibverbs", "--lib"]),
+        &mut nightly_cargo(toolchain, root, &["miri", "test", "-p", "rdma-verbs", "--lib"]),
         PASS_LIMIT,
         true,
     )?;
@@ -189,13 +189,14 @@ pub fn miri_abort(stdout: &str, stderr: &str) -> Option<String> {
     Some(note)
 }
 
-/// `cargo +nightly test --doc -p ibverbs` (its own target folder): the doc tests with nightly rustdoc,
+/// `cargo +nightly test --doc -p rdma-verbs` (its own target folder): the doc tests with nightly rustdoc,
 /// which checks the error codes of `compile_fail,E....` doc tests.
 pub fn doc_tests(toolchain: &str, root: &Path, target_dir: &Path) -> Result<PassResult, String> {
-    eprintln!("xtask: ==== doc tests with nightly rustdoc: cargo +{toolchain} test --doc -p ibverbs");
+    eprintln!("xtask: ==== doc tests with nightly rustdoc: cargo +{toolchain} test --doc -p rdma-verbs");
     let dir = target_dir.join("nightly");
     let dir = dir.to_string_lossy();
-    let mut cmd = nightly_cargo(toolchain, root, &["test", "--doc", "-p", "ibverbs", "--target-dir", &dir]);
+    let mut cmd =
+        nightly_cargo(toolchain, root, &["test", "--doc", "-p", "rdma-verbs", "--target-dir", &dir]);
     let r = process::run(&mut cmd, PASS_LIMIT, true)?;
     Ok(PassResult::from(&r, String::new()))
 }
@@ -321,9 +322,9 @@ pub fn build_tsan(toolchain: &str, root: &Path, target_dir: &Path) -> Result<Tsa
     };
     eprintln!(
         "xtask: ==== ThreadSanitizer build: RUSTFLAGS=-Zsanitizer=thread cargo +{toolchain} test -Zbuild-std \
-         --target {TSAN_TARGET} -p ibverbs --test 'device_threads*' --no-run (in {dir_s})"
+         --target {TSAN_TARGET} -p rdma-verbs --test 'device_threads*' --no-run (in {dir_s})"
     );
-    let mut cmd = tsan_cargo(root, &["test", "--no-run", "-p", "ibverbs", "--test", "device_threads*"]);
+    let mut cmd = tsan_cargo(root, &["test", "--no-run", "-p", "rdma-verbs", "--test", "device_threads*"]);
     // The build's own messages on stderr are shown; the JSON on stdout is kept.
     let r = process::run(&mut cmd, PASS_LIMIT, false)?;
     eprint!("{}", r.stderr);

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use crate::cargo::{self, Artifact};
 use crate::nightly::{self, TsanBuild};
+use crate::publish;
 use crate::vm::{self, Backend, End, Output, Step, StepResult};
 use crate::{demo, shell, signals};
 
@@ -49,18 +50,22 @@ pub struct Passes {
     pub valgrind: bool,
     /// `tests/device_threads*.rs` under ThreadSanitizer.
     pub tsan: bool,
+    /// The publish-readiness checks ([`publish`]).
+    pub publish: bool,
 }
 
 impl Passes {
     /// The whole suite (`cargo xtask test`).
-    pub const ALL: Passes = Passes { plain: true, nightly_doc: true, miri: true, valgrind: true, tsan: true };
+    pub const ALL: Passes =
+        Passes { plain: true, nightly_doc: true, miri: true, valgrind: true, tsan: true, publish: true };
 
-    /// Only the passes asked for (`--valgrind`, `--tsan`, `--miri`); the whole suite if none is.
-    pub fn only(valgrind: bool, tsan: bool, miri: bool) -> Passes {
-        if !(valgrind || tsan || miri) {
+    /// Only the passes asked for (`--valgrind`, `--tsan`, `--miri`, `--publish`); the whole suite
+    /// if none is.
+    pub fn only(valgrind: bool, tsan: bool, miri: bool, publish: bool) -> Passes {
+        if !(valgrind || tsan || miri || publish) {
             return Passes::ALL;
         }
-        Passes { plain: false, nightly_doc: false, miri, valgrind, tsan }
+        Passes { plain: false, nightly_doc: false, miri, valgrind, tsan, publish }
     }
 
     /// Whether a pass needs the nightly toolchain.
@@ -242,6 +247,30 @@ impl Summary {
     }
 }
 
+/// The publish-readiness checks ([`publish`]): MSRV, docs without rdma-core, publish dry run.
+fn publish_checks(root: &Path, target_dir: &Path, summary: &mut Summary) -> Result<(), String> {
+    let t = Instant::now();
+    let msrv = publish::msrv(root, target_dir);
+    interrupted()?;
+    let what = match &msrv {
+        Ok(v) => format!("MSRV: cargo +{v} check --lib --all-features of both crates"),
+        Err(_) => "MSRV: cargo +MSRV check of both crates".into(),
+    };
+    summary.check(&what, msrv.map(|_| ()));
+    summary.took(t.elapsed());
+    let t = Instant::now();
+    let docs = publish::docs_without_rdma_core(root, target_dir);
+    interrupted()?;
+    summary.check("docs without rdma-core: DOCS_RS=1 cargo doc, pkg-config finding nothing", docs);
+    summary.took(t.elapsed());
+    let t = Instant::now();
+    let dry = publish::dry_run(root);
+    interrupted()?;
+    summary.check("cargo publish --dry-run --workspace (rdma-verbs-sys, rdma-verbs)", dry);
+    summary.took(t.elapsed());
+    Ok(())
+}
+
 /// Runs the suite; returns the exit status.
 pub fn run(opts: &TestOptions) -> Result<u8, String> {
     let start = Instant::now();
@@ -275,6 +304,9 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
         summary.counted("doc tests (cargo test --workspace --doc)", code, tally, "");
         summary.took(t.elapsed());
     }
+    if passes.publish {
+        publish_checks(&root, &target_dir, &mut summary)?;
+    }
 
     let mut tsan = None;
     if passes.need_nightly() {
@@ -307,7 +339,7 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
             }
         }
         if passes.miri {
-            let what = "Miri: cargo +nightly miri test -p ibverbs --lib";
+            let what = "Miri: cargo +nightly miri test -p rdma-verbs --lib";
             match &toolchain {
                 Ok(tc) => {
                     let r = nightly::miri(tc, &root)?;
@@ -1105,13 +1137,15 @@ mod tests {
 
     #[test]
     fn passes_asked_for() {
-        assert_eq!(Passes::only(false, false, false), Passes::ALL);
-        let v = Passes::only(true, false, false);
-        assert!(v.valgrind && !v.plain && !v.tsan && !v.miri && !v.nightly_doc);
+        assert_eq!(Passes::only(false, false, false, false), Passes::ALL);
+        let v = Passes::only(true, false, false, false);
+        assert!(v.valgrind && !v.plain && !v.tsan && !v.miri && !v.nightly_doc && !v.publish);
         assert!(!v.need_nightly());
-        let m = Passes::only(false, false, true);
+        let m = Passes::only(false, false, true, false);
         assert!(m.need_nightly() && !m.plain && !m.valgrind && !m.tsan);
-        assert!(Passes::only(false, true, false).need_nightly());
+        assert!(Passes::only(false, true, false, false).need_nightly());
+        let p = Passes::only(false, false, false, true);
+        assert!(p.publish && !p.plain && !p.valgrind && !p.tsan && !p.need_nightly());
     }
 
     #[test]
