@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use ibverbs::{
     AccessFlags, AsyncEvent, AsyncEventType, AsyncObject, Completion, CompletionQueue, Error, Local,
-    PortState, ProtectionDomain, QpType, QueuePair, RecvRequest, SendRequest, WcStatus,
+    PortState, ProtectionDomain, QpState, QpType, QueuePair, RecvRequest, SendRequest, WcStatus,
 };
 
 /// Runs `f` on a thread and fails (instead of hanging) when it does not finish within `bound`.
@@ -412,6 +412,11 @@ fn a_hostile_remote_write_and_dropping_objects_while_holding_their_events() {
             );
         }
     }
+    let (state_a, state_b) = (a.query_state().unwrap(), b.query_state().unwrap());
+    println!("after the violation: requester {state_a:?}, responder {state_b:?}");
+    // What rxe (6.1) really does: both QPs go to the error state, the requester learns it from
+    // its completion, and no asynchronous QP event is raised (printed below when so).
+    assert_eq!((state_a, state_b), (QpState::ERR, QpState::ERR));
     if about_b.is_empty() {
         println!("RXE DELIVERED NO ASYNC EVENT (e.g. IBV_EVENT_QP_ACCESS_ERR) FOR THE RESPONDER QP of a remote access violation");
     }
@@ -425,4 +430,53 @@ fn a_hostile_remote_write_and_dropping_objects_while_holding_their_events() {
         drop((cq_a, cq_b));
         drop(held);
     });
+}
+
+#[test]
+fn sq_drained_names_its_qp_and_the_qp_drops_while_the_event_is_held() {
+    let ctx = context();
+    let events = ctx.async_events().unwrap();
+    while events.try_get().unwrap().is_some() {}
+    let pd = ctx.alloc_pd().unwrap();
+    let mut cq_a = ctx.create_cq(16, None).unwrap();
+    let cq_b = ctx.create_cq(16, None).unwrap();
+    let mut a = qp(&pd, &cq_a, &cq_a);
+    let mut b = qp(&pd, &cq_b, &cq_b);
+    connect(&mut a, &mut b);
+    let target = pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap();
+    a.post_send(SendRequest::write(Local::whole(pd.allocate(16).unwrap()), target.remote())).unwrap();
+    assert!(poll_one(&mut cq_a).is_ok());
+    // RTS -> SQD behind the crate's back (allowed: it only leaves `state()` stale).
+    let mut attr =
+        ibverbs::ffi::ibv_qp_attr { qp_state: ibverbs::ffi::ibv_qp_state::IBV_QPS_SQD, ..Default::default() };
+    // SAFETY: a valid QP and attribute; only the state changes.
+    let ret = unsafe {
+        ibverbs::ffi::ibv_modify_qp(
+            a.as_raw(),
+            &mut attr,
+            ibverbs::ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+        )
+    };
+    println!("ibv_modify_qp(RTS -> SQD) = {ret}");
+    let seen = collect(&events, scaled(Duration::from_secs(2)), |s| s.iter().any(|e| e.is_for_qp(&a)));
+    let drained = seen.iter().find(|e| e.is_for_qp(&a)).copied();
+    match drained {
+        Some(ev) => {
+            assert_eq!(ev.kind(), AsyncEventType::SQ_DRAINED, "{ev:?}");
+            assert_eq!(ev.qp_num(), Some(a.qp_num()));
+        }
+        None => {
+            println!("RXE DELIVERED NO IBV_EVENT_SQ_DRAINED after RTS -> SQD (ret {ret}): events {seen:?}")
+        }
+    }
+    assert_eq!(ret, 0, "rxe refused RTS -> SQD");
+    assert!(drained.is_some(), "no SQ_DRAINED for the QP");
+    // Hold the event while its QP goes: the drop must not wait for it. (It was acknowledged
+    // when read; being `Copy`, it has no drop, so forgetting it is no different from holding.)
+    let held = drained;
+    within("drop of a QP whose event is held", scaled(Duration::from_secs(10)), move || {
+        drop(a);
+        println!("still held after the QP is gone: {held:?}");
+    });
+    drop((b, cq_a, cq_b));
 }
