@@ -170,4 +170,32 @@ mod tests {
         assert_eq!(poll_millis(Some(Duration::from_nanos(7_000_001))), 8);
         assert_eq!(poll_millis(Some(Duration::MAX)), i32::MAX);
     }
+
+    // poll(2) and epoll are not available under Miri.
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn waits_are_bounded_and_the_epoll_descriptor_follows_its_source_and_cannot_be_read() {
+        let w = Wakeup::new().unwrap();
+        set_nonblocking(w.raw()).unwrap();
+        let ready = ReadinessFd::new(w.raw()).unwrap();
+        let epfd = ready.as_fd().as_raw_fd();
+        let t = Instant::now();
+        assert!(!wait_readable(w.raw(), Some(Duration::from_millis(30))).unwrap());
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        assert!(!wait_readable(epfd, Some(Duration::ZERO)).unwrap());
+        w.wake();
+        assert!(wait_readable(w.raw(), Some(Duration::ZERO)).unwrap());
+        assert!(
+            wait_readable(epfd, Some(Duration::ZERO)).unwrap(),
+            "level-triggered: readable with its source"
+        );
+        assert!(wait_any_readable(&[epfd, w.raw()], None).unwrap());
+        let mut f = std::fs::File::from(ready.as_fd().try_clone_to_owned().unwrap());
+        let e = std::io::Read::read(&mut f, &mut [0u8; 8]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+        assert!(wait_readable(w.raw(), Some(Duration::ZERO)).unwrap(), "the failed read consumed nothing");
+        w.reset();
+        assert!(!wait_readable(epfd, Some(Duration::ZERO)).unwrap());
+        assert!(set_nonblocking(-1).is_err());
+    }
 }
