@@ -480,3 +480,47 @@ fn sq_drained_names_its_qp_and_the_qp_drops_while_the_event_is_held() {
     });
     drop((b, cq_a, cq_b));
 }
+
+#[test]
+fn cqs_dropped_while_another_thread_reads_their_events_never_hang() {
+    within("CQ drops racing a channel reader", scaled(Duration::from_secs(30)), || {
+        let ctx = context();
+        let ch = ctx.create_comp_channel().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let send_cq = ctx.create_cq(256, None).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (ch, stop) = (ch.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if ch.get_event(Some(Duration::from_millis(2))).unwrap().is_some() {
+                        n += 1;
+                    }
+                }
+                n
+            })
+        };
+        let rounds = 25u32;
+        for i in 0..rounds {
+            let cq = ctx.create_cq(8, Some(&ch)).unwrap();
+            let mut a = qp(&pd, &send_cq, &send_cq);
+            let mut b = qp(&pd, &send_cq, &cq);
+            connect(&mut a, &mut b);
+            cq.req_notify(false).unwrap();
+            recv(&pd, &mut b);
+            a.post_send(SendRequest::send_inline(b"race")).unwrap();
+            // Drop at different moments relative to the event: before it, while the reader
+            // takes it, after it was counted.
+            std::thread::sleep(Duration::from_micros(u64::from(i % 5) * 300));
+            drop((a, b));
+            drop(cq);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let n = reader.join().unwrap();
+        println!("{n} of {rounds} events read by the racing reader");
+        let mut send_cq = send_cq;
+        let mut out: [Completion; 32] = Default::default();
+        while !send_cq.poll(&mut out).unwrap().is_empty() {}
+    });
+}
