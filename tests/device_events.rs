@@ -524,3 +524,46 @@ fn cqs_dropped_while_another_thread_reads_their_events_never_hang() {
         while !send_cq.poll(&mut out).unwrap().is_empty() {}
     });
 }
+
+#[test]
+fn poll_wait_is_woken_when_another_reader_takes_its_event() {
+    let ctx = context();
+    let ch = ctx.create_comp_channel().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let send_cq = ctx.create_cq(64, None).unwrap();
+    let mut cq = ctx.create_cq(16, Some(&ch)).unwrap();
+    let mut a = qp(&pd, &send_cq, &send_cq);
+    let mut b = qp(&pd, &send_cq, &cq);
+    connect(&mut a, &mut b);
+    let mut stolen = 0;
+    for round in 0..5 {
+        recv(&pd, &mut b);
+        let bound = scaled(Duration::from_secs(10));
+        let waiter = {
+            let mut cq = cq;
+            std::thread::spawn(move || {
+                let mut out: [Completion; 2] = Default::default();
+                let t = Instant::now();
+                let n = cq.poll_wait(&mut out, bound).unwrap().len();
+                (cq, n, t.elapsed())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        a.post_send(SendRequest::send_inline(b"steal me")).unwrap();
+        // Race the waiter for the event: whoever reads it, the waiter must wake.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(200) {
+            if ch.try_get_event().unwrap().is_some() {
+                stolen += 1;
+            }
+        }
+        let (back, n, waited) = waiter.join().unwrap();
+        println!("round {round}: woke after {waited:?} with {n} completion(s)");
+        assert_eq!(n, 1);
+        assert!(waited < bound, "round {round}: the waiter slept to its deadline");
+        cq = back;
+    }
+    println!("{stolen} of 5 events were read by the other reader");
+    let mut send_cq = send_cq;
+    poll_n(&mut send_cq, 5);
+}
