@@ -32,6 +32,7 @@
 //! | [`MemoryRegion`], [`RemoteMemoryRegion`] | `ibv_mr` | [`ProtectionDomain::allocate`], [`register`](ProtectionDomain::register), ... | `ibv_dereg_mr` |
 //! | [`CompletionChannel`] | `ibv_comp_channel` | [`Context::create_comp_channel`] | `ibv_destroy_comp_channel` |
 //! | [`CompletionQueue`] | `ibv_cq` | [`Context::create_cq`] | `ibv_destroy_cq` |
+//! | [`AsyncEvents`] | the context's `async_fd` | [`Context::async_events`] | (the context) |
 //! | [`QueuePair`] | `ibv_qp` | [`ProtectionDomain::create_qp`] | `ibv_destroy_qp` |
 //! | [`AddressHandle`] | `ibv_ah` | [`ProtectionDomain::create_ah`] | `ibv_destroy_ah` |
 //! | [`cm::EventChannel`] | `rdma_event_channel` | [`cm::EventChannel::new`] | `rdma_destroy_event_channel` |
@@ -142,11 +143,41 @@
 //! designed for it and tested across the wrap.
 //!
 //! ## Completion events
-//! [`CompletionChannel::get_event`] acknowledges every event it gets, so `ibv_destroy_cq`
-//! (which waits for acknowledgements) cannot block. The channel's descriptor is exposed as
-//! [`AsRawFd`](std::os::fd::AsRawFd) for reactors to watch, not `AsFd`: safe code could
-//! otherwise `read()` an event the crate never acknowledges.
+//! `ibv_destroy_cq` waits until every event read for the CQ (`ibv_get_cq_event`) is
+//! acknowledged (`ibv_ack_cq_events`). The crate reads events itself
+//! ([`CompletionChannel::try_get_event`], [`get_event`](CompletionChannel::get_event),
+//! [`CompletionQueue::poll_wait`]) and hands out only a [`CqId`], a plain value: nothing the
+//! caller holds is an unacknowledged event. It counts events per CQ in an atomic word that the
+//! CQ's `cq_context` points to (kept alive until after `ibv_destroy_cq` returned) and
+//! acknowledges them in batches: on [`CompletionQueue::req_notify`], every 64 events, and in the
+//! CQ's drop, which first marks the word *dying* and acknowledges what was counted; a reader
+//! that reads an event of a dying CQ acknowledges it itself. One atomic update decides which of
+//! the two acknowledges each event, and a reader touches the word and the CQ only while its own
+//! event is unacknowledged (so `ibv_destroy_cq` is still waiting for it): no event is
+//! acknowledged twice or never, no freed CQ is touched, and no drop order or `mem::forget`
+//! makes a destroy hang. (The full argument is in the source of `queue/channel.rs`.)
 //!
+//! A channel's descriptor must never be *read* except by the crate: an event read behind its
+//! back is never acknowledged. So [`AsFd`](std::os::fd::AsFd) hands out a private epoll
+//! descriptor watching the channel (level-triggered): readable exactly when the channel is,
+//! watchable by any reactor, and `read(2)` on it (e.g. through a `File` made from a dup) fails
+//! with `EINVAL`. [`AsRawFd`](std::os::fd::AsRawFd) gives the channel's own descriptor, to
+//! watch only. The channel's descriptor is non-blocking, so a reader that loses a race returns.
+//! [`CompletionQueue::poll_wait`] arms, polls again (closing the race with a completion that
+//! came between the empty poll and the arming) and waits with a deadline; when several CQs
+//! share a channel, one waiter reads the descriptor and hands events of other CQs to their
+//! waiters, so no wake-up is lost.
+//!
+//! ## Asynchronous events
+//! `ibv_destroy_qp`, `ibv_destroy_cq` and `ibv_destroy_srq` wait for the acknowledgement of
+//! every asynchronous event read about the object. [`AsyncEvents`] acknowledges each event as it
+//! reads it, after copying out the type and the object as values ([`AsyncObject`]: an address
+//! as an id, a QP number read while the unacknowledged event kept the QP alive, a port number),
+//! never a pointer that could dangle. An [`AsyncEvent`] is `Copy`: holding, dropping or
+//! forgetting it cannot delay a destroy. Its descriptor is exposed like a completion channel's
+//! (epoll `AsFd`, watch-only `AsRawFd`); [`Context::async_events`] makes the context's
+//! `async_fd` non-blocking.
+
 //! ## Connection management (RDMA-CM)
 //! [`cm`] wraps librdmacm. Its rules, pinned by device tests: a queue pair created on an id
 //! holds the id, which holds its event channel, so the QP is destroyed before the id
@@ -170,8 +201,11 @@
 //! and are forbidden: destroying, deallocating or deregistering an object the crate owns
 //! (`ibv_destroy_qp`, `ibv_dereg_mr`, ...); `ibv_rereg_mr` on a region; binding a memory window
 //! to a local-only [`MemoryRegion`], or any other way of granting remote write or atomic access to
-//! it; `ibv_resize_cq`; reading a completion channel's descriptor or calling `ibv_get_cq_event`
-//! without acknowledging; posting a work request whose `wr_id` has bit 63 set (the safe level's
+//! it; `ibv_resize_cq`; reading a completion channel's or the context's
+//! asynchronous event descriptor, calling `ibv_get_cq_event` or `ibv_get_async_event` (the
+//! crate counts and acknowledges events itself), `ibv_ack_cq_events` on a CQ of the crate,
+//! creating a CQ with `ffi` on a channel of the crate (its `cq_context` must point to the
+//! crate's bookkeeping), or making either descriptor blocking again; posting a work request whose `wr_id` has bit 63 set (the safe level's
 //! tag). `ibv_poll_cq` on a CQ the safe level uses is allowed but consumes its completions
 //! (their buffers come back only with a later completion of the same queue, or when the QP
 //! goes); `ibv_modify_qp` behind the crate's back is allowed but leaves [`QueuePair::state`]
@@ -192,8 +226,9 @@
 //! - Is it tested: a host test (under Miri if pure Rust), a device test, a `compile_fail` test
 //!   with its error code?
 //!
-//! Values the device writes (completion status and opcode, port state, MTU, GID type...) are
-//! `#[repr(transparent)]` newtypes with associated constants, sound for any value.
+//! Values the device writes (completion status and opcode, async event type, port state, MTU,
+//! GID type...) are `#[repr(transparent)]` newtypes with associated constants, sound for any
+//! value.
 //!
 //! These guarantees are pinned by tests, including these that must not compile:
 //!
@@ -252,15 +287,9 @@
 //! let _: ibverbs::CompletionQueue = second; // error: mismatched types (`&CompletionQueue`)
 //! # }
 //! ```
-//! A completion channel's descriptor cannot be borrowed as an `OwnedFd`-convertible `BorrowedFd`
-//! (safe code could read and lose events):
-//! ```compile_fail,E0599
-//! # fn f(ch: &ibverbs::CompletionChannel) {
-//! use std::os::fd::AsFd;
-//! let fd = ch.as_fd(); // error: no method named `as_fd`
-//! # }
-//! ```
-//! Nor can an RDMA-CM event channel's:
+//! An RDMA-CM event channel's descriptor cannot be borrowed as an `OwnedFd`-convertible
+//! `BorrowedFd` (safe code could read and lose events; a completion channel's `AsFd` is a
+//! private epoll descriptor instead, which cannot be read):
 //! ```compile_fail,E0599
 //! # fn f(ch: &ibverbs::cm::EventChannel) {
 //! use std::os::fd::AsFd;
@@ -287,6 +316,12 @@
 //! assert_static_send_sync::<ibverbs::cm::CmId>();
 //! assert_static_send_sync::<ibverbs::cm::CmEvent>();
 //! assert_static_send_sync::<ibverbs::cm::Listener>();
+//! assert_static_send_sync::<ibverbs::CompletionChannel>();
+//! assert_static_send_sync::<ibverbs::AsyncEvents>();
+//! // Events are plain values: nothing in them is left to acknowledge.
+//! fn assert_copy<T: Copy>() {}
+//! assert_copy::<ibverbs::AsyncEvent>();
+//! assert_copy::<ibverbs::CqId>();
 //! // Handles can live in the caller's own structs, without lifetimes.
 //! struct Endpoint { _qp: ibverbs::QueuePair, _cq: ibverbs::CompletionQueue, _pd: ibverbs::ProtectionDomain }
 //! ```
@@ -295,11 +330,13 @@
 pub use ibverbs_sys as ffi;
 
 mod ah;
+mod async_event;
 pub mod cm;
 mod connect;
 mod device;
 pub mod diag;
 mod error;
+mod fd;
 pub mod guide;
 mod memory;
 mod pd;
@@ -309,6 +346,7 @@ mod queue;
 pub mod select;
 
 pub use ah::AddressHandle;
+pub use async_event::{AsyncEvent, AsyncEventType, AsyncEvents, AsyncObject, QpId};
 pub use connect::{ConnectOptions, Endpoint};
 pub use device::{
     devices, Context, Device, DeviceAttr, DeviceAttrEx, DeviceList, Gid, GidEntry, GidType, Guid, LinkLayer,

@@ -44,11 +44,12 @@ impl Drop for ChannelInner {
 /// An RDMA-CM event channel (`struct rdma_event_channel`): the descriptor through which
 /// librdmacm reports the events of the ids created on it.
 ///
-/// [`get_event`](Self::get_event) waits with a bound, copies the event and acknowledges it. Like
-/// the [`CompletionChannel`](crate::CompletionChannel), the channel implements [`AsRawFd`] for
-/// reactors to watch for readability, but not `AsFd`: safe code could otherwise read an event
-/// that is never acknowledged, after which `rdma_destroy_id` would block forever. Cloning is
-/// cheap (an `Arc`).
+/// [`get_event`](Self::get_event) waits with a bound, copies the event and acknowledges it. The
+/// channel implements [`AsRawFd`] for reactors to watch for readability, but not `AsFd`: safe
+/// code could otherwise read an event that is never acknowledged, after which
+/// `rdma_destroy_id` would block forever. (A [`CompletionChannel`](crate::CompletionChannel)
+/// hands out an unreadable epoll descriptor as `AsFd` instead; the same could be done here.)
+/// Cloning is cheap (an `Arc`).
 #[derive(Clone)]
 pub struct EventChannel {
     pub(crate) inner: Arc<ChannelInner>,
@@ -223,13 +224,7 @@ impl EventChannel {
         let ch = EventChannel { inner: Arc::new(ChannelInner { raw, lock: Mutex::new(()) }) };
         // Non-blocking: a reader that loses a race for an event returns instead of blocking
         // (librdmacm supports this, see rdma_get_cm_event(3)).
-        let fd = ch.as_raw_fd();
-        // SAFETY: fcntl on a descriptor the channel owns.
-        let ret =
-            unsafe { libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK) };
-        if ret < 0 {
-            return Err(Error::last_os("fcntl"));
-        }
+        crate::fd::set_nonblocking(ch.as_raw_fd()).map_err(|source| Error::Verb { verb: "fcntl", source })?;
         Ok(ch)
     }
 
@@ -269,21 +264,9 @@ impl EventChannel {
     #[doc(alias = "rdma_get_cm_event")]
     #[doc(alias = "rdma_ack_cm_event")]
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<CmEvent>> {
-        let ms = match timeout {
-            None => -1,
-            Some(t) => i32::try_from(t.as_millis()).unwrap_or(i32::MAX),
-        };
-        let mut pfd = libc::pollfd { fd: self.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                return Ok(None);
-            }
-            return Err(Error::Verb { verb: "poll", source: e });
-        }
-        if n == 0 {
+        let readable = crate::fd::wait_readable(self.as_raw_fd(), timeout)
+            .map_err(|source| Error::Verb { verb: "poll", source })?;
+        if !readable {
             return Ok(None);
         }
         let guard = self.inner.lock();

@@ -4,13 +4,14 @@ use std::fmt;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::device::{Context, ContextInner};
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::ffi;
 use crate::post::registry::Registry;
 use crate::post::Slot;
-use crate::queue::channel::{ChannelInner, CompletionChannel, CqId};
+use crate::queue::channel::{ChannelInner, CompletionChannel, CqEvents, CqId};
 use crate::queue::completion::{Completion, WorkCompletion};
 
 /// A provider's `poll_cq` entry point.
@@ -20,7 +21,10 @@ pub(crate) struct CqInner {
     pub(crate) raw: NonNull<ffi::ibv_cq>,
     poll_fn: PollFn,
     pub(crate) registry: Registry<Slot>,
-    _channel: Option<Arc<ChannelInner>>,
+    channel: Option<Arc<ChannelInner>>,
+    /// The event bookkeeping `cq_context` points to (see `queue/channel.rs`): freed only after
+    /// `ibv_destroy_cq` returned, or never if it failed.
+    events: Arc<CqEvents>,
     pub(crate) ctx: Arc<ContextInner>,
 }
 
@@ -32,12 +36,24 @@ unsafe impl Sync for CqInner {}
 
 impl Drop for CqInner {
     fn drop(&mut self) {
-        // SAFETY: every QP using this CQ holds an Arc of this inner, so all are destroyed; events
-        // are acknowledged as they are read. After this the registry drops the remaining buffers.
+        // From here on, readers of this CQ's events acknowledge them themselves; what was
+        // counted before is acknowledged now, so ibv_destroy_cq waits at most for readers that
+        // are between ibv_get_cq_event and their bookkeeping (see `queue/channel.rs`).
+        let pending = self.events.begin_drop();
+        if pending > 0 {
+            // SAFETY: the CQ is alive; these events were read and not acknowledged yet.
+            unsafe { ffi::ibv_ack_cq_events(self.raw.as_ptr(), pending) };
+        }
+        // SAFETY: every QP using this CQ holds an Arc of this inner, so all are destroyed; every
+        // event read is acknowledged or about to be. After this the registry drops the
+        // remaining buffers.
         let ret = unsafe { ffi::ibv_destroy_cq(self.raw.as_ptr()) };
         if ret != 0 {
-            // Should not happen (no QP is left); the buffers in the registry are not touched by a
-            // destroyed QP either way, so dropping them stays sound.
+            // Should not happen (no QP is left). The CQ lives on in the kernel and may still
+            // report events through `cq_context`: leak the bookkeeping they will touch. The
+            // buffers in the registry are not touched by a destroyed QP, so dropping them stays
+            // sound.
+            std::mem::forget(self.events.clone());
         }
     }
 }
@@ -70,8 +86,11 @@ impl CompletionQueue {
             });
         }
         let ch = channel.map_or(std::ptr::null_mut(), |c| c.inner.raw.as_ptr());
-        // SAFETY: valid context and (optional) channel, which the CQ keeps alive via its Arc.
-        let raw = unsafe { ffi::ibv_create_cq(ctx.as_raw(), cqe, std::ptr::null_mut(), ch, 0) };
+        let events = Arc::new(CqEvents::default());
+        let cq_context = Arc::as_ptr(&events).cast_mut().cast();
+        // SAFETY: valid context and (optional) channel, which the CQ keeps alive via its Arc;
+        // `cq_context` points to `events`, which the CQ keeps until after ibv_destroy_cq.
+        let raw = unsafe { ffi::ibv_create_cq(ctx.as_raw(), cqe, cq_context, ch, 0) };
         let raw = cvt_p("ibv_create_cq", raw)?;
         // SAFETY: the CQ is valid; cqe is the real capacity, context->ops a table of the provider.
         let (capacity, poll_fn) = unsafe {
@@ -88,7 +107,8 @@ impl CompletionQueue {
                 raw,
                 poll_fn,
                 registry: Registry::new(capacity),
-                _channel: channel.map(|c| c.inner.clone()),
+                channel: channel.map(|c| c.inner.clone()),
+                events,
                 ctx: ctx.inner.clone(),
             }),
         })
@@ -110,15 +130,103 @@ impl CompletionQueue {
         self.inner.raw.as_ptr()
     }
 
-    /// Arms the CQ: the next completion (only solicited ones if `solicited_only`) raises an event
-    /// on its channel (`ibv_req_notify_cq()`).
+    /// Arms the CQ: the next completion (only solicited ones — a Send with the solicited flag,
+    /// or a completion in error — if `solicited_only`) raises an event on its channel
+    /// (`ibv_req_notify_cq()`). Also acknowledges the events of this CQ read so far
+    /// (`ibv_ack_cq_events()`, one call for all of them).
+    ///
+    /// A completion that arrives between an empty poll and the arming raises no event: poll
+    /// again after arming, or use [`poll_wait`](Self::poll_wait), which does.
     ///
     /// # Errors
-    /// [`Error::Verb`] when the verb fails (e.g. the CQ has no channel).
+    /// [`Error::InvalidArgument`] when the CQ has no channel; [`Error::Verb`] when the verb
+    /// fails.
     #[doc(alias = "ibv_req_notify_cq")]
+    #[doc(alias = "ibv_ack_cq_events")]
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if self.inner.channel.is_none() {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_req_notify_cq",
+                reason: "the CQ was created without a completion channel",
+            });
+        }
+        let pending = self.inner.events.take_pending();
+        if pending > 0 {
+            // SAFETY: the CQ is alive (&self); these events were read and not acknowledged.
+            unsafe { ffi::ibv_ack_cq_events(self.as_raw(), pending) };
+        }
         // SAFETY: valid CQ.
         cvt("ibv_req_notify_cq", unsafe { ffi::ibv_req_notify_cq(self.as_raw(), i32::from(solicited_only)) })
+    }
+
+    /// Polls completions into `out` like [`poll`](Self::poll), waiting up to `timeout` for at
+    /// least one: the bounded, event-driven wait (no busy polling). Returns an empty slice when
+    /// `timeout` passed without a completion.
+    ///
+    /// It polls; if nothing came, it arms the CQ ([`req_notify`](Self::req_notify)) and polls
+    /// *again* — a completion that arrived between the first poll and the arming raises no
+    /// event, the second poll finds it — and only then waits on the CQ's channel for the time
+    /// left, polling again after each event. Events are acknowledged by the crate (in batches).
+    /// Several CQs may share the channel and be waited on from different threads at once: an
+    /// event read by one waiter for another's CQ wakes that other waiter. The CQ may stay armed
+    /// after a timeout; the event that arming raises later is absorbed by the next wait.
+    ///
+    /// This is the way to wait for completions with a deadline (e.g. for a peer that may be
+    /// gone). Mixing it with another reader of the same channel
+    /// ([`CompletionChannel::try_get_event`]) is allowed; wake-ups are not lost either way.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the CQ has no channel; [`Error::Verb`] when
+    /// `ibv_poll_cq()`, `ibv_req_notify_cq()`, `poll(2)` or `ibv_get_cq_event()` fails.
+    #[doc(alias = "ibv_req_notify_cq")]
+    #[doc(alias = "ibv_get_cq_event")]
+    #[doc(alias = "ibv_poll_cq")]
+    pub fn poll_wait<'c>(
+        &mut self,
+        out: &'c mut [Completion],
+        timeout: Duration,
+    ) -> Result<&'c mut [Completion]> {
+        self.poll_wait_with(out, timeout, false)
+    }
+
+    /// [`poll_wait`](Self::poll_wait), arming for solicited completions only when
+    /// `solicited_only` (see [`req_notify`](Self::req_notify)): unsolicited completions that
+    /// arrive meanwhile do not end the wait, but they are returned with the next solicited one
+    /// (or by the polls before the wait).
+    ///
+    /// # Errors
+    /// As for [`poll_wait`](Self::poll_wait).
+    #[doc(alias = "ibv_req_notify_cq")]
+    pub fn poll_wait_with<'c>(
+        &mut self,
+        out: &'c mut [Completion],
+        timeout: Duration,
+        solicited_only: bool,
+    ) -> Result<&'c mut [Completion]> {
+        let inner = self.inner.clone();
+        // SAFETY: &mut self makes us the registry's only consumer.
+        let n = wait_loop(&inner, timeout, solicited_only, || unsafe {
+            poll_into(&inner.registry, out, |n, wcs| (inner.poll_fn)(inner.raw.as_ptr(), n, wcs))
+        })?;
+        Ok(&mut out[..n])
+    }
+
+    /// [`poll_raw`](Self::poll_raw) with the bounded wait of [`poll_wait_with`](Self::poll_wait_with):
+    /// no buffer tracking. When several threads wait on the same CQ at once, one event wakes
+    /// only one of them; the others wait until a later event or their timeout.
+    ///
+    /// # Errors
+    /// As for [`poll_wait`](Self::poll_wait).
+    #[doc(alias = "ibv_req_notify_cq")]
+    #[doc(alias = "ibv_poll_cq")]
+    pub fn poll_raw_wait<'c>(
+        &self,
+        out: &'c mut [WorkCompletion],
+        timeout: Duration,
+        solicited_only: bool,
+    ) -> Result<&'c mut [WorkCompletion]> {
+        let n = wait_loop(&self.inner, timeout, solicited_only, || self.poll_raw(out).map(|c| c.len()))?;
+        Ok(&mut out[..n])
     }
 
     /// Polls up to `out.len()` completions into `out` (`ibv_poll_cq()`) and returns the filled
@@ -180,6 +288,51 @@ impl CompletionQueue {
     /// released by a later completion of their queue or when their queue pair goes).
     pub fn unreserved(&self) -> u32 {
         self.inner.registry.unreserved()
+    }
+}
+
+/// The arm–poll–wait loop of [`CompletionQueue::poll_wait`]: `poll` returns how many
+/// completions it got.
+fn wait_loop(
+    inner: &CqInner,
+    timeout: Duration,
+    solicited_only: bool,
+    mut poll: impl FnMut() -> Result<usize>,
+) -> Result<usize> {
+    let deadline = crate::fd::deadline(Some(timeout));
+    let channel = inner.channel.as_ref().ok_or(Error::InvalidArgument {
+        verb: "ibv_req_notify_cq",
+        reason: "the CQ was created without a completion channel",
+    })?;
+    let n = poll()?;
+    if n > 0 {
+        return Ok(n);
+    }
+    loop {
+        // An event that is still to come from an earlier arming sets the bit again: a
+        // spurious wake-up, answered by a poll and a re-arm.
+        inner.events.take_notified();
+        let pending = inner.events.take_pending();
+        if pending > 0 {
+            // SAFETY: the CQ is alive (the caller holds it); these events were read and not
+            // acknowledged.
+            unsafe { ffi::ibv_ack_cq_events(inner.raw.as_ptr(), pending) };
+        }
+        // SAFETY: valid CQ.
+        cvt("ibv_req_notify_cq", unsafe {
+            ffi::ibv_req_notify_cq(inner.raw.as_ptr(), i32::from(solicited_only))
+        })?;
+        let n = poll()?;
+        if n > 0 {
+            return Ok(n);
+        }
+        if !channel.wait_notified(&inner.events, deadline)? {
+            return Ok(0);
+        }
+        let n = poll()?;
+        if n > 0 {
+            return Ok(n);
+        }
     }
 }
 

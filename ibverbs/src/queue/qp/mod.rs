@@ -425,6 +425,12 @@ pub(crate) fn random_psn() -> u32 {
 }
 
 impl QueuePair {
+    /// Identifies this QP in [`AsyncEvent`](crate::AsyncEvent)s: the address of its
+    /// `struct ibv_qp`, as a value.
+    pub fn id(&self) -> crate::QpId {
+        crate::QpId(self.raw.as_ptr() as usize)
+    }
+
     /// The QP number.
     pub fn qp_num(&self) -> u32 {
         // SAFETY: valid QP; qp_num is a plain field written at creation.
