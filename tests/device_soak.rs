@@ -308,6 +308,9 @@ fn churner(pd: ProtectionDomain, ctx: Context, stop: Arc<AtomicBool>, start: Arc
     start.wait();
     let mut created = 0u64;
     let enabled = std::env::var("IBVERBS_SOAK_CHURN").map_or(true, |v| v != "0");
+    while !enabled && !stop.load(Ordering::Relaxed) {
+        thread::sleep(Duration::from_millis(10));
+    }
     while enabled && !stop.load(Ordering::Relaxed) {
         let mut a = build_qp(&pd, &cq);
         let mut b = build_qp(&pd, &cq);
