@@ -295,6 +295,7 @@
 pub use ibverbs_sys as ffi;
 
 mod ah;
+pub mod aio;
 pub mod cm;
 mod connect;
 mod device;

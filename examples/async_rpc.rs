@@ -1,0 +1,2 @@
+//! Placeholder (the async RPC example comes in the next commit).
+fn main() {}
