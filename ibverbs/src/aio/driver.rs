@@ -207,6 +207,13 @@ impl Driver {
         r
     }
 
+    /// Switches between the event path (the default: arm the CQ and sleep in the reactor until
+    /// the channel fires) and busy polling (a waiting task that finds the CQ empty wakes itself
+    /// and yields to its executor at once: lower latency, a core kept busy).
+    pub fn set_busy_poll(&self, busy: bool) {
+        self.shared.lock().core.busy = busy;
+    }
+
     /// Operations posted whose futures have not yet returned or been dropped, plus dropped ones
     /// still waiting for their completion.
     pub fn in_flight(&self) -> usize {

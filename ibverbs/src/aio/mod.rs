@@ -91,13 +91,14 @@ pub(crate) struct CqCore {
     seam: Seam,
     io: Box<dyn Readiness>,
     armed: bool,
+    busy: bool,
 }
 
 impl CqCore {
     fn new(cq: CompletionQueue, channel: &CompletionChannel, backend: &dyn Backend) -> Result<CqCore> {
         let seam = Seam::new(channel);
         let io = backend.watch(seam.watched()).map_err(reactor_error)?;
-        Ok(CqCore { cq, seam, io, armed: false })
+        Ok(CqCore { cq, seam, io, armed: false, busy: false })
     }
 
     /// Polls without waiting (`ibv_poll_cq()`).
@@ -126,6 +127,11 @@ impl CqCore {
                 Ok(got) if !got.is_empty() => return Poll::Ready(Ok(got.len())),
                 Ok(_) => {}
                 Err(e) => return Poll::Ready(Err(e)),
+            }
+            if self.busy {
+                // Busy polling: ask to be polled again at once, never arm nor wait.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
             }
             if !self.armed {
                 if let Err(e) = self.cq.req_notify(false) {
