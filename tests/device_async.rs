@@ -493,15 +493,15 @@ fn no_busy_polling() {
         // Under valgrind the instrumented code itself dominates: print only.
         return;
     }
-    // Measured in the VM (TCG, debug build): awaiting thread ~20%, process ~40% (the sender's
-    // share is rxe's work in the kernel). A spinning waiter would sit near 100% for its thread
-    // alone, whatever the pace.
+    // Measured in the VM (TCG, debug build, 2 shared cores): awaiting thread 15-28%, process
+    // 29-43% (the sender's share is rxe's work in the kernel). A spinning waiter sits near 100%
+    // for its thread alone, whatever the pace (`async_rpc --busy-poll`: 99-100% of wall).
     assert!(
-        pct(thread_cpu) < 40.0,
+        pct(thread_cpu) < 50.0,
         "the awaiting thread used {:.1}% of wall time: it spins",
         pct(thread_cpu)
     );
-    assert!(pct(cpu) < 75.0, "the process used {:.1}% of wall time", pct(cpu));
+    assert!(pct(cpu) < 80.0, "the process used {:.1}% of wall time", pct(cpu));
 }
 
 /// The async-io backend drives the same core: a driver with awaited posts and a completion

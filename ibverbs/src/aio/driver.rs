@@ -134,6 +134,11 @@ impl Shared {
 
 /// Drives one completion queue for any number of [`AsyncQueuePair`]s and tasks.
 ///
+/// Like any future, an [`Op`] makes progress only while polled; here the task that polled last
+/// is the one the reactor wakes, and it wakes the others as it hands out their completions. So
+/// keep polling a pending `Op` or drop it: a task that keeps one without polling it (say, a
+/// stale branch kept aside) can leave the others unwoken until a later poll or [`reap`](Self::reap).
+///
 /// Owns the CQ (created on a channel that serves it alone) and its channel's reactor
 /// registration. Cloning is cheap (an `Arc`); every clone drives the same CQ. There is no
 /// background task: a future that waits polls the CQ itself (`ibv_poll_cq()`), hands the
@@ -304,8 +309,9 @@ impl Future for Op {
             self.finished = true;
         }
         drop(drop_later);
-        // Never wake ourselves (we are running): only others.
-        wake.into_iter().filter(|w| !w.will_wake(cx.waker())).for_each(Waker::wake);
+        // Wake everyone handed a completion, this task included: another future of this task
+        // (e.g. a `select!` branch polled before this one) may be among them.
+        wake.into_iter().for_each(Waker::wake);
         out
     }
 }
