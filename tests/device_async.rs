@@ -144,6 +144,16 @@ fn tokio_send_recv_write_read() {
             a.post_send(SendRequest::send(Local::whole(pd.allocate(8).unwrap())).unsignaled()).unwrap_err();
         assert_eq!(e.request.into_buffers().count(), 1);
         assert_eq!(driver.in_flight(), 0);
+        // A pending Op keeps its queue pair: dropping the AsyncQueuePair first leaves the receive
+        // posted, and it completes.
+        let op = b.post_recv(RecvRequest::new(Local::whole(pd.allocate(16).unwrap()))).unwrap();
+        drop(b);
+        let mut m = pd.allocate(16).unwrap();
+        m.as_mut_slice().copy_from_slice(&pattern(16, 77));
+        assert!(a.send(SendRequest::send(Local::whole(m))).await.unwrap().is_ok());
+        let mut r = op.await.unwrap();
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(r.take_region().unwrap().as_slice(), pattern(16, 77));
     }));
 }
 

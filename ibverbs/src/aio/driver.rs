@@ -235,12 +235,15 @@ impl Driver {
 /// buffers, and the caller's `wr_id`).
 ///
 /// Dropping it before it resolves is sound: the request's buffers stay with the queue pair until
-/// the device completes it, then the driver drops them.
+/// the device completes it, then the driver drops them. It keeps its queue pair alive (the QP is
+/// destroyed only when the [`AsyncQueuePair`] and every `Op` of it are gone), so a pending
+/// operation always completes, if only with a flush error.
 #[must_use = "the operation is posted either way; dropping the future only forgoes its completion"]
 pub struct Op {
     shared: Arc<Shared>,
     tok: u64,
     finished: bool,
+    _qp: Arc<Mutex<QueuePair>>,
 }
 
 impl fmt::Debug for Op {
@@ -347,7 +350,7 @@ impl Drop for Op {
 /// returns an [`Op`] to await. Every request is signaled (a request made
 /// [`unsignaled`](SendRequest::unsignaled) is refused: its future could never resolve).
 pub struct AsyncQueuePair {
-    qp: Mutex<QueuePair>,
+    qp: Arc<Mutex<QueuePair>>,
     driver: Driver,
 }
 
@@ -375,7 +378,7 @@ impl AsyncQueuePair {
             };
             return Err((qp, e));
         }
-        Ok(AsyncQueuePair { qp: Mutex::new(qp), driver: driver.clone() })
+        Ok(AsyncQueuePair { qp: Arc::new(Mutex::new(qp)), driver: driver.clone() })
     }
 
     fn lock_qp(&self) -> MutexGuard<'_, QueuePair> {
@@ -394,7 +397,7 @@ impl AsyncQueuePair {
     }
 
     fn op(&self, tok: u64) -> Op {
-        Op { shared: self.driver.shared.clone(), tok, finished: false }
+        Op { shared: self.driver.shared.clone(), tok, finished: false, _qp: self.qp.clone() }
     }
 
     /// Posts a send-queue request (`ibv_post_send()`) now and returns the future of its
@@ -519,9 +522,17 @@ impl AsyncQueuePair {
         self.lock_qp().outstanding_recvs()
     }
 
-    /// Takes the queue pair back. Requests still outstanding stay posted; their completions are
-    /// dropped by the driver (or returned to futures still waiting).
-    pub fn into_inner(self) -> QueuePair {
-        self.qp.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// Takes the queue pair back, once no [`Op`] of it is left (`Err(self)` while one is).
+    /// Requests still outstanding (of dropped futures) stay posted; the driver drops their
+    /// completions.
+    ///
+    /// # Errors
+    /// `self`, when an `Op` of this queue pair is still alive.
+    #[allow(clippy::result_large_err)] // self comes back by value
+    pub fn into_inner(self) -> std::result::Result<QueuePair, Self> {
+        match Arc::try_unwrap(self.qp) {
+            Ok(m) => Ok(m.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner)),
+            Err(qp) => Err(AsyncQueuePair { qp, driver: self.driver }),
+        }
     }
 }
