@@ -363,3 +363,31 @@ fn rc_client_fails_when_its_server_vanishes() {
 fn ud_server_fails_when_its_client_vanishes() {
     survivor_fails_when_peer_vanishes("ud_pingpong", 18773, Impl::Ours, Impl::Ours, true);
 }
+
+/// `async_rpc` (built with `--features tokio`): a server and a client, with the event path and
+/// with busy polling; both exit 0 and print their figures. And a client without a server fails
+/// cleanly within its `--timeout`.
+#[test]
+fn async_rpc_events_and_busy_poll() {
+    require_device();
+    let prog = example("async_rpc");
+    for (mode, port) in [("--events", 18781u16), ("--busy-poll", 18782)] {
+        let common =
+            ["-d".to_string(), device(), "-g".to_string(), gid_index(), "-p".to_string(), port.to_string()];
+        let mut srv_args: Vec<String> = common.to_vec();
+        srv_args.extend([mode.to_string(), "--timeout".into(), "20".into()]);
+        let srv = start_server(&prog, &srv_args, port);
+        let mut cli_args = srv_args.clone();
+        cli_args.extend(["-n".into(), "300".into(), "-c".into(), "8".into(), "127.0.0.1".into()]);
+        let cli = Running::spawn(&prog, &cli_args).finish(RUN_TIMEOUT);
+        let srv = srv.finish(RUN_TIMEOUT);
+        for side in [&srv, &cli] {
+            side.assert_success();
+            assert!(side.stdout.contains("async_rpc cpu ("), "{}", side.describe());
+        }
+        assert!(cli.stdout.contains("requests/s; latency p50"), "{}", cli.describe());
+        assert!(srv.stdout.contains("answered 300 requests"), "{}", srv.describe());
+    }
+    let r = run(&prog, &["-d", &device(), "-p", "18783", "--timeout", "1", "127.0.0.1"], ERROR_TIMEOUT);
+    r.assert_clean_failure(ERROR_TIMEOUT);
+}

@@ -178,6 +178,16 @@
 //! (epoll `AsFd`, watch-only `AsRawFd`); [`Context::async_events`] makes the context's
 //! `async_fd` non-blocking.
 
+//! ## Async
+//! [`aio`] awaits completions without busy polling, over any reactor (features `tokio` and
+//! `async-io` bring the two backends; the core is always compiled): a stream of completions
+//! ([`aio::AsyncCompletionQueue`]) and `await`-able safe posts ([`aio::AsyncQueuePair`] through a
+//! shared [`aio::Driver`]). Futures own nothing the device uses: a posted request's buffers stay in
+//! the queue pair's slot ring until the completion is polled, as at the safe level, so dropping or
+//! `mem::forget`ting a future mid-transfer never frees or reuses a buffer the device may touch (the
+//! driver drops it when the completion comes). The adaptor reads and acknowledges every event on
+//! the channel it is given, which must serve its CQ alone.
+//!
 //! ## Connection management (RDMA-CM)
 //! [`cm`] wraps librdmacm. Its rules, pinned by device tests: a queue pair created on an id
 //! holds the id, which holds its event channel, so the QP is destroyed before the id
@@ -330,6 +340,7 @@
 pub use ibverbs_sys as ffi;
 
 mod ah;
+pub mod aio;
 mod async_event;
 pub mod cm;
 mod connect;

@@ -248,6 +248,6 @@ impl Finished {
             "it panicked: {}",
             self.describe()
         );
-        assert!(!self.stderr.contains("os error 11"), "an unexplained EAGAIN: {}", self.describe());
+        assert!(!self.stderr.contains("(os error 11)"), "an unexplained EAGAIN: {}", self.describe());
     }
 }

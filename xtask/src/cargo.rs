@@ -50,14 +50,24 @@ pub struct Artifact {
     pub executable: PathBuf,
 }
 
-/// The test executables of `cargo test --workspace --no-run` (building them).
+/// The crate features every build of the test suite enables (the async adaptor's backends: the
+/// device tests `device_async` and the example `async_rpc` require them).
+pub const FEATURES: &str = "tokio,async-io";
+
+/// The test executables of `cargo test --workspace --no-run --features FEATURES` (building them).
 pub fn test_artifacts(root: &Path) -> Result<Vec<Artifact>, String> {
-    let out = command(root, &["test", "--workspace", "--no-run", "--message-format=json-render-diagnostics"])
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("running cargo: {e}"))?;
+    let args = [
+        "test",
+        "--workspace",
+        "--no-run",
+        "--features",
+        FEATURES,
+        "--message-format=json-render-diagnostics",
+    ];
+    let out =
+        command(root, &args).stderr(Stdio::inherit()).output().map_err(|e| format!("running cargo: {e}"))?;
     if !out.status.success() {
-        return Err(format!("cargo test --workspace --no-run failed ({})", out.status));
+        return Err(format!("cargo test --workspace --no-run --features {FEATURES} failed ({})", out.status));
     }
     Ok(parse_artifacts(&String::from_utf8_lossy(&out.stdout)))
 }

@@ -1,6 +1,7 @@
 //! `cargo xtask test`: the project's whole test suite.
 //!
-//! 1. `cargo build --workspace --all-targets` and `cargo build --examples`;
+//! 1. `cargo build --workspace --all-targets` and `cargo build --examples`, both with
+//!    `--features tokio,async-io` (the async adaptor's tests and example need them);
 //! 2. the host tests: `cargo test --workspace` without the device test binaries, then the doc tests;
 //! 3. the nightly passes ([`nightly`]): the doc tests again with nightly rustdoc (which checks the
 //!    error codes of `compile_fail,E....` doc tests) plus a self-test proving it does, Miri over the
@@ -280,8 +281,8 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
 
     // The stable build, for the host tests and the device tests (plain and under valgrind).
     let (device, host_tests) = if passes.plain || passes.valgrind {
-        cargo::run(&root, &["build", "--workspace", "--all-targets"])?;
-        cargo::run(&root, &["build", "--examples"])?;
+        cargo::run(&root, &["build", "--workspace", "--all-targets", "--features", cargo::FEATURES])?;
+        cargo::run(&root, &["build", "--examples", "--features", cargo::FEATURES])?;
         let artifacts = cargo::test_artifacts(&root)?;
         interrupted()?;
         classify(&artifacts, &root.join("Cargo.toml"))
@@ -291,7 +292,9 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
     let target_dir = cargo::target_dir(&root)?;
 
     if passes.plain {
-        let mut host = vec![OsString::from("test"), "--workspace".into(), "--lib".into(), "--bins".into()];
+        let mut host =
+            vec![OsString::from("test"), "--workspace".into(), "--features".into(), cargo::FEATURES.into()];
+        host.extend(["--lib".into(), "--bins".into()]);
         for name in &host_tests {
             host.extend(["--test".into(), name.into()]);
         }
@@ -300,7 +303,16 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
         summary.counted("host tests (cargo test --workspace, no device_*)", code, tally, "");
         summary.took(t.elapsed());
         let t = Instant::now();
-        let (code, tally) = cargo_test(&root, &["test".into(), "--workspace".into(), "--doc".into()])?;
+        let (code, tally) = cargo_test(
+            &root,
+            &[
+                "test".into(),
+                "--workspace".into(),
+                "--features".into(),
+                cargo::FEATURES.into(),
+                "--doc".into(),
+            ],
+        )?;
         summary.counted("doc tests (cargo test --workspace --doc)", code, tally, "");
         summary.took(t.elapsed());
     }

@@ -209,6 +209,11 @@ impl Completion {
         }
     }
 
+    /// Replaces the `wr_id` reported (the async adaptor puts the caller's back in place of its token).
+    pub(crate) fn set_wr_id(&mut self, wr_id: u64) {
+        self.wc.0.wr_id = wr_id;
+    }
+
     /// The report as the device gave it (with the caller's `wr_id`).
     pub fn work_completion(&self) -> &WorkCompletion {
         &self.wc

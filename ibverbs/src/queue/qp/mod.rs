@@ -431,6 +431,11 @@ impl QueuePair {
         crate::QpId(self.raw.as_ptr() as usize)
     }
 
+    /// Whether both work queues complete into `cq` (checked by the async adaptor).
+    pub(crate) fn completes_into(&self, cq: &CompletionQueue) -> bool {
+        Arc::ptr_eq(&self.send_cq, &cq.inner) && Arc::ptr_eq(&self.recv_cq, &cq.inner)
+    }
+
     /// The QP number.
     pub fn qp_num(&self) -> u32 {
         // SAFETY: valid QP; qp_num is a plain field written at creation.

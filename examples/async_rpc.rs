@@ -1,0 +1,532 @@
+//! Request/response over RC Send/Recv with the async adaptor (`ibverbs::aio`) on tokio.
+//!
+//! Server: `async_rpc -d rxe0 -g 1`; client: `async_rpc -d rxe0 -g 1 SERVER`. The client keeps
+//! `--concurrency` requests in flight (one task each), the server answers each from a task per
+//! posted receive; both sides complete their operations through one [`Driver`] per side, woken by
+//! the completion channel (`--events`, the default) or busy polling (`--busy-poll`). The client
+//! prints requests per second and latency percentiles; both print their CPU time.
+//!
+//! The queue pairs' addresses (and the run's parameters) are exchanged over TCP (`--port`).
+//! Every wait is bounded by `--timeout`; any failure is one line on stderr and a non-zero exit.
+//!
+//! `--bench` runs, in one process over one device (two queue pairs connected to each other, no
+//! TCP), the same request/response load through the synchronous safe level (busy polling
+//! `CompletionQueue::poll`) and through the async adaptor (events, then busy polling), and prints
+//! requests per second, latency and CPU seconds per million messages of each, with ratios.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::collections::VecDeque;
+use std::net::TcpStream;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use ibverbs::aio::{AsyncQueuePair, Driver};
+use ibverbs::{
+    Completion, CompletionQueue, ConnectOptions, Context, Endpoint, Local, MemoryRegion, ProtectionDomain,
+    QpType, QueuePair, RecvRequest, SendRequest,
+};
+
+#[derive(Parser, Debug, Clone)]
+#[command(name = "async_rpc", about = "RC Send/Recv request/response on tokio with ibverbs::aio")]
+struct Args {
+    /// The server to connect to (client); none: be the server.
+    server: Option<String>,
+    /// TCP port of the address exchange.
+    #[arg(short = 'p', long, default_value_t = 18530)]
+    port: u16,
+    /// RDMA device (default: the first).
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    device: Option<String>,
+    /// GID index (rxe: 1, the IPv4-mapped RoCE v2 GID).
+    #[arg(short = 'g', long = "gid-idx", default_value_t = 1)]
+    gid_index: u32,
+    /// Requests the client sends in all.
+    #[arg(short = 'n', long, default_value_t = 10_000)]
+    requests: u64,
+    /// Requests in flight at once.
+    #[arg(short = 'c', long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256))]
+    concurrency: u32,
+    /// Request and response size in bytes (at least 16).
+    #[arg(short = 's', long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(16..=1 << 20))]
+    size: u32,
+    /// Wait for completions on the completion channel (the default).
+    #[arg(long, conflicts_with = "busy_poll")]
+    events: bool,
+    /// Busy-poll the completion queue instead.
+    #[arg(long)]
+    busy_poll: bool,
+    /// Seconds any one wait may take (the server's wait for a client, each exchange, each
+    /// request), and the whole run at most ten times that.
+    #[arg(long, default_value_t = 10)]
+    timeout: u64,
+    /// The in-process comparison of the synchronous safe level and the async adaptor.
+    #[arg(long)]
+    bench: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let r = if args.bench { bench(&args) } else { run(&args) };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("async_rpc: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Process CPU time (user + system).
+fn cpu_time() -> Duration {
+    // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn connect_options(args: &Args) -> ConnectOptions {
+    // A finite retry count: rxe treats 7 as "retry forever", which would hang on a dead peer.
+    ConnectOptions { gid_index: Some(args.gid_index), retry_cnt: 6, timeout: 14, ..ConnectOptions::default() }
+}
+
+/// Depth of each work queue: the requests in flight plus room for their replies' receives.
+fn depth(args: &Args) -> u32 {
+    2 * args.concurrency + 4
+}
+
+/// The client's message of the exchange: its endpoint and the run's parameters.
+const HELLO_LEN: usize = Endpoint::ENCODED_LEN + 16;
+
+fn exchange(args: &Args, me: &Endpoint) -> Result<(Endpoint, u64, u32, u32), String> {
+    let wait = Duration::from_secs(args.timeout);
+    let until = Instant::now() + wait;
+    let io = |what: &str, e: common::net::IoError| format!("{what}: {e:?} (--timeout {} s)", args.timeout);
+    let read = |s: &mut TcpStream, buf: &mut [u8]| {
+        common::net::read_exact_checked(s, buf, until, |_| Ok(())).map_err(|(got, f)| {
+            format!(
+                "reading the peer's address: {f:?} after {got} of {} bytes (--timeout {} s)",
+                buf.len(),
+                args.timeout
+            )
+        })
+    };
+    match &args.server {
+        Some(host) => {
+            let mut s = common::net::connect(host, args.port, wait)?;
+            let mut hello = me.encode().to_vec();
+            hello.extend_from_slice(&args.requests.to_le_bytes());
+            hello.extend_from_slice(&args.size.to_le_bytes());
+            hello.extend_from_slice(&args.concurrency.to_le_bytes());
+            common::net::write_all(&mut s, &hello, until).map_err(|e| io("sending our address", e))?;
+            let mut buf = [0u8; Endpoint::ENCODED_LEN];
+            read(&mut s, &mut buf)?;
+            let peer = Endpoint::decode(&buf).map_err(|e| format!("the server's address: {e}"))?;
+            Ok((peer, args.requests, args.size, args.concurrency))
+        }
+        None => {
+            let listener = common::net::listen(args.port)?;
+            println!("async_rpc: waiting for a client on TCP port {}", args.port);
+            let mut s = common::net::accept(&listener, args.port, wait)?;
+            let mut buf = [0u8; HELLO_LEN];
+            read(&mut s, &mut buf)?;
+            let peer = Endpoint::decode(&buf[..Endpoint::ENCODED_LEN])
+                .map_err(|e| format!("the client's address: {e}"))?;
+            let rest = &buf[Endpoint::ENCODED_LEN..];
+            let n = u64::from_le_bytes(rest[..8].try_into().unwrap());
+            let size = u32::from_le_bytes(rest[8..12].try_into().unwrap());
+            let conc = u32::from_le_bytes(rest[12..16].try_into().unwrap());
+            if !(16..=1 << 20).contains(&size) || !(1..=256).contains(&conc) {
+                return Err(format!("the client asked for size {size}, concurrency {conc}: out of range"));
+            }
+            common::net::write_all(&mut s, &me.encode(), until).map_err(|e| io("sending our address", e))?;
+            Ok((peer, n, size, conc))
+        }
+    }
+}
+
+/// Everything one side needs: device objects and the connected queue pair, before the driver.
+struct Side {
+    _ctx: Context,
+    pd: Arc<ProtectionDomain>,
+    channel: ibverbs::CompletionChannel,
+    cq: CompletionQueue,
+    qp: QueuePair,
+}
+
+fn open_side(ctx: &Context, depth: u32) -> Result<Side, String> {
+    let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
+    let channel = ctx.create_comp_channel().map_err(|e| e.to_string())?;
+    let cq = ctx.create_cq(2 * depth, Some(&channel)).map_err(|e| e.to_string())?;
+    let qp = pd
+        .create_qp(&cq, QpType::RC)
+        .max_send_wr(depth)
+        .max_recv_wr(depth)
+        .build()
+        .map_err(|e| format!("creating the queue pair: {e}"))?;
+    Ok(Side { _ctx: ctx.clone(), pd: Arc::new(pd), channel, cq, qp })
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let ctx = common::open_device(args.device.as_deref())?;
+    let o = connect_options(args);
+    let mut side = open_side(&ctx, depth(args))?;
+    let me = side.qp.endpoint(&o).map_err(|e| format!("our endpoint: {e}"))?;
+    let (peer, n, size, conc) = exchange(args, &me)?;
+    side.qp.connect(&peer, &o).map_err(|e| format!("connecting the queue pair: {e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let busy = args.busy_poll;
+    let mode = if busy { "busy-poll" } else { "events" };
+    let limit = Duration::from_secs(args.timeout);
+    let whole = limit * 10;
+    rt.block_on(async move {
+        let driver = Driver::tokio(side.cq, &side.channel).map_err(|e| e.to_string())?;
+        driver.set_busy_poll(busy);
+        let ep = Arc::new(AsyncQueuePair::new(side.qp, &driver).map_err(|(_, e)| e.to_string())?);
+        let (cpu0, t0) = (cpu_time(), Instant::now());
+        let work = async {
+            if args.server.is_some() {
+                client(ep.clone(), side.pd.clone(), n, size, conc, limit).await
+            } else {
+                server(ep.clone(), side.pd.clone(), n, size, conc).await.map(|()| Vec::new())
+            }
+        };
+        let lat = tokio::time::timeout(whole, work)
+            .await
+            .map_err(|_| format!("the run took more than {} s (10 × --timeout)", whole.as_secs()))??;
+        let (cpu, wall) = (cpu_time() - cpu0, t0.elapsed());
+        if args.server.is_some() {
+            let mut lat = lat;
+            lat.sort_unstable();
+            println!(
+                "async_rpc client ({mode}): {n} requests of {size} B, {conc} in flight: {:.0} requests/s; latency p50 {:.1} us, p99 {:.1} us, p999 {:.1} us",
+                n as f64 / wall.as_secs_f64(),
+                us(percentile(&lat, 0.50)),
+                us(percentile(&lat, 0.99)),
+                us(percentile(&lat, 0.999)),
+            );
+        } else {
+            println!("async_rpc server ({mode}): answered {n} requests");
+        }
+        println!(
+            "async_rpc cpu ({mode}): {:.3} s user+sys over {:.3} s wall ({:.0}%)",
+            cpu.as_secs_f64(),
+            wall.as_secs_f64(),
+            100.0 * cpu.as_secs_f64() / wall.as_secs_f64()
+        );
+        Ok(())
+    })
+}
+
+fn alloc(pd: &ProtectionDomain, size: u32) -> Result<MemoryRegion, String> {
+    pd.allocate(size as usize).map_err(|e| format!("allocating a buffer: {e}"))
+}
+
+fn check(c: &Completion, what: &str) -> Result<(), String> {
+    if c.is_ok() {
+        Ok(())
+    } else {
+        Err(format!("{what} completed with status {}", c.status()))
+    }
+}
+
+/// Answers `n` requests: a task per posted receive, each echoing the request from its own buffer.
+async fn server(
+    ep: Arc<AsyncQueuePair>,
+    pd: Arc<ProtectionDomain>,
+    n: u64,
+    size: u32,
+    conc: u32,
+) -> Result<(), String> {
+    let served = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..conc + 2 {
+        let (ep, served, mut buf) = (ep.clone(), served.clone(), alloc(&pd, size)?);
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let mut c = ep.recv(RecvRequest::new(Local::whole(buf))).await.map_err(|e| e.to_string())?;
+                check(&c, "a receive")?;
+                let len = c.byte_len() as usize;
+                let req = c.take_region().ok_or("the receive's buffer did not come back")?;
+                let mut c = ep
+                    .send(SendRequest::send(Local::new(req, 0..len).map_err(|e| e.to_string())?))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                check(&c, "a reply")?;
+                buf = c.take_region().ok_or("the reply's buffer did not come back")?;
+                if served.fetch_add(1, Ordering::AcqRel) + 1 >= n {
+                    return Ok::<(), String>(());
+                }
+            }
+        }));
+    }
+    // Done when one task has counted the last request; the others' receives stay posted, their
+    // futures dropped (sound: the queue pair keeps the buffers).
+    loop {
+        if served.load(Ordering::Acquire) >= n {
+            for t in &tasks {
+                t.abort();
+            }
+            // Let the client's last reply complete before the queue pair goes.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return Ok(());
+        }
+        if let Some(t) = tasks.iter_mut().find(|t| t.is_finished()) {
+            match t.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(e) => return Err(format!("a server task failed: {e}")),
+            }
+            tasks.retain(|t| !t.is_finished());
+            continue;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+type Waiters = Arc<Mutex<Vec<Option<tokio::sync::oneshot::Sender<u64>>>>>;
+
+/// Sends `n` requests with `conc` in flight; returns each one's latency.
+async fn client(
+    ep: Arc<AsyncQueuePair>,
+    pd: Arc<ProtectionDomain>,
+    n: u64,
+    size: u32,
+    conc: u32,
+    limit: Duration,
+) -> Result<Vec<Duration>, String> {
+    let waiters: Waiters = Arc::new(Mutex::new((0..conc).map(|_| None).collect()));
+    // Receivers: a task per posted receive, handing each reply to the request's slot.
+    let mut receivers = Vec::new();
+    for _ in 0..conc + 2 {
+        let (ep, waiters, mut buf) = (ep.clone(), waiters.clone(), alloc(&pd, size)?);
+        receivers.push(tokio::spawn(async move {
+            loop {
+                let mut c = ep.recv(RecvRequest::new(Local::whole(buf))).await.map_err(|e| e.to_string())?;
+                check(&c, "a receive")?;
+                let m = c.take_region().ok_or("the receive's buffer did not come back")?;
+                let slot = u64::from_le_bytes(m.as_slice()[..8].try_into().unwrap());
+                let seq = u64::from_le_bytes(m.as_slice()[8..16].try_into().unwrap());
+                let tx = waiters.lock().unwrap().get_mut(slot as usize).and_then(Option::take);
+                match tx {
+                    Some(tx) => {
+                        let _ = tx.send(seq);
+                    }
+                    None => return Err::<(), String>(format!("a reply for slot {slot} that waits for none")),
+                }
+                buf = m;
+            }
+        }));
+    }
+    let next = Arc::new(AtomicU64::new(0));
+    let mut senders = Vec::new();
+    for slot in 0..conc {
+        let (ep, waiters, next, mut buf) = (ep.clone(), waiters.clone(), next.clone(), alloc(&pd, size)?);
+        senders.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            loop {
+                let seq = next.fetch_add(1, Ordering::AcqRel);
+                if seq >= n {
+                    return Ok::<_, String>(lat);
+                }
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                waiters.lock().unwrap()[slot as usize] = Some(tx);
+                buf.as_mut_slice()[..8].copy_from_slice(&u64::from(slot).to_le_bytes());
+                buf.as_mut_slice()[8..16].copy_from_slice(&seq.to_le_bytes());
+                let t = Instant::now();
+                let mut c = ep.send(SendRequest::send(Local::whole(buf))).await.map_err(|e| e.to_string())?;
+                check(&c, "a request")?;
+                buf = c.take_region().ok_or("the request's buffer did not come back")?;
+                let got = tokio::time::timeout(limit, rx)
+                    .await
+                    .map_err(|_| {
+                        format!("no reply to request {seq} within {} s (--timeout)", limit.as_secs())
+                    })?
+                    .map_err(|_| "the receivers stopped".to_string())?;
+                if got != seq {
+                    return Err(format!("slot {slot}: reply for request {got}, expected {seq}"));
+                }
+                lat.push(t.elapsed());
+            }
+        }));
+    }
+    let mut all = Vec::with_capacity(n as usize);
+    for s in senders {
+        match s.await {
+            Ok(Ok(l)) => all.extend(l),
+            Ok(Err(e)) => return Err(e),
+            Err(e) => return Err(format!("a client task failed: {e}")),
+        }
+    }
+    for r in &receivers {
+        if r.is_finished() {
+            continue;
+        }
+        r.abort();
+    }
+    for r in receivers {
+        if let Ok(Err(e)) = r.await {
+            return Err(e);
+        }
+    }
+    Ok(all)
+}
+
+// ---- --bench: the same load in one process, sync safe level against the async adaptor ----
+
+struct Figures {
+    rate: f64,
+    p50: Duration,
+    p99: Duration,
+    cpu_per_million: f64,
+}
+
+fn report(name: &str, f: &Figures) {
+    println!(
+        "bench {name:<22} {:>9.0} req/s  p50 {:>8.1} us  p99 {:>8.1} us  cpu {:>7.2} s per million messages",
+        f.rate,
+        us(f.p50),
+        us(f.p99),
+        f.cpu_per_million
+    );
+}
+
+fn figures(n: u64, wall: Duration, cpu: Duration, mut lat: Vec<Duration>) -> Figures {
+    lat.sort_unstable();
+    // Each request is two messages (request and reply).
+    Figures {
+        rate: n as f64 / wall.as_secs_f64(),
+        p50: percentile(&lat, 0.5),
+        p99: percentile(&lat, 0.99),
+        cpu_per_million: cpu.as_secs_f64() * 1e6 / (2 * n) as f64,
+    }
+}
+
+/// Two queue pairs on one device connected to each other, each with its own CQ and channel.
+fn loopback(args: &Args) -> Result<(Side, Side), String> {
+    let ctx = common::open_device(args.device.as_deref())?;
+    let o = connect_options(args);
+    let (mut a, mut b) = (open_side(&ctx, depth(args))?, open_side(&ctx, depth(args))?);
+    let (ea, eb) =
+        (a.qp.endpoint(&o).map_err(|e| e.to_string())?, b.qp.endpoint(&o).map_err(|e| e.to_string())?);
+    a.qp.connect(&eb, &o).map_err(|e| e.to_string())?;
+    b.qp.connect(&ea, &o).map_err(|e| e.to_string())?;
+    Ok((a, b))
+}
+
+/// The synchronous safe level: one thread busy-polls both CQs, keeping `conc` requests in flight.
+fn bench_sync(args: &Args) -> Result<Figures, String> {
+    let (n, size, conc) = (args.requests, args.size, args.concurrency as usize);
+    let (mut c, mut s) = loopback(args)?;
+    let deadline = Instant::now() + Duration::from_secs(args.timeout) * 10;
+    for _ in 0..conc + 2 {
+        s.qp.post_recv(RecvRequest::new(Local::whole(alloc(&s.pd, size)?))).map_err(|e| e.to_string())?;
+        c.qp.post_recv(RecvRequest::new(Local::whole(alloc(&c.pd, size)?))).map_err(|e| e.to_string())?;
+    }
+    let mut free: Vec<MemoryRegion> = (0..conc).map(|_| alloc(&c.pd, size)).collect::<Result<_, _>>()?;
+    let mut start: VecDeque<Instant> = VecDeque::new();
+    let mut lat = Vec::with_capacity(n as usize);
+    let (mut sent, mut done) = (0u64, 0u64);
+    let mut out: Vec<Completion> = (0..16).map(|_| Completion::default()).collect();
+    let (cpu0, t0) = (cpu_time(), Instant::now());
+    while done < n {
+        while sent < n && !free.is_empty() {
+            let m = free.pop().unwrap();
+            start.push_back(Instant::now());
+            c.qp.post_send(SendRequest::send(Local::whole(m))).map_err(|e| e.error.to_string())?;
+            sent += 1;
+        }
+        // Server: echo every request from its receive buffer, repost the buffer when the reply is done.
+        for comp in s.cq.poll(&mut out).map_err(|e| e.to_string())?.iter_mut() {
+            check(comp, "a server completion")?;
+            let m = comp.take_region().ok_or("no buffer")?;
+            if comp.opcode() == ibverbs::WcOpcode::RECV {
+                s.qp.post_send(SendRequest::send(Local::whole(m))).map_err(|e| e.error.to_string())?;
+            } else {
+                s.qp.post_recv(RecvRequest::new(Local::whole(m))).map_err(|e| e.error.to_string())?;
+            }
+        }
+        for comp in c.cq.poll(&mut out).map_err(|e| e.to_string())?.iter_mut() {
+            check(comp, "a client completion")?;
+            let m = comp.take_region().ok_or("no buffer")?;
+            if comp.opcode() == ibverbs::WcOpcode::RECV {
+                lat.push(start.pop_front().ok_or("a reply to nothing")?.elapsed());
+                done += 1;
+                c.qp.post_recv(RecvRequest::new(Local::whole(m))).map_err(|e| e.error.to_string())?;
+            } else {
+                free.push(m);
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("sync bench: {done} of {n} replies before the deadline"));
+        }
+    }
+    Ok(figures(n, t0.elapsed(), cpu_time() - cpu0, lat))
+}
+
+/// The async adaptor: the same server and client as the two-process run, in one runtime.
+fn bench_async(args: &Args, busy: bool) -> Result<Figures, String> {
+    let (n, size, conc) = (args.requests, args.size, args.concurrency);
+    let (c, s) = loopback(args)?;
+    let limit = Duration::from_secs(args.timeout);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let cd = Driver::tokio(c.cq, &c.channel).map_err(|e| e.to_string())?;
+        let sd = Driver::tokio(s.cq, &s.channel).map_err(|e| e.to_string())?;
+        cd.set_busy_poll(busy);
+        sd.set_busy_poll(busy);
+        let cep = Arc::new(AsyncQueuePair::new(c.qp, &cd).map_err(|(_, e)| e.to_string())?);
+        let sep = Arc::new(AsyncQueuePair::new(s.qp, &sd).map_err(|(_, e)| e.to_string())?);
+        let (cpu0, t0) = (cpu_time(), Instant::now());
+        let srv = tokio::spawn(server(sep, s.pd.clone(), n, size, conc));
+        let lat = tokio::time::timeout(limit * 10, client(cep, c.pd.clone(), n, size, conc, limit))
+            .await
+            .map_err(|_| "async bench: timed out".to_string())??;
+        let (wall, cpu) = (t0.elapsed(), cpu_time() - cpu0);
+        srv.await.map_err(|e| e.to_string())??;
+        Ok(figures(n, wall, cpu, lat))
+    })
+}
+
+fn bench(args: &Args) -> Result<(), String> {
+    println!(
+        "async_rpc --bench: {} requests of {} B, {} in flight, one process over one device",
+        args.requests, args.size, args.concurrency
+    );
+    let sync = bench_sync(args)?;
+    report("sync safe (busy poll)", &sync);
+    let ev = bench_async(args, false)?;
+    report("async events", &ev);
+    let busy = bench_async(args, true)?;
+    report("async busy-poll", &busy);
+    for (name, f) in [("async events", &ev), ("async busy-poll", &busy)] {
+        println!(
+            "bench ratio {name} / sync: req/s {:.2}, p50 latency {:.2}, p99 latency {:.2}, cpu per message {:.2}",
+            f.rate / sync.rate,
+            f.p50.as_secs_f64() / sync.p50.as_secs_f64(),
+            f.p99.as_secs_f64() / sync.p99.as_secs_f64(),
+            f.cpu_per_million / sync.cpu_per_million
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,538 @@
+//! A shared driver of one completion queue and the queue pairs whose futures await on it.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context as TaskContext, Poll, Waker};
+
+use super::{Backend, CqCore};
+use crate::error::{Error, Result};
+use crate::memory::RemoteSlice;
+use crate::post::{Local, RecvRequest, SendRequest};
+use crate::queue::{Completion, CompletionChannel, CompletionQueue, PostError, QueuePair};
+
+/// Completions fetched per `ibv_poll_cq()` by the driver.
+const BATCH: usize = 16;
+
+enum Entry {
+    Free,
+    /// Posted; the future waits (with the waker of the task that polled it last).
+    Waiting(Option<Waker>, u64),
+    /// Completed; the future has not taken it yet.
+    Done(Completion),
+    /// The future was dropped: the completion is dropped when it comes.
+    Abandoned,
+}
+
+struct Slot {
+    gen: u32,
+    entry: Entry,
+}
+
+struct State {
+    core: CqCore,
+    batch: Box<[Completion]>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// The operation whose task the reactor will wake (the last to wait on it).
+    driver: Option<u64>,
+}
+
+fn token(idx: u32, gen: u32) -> u64 {
+    (u64::from(gen) << 32) | u64::from(idx)
+}
+
+impl State {
+    fn slot(&mut self, tok: u64) -> Option<&mut Slot> {
+        let s = self.slots.get_mut((tok & 0xffff_ffff) as usize)?;
+        (u64::from(s.gen) == tok >> 32).then_some(s)
+    }
+
+    fn alloc(&mut self, user_wr_id: u64) -> u64 {
+        let idx = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(Slot { gen: 0, entry: Entry::Free });
+                u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 operations in flight")
+            }
+        };
+        let s = &mut self.slots[idx as usize];
+        s.entry = Entry::Waiting(None, user_wr_id);
+        token(idx, s.gen)
+    }
+
+    /// Frees the slot of `tok` (which must be live); returns what it held.
+    fn release(&mut self, tok: u64) -> Entry {
+        let idx = (tok & 0xffff_ffff) as u32;
+        let s = &mut self.slots[idx as usize];
+        s.gen = s.gen.wrapping_add(1);
+        self.free.push(idx);
+        std::mem::replace(&mut s.entry, Entry::Free)
+    }
+
+    /// Hands the polled completions `batch[..n]` to their futures. Returns the wakers to wake
+    /// (outside the lock) and the completions to drop (outside the lock too: dropping a buffer
+    /// may run a caller's callback).
+    fn dispatch(&mut self, n: usize, wake: &mut Vec<Waker>, drop_later: &mut Vec<Completion>) {
+        for i in 0..n {
+            let mut c = std::mem::take(&mut self.batch[i]);
+            if !c.is_tracked() {
+                // A stale completion of a dropped queue pair: nothing waits for it.
+                drop_later.push(c);
+                continue;
+            }
+            let tok = c.wr_id();
+            let Some(slot) = self.slot(tok) else {
+                drop_later.push(c);
+                continue;
+            };
+            match std::mem::replace(&mut slot.entry, Entry::Free) {
+                Entry::Waiting(w, user) => {
+                    c.set_wr_id(user);
+                    slot.entry = Entry::Done(c);
+                    wake.extend(w);
+                }
+                Entry::Abandoned => {
+                    drop_later.push(c);
+                    self.release(tok);
+                }
+                other => {
+                    // Cannot happen (one completion per signaled request); keep what was there.
+                    slot.entry = other;
+                    drop_later.push(c);
+                }
+            }
+        }
+    }
+
+    /// When the operation `tok` stops waiting and it was the one the reactor would wake, another
+    /// waiting task must take over the watch: returns its waker.
+    fn hand_over(&mut self, tok: u64) -> Option<Waker> {
+        if self.driver != Some(tok) {
+            return None;
+        }
+        self.driver = None;
+        self.slots.iter().find_map(|s| match &s.entry {
+            Entry::Waiting(Some(w), _) => Some(w.clone()),
+            _ => None,
+        })
+    }
+}
+
+struct Shared {
+    state: Mutex<State>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic under the lock (a buffer's drop callback) leaves the state consistent: every
+        // step that can panic runs outside it.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Drives one completion queue for any number of [`AsyncQueuePair`]s and tasks.
+///
+/// Like any future, an [`Op`] makes progress only while polled; here the task that polled last
+/// is the one the reactor wakes, and it wakes the others as it hands out their completions. So
+/// keep polling a pending `Op` or drop it: a task that keeps one without polling it (say, a
+/// stale branch kept aside) can leave the others unwoken until a later poll or [`reap`](Self::reap).
+///
+/// Owns the CQ (created on a channel that serves it alone) and its channel's reactor
+/// registration. Cloning is cheap (an `Arc`); every clone drives the same CQ. There is no
+/// background task: a future that waits polls the CQ itself (`ibv_poll_cq()`), hands the
+/// completions it finds to their futures, and when there is none arms the CQ and waits for the
+/// channel; when it finishes, another waiting task takes over the watch.
+#[derive(Clone)]
+pub struct Driver {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Driver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Driver").finish_non_exhaustive()
+    }
+}
+
+impl Driver {
+    /// Wraps `cq`, created on `channel`, which must serve this CQ only; registers the channel's
+    /// descriptor with `backend`.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the reactor refuses the descriptor.
+    pub fn new(cq: CompletionQueue, channel: &CompletionChannel, backend: &dyn Backend) -> Result<Driver> {
+        let core = CqCore::new(cq, channel, backend)?;
+        let state = State {
+            core,
+            batch: (0..BATCH).map(|_| Completion::default()).collect(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            driver: None,
+        };
+        Ok(Driver { shared: Arc::new(Shared { state: Mutex::new(state) }) })
+    }
+
+    /// Runs `f` on the driven CQ, e.g. to create queue pairs on it with
+    /// [`ProtectionDomain::create_qp`](crate::ProtectionDomain::create_qp). (It holds the
+    /// driver's lock: `f` must not await or call back into the driver.)
+    pub fn with_cq<R>(&self, f: impl FnOnce(&CompletionQueue) -> R) -> R {
+        f(&self.shared.lock().core.cq)
+    }
+
+    /// Polls the CQ once without waiting (`ibv_poll_cq()`) and hands what it finds to the
+    /// waiting futures; completions of dropped futures are dropped, returning their buffers'
+    /// room to their queue pairs. Returns how many completions it polled.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when `ibv_poll_cq()` fails.
+    pub fn reap(&self) -> Result<usize> {
+        let mut wake = Vec::new();
+        let mut drop_later = Vec::new();
+        let mut total = 0;
+        let r = {
+            let mut st = self.shared.lock();
+            loop {
+                let State { core, batch, .. } = &mut *st;
+                match core.poll_now(batch) {
+                    Ok(got) => {
+                        let n = got.len();
+                        st.dispatch(n, &mut wake, &mut drop_later);
+                        total += n;
+                        if n < BATCH {
+                            break Ok(total);
+                        }
+                    }
+                    Err(e) => break Err(e),
+                }
+            }
+        };
+        drop(drop_later);
+        wake.into_iter().for_each(Waker::wake);
+        r
+    }
+
+    /// Switches between the event path (the default: arm the CQ and sleep in the reactor until
+    /// the channel fires) and busy polling (a waiting task that finds the CQ empty wakes itself
+    /// and yields to its executor at once: lower latency, a core kept busy).
+    pub fn set_busy_poll(&self, busy: bool) {
+        self.shared.lock().core.busy = busy;
+    }
+
+    /// Operations posted whose futures have not yet returned or been dropped, plus dropped ones
+    /// still waiting for their completion.
+    pub fn in_flight(&self) -> usize {
+        let st = self.shared.lock();
+        st.slots.len() - st.free.len()
+    }
+
+    fn begin(&self, user_wr_id: u64) -> u64 {
+        self.shared.lock().alloc(user_wr_id)
+    }
+}
+
+/// The future of one posted operation: resolves to its [`Completion`] (with the request's
+/// buffers, and the caller's `wr_id`).
+///
+/// Dropping it before it resolves is sound: the request's buffers stay with the queue pair until
+/// the device completes it, then the driver drops them. It keeps its queue pair alive (the QP is
+/// destroyed only when the [`AsyncQueuePair`] and every `Op` of it are gone), so a pending
+/// operation always completes, if only with a flush error.
+#[must_use = "the operation is posted either way; dropping the future only forgoes its completion"]
+pub struct Op {
+    shared: Arc<Shared>,
+    tok: u64,
+    finished: bool,
+    _qp: Arc<Mutex<QueuePair>>,
+}
+
+impl fmt::Debug for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Op").field("token", &self.tok).field("finished", &self.finished).finish()
+    }
+}
+
+impl Future for Op {
+    type Output = Result<Completion>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<Completion>> {
+        if self.finished {
+            return Poll::Ready(Err(Error::InvalidArgument {
+                verb: "ibv_poll_cq",
+                reason: "the operation's future was polled after it completed",
+            }));
+        }
+        let tok = self.tok;
+        let mut wake = Vec::new();
+        let mut drop_later = Vec::new();
+        let out = {
+            let mut guard = self.shared.lock();
+            let st = &mut *guard;
+            loop {
+                // Done?
+                match st.slot(tok).map(|s| &mut s.entry) {
+                    Some(e @ Entry::Done(_)) => {
+                        let Entry::Done(c) = std::mem::replace(e, Entry::Free) else { unreachable!() };
+                        st.release(tok);
+                        wake.extend(st.hand_over(tok));
+                        break Poll::Ready(Ok(c));
+                    }
+                    Some(Entry::Waiting(w, _)) => {
+                        if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                            *w = Some(cx.waker().clone());
+                        }
+                    }
+                    _ => {
+                        break Poll::Ready(Err(Error::InvalidArgument {
+                            verb: "ibv_poll_cq",
+                            reason: "the operation's slot was lost",
+                        }))
+                    }
+                }
+                // Drive: poll the CQ, and wait for the channel when it is empty.
+                let State { core, batch, .. } = st;
+                match core.poll_ready(cx, batch) {
+                    Poll::Ready(Ok(n)) => st.dispatch(n, &mut wake, &mut drop_later),
+                    Poll::Ready(Err(e)) => {
+                        // The request stays posted: its completion is dropped when it comes.
+                        if let Some(s) = st.slot(tok) {
+                            s.entry = Entry::Abandoned;
+                        }
+                        wake.extend(st.hand_over(tok));
+                        break Poll::Ready(Err(e));
+                    }
+                    Poll::Pending => {
+                        st.driver = Some(tok);
+                        break Poll::Pending;
+                    }
+                }
+            }
+        };
+        if out.is_ready() {
+            self.finished = true;
+        }
+        drop(drop_later);
+        // Wake everyone handed a completion, this task included: another future of this task
+        // (e.g. a `select!` branch polled before this one) may be among them.
+        wake.into_iter().for_each(Waker::wake);
+        out
+    }
+}
+
+impl Drop for Op {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let (done, next) = {
+            let mut st = self.shared.lock();
+            let done = match st.slot(self.tok).map(|s| &mut s.entry) {
+                Some(e @ Entry::Waiting(..)) => {
+                    *e = Entry::Abandoned;
+                    None
+                }
+                Some(Entry::Done(_)) => Some(st.release(self.tok)),
+                _ => None,
+            };
+            (done, st.hand_over(self.tok))
+        };
+        drop(done);
+        if let Some(w) = next {
+            w.wake();
+        }
+    }
+}
+
+/// A connected queue pair whose posts are futures, completing through a shared [`Driver`].
+///
+/// Methods take `&self`: any number of tasks may post on one queue pair (share it in an `Arc`).
+/// Each call posts at once (`ibv_post_send()` / `ibv_post_recv()`, a short lock on the QP) and
+/// returns an [`Op`] to await. Every request is signaled (a request made
+/// [`unsignaled`](SendRequest::unsignaled) is refused: its future could never resolve).
+pub struct AsyncQueuePair {
+    qp: Arc<Mutex<QueuePair>>,
+    driver: Driver,
+}
+
+impl fmt::Debug for AsyncQueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AsyncQueuePair").field("qp", &*self.lock_qp()).finish_non_exhaustive()
+    }
+}
+
+fn to_error<R>(e: PostError<R>) -> Error {
+    e.error
+}
+
+impl AsyncQueuePair {
+    /// Wraps `qp`, whose send and receive queues must both complete into `driver`'s CQ.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] (handing the QP back) when they do not.
+    #[allow(clippy::result_large_err)] // the QP comes back by value
+    pub fn new(qp: QueuePair, driver: &Driver) -> std::result::Result<AsyncQueuePair, (QueuePair, Error)> {
+        if !driver.with_cq(|cq| qp.completes_into(cq)) {
+            let e = Error::InvalidArgument {
+                verb: "ibv_poll_cq",
+                reason: "the queue pair's send and receive queues must complete into the driver's CQ",
+            };
+            return Err((qp, e));
+        }
+        Ok(AsyncQueuePair { qp: Arc::new(Mutex::new(qp)), driver: driver.clone() })
+    }
+
+    fn lock_qp(&self) -> MutexGuard<'_, QueuePair> {
+        self.qp.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The driver.
+    pub fn driver(&self) -> &Driver {
+        &self.driver
+    }
+
+    /// Runs `f` on the queue pair (state queries, outstanding counts). It holds the QP's lock:
+    /// `f` must not await.
+    pub fn with_qp<R>(&self, f: impl FnOnce(&mut QueuePair) -> R) -> R {
+        f(&mut self.lock_qp())
+    }
+
+    fn op(&self, tok: u64) -> Op {
+        Op { shared: self.driver.shared.clone(), tok, finished: false, _qp: self.qp.clone() }
+    }
+
+    /// Posts a send-queue request (`ibv_post_send()`) now and returns the future of its
+    /// completion. When the send queue is full, it first reaps completions of dropped futures
+    /// ([`Driver::reap`]) and retries once.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send`], handing the request back; [`Error::InvalidArgument`] for an
+    /// unsignaled request.
+    #[doc(alias = "ibv_post_send")]
+    #[allow(clippy::result_large_err)] // as QueuePair::post_send
+    pub fn post_send<'a>(&self, wr: SendRequest<'a>) -> std::result::Result<Op, PostError<SendRequest<'a>>> {
+        if !wr.signaled {
+            let error = Error::InvalidArgument {
+                verb: "ibv_post_send",
+                reason: "the async adaptor posts signaled requests only",
+            };
+            return Err(PostError { error, request: wr });
+        }
+        let tok = self.driver.begin(wr.wr_id);
+        let mut wr = wr.wr_id(tok);
+        let mut retried = false;
+        loop {
+            let r = self.lock_qp().post_send(wr);
+            match r {
+                Ok(()) => return Ok(self.op(tok)),
+                Err(e) if matches!(e.error, Error::QueueFull { .. }) && !retried => {
+                    retried = true;
+                    wr = e.request;
+                    let _ = self.driver.reap();
+                }
+                Err(mut e) => {
+                    let user = match self.driver.shared.lock().release(tok) {
+                        Entry::Waiting(_, user) => user,
+                        _ => 0,
+                    };
+                    e.request.wr_id = user;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Posts a receive (`ibv_post_recv()`) now and returns the future of its completion.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_recv`], handing the request back.
+    #[doc(alias = "ibv_post_recv")]
+    #[allow(clippy::result_large_err)] // as QueuePair::post_recv
+    pub fn post_recv(&self, wr: RecvRequest) -> std::result::Result<Op, PostError<RecvRequest>> {
+        let tok = self.driver.begin(wr.wr_id);
+        let mut wr = wr.wr_id(tok);
+        let mut retried = false;
+        loop {
+            let r = self.lock_qp().post_recv(wr);
+            match r {
+                Ok(()) => return Ok(self.op(tok)),
+                Err(e) if matches!(e.error, Error::QueueFull { .. }) && !retried => {
+                    retried = true;
+                    wr = e.request;
+                    let _ = self.driver.reap();
+                }
+                Err(mut e) => {
+                    let user = match self.driver.shared.lock().release(tok) {
+                        Entry::Waiting(_, user) => user,
+                        _ => 0,
+                    };
+                    e.request.wr_id = user;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Posts `wr` (`ibv_post_send()`) and waits for its completion, which hands the buffers back
+    /// ([`Completion::take_region`], ...). A failed completion is returned as is (check
+    /// [`Completion::status`]). Dropping the future at any point is sound (see [`Op`]).
+    ///
+    /// # Errors
+    /// As [`post_send`](Self::post_send) (the request's buffers are dropped; use `post_send` to
+    /// get them back), or a reactor / `ibv_poll_cq()` failure.
+    #[doc(alias = "ibv_post_send")]
+    pub async fn send(&self, wr: SendRequest<'_>) -> Result<Completion> {
+        self.post_send(wr).map_err(to_error)?.await
+    }
+
+    /// An RDMA Write of `local` to `remote` (`IBV_WR_RDMA_WRITE`), awaited. See [`send`](Self::send).
+    ///
+    /// # Errors
+    /// As [`send`](Self::send).
+    #[doc(alias = "ibv_post_send")]
+    pub async fn write(&self, local: Local, remote: RemoteSlice) -> Result<Completion> {
+        self.send(SendRequest::write(local, remote)).await
+    }
+
+    /// An RDMA Read of `remote` into `local` (`IBV_WR_RDMA_READ`), awaited. See [`send`](Self::send).
+    ///
+    /// # Errors
+    /// As [`send`](Self::send).
+    #[doc(alias = "ibv_post_send")]
+    pub async fn read(&self, local: Local, remote: RemoteSlice) -> Result<Completion> {
+        self.send(SendRequest::read(local, remote)).await
+    }
+
+    /// Posts a receive (`ibv_post_recv()`) and waits for the message. Dropping the future is
+    /// sound: the buffer stays posted and the message that lands in it is dropped with it.
+    ///
+    /// # Errors
+    /// As [`post_recv`](Self::post_recv), or a reactor / `ibv_poll_cq()` failure.
+    #[doc(alias = "ibv_post_recv")]
+    pub async fn recv(&self, wr: RecvRequest) -> Result<Completion> {
+        self.post_recv(wr).map_err(to_error)?.await
+    }
+
+    /// Send-queue requests the queue pair still holds (posted, completion not yet polled).
+    pub fn outstanding_sends(&self) -> u32 {
+        self.lock_qp().outstanding_sends()
+    }
+
+    /// Receives the queue pair still holds.
+    pub fn outstanding_recvs(&self) -> u32 {
+        self.lock_qp().outstanding_recvs()
+    }
+
+    /// Takes the queue pair back, once no [`Op`] of it is left (`Err(self)` while one is).
+    /// Requests still outstanding (of dropped futures) stay posted; the driver drops their
+    /// completions.
+    ///
+    /// # Errors
+    /// `self`, when an `Op` of this queue pair is still alive.
+    #[allow(clippy::result_large_err)] // self comes back by value
+    pub fn into_inner(self) -> std::result::Result<QueuePair, Self> {
+        match Arc::try_unwrap(self.qp) {
+            Ok(m) => Ok(m.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner)),
+            Err(qp) => Err(AsyncQueuePair { qp, driver: self.driver }),
+        }
+    }
+}
