@@ -584,3 +584,64 @@ fn async_io_completion_stream() {
         }
     });
 }
+
+/// The asynchronous-event stream, on both backends: `ip link set <netdev> down` and `up` under
+/// rxe0's port deliver PORT_ERR then PORT_ACTIVE to a task awaiting `next()`, which waits
+/// without spinning (nothing comes while the link is untouched) and loses nothing when a
+/// `next()` future is dropped.
+#[test]
+fn async_event_stream_sees_the_port_go_down_and_up() {
+    use ibverbs::aio::AsyncEventStream;
+    use ibverbs::{AsyncEventType, PortState};
+
+    let ctx = context();
+    let events = ctx.async_events().unwrap();
+    while events.try_get().unwrap().is_some() {}
+    let dev = common::netdev(ctx.name());
+    let guard = common::LinkUp(dev.clone());
+    let bound = scaled(Duration::from_secs(10));
+    let rt = rt_current();
+    rt.block_on(bounded("async events", async {
+        let mut stream = AsyncEventStream::tokio(&events).unwrap();
+        // Nothing pending: `next()` waits, and dropping it loses nothing.
+        assert!(tokio::time::timeout(Duration::from_millis(20), stream.next()).await.is_err());
+        common::ip_link(&dev, "down");
+        let deadline = Instant::now() + bound;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let e =
+                tokio::time::timeout(left, stream.next()).await.expect("PORT_ERR within the bound").unwrap();
+            if e.kind() == AsyncEventType::PORT_ERR {
+                assert_eq!(e.port(), Some(1));
+                break;
+            }
+        }
+    }));
+    drop(guard); // ip link set up
+                 // The same stream type over async-io.
+    let mut stream = AsyncEventStream::async_io(&events).unwrap();
+    let got = async_io::block_on(async {
+        let deadline = Instant::now() + bound;
+        loop {
+            let next = stream.next();
+            let timer = async {
+                async_io::Timer::at(deadline).await;
+                None
+            };
+            match futures_lite::future::or(async { Some(next.await) }, timer).await {
+                Some(e) if e.as_ref().is_ok_and(|e| e.kind() == AsyncEventType::PORT_ACTIVE) => {
+                    break e.unwrap()
+                }
+                Some(e) => drop(e.unwrap()),
+                None => panic!("no PORT_ACTIVE within {bound:?}"),
+            }
+        }
+    });
+    assert_eq!(got.port(), Some(1));
+    let deadline = Instant::now() + bound;
+    while ctx.query_port(1).unwrap().state() != PortState::ACTIVE {
+        assert!(Instant::now() < deadline, "port 1 not active again");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    while events.try_get().unwrap().is_some() {}
+}

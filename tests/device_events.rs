@@ -309,37 +309,6 @@ fn collect(
     seen
 }
 
-/// The netdev under port 1 of the test device (`dummy0` in the harness).
-fn netdev(dev: &str) -> String {
-    for idx in 0..4 {
-        let path = format!("/sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs/{idx}");
-        if let Ok(s) = std::fs::read_to_string(&path) {
-            let s = s.trim();
-            if !s.is_empty() {
-                return s.to_string();
-            }
-        }
-    }
-    panic!("no netdev found under /sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs");
-}
-
-fn ip_link(dev: &str, state: &str) {
-    let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .expect("no `ip` command");
-    let st = std::process::Command::new(ip).args(["link", "set", dev, state]).status().unwrap();
-    assert!(st.success(), "ip link set {dev} {state}: {st}");
-}
-
-/// Brings the netdev back up even when the test fails, so later tests find the port active.
-struct LinkUp(String);
-impl Drop for LinkUp {
-    fn drop(&mut self) {
-        ip_link(&self.0, "up");
-    }
-}
-
 #[test]
 fn port_error_and_active_arrive_when_the_netdev_goes_down_and_up() {
     let ctx = context();

@@ -119,3 +119,35 @@ pub fn pair(qp_type: QpType, depth: u32, sge: u32, inline: u32) -> Pair {
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
+
+/// The netdev under port 1 of `dev` (from sysfs).
+pub fn netdev(dev: &str) -> String {
+    for idx in 0..4 {
+        let path = format!("/sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs/{idx}");
+        if let Ok(s) = std::fs::read_to_string(&path) {
+            let s = s.trim();
+            if !s.is_empty() {
+                return s.to_string();
+            }
+        }
+    }
+    panic!("no netdev found under /sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs");
+}
+
+/// `ip link set DEV STATE`.
+pub fn ip_link(dev: &str, state: &str) {
+    let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("no `ip` command");
+    let st = std::process::Command::new(ip).args(["link", "set", dev, state]).status().unwrap();
+    assert!(st.success(), "ip link set {dev} {state}: {st}");
+}
+
+/// Brings the netdev back up even when the test fails, so later tests find the port active.
+pub struct LinkUp(pub String);
+impl Drop for LinkUp {
+    fn drop(&mut self) {
+        ip_link(&self.0, "up");
+    }
+}

@@ -34,8 +34,12 @@
 //! level's slot rings), not to the future. Dropping (or `mem::forget`ting) the future only
 //! abandons the wait: the driver drops the completion, and with it the buffers, when the device
 //! reports it done. No buffer is freed or reused while the device may touch it, whatever the
-//! caller does; a forgotten future only leaks its slot. The adaptor adds no `unsafe` of its own
-//! beyond lending the channel's descriptor to `async-io` (see [`async_io`]).
+//! caller does; a forgotten future only leaks its slot. The adaptor has no `unsafe` of its own:
+//! reactors watch the channel's epoll descriptor (its `AsFd`), which cannot be read from.
+//!
+//! # Asynchronous events
+//! [`AsyncEventStream`] awaits a context's [`AsyncEvent`](crate::AsyncEvent)s (port changes, QP
+//! and CQ errors, ...) the same way, over the same backends.
 //!
 //! # One channel per adaptor
 //! The channel given to an [`AsyncCompletionQueue`] or a [`Driver`] must serve that CQ only: the
@@ -44,6 +48,7 @@
 //! share one CQ and one channel through one [`Driver`].
 
 mod driver;
+mod events;
 mod seam;
 
 #[cfg(feature = "async-io")]
@@ -57,6 +62,7 @@ use std::io;
 use std::task::{Context as TaskContext, Poll};
 
 pub use driver::{AsyncQueuePair, Driver, Op};
+pub use events::AsyncEventStream;
 pub use seam::WatchedFd;
 
 use crate::error::{Error, Result};

@@ -8,6 +8,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
 use crate::error::Result;
 use crate::queue::{CompletionChannel, CqId};
+use crate::AsyncEvents;
 
 /// The channel as the adaptor uses it.
 #[derive(Clone)]
@@ -27,19 +28,35 @@ impl Seam {
 
     /// The descriptor to hand a reactor.
     pub(crate) fn watched(&self) -> WatchedFd {
-        WatchedFd { channel: self.channel.clone() }
+        WatchedFd { source: Source::Channel(self.channel.clone()) }
     }
 }
 
-/// A completion channel's descriptor, handed to a [`Backend`](super::Backend) to watch for
-/// readability. It keeps the channel (and so the descriptor) open as long as it lives.
+/// What a [`WatchedFd`] keeps open.
+enum Source {
+    Channel(CompletionChannel),
+    AsyncEvents(AsyncEvents),
+}
+
+impl WatchedFd {
+    /// The epoll descriptor of a context's asynchronous events, for an
+    /// [`AsyncEventStream`](super::AsyncEventStream).
+    pub(crate) fn async_events(events: &AsyncEvents) -> WatchedFd {
+        WatchedFd { source: Source::AsyncEvents(events.clone()) }
+    }
+}
+
+/// A completion channel's (or a context's asynchronous events') descriptor, handed to a
+/// [`Backend`](super::Backend) to watch for readability. It keeps the channel (and so the
+/// descriptor) open as long as it lives.
 ///
-/// Both [`AsFd`] and [`AsRawFd`] give the channel's epoll descriptor ([`CompletionChannel`]'s
-/// `AsFd`): readable exactly when the channel has an event, and `read(2)` on it fails, so a
-/// reactor can register it and nothing can consume an event behind the adaptor's back (events are
-/// read and acknowledged by the adaptor, with `ibv_get_cq_event()`/`ibv_ack_cq_events()`).
+/// Both [`AsFd`] and [`AsRawFd`] give the private epoll descriptor of [`CompletionChannel`]'s
+/// (or [`AsyncEvents`]') `AsFd`: readable exactly when an event is pending, and `read(2)` on it
+/// fails, so a reactor can register it and nothing can consume an event behind the adaptor's back
+/// (events are read and acknowledged by the adaptor: `ibv_get_cq_event()`/`ibv_ack_cq_events()`,
+/// `ibv_get_async_event()`/`ibv_ack_async_event()`).
 pub struct WatchedFd {
-    channel: CompletionChannel,
+    source: Source,
 }
 
 impl fmt::Debug for WatchedFd {
@@ -50,12 +67,15 @@ impl fmt::Debug for WatchedFd {
 
 impl AsFd for WatchedFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.channel.as_fd()
+        match &self.source {
+            Source::Channel(c) => c.as_fd(),
+            Source::AsyncEvents(e) => e.as_fd(),
+        }
     }
 }
 
 impl AsRawFd for WatchedFd {
     fn as_raw_fd(&self) -> RawFd {
-        self.channel.as_fd().as_raw_fd()
+        self.as_fd().as_raw_fd()
     }
 }
