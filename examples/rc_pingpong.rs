@@ -17,6 +17,8 @@
 //! failure is one line on stderr and a non-zero exit.
 
 mod common;
+#[path = "selection/mod.rs"]
+mod selection;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -35,13 +37,13 @@ struct Args {
     /// Listen on/connect to TCP port PORT
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
-    /// Use IB device DEV (default first device found)
+    /// Use IB device DEV (default: IBVERBS_HCA/NCCL_IB_HCA's first usable port, else the first device found)
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     ib_dev: Option<String>,
-    /// Use port PORT of the IB device
-    #[arg(short = 'i', long = "ib-port", value_name = "PORT", default_value_t = 1,
+    /// Use port PORT of the IB device (default: the environment's selection, else 1)
+    #[arg(short = 'i', long = "ib-port", value_name = "PORT",
           value_parser = clap::value_parser!(u8).range(1..))]
-    ib_port: u8,
+    ib_port: Option<u8>,
     /// Size of message to exchange
     #[arg(short = 's', long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
     size: u32,
@@ -93,19 +95,23 @@ fn run(args: &Args) -> Result<(), String> {
     let timeout = Duration::from_secs(args.timeout);
     let accept_wait = Duration::from_secs(args.accept_timeout.unwrap_or(args.timeout));
     let size = args.size as usize;
-    let ctx = common::open_device(args.ib_dev.as_deref())?;
-    let port = ctx
-        .query_port(args.ib_port)
-        .map_err(|e| format!("Couldn't get port info of port {}: {e}", args.ib_port))?;
+    // Flags win; where absent, IBVERBS_*/NCCL_IB_* (device, port, GID index, timeout, retries).
+    let target = selection::target(args.ib_dev.as_deref(), args.ib_port, args.gid_idx)?;
+    let (ctx, ib_port, gid_idx) = (target.ctx, target.port, target.gid_index);
+    let port =
+        ctx.query_port(ib_port).map_err(|e| format!("Couldn't get port info of port {}: {e}", ib_port))?;
     if port.link_layer() != LinkLayer::ETHERNET && port.lid() == 0 {
         return Err("Couldn't get local LID".into());
     }
     let opts = ConnectOptions {
-        port: args.ib_port,
-        gid_index: args.gid_idx,
+        port: ib_port,
+        gid_index: gid_idx,
         mtu: Some(args.mtu),
         sl: args.sl,
-        retry_cnt: 6, // 7 means "retry forever" on SoftRoCE: a vanished peer must end the run
+        // IBVERBS_TIMEOUT/NCCL_IB_TIMEOUT (default 14) and IBVERBS_RETRY_CNT/NCCL_IB_RETRY_CNT;
+        // without the latter 6: 7 means "retry forever" on SoftRoCE, a vanished peer must end the run.
+        timeout: target.connect.timeout,
+        retry_cnt: if target.retry_set { target.connect.retry_cnt } else { 6 },
         ..ConnectOptions::default()
     };
 
@@ -147,8 +153,8 @@ fn run(args: &Args) -> Result<(), String> {
         cq.req_notify(false).map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
     }
 
-    if let Some(index) = args.gid_idx {
-        ctx.query_gid(args.ib_port, index).map_err(|e| format!("can't read sgid of index {index}: {e}"))?;
+    if let Some(index) = gid_idx {
+        ctx.query_gid(ib_port, index).map_err(|e| format!("can't read sgid of index {index}: {e}"))?;
     }
     let ep = qp.endpoint(&opts).map_err(|e| format!("Couldn't get the local address: {e}"))?;
     let me = Dest::from_endpoint(&ep);

@@ -16,6 +16,8 @@
 //! `-c` failing the run on bad data.
 
 mod common;
+#[path = "selection/mod.rs"]
+mod selection;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -39,13 +41,13 @@ struct Args {
     /// Listen on/connect to TCP port PORT
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
-    /// Use IB device DEV (default first device found)
+    /// Use IB device DEV (default: IBVERBS_HCA/NCCL_IB_HCA's first usable port, else the first device found)
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     ib_dev: Option<String>,
-    /// Use port PORT of the IB device
-    #[arg(short = 'i', long = "ib-port", value_name = "PORT", default_value_t = 1,
+    /// Use port PORT of the IB device (default: the environment's selection, else 1)
+    #[arg(short = 'i', long = "ib-port", value_name = "PORT",
           value_parser = clap::value_parser!(u8).range(1..))]
-    ib_port: u8,
+    ib_port: Option<u8>,
     /// Size of message to exchange (at most the port's active MTU)
     #[arg(short = 's', long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     size: u32,
@@ -94,17 +96,19 @@ fn run(args: &Args) -> Result<(), String> {
     let timeout = Duration::from_secs(args.timeout);
     let accept_wait = Duration::from_secs(args.accept_timeout.unwrap_or(args.timeout));
     let size = args.size as usize;
-    let ctx = common::open_device(args.ib_dev.as_deref())?;
+    // Flags win; where absent, IBVERBS_*/NCCL_IB_* (device, port, GID index, timeout, retries).
+    let target = selection::target(args.ib_dev.as_deref(), args.ib_port, args.gid_idx)?;
+    let (ctx, ib_port, gid_idx) = (target.ctx, target.port, target.gid_index);
     let port = ctx
-        .query_port(args.ib_port)
-        .map_err(|e| format!("Unable to query port info for port {}: {e}", args.ib_port))?;
+        .query_port(ib_port)
+        .map_err(|e| format!("Unable to query port info for port {}: {e}", ib_port))?;
     let mtu = port.active_mtu().bytes().unwrap_or(0);
     if args.size > mtu {
         return Err(format!("Requested size larger than port MTU ({mtu})"));
     }
     let opts = ConnectOptions {
-        port: args.ib_port,
-        gid_index: args.gid_idx,
+        port: ib_port,
+        gid_index: gid_idx,
         sl: args.sl,
         qkey: QKEY,
         ..ConnectOptions::default()
@@ -148,8 +152,8 @@ fn run(args: &Args) -> Result<(), String> {
         cq.req_notify(false).map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
     }
 
-    if let Some(index) = args.gid_idx {
-        ctx.query_gid(args.ib_port, index)
+    if let Some(index) = gid_idx {
+        ctx.query_gid(ib_port, index)
             .map_err(|e| format!("Could not get local gid for gid index {index}: {e}"))?;
     }
     let ep = qp.endpoint(&opts).map_err(|e| format!("Couldn't get the local address: {e}"))?;

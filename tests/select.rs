@@ -571,7 +571,7 @@ fn no_variables_mean_the_defaults() {
 
 #[test]
 fn an_nccl_job_runs_unchanged() {
-    // The settings of the primer's NCCL job (NCCL_IB_QPS_PER_CONNECTION is NCCL's business).
+    // The settings of the primer's NCCL job.
     let c = config(&[
         ("NCCL_IB_HCA", "mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7,mlx5_8"),
         ("NCCL_IB_GID_INDEX", "3"),
@@ -585,7 +585,17 @@ fn an_nccl_job_runs_unchanged() {
     assert_eq!((c.selection.gid.index, c.connect.gid_index), (Some(3), Some(3)));
     assert_eq!((c.connect.timeout, c.connect.retry_cnt), (23, 7));
     let used: Vec<&str> = c.settings.iter().map(|s| s.variable).collect();
-    assert_eq!(used, ["NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_IB_TIMEOUT", "NCCL_IB_RETRY_CNT"]);
+    assert_eq!(
+        used,
+        [
+            "NCCL_IB_HCA",
+            "NCCL_IB_GID_INDEX",
+            "NCCL_IB_TIMEOUT",
+            "NCCL_IB_RETRY_CNT",
+            "NCCL_IB_QPS_PER_CONNECTION"
+        ]
+    );
+    assert_eq!((c.stripe.qps, c.stripe.split_data), (8, true));
     // Over the fake fabric: mlx5_1 (and, by prefix, mlx5_10); GID index 3 is empty on InfiniBand
     // mlx5_1, which is named.
     let out = c.selection.evaluate(&fabric());
@@ -613,8 +623,12 @@ fn every_variable_is_read_with_ours_winning() {
         ("NCCL_IB_TC", "106"),
         ("NCCL_IB_PKEY", "2"),
         ("IBVERBS_MTU", "2048"),
+        ("NCCL_IB_QPS_PER_CONNECTION", "2"),
+        ("IBVERBS_QPS_PER_CONNECTION", "4"),
+        ("NCCL_IB_SPLIT_DATA_ON_QPS", "0"),
     ])
     .unwrap();
+    assert_eq!((c.stripe.qps, c.stripe.split_data), (4, false));
     assert_eq!(c.selection.hca.to_string(), "=rxe0:1");
     assert_eq!(c.selection.gid.index, None);
     assert_eq!(c.selection.gid.family, Some(AddrFamily::Ipv6));
@@ -630,7 +644,7 @@ fn every_variable_is_read_with_ours_winning() {
     for (ours, nccl) in [("IBVERBS_HCA", "NCCL_IB_HCA"), ("IBVERBS_PKEY_INDEX", "NCCL_IB_PKEY")] {
         assert!(VARIABLES.iter().any(|v| v.name == ours && v.nccl == Some(nccl)));
     }
-    assert_eq!(VARIABLES.len(), 11);
+    assert_eq!(VARIABLES.len(), 13);
 }
 
 #[test]
@@ -658,6 +672,9 @@ fn invalid_values_are_errors_naming_the_variable() {
         ("NCCL_IB_SL", "16", 0),
         ("NCCL_IB_TC", "256", 0),
         ("NCCL_IB_PKEY", "65536", 0),
+        ("NCCL_IB_QPS_PER_CONNECTION", "0", 0),
+        ("IBVERBS_QPS_PER_CONNECTION", "65", 0),
+        ("NCCL_IB_SPLIT_DATA_ON_QPS", "2", 0),
         ("IBVERBS_MTU", "1500", 0),
         ("IBVERBS_MTU", "4k", 0),
     ];

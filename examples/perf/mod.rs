@@ -39,6 +39,8 @@ pub mod net;
 pub mod oob;
 pub mod proto;
 pub mod report;
+#[path = "../selection/mod.rs"]
+pub mod selection;
 
 use std::fmt::Write as _;
 use std::ops::Range;
@@ -65,13 +67,13 @@ use report::{BwReport, LatReport, BW_HEADER, LAT_HEADER, RESULT_LINE};
                   parameters rule: the server adopts them. With -q N, -n counts messages per queue \
                   pair (as perftest; the table shows the total).")]
 pub struct Args {
-    /// RDMA device (default: the first one).
+    /// RDMA device (default: IBVERBS_HCA/NCCL_IB_HCA's first usable port, else the first device).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     pub ib_dev: Option<String>,
-    /// Port of the device.
-    #[arg(short = 'i', long = "ib-port", default_value_t = 1, value_name = "PORT",
+    /// Port of the device (default: the environment's selection, else 1).
+    #[arg(short = 'i', long = "ib-port", value_name = "PORT",
           value_parser = clap::value_parser!(u8).range(1..))]
-    pub ib_port: u8,
+    pub ib_port: Option<u8>,
     /// GID index (default: the RoCE v2 IPv4 GID on Ethernet ports, LID addressing on InfiniBand).
     #[arg(short = 'x', long = "gid-index", value_name = "INDEX")]
     pub gid_index: Option<u32>,
@@ -319,23 +321,30 @@ pub struct Device {
     port: PortAttr,
     gid_index: Option<u32>,
     rd_atomic: u8,
+    /// ACK timeout: IBVERBS_TIMEOUT/NCCL_IB_TIMEOUT, default 14.
+    timeout: u8,
+    /// Retry count: IBVERBS_RETRY_CNT/NCCL_IB_RETRY_CNT, default 6 (rxe retries forever at 7:
+    /// a vanished peer would never surface).
+    retry_cnt: u8,
 }
 
 impl Device {
     /// Opens the device of `-d` and checks the port of `-i` (it must be active) and the GID
     /// index of `-x` (it must hold a GID).
     fn open(kind: TestKind, a: &Args) -> Result<Device, String> {
-        let ctx = device::open_device(a.ib_dev.as_deref())?;
-        let port = device::active_port(&ctx, a.ib_port)?;
+        // Flags win; where absent, IBVERBS_*/NCCL_IB_* (device, port, GID index, timeout, retries).
+        let target = selection::target(a.ib_dev.as_deref(), a.ib_port, a.gid_index)?;
+        let (ctx, port_num) = (target.ctx, target.port);
+        let port = device::active_port(&ctx, port_num)?;
         let dev = ctx.query_device().map_err(|e| format!("Couldn't query {}: {e}", ctx.name()))?;
-        let gid_index = match a.gid_index {
+        let gid_index = match target.gid_index {
             Some(i) => {
-                device::check_gid_index(&ctx, a.ib_port, i)?;
+                device::check_gid_index(&ctx, port_num, i)?;
                 Some(i)
             }
             None if port.link_layer() == LinkLayer::ETHERNET => {
-                Some(ctx.roce_v2_ipv4_gid_index(a.ib_port).map_err(|e| {
-                    format!("no RoCE v2 IPv4 GID on port {} of {} (use -x): {e}", a.ib_port, ctx.name())
+                Some(ctx.roce_v2_ipv4_gid_index(port_num).map_err(|e| {
+                    format!("no RoCE v2 IPv4 GID on port {port_num} of {} (use -x): {e}", ctx.name())
                 })?)
             }
             None => None,
@@ -345,7 +354,9 @@ impl Device {
         } else {
             1
         };
-        Ok(Device { ctx, port_num: a.ib_port, port, gid_index, rd_atomic })
+        let timeout = target.connect.timeout;
+        let retry_cnt = if target.retry_set { target.connect.retry_cnt } else { 6 };
+        Ok(Device { ctx, port_num, port, gid_index, rd_atomic, timeout, retry_cnt })
     }
 }
 
@@ -353,12 +364,13 @@ impl Rdma {
     /// Creates the protection domain, completion queues and queue pairs of test `kind` with
     /// parameters `p`.
     fn create(kind: TestKind, d: Device, p: &Params) -> Result<Rdma, String> {
-        let Device { ctx, port_num, port, gid_index, rd_atomic } = d;
+        let Device { ctx, port_num, port, gid_index, rd_atomic, timeout, retry_cnt } = d;
         let opts = ConnectOptions {
             port: port_num,
             gid_index,
             mtu: Mtu::from_bytes(p.mtu),
-            retry_cnt: 6, // rxe retries forever at 7: a vanished peer would never surface
+            timeout,
+            retry_cnt,
             max_rd_atomic: Some(rd_atomic),
             ..ConnectOptions::default()
         };

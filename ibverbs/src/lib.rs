@@ -206,6 +206,17 @@
 //! [`reset`](QueuePair::reset) refuse it ([`Error::CmManaged`]). Private data longer than the
 //! transport carries is [`Error::PrivateDataTooLong`] before anything is sent.
 //!
+//! ## Striped connections (several queue pairs per connection)
+//! [`striped::StripedConnection`] spreads one connection over N RC queue pairs
+//! (`NCCL_IB_QPS_PER_CONNECTION`), splitting large RDMA Writes and Reads into aligned, equal
+//! pieces (`NCCL_IB_SPLIT_DATA_ON_QPS`) and reporting one completion per request. It adds no
+//! `unsafe`: each piece is a safe post holding either a clone of a shared source
+//! (`Arc<MemoryRegion>`, device reads only) or an owned, disjoint [`Chunk`] of the caller's
+//! region; the region is rebuilt and handed back only when no chunk of it exists any more
+//! (`Arc::try_unwrap` of the registration), so nothing can alias memory the device may still
+//! write. A request on an owned region costs two small allocations (the registration moves from
+//! a `Box` to an `Arc` and back); on a shared source none.
+//!
 //! ## What `unsafe` code must not do with raw handles
 //! The `as_raw()` handles let `ffi` calls do anything C can. These break the crate's invariants
 //! and are forbidden: destroying, deallocating or deregistering an object the crate owns
@@ -355,6 +366,7 @@ mod pool;
 mod post;
 mod queue;
 pub mod select;
+pub mod striped;
 
 pub use ah::AddressHandle;
 pub use async_event::{AsyncEvent, AsyncEventType, AsyncEvents, AsyncObject, QpId};

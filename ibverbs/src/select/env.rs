@@ -66,6 +66,16 @@ pub const VARIABLES: &[Variable] = &[
         nccl: None,
         meaning: "path MTU in bytes: 256, 512, 1024, 2048 or 4096 (default: the ports' active MTU)",
     },
+    Variable {
+        name: QPS_PER_CONNECTION,
+        nccl: Some("NCCL_IB_QPS_PER_CONNECTION"),
+        meaning: "queue pairs per striped connection, 1..=64 (default 1)",
+    },
+    Variable {
+        name: SPLIT_DATA_ON_QPS,
+        nccl: Some("NCCL_IB_SPLIT_DATA_ON_QPS"),
+        meaning: "1: split large requests over a striped connection's queue pairs; 0: one queue pair per request, round-robin (default 1)",
+    },
 ];
 
 const HCA: &str = "IBVERBS_HCA";
@@ -79,6 +89,8 @@ const SL: &str = "IBVERBS_SL";
 const TC: &str = "IBVERBS_TC";
 const PKEY_INDEX: &str = "IBVERBS_PKEY_INDEX";
 const MTU: &str = "IBVERBS_MTU";
+const QPS_PER_CONNECTION: &str = "IBVERBS_QPS_PER_CONNECTION";
+const SPLIT_DATA_ON_QPS: &str = "IBVERBS_SPLIT_DATA_ON_QPS";
 
 /// A variable that was set, and its value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +113,11 @@ pub struct Setting {
 /// assert_eq!(config.selection.hca.to_string(), "^=mlx5_1");
 /// assert_eq!(config.connect.timeout, 18); // ours wins
 ///
+/// let env: HashMap<&str, &str> =
+///     [("NCCL_IB_QPS_PER_CONNECTION", "4"), ("NCCL_IB_SPLIT_DATA_ON_QPS", "0")].into();
+/// let config = Config::from_vars(|name| env.get(name).copied())?;
+/// assert_eq!((config.stripe.qps, config.stripe.split_data), (4, false));
+///
 /// let env: HashMap<&str, &str> = [("NCCL_IB_RETRY_CNT", "8")].into();
 /// let e = Config::from_vars(|name| env.get(name).copied()).unwrap_err();
 /// assert!(e.to_string().starts_with("NCCL_IB_RETRY_CNT=\"8\""), "{e}");
@@ -114,6 +131,9 @@ pub struct Config {
     /// explicit, the GID index come from the [`Choice`]: see
     /// [`connect_options`](Self::connect_options)).
     pub connect: ConnectOptions,
+    /// Striped connections ([`StripedConnection`](crate::striped::StripedConnection)): the
+    /// defaults with `qps` and `split_data` from the variables.
+    pub stripe: crate::striped::StripeOptions,
     /// The variables that were set, in [`VARIABLES`] order.
     pub settings: Vec<Setting>,
 }
@@ -183,6 +203,8 @@ impl Config {
                     config.selection.mtu = Some(mtu);
                     config.connect.mtu = Some(mtu);
                 }
+                QPS_PER_CONNECTION => config.stripe.qps = u32::try_from(number(1, 64)?).unwrap_or(1),
+                SPLIT_DATA_ON_QPS => config.stripe.split_data = number(0, 1)? == 1,
                 _ => {}
             }
         }

@@ -29,11 +29,13 @@
 //! | `IBVERBS_TC` | `NCCL_IB_TC` | traffic class, 0..=255 | [`ConnectOptions::traffic_class`] |
 //! | `IBVERBS_PKEY_INDEX` | `NCCL_IB_PKEY` | P_Key index, 0..=65535 | [`ConnectOptions::pkey_index`] |
 //! | `IBVERBS_MTU` | — | path MTU in bytes: 256, 512, 1024, 2048 or 4096 | [`Selection::mtu`] |
+//! | `IBVERBS_QPS_PER_CONNECTION` | `NCCL_IB_QPS_PER_CONNECTION` | queue pairs per striped connection, 1..=64 | [`StripeOptions::qps`](crate::striped::StripeOptions::qps) |
+//! | `IBVERBS_SPLIT_DATA_ON_QPS` | `NCCL_IB_SPLIT_DATA_ON_QPS` | 1: split large requests over them; 0: round-robin | [`StripeOptions::split_data`](crate::striped::StripeOptions::split_data) |
 //!
 //! [`VARIABLES`] lists them for programs that print their settings. A variable set to the empty
 //! string means its default (and still hides the NCCL variable behind it). Settings NCCL has
-//! and this crate does not read (`NCCL_IB_QPS_PER_CONNECTION`, `NCCL_IB_DISABLE`,
-//! `NCCL_IB_SPLIT_DATA_ON_QPS`...) are about how NCCL uses connections, not how to make one.
+//! and this crate does not read (`NCCL_IB_DISABLE`, `NCCL_IB_USE_INLINE`...) are about how NCCL
+//! uses connections, not how to make one.
 //!
 //! # How a port is chosen
 //!

@@ -1,0 +1,148 @@
+//! RDMA Write bandwidth over a striped connection (`ibverbs::striped`): N queue pairs per
+//! connection, like `NCCL_IB_QPS_PER_CONNECTION`. Both ends live in this process on one device
+//! (loopback), so it needs no peer: `striped_bw --qps 1,2,4,8 -s 65536,1048576`.
+//!
+//! Device, port, GID index, timeout and retries come from `IBVERBS_*`/`NCCL_IB_*`
+//! (`Config::from_env()`); `-d`/`-i`/`-g` win. Prints one row per (queue pairs, size): MB/s
+//! (10^6 bytes per second) of `-n` messages with `-t` requests in flight.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ibverbs::select::Config;
+use ibverbs::striped::{StripeOptions, StripedConnection};
+use ibverbs::AccessFlags;
+
+struct Args {
+    device: Option<String>,
+    port: Option<u8>,
+    gid: Option<u32>,
+    qps: Vec<u32>,
+    sizes: Vec<usize>,
+    iters: usize,
+    tx_depth: u32,
+}
+
+fn list<T: std::str::FromStr>(flag: &str, v: &str) -> Result<Vec<T>, String> {
+    v.split(',').map(|x| x.parse().map_err(|_| format!("{flag}: bad value {x:?}"))).collect()
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        device: None,
+        port: None,
+        gid: None,
+        qps: vec![1, 2, 4, 8],
+        sizes: vec![64 << 10, 1 << 20],
+        iters: 1000,
+        tx_depth: 32,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "-d" | "--ib-dev" => a.device = Some(val()?),
+            "-i" | "--ib-port" => a.port = Some(val()?.parse().map_err(|_| "-i: bad port".to_string())?),
+            "-g" | "-x" | "--gid-idx" => {
+                a.gid = Some(val()?.parse().map_err(|_| "-g: bad GID index".to_string())?)
+            }
+            "--qps" => a.qps = list("--qps", &val()?)?,
+            "-s" | "--size" => a.sizes = list("-s", &val()?)?,
+            "-n" | "--iters" => a.iters = val()?.parse().map_err(|_| "-n: bad count".to_string())?,
+            "-t" | "--tx-depth" => a.tx_depth = val()?.parse().map_err(|_| "-t: bad depth".to_string())?,
+            "-h" | "--help" => {
+                println!("usage: striped_bw [-d DEV] [-i PORT] [-g GID] [--qps 1,2,4,8] [-s 65536,1048576] [-n ITERS] [-t DEPTH]");
+                std::process::exit(0);
+            }
+            _ => return Err(format!("unknown option {flag}")),
+        }
+    }
+    if a.qps.iter().any(|&q| q == 0 || q > 64) || a.sizes.contains(&0) || a.iters == 0 || a.tx_depth == 0 {
+        return Err("--qps in 1..=64, sizes, -n and -t above 0".into());
+    }
+    Ok(a)
+}
+
+fn run(a: &Args) -> Result<(), String> {
+    let config = Config::from_env().map_err(|e| e.to_string())?;
+    let mut opts = config.connect.clone();
+    let ctx = match &a.device {
+        Some(name) => {
+            opts.port = a.port.unwrap_or(1);
+            ibverbs::Context::open(Some(name)).map_err(|e| e.to_string())?
+        }
+        None => {
+            let (ctx, o) = config.open().map_err(|e| e.to_string())?;
+            opts = o;
+            if let Some(p) = a.port {
+                opts.port = p;
+            }
+            ctx
+        }
+    };
+    if let Some(g) = a.gid {
+        opts.gid_index = Some(g);
+    }
+    let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
+    println!(
+        "# striped_bw on {} port {}, {} messages per row, {} in flight",
+        ctx.name(),
+        opts.port,
+        a.iters,
+        a.tx_depth
+    );
+    println!("{:>4} {:>10} {:>10}", "qps", "bytes", "MB/s");
+    for &size in &a.sizes {
+        let dst = pd
+            .allocate_remote(size, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .map_err(|e| e.to_string())?;
+        let src = Arc::new(pd.allocate(size).map_err(|e| e.to_string())?);
+        for &qps in &a.qps {
+            let stripe = StripeOptions { qps, depth: a.tx_depth, ..config.stripe.clone() };
+            let mut x = StripedConnection::new(&pd, &stripe).map_err(|e| e.to_string())?;
+            let mut y = StripedConnection::new(&pd, &stripe).map_err(|e| e.to_string())?;
+            let ex = x.endpoints(&opts).map_err(|e| e.to_string())?;
+            let ey = y.endpoints(&opts).map_err(|e| e.to_string())?;
+            x.connect(&ey, &opts).map_err(|e| e.to_string())?;
+            y.connect(&ex, &opts).map_err(|e| e.to_string())?;
+            let mut done = Vec::with_capacity(a.tx_depth as usize);
+            let (mut posted, mut completed) = (0, 0);
+            let start = Instant::now();
+            let mut last = start;
+            while completed < a.iters {
+                while posted < a.iters && x.outstanding() < a.tx_depth as usize {
+                    x.post_write(src.clone(), dst.remote(), posted as u64).map_err(|e| e.to_string())?;
+                    posted += 1;
+                }
+                done.clear();
+                if x.poll(&mut done).map_err(|e| e.to_string())? == 0 {
+                    if last.elapsed() > Duration::from_secs(10) {
+                        return Err(format!("no completion for 10 s ({completed} of {})", a.iters));
+                    }
+                    continue;
+                }
+                last = Instant::now();
+                for c in &done {
+                    if !c.is_ok() {
+                        return Err(format!("request {} failed: {}", c.wr_id(), c.status().as_str()));
+                    }
+                }
+                completed += done.len();
+            }
+            let secs = start.elapsed().as_secs_f64();
+            println!("{qps:>4} {size:>10} {:>10.2}", (a.iters * size) as f64 / secs / 1e6);
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match parse().and_then(|a| run(&a)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("striped_bw: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

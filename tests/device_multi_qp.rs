@@ -1,0 +1,228 @@
+//! Striped connections ([`StripedConnection`]) over a real device: two ends on one device
+//! (loopback on rxe0), N = 1, 2, 4, 8 queue pairs; Writes and Reads below and above the split
+//! threshold and not divisible by N, data checked; one completion per request; a failing piece
+//! makes one error completion and every buffer comes back; dropping with requests outstanding.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{context, opts, pattern, scaled, time_scale};
+use ibverbs::striped::{
+    EndpointList, StripeBuf, StripeOptions, StripedCompletion, StripedConnection, StripedOp,
+};
+use ibverbs::{AccessFlags, ProtectionDomain, RemoteMemoryRegion, RemoteSlice, WcStatus};
+
+const THRESHOLD: usize = 16 << 10;
+
+/// Two connected striped ends on one protection domain.
+fn ends(pd: &ProtectionDomain, qps: u32) -> (StripedConnection, StripedConnection) {
+    let stripe = StripeOptions { qps, threshold: THRESHOLD, depth: 16, ..StripeOptions::default() };
+    let mut a = StripedConnection::new(pd, &stripe).unwrap();
+    let mut b = StripedConnection::new(pd, &stripe).unwrap();
+    // Through the wire encoding, as a real exchange would.
+    let ea = EndpointList::decode(&a.endpoints(&opts()).unwrap().encode()).unwrap();
+    let eb = EndpointList::decode(&b.endpoints(&opts()).unwrap().encode()).unwrap();
+    assert_eq!(ea.0.len(), qps as usize);
+    a.connect(&eb, &opts()).unwrap();
+    b.connect(&ea, &opts()).unwrap();
+    (a, b)
+}
+
+/// Polls until `n` request completions arrived (10 s, scaled); checks that no more come.
+fn wait(c: &mut StripedConnection, n: usize) -> Vec<StripedCompletion> {
+    let deadline = Instant::now() + scaled(Duration::from_secs(10));
+    let mut out = Vec::with_capacity(16);
+    while out.len() < n {
+        c.poll(&mut out).unwrap();
+        assert!(Instant::now() < deadline, "timed out: {} of {n} completions", out.len());
+    }
+    assert_eq!(out.len(), n, "one completion per request");
+    assert_eq!(c.outstanding(), 0);
+    c.poll(&mut out).unwrap();
+    assert_eq!(out.len(), n, "no completion beyond one per request");
+    out
+}
+
+fn target(pd: &ProtectionDomain, len: usize) -> Arc<RemoteMemoryRegion> {
+    let flags = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    Arc::new(pd.allocate_remote(len, flags).unwrap())
+}
+
+#[test]
+fn writes_and_reads_arrive_whole_with_one_completion_per_request() {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let all = [1, 100, 4096, THRESHOLD, THRESHOLD + 1, 100_003, (1 << 20) + 7];
+    // Under valgrind (time scale > 1): below, just above and well above the threshold.
+    let sizes: &[usize] = if time_scale() > 1 { &[100, THRESHOLD + 1, 100_003] } else { &all };
+    let max = *sizes.iter().max().unwrap();
+    let dst = target(&pd, max);
+    for qps in [1, 2, 4, 8] {
+        let (mut a, _b) = ends(&pd, qps);
+        for (k, &len) in sizes.iter().enumerate() {
+            let seed = (qps as u8).wrapping_mul(17).wrapping_add(k as u8);
+            let data = pattern(len, seed);
+            // Write from an owned region.
+            let mut src = pd.allocate(len).unwrap();
+            src.as_mut_slice().copy_from_slice(&data);
+            a.post_write(src, dst.remote(), 10 + k as u64).unwrap();
+            let mut c = wait(&mut a, 1).pop().unwrap();
+            assert!(c.is_ok(), "qps {qps} len {len}: {:?}", c.status());
+            assert_eq!((c.wr_id(), c.op(), c.len()), (10 + k as u64, StripedOp::Write, len as u64));
+            assert_eq!(c.take_region().expect("owned region back").as_slice(), &data[..]);
+            assert_eq!(&dst.to_vec()[..len], &data[..], "qps {qps} len {len}: written");
+
+            // Read it back into a fresh owned region.
+            let back = pd.allocate(len).unwrap();
+            a.post_read(back, dst.remote(), 99).unwrap();
+            let mut c = wait(&mut a, 1).pop().unwrap();
+            assert!(c.is_ok(), "read qps {qps} len {len}: {:?}", c.status());
+            assert_eq!(c.op(), StripedOp::Read);
+            assert_eq!(c.take_region().unwrap().as_slice(), &data[..], "qps {qps} len {len}: read");
+        }
+
+        // Several requests outstanding at once, a shared source, distinct remote ranges.
+        let len = 3 * THRESHOLD + 5;
+        let data = pattern(len, 0x5a);
+        let mut src = pd.allocate(len).unwrap();
+        src.as_mut_slice().copy_from_slice(&data);
+        let src = Arc::new(src);
+        let n = if time_scale() > 1 { 3 } else { 6 };
+        let wide = target(&pd, len * n);
+        for i in 0..n {
+            let r = wide.remote().slice((i * len) as u64, len as u64).unwrap();
+            a.post_write(src.clone(), r, i as u64).unwrap();
+        }
+        let mut seen: Vec<u64> = wait(&mut a, n)
+            .into_iter()
+            .map(|mut c| {
+                assert!(c.is_ok());
+                assert!(matches!(c.take_buf(), Some(StripeBuf::Shared(_))));
+                c.wr_id()
+            })
+            .collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..n as u64).collect::<Vec<_>>());
+        assert_eq!(Arc::strong_count(&src), 1, "every piece's clone came back");
+        let all = wide.to_vec();
+        for i in 0..n {
+            assert_eq!(&all[i * len..(i + 1) * len], &data[..]);
+        }
+    }
+}
+
+#[test]
+fn round_robin_without_split_spreads_whole_requests() {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let stripe = StripeOptions { qps: 4, split_data: false, depth: 16, ..StripeOptions::default() };
+    let mut a = StripedConnection::new(&pd, &stripe).unwrap();
+    let mut b = StripedConnection::new(&pd, &stripe).unwrap();
+    let (ea, eb) = (a.endpoints(&opts()).unwrap(), b.endpoints(&opts()).unwrap());
+    a.connect(&eb, &opts()).unwrap();
+    b.connect(&ea, &opts()).unwrap();
+    let len = 100_001;
+    let dst = target(&pd, len);
+    let data = pattern(len, 3);
+    for i in 0..8 {
+        let mut src = pd.allocate(len).unwrap();
+        src.as_mut_slice().copy_from_slice(&data);
+        a.post_write(src, dst.remote(), i).unwrap();
+        let c = wait(&mut a, 1);
+        assert!(c[0].is_ok());
+    }
+    assert_eq!(dst.to_vec(), data);
+}
+
+#[test]
+fn a_failing_piece_makes_one_error_completion_and_buffers_come_back() {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let region = 64 << 10;
+    let dst = target(&pd, region);
+    for qps in [2, 4, 8] {
+        // The remote range runs past the region: only the last piece(s) fail.
+        let (mut a, _b) = ends(&pd, qps);
+        let len = 2 * region + 3;
+        let beyond = RemoteSlice { len: len as u64, ..dst.remote() };
+        a.post_write(pd.allocate(len).unwrap(), beyond, 1).unwrap();
+        let mut c = wait(&mut a, 1).pop().unwrap();
+        assert_eq!(c.wr_id(), 1);
+        assert_eq!(c.status(), WcStatus::REM_ACCESS_ERR, "qps {qps}");
+        assert_eq!(c.take_region().expect("buffer back after an error").len(), len);
+
+        // A Read with a wrong rkey, on a fresh connection, then more requests behind it.
+        let (mut a, _b) = ends(&pd, qps);
+        let bad = RemoteSlice { rkey: dst.remote().rkey ^ 0x5555, ..dst.remote() };
+        a.post_read(pd.allocate(region).unwrap(), bad, 2).unwrap();
+        for i in 0..3 {
+            a.post_read(pd.allocate(region).unwrap(), dst.remote(), 10 + i).unwrap();
+        }
+        let done = wait(&mut a, 4);
+        for mut c in done {
+            if c.wr_id() == 2 {
+                assert!(!c.is_ok());
+            }
+            assert!(c.take_region().is_some(), "every buffer comes back ({:?})", c.status());
+        }
+    }
+}
+
+#[test]
+fn requests_that_cannot_be_posted_hand_the_buffer_back() {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let (mut a, _b) = ends(&pd, 2);
+    let dst = target(&pd, 4096);
+    // Remote range shorter than the buffer.
+    let e = a.post_write(pd.allocate(8192).unwrap(), dst.remote(), 1).unwrap_err();
+    assert!(matches!(e.error, ibverbs::Error::OutOfBounds { .. }), "{e}");
+    assert_eq!(e.buf.unwrap().len(), 8192);
+    // A Read into a shared region.
+    let shared = Arc::new(pd.allocate(4096).unwrap());
+    let e = a.post_read(shared.clone(), dst.remote(), 1).unwrap_err();
+    assert!(matches!(e.buf, Some(StripeBuf::Shared(_))));
+    // More requests than the depth.
+    for i in 0..16 {
+        a.post_write(shared.clone(), dst.remote(), i).unwrap();
+    }
+    let e = a.post_write(shared.clone(), dst.remote(), 16).unwrap_err();
+    assert!(matches!(e.error, ibverbs::Error::QueueFull { .. }), "{e}");
+    assert_eq!(wait(&mut a, 16).len(), 16);
+    // A peer list of the wrong length.
+    let (mut c, d) =
+        (StripedConnection::new(&pd, &StripeOptions { qps: 3, ..Default::default() }).unwrap(), &a);
+    assert!(c.connect(&d.endpoints(&opts()).unwrap(), &opts()).is_err());
+}
+
+#[test]
+fn dropping_with_requests_outstanding_is_sound() {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let rounds = if time_scale() > 1 { 2 } else { 10 };
+    let len = 256 << 10;
+    let dst = target(&pd, len);
+    let shared = Arc::new(pd.allocate(len).unwrap());
+    for round in 0..rounds {
+        let qps = [1, 2, 4, 8][round % 4];
+        let (mut a, b) = ends(&pd, qps);
+        for i in 0..8 {
+            if i % 2 == 0 {
+                a.post_write(shared.clone(), dst.remote(), i).unwrap();
+            } else {
+                a.post_read(pd.allocate(len).unwrap(), dst.remote(), i).unwrap();
+            }
+        }
+        if round % 2 == 0 {
+            drop(b);
+            drop(a);
+        } else {
+            drop(a);
+            drop(b);
+        }
+    }
+    // The pieces' clones are released once their queue pairs are gone.
+    assert_eq!(Arc::strong_count(&shared), 1);
+}
