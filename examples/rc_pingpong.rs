@@ -106,6 +106,7 @@ fn run(args: &Args) -> Result<(), String> {
         mtu: Some(args.mtu),
         sl: args.sl,
         retry_cnt: 6, // 7 means "retry forever" on SoftRoCE: a vanished peer must end the run
+        timeout: common::device::ack_timeout()?,
         ..ConnectOptions::default()
     };
 

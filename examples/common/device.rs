@@ -42,3 +42,16 @@ pub fn check_gid_index(ctx: &Context, port: u8, index: u32) -> Result<(), String
         format!("no GID at index {index} of port {port} of {} (table of {len} entries): {e}", ctx.name())
     })
 }
+
+/// The local ACK timeout exponent of the connection: `IBVERBS_TIMEOUT` or `NCCL_IB_TIMEOUT`
+/// (0..=31, the variables the library's device selection reads), else the library's default (14:
+/// ≈ 67 ms per try, so with 6 retries a vanished peer is noticed after ≈ 0.5 s). A slow or loaded
+/// machine (e.g. two emulated hosts on two cores) may need more.
+pub fn ack_timeout() -> Result<u8, String> {
+    for name in ["IBVERBS_TIMEOUT", "NCCL_IB_TIMEOUT"] {
+        if let Ok(v) = std::env::var(name) {
+            return v.trim().parse::<u8>().ok().filter(|t| *t <= 31).ok_or(format!("{name}={v}: not 0..=31"));
+        }
+    }
+    Ok(ibverbs::ConnectOptions::default().timeout)
+}

@@ -359,6 +359,7 @@ impl Rdma {
             gid_index,
             mtu: Mtu::from_bytes(p.mtu),
             retry_cnt: 6, // rxe retries forever at 7: a vanished peer would never surface
+            timeout: ack_timeout()?,
             max_rd_atomic: Some(rd_atomic),
             ..ConnectOptions::default()
         };
@@ -885,4 +886,17 @@ pub fn main(kind: TestKind, body: fn(&mut Session) -> Result<(), String>) -> Exi
             ExitCode::FAILURE
         }
     }
+}
+
+/// The local ACK timeout exponent of the connection: `IBVERBS_TIMEOUT` or `NCCL_IB_TIMEOUT`
+/// (0..=31, the variables the library's device selection reads), else the library's default (14:
+/// ≈ 67 ms per try, so with 6 retries a vanished peer is noticed after ≈ 0.5 s). A slow or loaded
+/// machine (e.g. two emulated hosts on two cores) may need more.
+pub fn ack_timeout() -> Result<u8, String> {
+    for name in ["IBVERBS_TIMEOUT", "NCCL_IB_TIMEOUT"] {
+        if let Ok(v) = std::env::var(name) {
+            return v.trim().parse::<u8>().ok().filter(|t| *t <= 31).ok_or(format!("{name}={v}: not 0..=31"));
+        }
+    }
+    Ok(ibverbs::ConnectOptions::default().timeout)
 }

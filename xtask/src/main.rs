@@ -39,6 +39,7 @@ mod rxe2;
 mod shell;
 mod signals;
 mod test;
+mod twohost;
 mod vm;
 
 use std::ffi::OsString;
@@ -71,13 +72,16 @@ Commands:
         Exit status: the worse of the two (a side killed with rxe2-fault does not count), 124 on
         timeout, 125 when a guest failed. --mtu sets both NICs' MTU (default 1500), --mtu-b B's;
         --smp the vCPUs per guest (default 1).
-  test [--vm] [--mtu N] [--timeout S] [--valgrind] [--tsan] [--miri] [-- TEST_ARGS...]
+  test [--vm] [--mtu N] [--timeout S] [--valgrind] [--tsan] [--miri] [--twohost] [-- TEST_ARGS...]
         The whole test suite: builds, host tests, doc tests; with a nightly toolchain (installed
         with rustup if missing): doc tests under nightly rustdoc (checks compile_fail error codes),
         Miri over the library's unit tests, the ThreadSanitizer build of tests/device_threads*.rs;
         then in one VM boot the device tests (tests/device_*.rs), the same under valgrind, the
         ThreadSanitizer binaries, the harness's self-tests and a leak check; a summary.
-        --valgrind, --tsan, --miri: run only these passes (any combination).
+        Last, the two-host stage: one pair of guests (as rxe2) for interop with rdma-core's
+        pingpongs across hosts, write_bw, its server's bound when the client's host vanishes,
+        and the library's tests/twohost_*.rs in both roles (link cuts, a guest killed).
+        --valgrind, --tsan, --miri, --twohost: run only these passes (any combination).
         TEST_ARGS go to each device test binary (e.g. a test name filter).
   demo [--vm] [--mtu N] [--timeout S]
         Show the device at work: our devinfo, rc_pingpong and write_bw examples (one VM boot).
@@ -125,6 +129,8 @@ struct Options {
     tsan: bool,
     /// `test --miri`.
     miri: bool,
+    /// `test --twohost`.
+    twohost: bool,
     /// `deps --dry-run`.
     dry_run: bool,
     /// `rxe2 --mtu-b N`.
@@ -144,6 +150,7 @@ impl Default for Options {
             valgrind: false,
             tsan: false,
             miri: false,
+            twohost: false,
             dry_run: false,
             mtu_b: None,
             smp: None,
@@ -229,6 +236,7 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
             "--valgrind" if flag && command == "test" => opts.valgrind = true,
             "--tsan" if flag && command == "test" => opts.tsan = true,
             "--miri" if flag && command == "test" => opts.miri = true,
+            "--twohost" if flag && command == "test" => opts.twohost = true,
             "--dry-run" if flag && command == "deps" => opts.dry_run = true,
             "--allow-remove" if command == "deps" => {
                 let v = value()?;
@@ -381,7 +389,7 @@ fn main() -> ExitCode {
         Cli::Rxe(opts, argv) => rxe(opts, argv),
         Cli::Rxe2(opts, a, b) => rxe2_command(opts, a, b),
         Cli::Test(opts, test_args) => {
-            let passes = test::Passes::only(opts.valgrind, opts.tsan, opts.miri);
+            let passes = test::Passes::only(opts.valgrind, opts.tsan, opts.miri, opts.twohost);
             backend(opts, &test_groups(passes)).and_then(|backend| {
                 test::run(&test::TestOptions {
                     backend,

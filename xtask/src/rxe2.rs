@@ -17,7 +17,9 @@
 //!     `NAME.go` (both guests arrived: exit 0), `NAME.dead` (the other guest is gone: exit 1) or its own
 //!     limit (default 300 s: exit 124). Rust tests run the helper as a command.
 //!   - `rxe2-fault kill-peer | cut [SECONDS] | restore`: writes `ctl/fault/ID.req` and waits (at most 30 s)
-//!     for the host's `ID.done`. `kill-peer` SIGKILLs the other guest's QEMU (returns once it is dead);
+//!     for the host's `ID.done`, then prints `ok applied_at_ns=N` (the host's wall clock when it did it:
+//!     the round trip through 9p takes up to seconds in a loaded guest, so a test that times a fault
+//!     compares its own wall clock with N). `kill-peer` SIGKILLs the other guest's QEMU (returns once it is dead);
 //!     `cut` stops the forwarder relaying datagrams (for SECONDS, or until `restore`).
 //! - **Steps**: both guests run the same number of steps; each step starts with a barrier, so step N of A
 //!   and of B start together. A pair's exit status is the worse of the two (124 if either timed out); a
@@ -59,16 +61,19 @@ limit=${2:-300}
 case $name in '' | */* | .*) echo "rxe2-barrier: bad barrier name '$name'" >&2; exit 2 ;; esac
 d=$RXE2_CTL/barrier
 : >"$d/.$name.$$" && mv "$d/.$name.$$" "$d/$name.arrived" || exit 2
-n=$((limit * 50))
-while [ "$n" -gt 0 ]; do
+end=$(($(date +%s) + limit))
+i=0
+while :; do
 	if [ -e "$d/$name.go" ]; then rm -f "$d/$name.go"; exit 0; fi
 	if [ -e "$d/$name.dead" ]; then
 		rm -f "$d/$name.dead"
 		echo "rxe2-barrier: $name: the other guest is gone" >&2
 		exit 1
 	fi
+	# The clock, not a count of sleeps: a loop round takes far longer than its sleep in a slow guest.
+	i=$((i + 1))
+	if [ $((i % 10)) -eq 0 ] && [ "$(date +%s)" -ge "$end" ]; then break; fi
 	sleep 0.02
-	n=$((n - 1))
 done
 rm -f "$d/$name.arrived"
 echo "rxe2-barrier: $name: the other guest did not arrive within $limit s" >&2
@@ -78,20 +83,25 @@ exit 124
 /// The fault helper (see the module documentation).
 const FAULT_SCRIPT: &str = r#"#!/bin/sh
 # rxe2-fault kill-peer | cut [SECONDS] | restore: ask the host for a fault (cargo xtask rxe2).
-# Returns once the host has done it: exit 0, or 1 with the host's reason, 124 without an answer in 30 s.
+# Returns once the host has done it: exit 0 and prints "ok applied_at_ns=N" (the host's wall clock when
+# it did it), or exit 1 with the host's reason, 124 without an answer in 30 s.
 id=$$.$(date +%s%N)
 d=$RXE2_CTL/fault
 printf '%s\n' "$*" >"$d/.$id" && mv "$d/.$id" "$d/$id.req" || exit 2
-n=1500
+end=$(($(date +%s) + 30))
+i=0
 while [ ! -e "$d/$id.done" ]; do
-	n=$((n - 1))
-	[ "$n" -gt 0 ] || { echo "rxe2-fault: $*: no answer from the host" >&2; exit 124; }
+	i=$((i + 1))
+	if [ $((i % 10)) -eq 0 ] && [ "$(date +%s)" -ge "$end" ]; then
+		echo "rxe2-fault: $*: no answer from the host" >&2
+		exit 124
+	fi
 	sleep 0.02
 done
 r=$(cat "$d/$id.done")
 rm -f "$d/$id.done"
 case $r in
-ok*) exit 0 ;;
+ok*) echo "$r"; exit 0 ;;
 *) echo "rxe2-fault: $*: $r" >&2; exit 1 ;;
 esac
 "#;
@@ -483,7 +493,10 @@ impl Control {
                 Ok(fault) => {
                     eprintln!("xtask: {}fault requested: {}", side.tag(), line.trim());
                     match self.apply(side, &fault) {
-                        Ok(()) => "ok".to_string(),
+                        Ok(()) => {
+                            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+                            format!("ok applied_at_ns={}", now.map_or(0, |d| d.as_nanos()))
+                        }
                         Err(e) => e,
                     }
                 }
@@ -568,15 +581,20 @@ fn side_steps(steps: &[PairStep], side: Side) -> Vec<Step> {
     out
 }
 
+/// Each side's steps as [`run`] runs them (for [`PairReport::explain`]).
+pub fn side_steps_of(steps: &[PairStep]) -> [Vec<Step>; 2] {
+    [side_steps(steps, Side::A), side_steps(steps, Side::B)]
+}
+
 /// What [`run`] calls after each pair step.
-pub type OnPairResult = dyn FnMut(usize, &PairResult) + Send;
+pub type OnPairResult<'a> = dyn FnMut(usize, &PairResult) + Send + 'a;
 
 /// Runs `steps` on two guests joined by a link; `on_result` is called for each finished pair step
 /// (index, result).
 pub fn run(
     steps: &[PairStep],
     opts: &PairOptions,
-    on_result: &mut OnPairResult,
+    on_result: &mut OnPairResult<'_>,
 ) -> Result<PairReport, String> {
     let tmp = vm::TempDir::new()?;
     let sock = |n: &str| tmp.path.join(n);
@@ -715,7 +733,7 @@ fn flush_results(
     killed: &[AtomicBool; 2],
     done: &[AtomicBool; 2],
     reported: &Mutex<usize>,
-    on_result: &Mutex<&mut OnPairResult>,
+    on_result: &Mutex<&mut OnPairResult<'_>>,
 ) {
     let mut reported = reported.lock().unwrap_or_else(|e| e.into_inner());
     while *reported < all.len() {
@@ -767,8 +785,7 @@ pub fn command(
             report.dropped
         );
     }
-    let side_steps = [side_steps(&steps, Side::A), side_steps(&steps, Side::B)];
-    report.explain(&side_steps);
+    report.explain(&side_steps_of(&steps));
     let code = report.exit_code();
     if let Some(r) = report.results.first() {
         let show = |s: &Option<StepResult>| s.as_ref().map_or("-".to_string(), |r| side_code(r).to_string());
