@@ -534,12 +534,13 @@ fn link_cut_shorter_than_the_retry_budget_is_survived() {
         let (asked, _) = cutter.expect("the cut was asked for").join().unwrap();
         assert!(stream.done.iter().all(|c| c.is_ok()), "{:?}", stream.done.iter().find(|c| !c.is_ok()));
         assert_eq!(stream.done.len(), total);
-        // The cut fell inside the transfer: a silence of at least its length between two completions
-        // (the writes in flight wait for a retransmission after the link is back).
+        // The cut fell inside the transfer: a silence far longer than the usual few ms between two
+        // completions. (Not the cut's whole 250 ms: ACKs already past the forwarder when it began
+        // still arrive; 232 ms was seen.)
         let (gap, after) = stream.longest_gap(start);
         assert!(
-            gap >= Duration::from_millis(240),
-            "no silence as long as the cut: the longest gap was {gap:?}"
+            gap >= Duration::from_millis(150),
+            "no silence near the cut's length: the longest gap was {gap:?}"
         );
         eprintln!(
             "twohost: {} KiB with a 250 ms cut: {:.0} ms (cut asked at {:.0} ms; longest silence {:.0} ms, before write {after} of {total})",
