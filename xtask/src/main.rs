@@ -36,9 +36,11 @@ mod nightly;
 mod prereq;
 mod process;
 mod publish;
+mod rxe2;
 mod shell;
 mod signals;
 mod test;
+mod twohost;
 mod vm;
 
 use std::ffi::OsString;
@@ -59,14 +61,29 @@ Commands:
         IBVERBS_TEST_IP set; its stdout and stderr come back separately. stdin is /dev/null.
         Exit status: CMD's, or 124 (timeout), 125 (the VM failed), 127 (no such command),
         128+N (signal N).
-  test [--vm] [--mtu N] [--timeout S] [--valgrind] [--tsan] [--miri] [--publish] [-- TEST_ARGS...]
+  rxe2 [--mtu N] [--mtu-b N] [--smp N] [--timeout S] [--] CMD_A [ARGS...] ::: CMD_B [ARGS...]
+        Run CMD_A in guest A and CMD_B in guest B: two QEMU guests, each with rxe0 on a virtio NIC,
+        joined by a private link (10.0.2.1 and 10.0.2.2; a forwarder in xtask relays the Ethernet
+        frames between the guests' -netdev dgram sockets). Each side gets RXE2_ROLE (a/b), RXE2_SELF,
+        RXE2_PEER, RXE2_CTL, IBVERBS_TEST_DEVICE=rxe0, IBVERBS_TEST_GID_INDEX=1 and
+        IBVERBS_TEST_IP=RXE2_SELF, and on its PATH: `rxe2-barrier NAME [S]` (wait for the other
+        side to reach NAME: 0, 1 if it is gone, 124 after S seconds) and `rxe2-fault kill-peer |
+        cut [S] | restore` (SIGKILL the other guest's QEMU; drop the link's frames for S seconds
+        or until restored). Both commands start together; output lines are prefixed [A]/[B].
+        Exit status: the worse of the two (a side killed with rxe2-fault does not count), 124 on
+        timeout, 125 when a guest failed. --mtu sets both NICs' MTU (default 1500), --mtu-b B's;
+        --smp the vCPUs per guest (default 1).
+  test [--vm] [--mtu N] [--timeout S] [--valgrind] [--tsan] [--miri] [--twohost] [--publish] [-- TEST_ARGS...]
         The whole test suite: builds, host tests, doc tests; with a nightly toolchain (installed
         with rustup if missing): doc tests under nightly rustdoc (checks compile_fail error codes),
         Miri over the library's unit tests, the ThreadSanitizer build of tests/device_threads*.rs;
         then in one VM boot the device tests (tests/device_*.rs), the same under valgrind, the
-        ThreadSanitizer binaries, the harness's self-tests and a leak check; the publish checks
-        (MSRV, docs without rdma-core, cargo publish --dry-run); a summary.
-        --valgrind, --tsan, --miri, --publish: run only these passes (any combination).
+        ThreadSanitizer binaries, the harness's self-tests and a leak check; the two-host stage:
+        one pair of guests (as rxe2) for interop with rdma-core's pingpongs across hosts,
+        write_bw, its server's bound when the client's host vanishes, and the library's
+        tests/twohost_*.rs in both roles (link cuts, a guest killed); the publish checks (MSRV,
+        docs without rdma-core, cargo publish --dry-run); a summary.
+        --valgrind, --tsan, --miri, --twohost, --publish: run only these passes (any combination).
         TEST_ARGS go to each device test binary (e.g. a test name filter).
   demo [--vm] [--mtu N] [--timeout S]
         Show the device at work: our devinfo, rc_pingpong and write_bw examples (one VM boot).
@@ -116,8 +133,14 @@ struct Options {
     miri: bool,
     /// `test --publish`.
     publish: bool,
+    /// `test --twohost`.
+    twohost: bool,
     /// `deps --dry-run`.
     dry_run: bool,
+    /// `rxe2 --mtu-b N`.
+    mtu_b: Option<u32>,
+    /// `rxe2 --smp N`.
+    smp: Option<u32>,
     /// `deps --allow-remove PKG`: installed packages the install may remove (repeatable).
     allow_remove: Vec<String>,
 }
@@ -132,7 +155,10 @@ impl Default for Options {
             tsan: false,
             miri: false,
             publish: false,
+            twohost: false,
             dry_run: false,
+            mtu_b: None,
+            smp: None,
             allow_remove: Vec::new(),
         }
     }
@@ -145,6 +171,8 @@ enum Cli {
     Help,
     /// `rxe [options] [--] CMD [ARGS...]`.
     Rxe(Options, Vec<OsString>),
+    /// `rxe2 [options] [--] CMD_A [ARGS...] ::: CMD_B [ARGS...]`.
+    Rxe2(Options, Vec<OsString>, Vec<OsString>),
     /// `test [options] [-- TEST_ARGS...]`.
     Test(Options, Vec<OsString>),
     /// `demo [options]`.
@@ -167,7 +195,7 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
     if command == MEMCHECK_PROBE && rest.is_empty() {
         return Ok(Cli::MemcheckProbe);
     }
-    if !matches!(command, "rxe" | "test" | "demo" | "bench" | "deps") {
+    if !matches!(command, "rxe" | "rxe2" | "test" | "demo" | "bench" | "deps") {
         return Err(format!("unknown command `{command}`"));
     }
     let mut opts = Options::default();
@@ -179,7 +207,7 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
             break;
         }
         if !arg.starts_with('-') {
-            if command == "rxe" {
+            if command == "rxe" || command == "rxe2" {
                 break; // the command to run
             }
             return Err(format!("unexpected argument `{arg}` (test arguments go after `--`)"));
@@ -198,11 +226,23 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
         };
         let flag = inline.is_none();
         match name.as_str() {
-            "--vm" if flag && command != "deps" => opts.vm = true,
+            "--vm" if flag && command != "deps" && command != "rxe2" => opts.vm = true,
+            "--mtu-b" if command == "rxe2" => {
+                let v = value()?;
+                opts.mtu_b = Some(
+                    v.parse().ok().filter(|m| (68..=65535).contains(m)).ok_or(format!("bad MTU `{v}`"))?,
+                );
+            }
+            "--smp" if command == "rxe2" => {
+                let v = value()?;
+                opts.smp =
+                    Some(v.parse().ok().filter(|n| (1..=8).contains(n)).ok_or(format!("bad --smp `{v}`"))?);
+            }
             "--valgrind" if flag && command == "test" => opts.valgrind = true,
             "--tsan" if flag && command == "test" => opts.tsan = true,
             "--miri" if flag && command == "test" => opts.miri = true,
             "--publish" if flag && command == "test" => opts.publish = true,
+            "--twohost" if flag && command == "test" => opts.twohost = true,
             "--dry-run" if flag && command == "deps" => opts.dry_run = true,
             "--allow-remove" if command == "deps" => {
                 let v = value()?;
@@ -234,6 +274,14 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
     match command {
         "rxe" if tail.is_empty() => Err("rxe needs a command to run".into()),
         "rxe" => Ok(Cli::Rxe(opts, tail)),
+        "rxe2" => {
+            let split = tail.iter().position(|a| a == ":::").ok_or("rxe2 needs CMD_A ::: CMD_B")?;
+            let (a, b) = (tail[..split].to_vec(), tail[split + 1..].to_vec());
+            if a.is_empty() || b.is_empty() {
+                return Err("rxe2 needs a command on each side of `:::`".into());
+            }
+            Ok(Cli::Rxe2(opts, a, b))
+        }
         "test" => Ok(Cli::Test(opts, tail)),
         _ if !tail.is_empty() => Err(format!("{command} takes no arguments")),
         "bench" => Ok(Cli::Bench(opts)),
@@ -316,6 +364,18 @@ fn rxe(opts: &Options, argv: &[OsString]) -> Result<u8, String> {
     Ok(report.single_step_exit_code())
 }
 
+/// `cargo xtask rxe2`.
+fn rxe2_command(opts: &Options, a: &[OsString], b: &[OsString]) -> Result<u8, String> {
+    if !cfg!(target_arch = "x86_64") {
+        return Err("the rxe VMs boot the host's x86_64 root: they need an x86_64 host".into());
+    }
+    prereq::ensure(&[prereq::Group::Vm])?;
+    let cwd = std::env::current_dir().map_err(|e| format!("the current directory: {e}"))?;
+    let pair =
+        rxe2::PairOptions { mtu: [opts.mtu, opts.mtu_b.unwrap_or(opts.mtu)], smp: opts.smp.unwrap_or(1) };
+    rxe2::command(&cwd, a, b, opts.timeout.unwrap_or(Duration::from_secs(600)), &pair)
+}
+
 fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let cli = match parse_args(&args) {
@@ -333,8 +393,9 @@ fn main() -> ExitCode {
         }
         Cli::MemcheckProbe => return ExitCode::from(memcheck_probe()),
         Cli::Rxe(opts, argv) => rxe(opts, argv),
+        Cli::Rxe2(opts, a, b) => rxe2_command(opts, a, b),
         Cli::Test(opts, test_args) => {
-            let passes = test::Passes::only(opts.valgrind, opts.tsan, opts.miri, opts.publish);
+            let passes = test::Passes::only(opts.valgrind, opts.tsan, opts.miri, opts.twohost, opts.publish);
             backend(opts, &test_groups(passes)).and_then(|backend| {
                 test::run(&test::TestOptions {
                     backend,
@@ -397,6 +458,45 @@ mod tests {
             parse_args(&os(&["rxe", "--", "--weird-name"])),
             Ok(Cli::Rxe(Options::default(), os(&["--weird-name"])))
         );
+    }
+
+    #[test]
+    fn parses_rxe2() {
+        let opts =
+            Options { mtu: 9000, mtu_b: Some(1500), smp: Some(2), timeout: secs(60), ..Options::default() };
+        assert_eq!(
+            parse_args(&os(&[
+                "rxe2",
+                "--mtu",
+                "9000",
+                "--mtu-b=1500",
+                "--smp",
+                "2",
+                "--timeout",
+                "60",
+                "--",
+                "a",
+                "-x",
+                ":::",
+                "b",
+                "--y"
+            ])),
+            Ok(Cli::Rxe2(opts, os(&["a", "-x"]), os(&["b", "--y"])))
+        );
+        assert_eq!(
+            parse_args(&os(&["rxe2", "sh", "-c", "true", ":::", "false"])),
+            Ok(Cli::Rxe2(Options::default(), os(&["sh", "-c", "true"]), os(&["false"])))
+        );
+        for bad in [
+            &["rxe2", "a"][..],
+            &["rxe2", "a", ":::"],
+            &["rxe2", ":::", "b"],
+            &["rxe2", "--vm", "a", ":::", "b"],
+            &["rxe2", "--smp", "0", "a", ":::", "b"],
+            &["rxe", "--mtu-b", "1500", "true"],
+        ] {
+            assert!(parse_args(&os(bad)).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -53,20 +53,29 @@ pub struct Passes {
     pub tsan: bool,
     /// The publish-readiness checks ([`publish`]).
     pub publish: bool,
+    /// The two-host stage ([`crate::twohost`]).
+    pub twohost: bool,
 }
 
 impl Passes {
     /// The whole suite (`cargo xtask test`).
-    pub const ALL: Passes =
-        Passes { plain: true, nightly_doc: true, miri: true, valgrind: true, tsan: true, publish: true };
+    pub const ALL: Passes = Passes {
+        plain: true,
+        nightly_doc: true,
+        miri: true,
+        valgrind: true,
+        tsan: true,
+        twohost: true,
+        publish: true,
+    };
 
-    /// Only the passes asked for (`--valgrind`, `--tsan`, `--miri`, `--publish`); the whole suite
-    /// if none is.
-    pub fn only(valgrind: bool, tsan: bool, miri: bool, publish: bool) -> Passes {
-        if !(valgrind || tsan || miri || publish) {
+    /// Only the passes asked for (`--valgrind`, `--tsan`, `--miri`, `--twohost`, `--publish`); the
+    /// whole suite if none is.
+    pub fn only(valgrind: bool, tsan: bool, miri: bool, twohost: bool, publish: bool) -> Passes {
+        if !(valgrind || tsan || miri || twohost || publish) {
             return Passes::ALL;
         }
-        Passes { plain: false, nightly_doc: false, miri, valgrind, tsan, publish }
+        Passes { plain: false, nightly_doc: false, miri, valgrind, tsan, twohost, publish }
     }
 
     /// Whether a pass needs the nightly toolchain.
@@ -280,11 +289,13 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
     let mut summary = Summary::default();
 
     // The stable build, for the host tests and the device tests (plain and under valgrind).
-    let (device, host_tests) = if passes.plain || passes.valgrind {
+    let mut twohost = Vec::new();
+    let (device, host_tests) = if passes.plain || passes.valgrind || passes.twohost {
         cargo::run(&root, &["build", "--workspace", "--all-targets", "--features", cargo::FEATURES])?;
         cargo::run(&root, &["build", "--examples", "--features", cargo::FEATURES])?;
         let artifacts = cargo::test_artifacts(&root)?;
         interrupted()?;
+        twohost = twohost_binaries(&artifacts, &root.join("Cargo.toml"));
         classify(&artifacts, &root.join("Cargo.toml"))
     } else {
         (Vec::new(), Vec::new())
@@ -390,10 +401,84 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
     if passes.plain {
         run_program_self_tests(&opts.backend, &mut summary);
     }
+    if passes.twohost {
+        if matches!(opts.backend, Backend::Vm { .. }) {
+            run_twohost_stage(&root, &target_dir, &twohost, &mut summary);
+            interrupted()?;
+        } else {
+            eprintln!("xtask: two-host stage skipped: it needs the VM backend (--vm) on this host");
+            summary.check("two-host stage", Err("not run: this host has its own device; use --vm".into()));
+        }
+    }
 
     summary.print();
     eprintln!("xtask: test took {:.0} s", start.elapsed().as_secs_f64());
     Ok(if summary.total().failed == 0 && summary.lines.iter().all(|l| l.ok) { 0 } else { 1 })
+}
+
+/// The two-host stage: one pair of guests for all two-host tests (see [`crate::twohost`]).
+fn run_twohost_stage(root: &Path, target_dir: &Path, bins: &[Artifact], summary: &mut Summary) {
+    let started = Instant::now();
+    if bins.is_empty() {
+        summary.check("two-host stage", Err("no tests/twohost_*.rs binaries".into()));
+        return;
+    }
+    let steps = crate::twohost::steps(root, &target_dir.join("debug/examples"), bins);
+    eprintln!("xtask: ==== two-host stage: {} steps on two guests joined by a link", steps.len());
+    let mut lines: Vec<(String, i32, Option<Tally>, Duration)> = Vec::new();
+    let report = crate::rxe2::run(&steps, &crate::twohost::OPTIONS, &mut |i, r| {
+        let status = if r.code == 0 { "ok".to_string() } else { format!("FAILED (exit {})", r.code) };
+        let elapsed = r.sides.iter().flatten().map(|s| s.elapsed).max().unwrap_or_default();
+        eprintln!("xtask: two-host: {} ... {status} ({:.1} s)", steps[i].label, elapsed.as_secs_f64());
+        // libtest's tally, from the side that ran the most tests.
+        let tally = r
+            .sides
+            .iter()
+            .flatten()
+            .filter_map(|s| parse_libtest(&String::from_utf8_lossy(&s.stdout)))
+            .max_by_key(|t| t.passed + t.failed);
+        lines.push((steps[i].label.clone(), r.code, tally, elapsed));
+    });
+    let report = match report {
+        Ok(report) => report,
+        Err(e) => {
+            summary.check("two-host stage", Err(e));
+            return;
+        }
+    };
+    let side_steps = crate::rxe2::side_steps_of(&steps);
+    report.explain(&side_steps);
+    let boot = report.boot.map_or("-".into(), |b| format!("{:.1} s", b.as_secs_f64()));
+    eprintln!(
+        "xtask: two-host stage: {:.0} s (boot {boot}); link relayed {} datagrams, dropped {}",
+        started.elapsed().as_secs_f64(),
+        report.relayed,
+        report.dropped
+    );
+    for (i, step) in steps.iter().enumerate() {
+        match lines.get(i) {
+            Some((label, code, tally, elapsed)) => {
+                let what = format!("two-host: {label}");
+                match tally {
+                    Some(t) => summary.counted(what, *code, Some(*t), ""),
+                    None if *code == 0 => summary.check(what, Ok(())),
+                    None => summary.check(what, Err(format!("exit {code}"))),
+                }
+                summary.took(*elapsed);
+            }
+            None => {
+                summary.counted(format!("two-host: {}", step.label), -1, None, "not run (a guest failed)")
+            }
+        }
+    }
+    summary.check(
+        format!("two-host stage wall time {:.0} s (budget 240 s)", started.elapsed().as_secs_f64()),
+        if started.elapsed() <= Duration::from_secs(240) {
+            Ok(())
+        } else {
+            Err("over the stage's 4-minute budget".into())
+        },
+    );
 }
 
 /// Fails if a signal came in.
@@ -423,6 +508,21 @@ fn cargo_test(root: &Path, args: &[OsString]) -> Result<(i32, Option<Tally>), St
     Ok((status.code().unwrap_or(-1), parse_libtest(&text)))
 }
 
+/// Name prefix of the two-host test binaries (`tests/twohost_*.rs`), run by the two-host stage.
+pub const TWOHOST_PREFIX: &str = "twohost_";
+
+/// The two-host test binaries of the root package, sorted by name.
+pub fn twohost_binaries(artifacts: &[Artifact], root_manifest: &Path) -> Vec<Artifact> {
+    let mut bins: Vec<Artifact> = artifacts
+        .iter()
+        .filter(|a| a.kind.iter().any(|k| k == "test"))
+        .filter(|a| a.manifest_path == root_manifest && a.name.starts_with(TWOHOST_PREFIX))
+        .cloned()
+        .collect();
+    bins.sort_by(|a, b| a.name.cmp(&b.name));
+    bins
+}
+
 /// Splits the artifacts into the device test binaries (integration tests of the package at
 /// `root_manifest` named `device_*`) and the names of the other integration test targets.
 pub fn classify(artifacts: &[Artifact], root_manifest: &Path) -> (Vec<Artifact>, Vec<String>) {
@@ -431,6 +531,8 @@ pub fn classify(artifacts: &[Artifact], root_manifest: &Path) -> (Vec<Artifact>,
     for a in artifacts.iter().filter(|a| a.kind.iter().any(|k| k == "test")) {
         if a.manifest_path == root_manifest && a.name.starts_with("device_") {
             device.push(a.clone());
+        } else if a.manifest_path == root_manifest && a.name.starts_with(TWOHOST_PREFIX) {
+            // Neither host nor single-guest tests: the two-host stage runs them.
         } else if !host.contains(&a.name) {
             host.push(a.name.clone());
         }
@@ -1149,15 +1251,17 @@ mod tests {
 
     #[test]
     fn passes_asked_for() {
-        assert_eq!(Passes::only(false, false, false, false), Passes::ALL);
-        let v = Passes::only(true, false, false, false);
-        assert!(v.valgrind && !v.plain && !v.tsan && !v.miri && !v.nightly_doc && !v.publish);
+        assert_eq!(Passes::only(false, false, false, false, false), Passes::ALL);
+        let t = Passes::only(false, false, false, true, false);
+        assert!(t.twohost && !t.plain && !t.publish);
+        let v = Passes::only(true, false, false, false, false);
+        assert!(v.valgrind && !v.plain && !v.tsan && !v.miri && !v.nightly_doc && !v.publish && !v.twohost);
         assert!(!v.need_nightly());
-        let m = Passes::only(false, false, true, false);
+        let m = Passes::only(false, false, true, false, false);
         assert!(m.need_nightly() && !m.plain && !m.valgrind && !m.tsan);
-        assert!(Passes::only(false, true, false, false).need_nightly());
-        let p = Passes::only(false, false, false, true);
-        assert!(p.publish && !p.plain && !p.valgrind && !p.tsan && !p.need_nightly());
+        assert!(Passes::only(false, true, false, false, false).need_nightly());
+        let p = Passes::only(false, false, false, false, true);
+        assert!(p.publish && !p.plain && !p.valgrind && !p.tsan && !p.twohost && !p.need_nightly());
     }
 
     #[test]

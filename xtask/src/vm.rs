@@ -18,6 +18,8 @@ use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::{image, shell, signals};
@@ -197,48 +199,90 @@ pub fn device_env(backend: &Backend) -> Vec<(String, String)> {
     }
 }
 
+/// What a VM of a two-guest job ([`crate::rxe2`]) needs beyond a plain one.
+#[derive(Debug, Default)]
+pub struct Extras {
+    /// More QEMU arguments (its NIC).
+    pub qemu_args: Vec<OsString>,
+    /// More variables for every step; they win over [`device_env`]'s and the host's.
+    pub env: Vec<(String, String)>,
+    /// The job folder to use (created by the caller, who watches it); a temporary one if `None`.
+    pub job: Option<PathBuf>,
+    /// Where to publish QEMU's process id once it runs (for fault injection).
+    pub pid: Option<Arc<AtomicU32>>,
+    /// Prefix of every output line and of xtask's messages about this VM (`"[A] "`).
+    pub tag: Option<&'static str>,
+    /// Number of vCPUs (2 if 0).
+    pub smp: u32,
+    /// The console log is kept as `last-console<suffix>.log` in the cache folder.
+    pub console_suffix: &'static str,
+}
+
 /// Runs `steps` on `backend`, one after the other, calling `on_result` after each.
 pub fn run(
     steps: &[Step],
     backend: &Backend,
     on_result: &mut dyn FnMut(usize, &StepResult),
 ) -> Result<Report, String> {
+    run_with(steps, backend, &Extras::default(), on_result)
+}
+
+/// [`run`] with [`Extras`].
+pub fn run_with(
+    steps: &[Step],
+    backend: &Backend,
+    extras: &Extras,
+    on_result: &mut dyn FnMut(usize, &StepResult),
+) -> Result<Report, String> {
     let tmp = TempDir::new()?;
-    let job = tmp.path.join("job");
-    write_job(&job, steps, backend)?;
+    let job = extras.job.clone().unwrap_or_else(|| tmp.path.join("job"));
+    write_job(&job, steps, backend, &extras.env)?;
     let console = tmp.path.join("console.log");
     let qemu_log = tmp.path.join("qemu.log");
+    let tag = extras.tag.unwrap_or("");
     let (mut child, ready_at_start) = match backend {
         Backend::Vm { .. } => {
             let image = image::prepare()?;
-            eprintln!("xtask: booting the VM (kernel {}, QEMU TCG: no KVM)", image.version);
-            (spawn_qemu(&image, &job, &console, &qemu_log)?, false)
+            eprintln!("xtask: {tag}booting the VM (kernel {}, QEMU TCG: no KVM)", image.version);
+            (spawn_qemu(&image, &job, &console, &qemu_log, extras)?, false)
         }
         Backend::Local(dev) => {
             eprintln!("xtask: running on this host's RDMA device {} (no VM; --vm forces one)", dev.name);
             (spawn_local(&job)?, true)
         }
     };
+    if let Some(pid) = &extras.pid {
+        pid.store(child.id(), Ordering::SeqCst);
+    }
     let guard = KillOnDrop(&mut child);
-    let (results, end) = follow(steps, &job, guard.0, ready_at_start, on_result);
+    let (results, end) = follow(steps, &job, guard.0, ready_at_start, extras.tag, on_result);
+    if let Some(pid) = &extras.pid {
+        pid.store(0, Ordering::SeqCst);
+    }
     drop(guard);
     let (console_tail, console_log) = match backend {
-        Backend::Vm { .. } => console_report(&console, &qemu_log),
+        Backend::Vm { .. } => console_report(&console, &qemu_log, extras.console_suffix),
         Backend::Local(_) => (String::new(), None),
     };
     Ok(Report { results, end, console_tail, console_log })
 }
 
 /// Writes the job folder.
-fn write_job(job: &Path, steps: &[Step], backend: &Backend) -> Result<(), String> {
+fn write_job(
+    job: &Path,
+    steps: &[Step],
+    backend: &Backend,
+    extra_env: &[(String, String)],
+) -> Result<(), String> {
     let io = |e: std::io::Error| format!("writing the job folder {}: {e}", job.display());
     fs::create_dir_all(job.join("steps")).map_err(io)?;
     fs::write(job.join("run.sh"), RUN_SCRIPT).map_err(io)?;
+    let mut vars = device_env(backend);
+    vars.retain(|(n, _)| !extra_env.iter().any(|(x, _)| x == n));
+    vars.extend(extra_env.iter().cloned());
     let env = match backend {
-        Backend::Vm { .. } => {
-            shell::env_file(&shell::vm_environment(std::env::vars_os(), &device_env(backend)))
-        }
-        Backend::Local(_) => shell::env_file(&device_env(backend)),
+        Backend::Vm { .. } => shell::env_file(&shell::vm_environment(std::env::vars_os(), &vars)),
+        Backend::Local(_) => shell::env_file(&vars),
     };
     fs::write(job.join("env"), env).map_err(io)?;
     if let Backend::Vm { mtu } = backend {
@@ -253,7 +297,7 @@ fn write_job(job: &Path, steps: &[Step], backend: &Backend) -> Result<(), String
 }
 
 /// Escapes a value for QEMU's `key=value,...` option syntax (a comma is written twice).
-fn qemu_escape(path: &Path) -> String {
+pub fn qemu_escape(path: &Path) -> String {
     path.to_string_lossy().replace(',', ",,")
 }
 
@@ -269,7 +313,13 @@ fn kernel_cmdline() -> String {
 }
 
 /// Starts QEMU on `image`, sharing the host's root read-only and `job` read-write.
-fn spawn_qemu(image: &image::Image, job: &Path, console: &Path, qemu_log: &Path) -> Result<Child, String> {
+fn spawn_qemu(
+    image: &image::Image,
+    job: &Path,
+    console: &Path,
+    qemu_log: &Path,
+    extras: &Extras,
+) -> Result<Child, String> {
     let log = File::create(qemu_log).map_err(|e| format!("creating {}: {e}", qemu_log.display()))?;
     let log2 = log.try_clone().map_err(|e| e.to_string())?;
     let mut cmd = Command::new("qemu-system-x86_64");
@@ -283,7 +333,9 @@ fn spawn_qemu(image: &image::Image, job: &Path, console: &Path, qemu_log: &Path)
         "-cpu",
         "max",
     ])
-    .args(["-smp", "2", "-m", "2G", "-display", "none", "-monitor", "none", "-nic", "none", "-no-reboot"])
+    .arg("-smp")
+    .arg(if extras.smp == 0 { "2".to_string() } else { extras.smp.to_string() })
+    .args(["-m", "2G", "-display", "none", "-monitor", "none", "-nic", "none", "-no-reboot"])
     .arg("-chardev")
     .arg(format!("file,id=console,path={}", qemu_escape(console)))
     .args(["-serial", "chardev:console"])
@@ -297,6 +349,7 @@ fn spawn_qemu(image: &image::Image, job: &Path, console: &Path, qemu_log: &Path)
     .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
     .arg("-virtfs")
     .arg(format!("local,path={},mount_tag=xtask,security_model=none,multidevs=remap", qemu_escape(job)))
+    .args(&extras.qemu_args)
     .stdin(Stdio::null())
     .stdout(log)
     .stderr(log2);
@@ -355,23 +408,104 @@ impl Tail {
     }
 }
 
+/// Serializes the tagged output of concurrent VMs.
+static TAGGED_OUTPUT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A writer that puts `tag` before every line it passes on to `inner` (a partial line waits for its end,
+/// so the lines of two guests interleave whole).
+pub struct Tagged<'a, W: Write> {
+    inner: W,
+    tag: &'a str,
+    pending: &'a mut Vec<u8>,
+}
+
+impl<'a, W: Write> Tagged<'a, W> {
+    /// Tags lines written to `inner`; `pending` keeps an unfinished line between calls.
+    pub fn new(inner: W, tag: &'a str, pending: &'a mut Vec<u8>) -> Self {
+        Tagged { inner, tag, pending }
+    }
+}
+
+impl<W: Write> Write for Tagged<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.pending.extend_from_slice(buf);
+        let mut out = Vec::new();
+        while let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
+            out.extend_from_slice(self.tag.as_bytes());
+            out.extend(self.pending.drain(..=end));
+        }
+        if !out.is_empty() {
+            // One write of whole lines, under a lock shared by every VM: the lines of two guests (and of
+            // stdout and stderr, often the same pipe) never mix.
+            let _one_writer = TAGGED_OUTPUT.lock().unwrap_or_else(|e| e.into_inner());
+            self.inner.write_all(&out)?;
+            self.inner.flush()?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// The step being followed.
 struct Current {
     started: Instant,
     out: Tail,
     err: Tail,
     result: StepResult,
+    /// Unfinished tagged lines of stdout and stderr.
+    partial: [Vec<u8>; 2],
 }
 
 impl Current {
-    fn pump(&mut self, output: Output) {
+    fn pump(&mut self, output: Output, tag: Option<&str>) {
         let keep = output != Output::Passthrough;
         let stream = output != Output::Captured;
-        let (mut stdout, mut stderr) = (std::io::stdout().lock(), std::io::stderr().lock());
-        self.out
-            .pump(stream.then_some(&mut stdout as &mut dyn Write), keep.then_some(&mut self.result.stdout));
-        self.err
-            .pump(stream.then_some(&mut stderr as &mut dyn Write), keep.then_some(&mut self.result.stderr));
+        let [p_out, p_err] = &mut self.partial;
+        match tag {
+            Some(tag) => {
+                let mut out = Tagged::new(std::io::stdout(), tag, p_out);
+                let mut err = Tagged::new(std::io::stderr(), tag, p_err);
+                self.out.pump(
+                    stream.then_some(&mut out as &mut dyn Write),
+                    keep.then_some(&mut self.result.stdout),
+                );
+                self.err.pump(
+                    stream.then_some(&mut err as &mut dyn Write),
+                    keep.then_some(&mut self.result.stderr),
+                );
+            }
+            None => {
+                let (mut stdout, mut stderr) = (std::io::stdout().lock(), std::io::stderr().lock());
+                self.out.pump(
+                    stream.then_some(&mut stdout as &mut dyn Write),
+                    keep.then_some(&mut self.result.stdout),
+                );
+                self.err.pump(
+                    stream.then_some(&mut stderr as &mut dyn Write),
+                    keep.then_some(&mut self.result.stderr),
+                );
+            }
+        }
+    }
+
+    /// Writes out an unfinished last line (the step ended without a newline).
+    fn finish_lines(&mut self, tag: Option<&str>) {
+        let Some(tag) = tag else { return };
+        for (is_err, partial) in self.partial.iter_mut().enumerate() {
+            let is_err = is_err == 1;
+            if !partial.is_empty() {
+                let text = format!("{tag}{}\n", String::from_utf8_lossy(partial));
+                if is_err {
+                    eprint!("{text}");
+                } else {
+                    print!("{text}");
+                }
+                partial.clear();
+            }
+        }
     }
 }
 
@@ -381,8 +515,10 @@ fn follow(
     job: &Path,
     child: &mut Child,
     mut ready: bool,
+    tag: Option<&str>,
     on_result: &mut dyn FnMut(usize, &StepResult),
 ) -> (Vec<StepResult>, End) {
+    let t = tag.unwrap_or("");
     let start = Instant::now();
     let mut results = Vec::new();
     let mut current: Option<Current> = None;
@@ -395,7 +531,11 @@ fn follow(
         if !ready {
             if job.join("ready").exists() {
                 ready = true;
-                eprintln!("xtask: VM ready ({} up) after {:.1} s", RXE_DEVICE, start.elapsed().as_secs_f64());
+                eprintln!(
+                    "xtask: {t}VM ready ({} up) after {:.1} s",
+                    RXE_DEVICE,
+                    start.elapsed().as_secs_f64()
+                );
             } else if let Ok(reason) = fs::read_to_string(job.join("setup-failed")) {
                 return (results, End::BootFailed(reason.trim().to_string()));
             } else if let Some(status) = exited {
@@ -410,20 +550,22 @@ fn follow(
                 let step = &steps[i];
                 let cur = current.get_or_insert_with(|| {
                     if step.output == Output::Live {
-                        eprintln!("xtask: ==== [{}/{}] {}", i + 1, steps.len(), step.label);
+                        eprintln!("xtask: {t}==== [{}/{}] {}", i + 1, steps.len(), step.label);
                     }
                     Current {
                         started: Instant::now(),
                         out: Tail::new(job.join(format!("{i}.out"))),
                         err: Tail::new(job.join(format!("{i}.err"))),
                         result: StepResult::default(),
+                        partial: [Vec::new(), Vec::new()],
                     }
                 });
                 // The exit status is written after the output is complete: read it first.
                 let rc = fs::read_to_string(job.join(format!("{i}.rc"))).ok();
-                cur.pump(step.output);
+                cur.pump(step.output, tag);
                 let Some(rc) = rc else { break };
                 let mut cur = current.take().expect("current step");
+                cur.finish_lines(tag);
                 cur.result.code = rc.trim().parse().unwrap_or(-1);
                 cur.result.elapsed = cur.started.elapsed();
                 cur.result.timed_out = cur.result.code == i32::from(EXIT_TIMEOUT)
@@ -449,7 +591,7 @@ fn follow(
 }
 
 /// The tails of the console and of QEMU's messages; keeps a copy of the console in the cache folder.
-fn console_report(console: &Path, qemu_log: &Path) -> (String, Option<PathBuf>) {
+fn console_report(console: &Path, qemu_log: &Path, suffix: &str) -> (String, Option<PathBuf>) {
     let mut tail = String::new();
     let text = fs::read(console).unwrap_or_default();
     tail.push_str(&last_lines(&String::from_utf8_lossy(&text), CONSOLE_TAIL_LINES));
@@ -458,7 +600,7 @@ fn console_report(console: &Path, qemu_log: &Path) -> (String, Option<PathBuf>) 
         tail.push_str("xtask: ---- QEMU's messages ----\n");
         tail.push_str(&last_lines(&String::from_utf8_lossy(&qemu), 10));
     }
-    let kept = image::cache_root().join("last-console.log");
+    let kept = image::cache_root().join(format!("last-console{suffix}.log"));
     let kept =
         fs::create_dir_all(image::cache_root()).and_then(|()| fs::write(&kept, &text)).ok().map(|()| kept);
     (tail, kept)
@@ -475,14 +617,15 @@ const TMP_PREFIX: &str = "ibverbs-xtask.";
 
 /// A temporary folder, removed on drop.
 #[derive(Debug)]
-struct TempDir {
-    path: PathBuf,
+pub struct TempDir {
+    /// Its path.
+    pub path: PathBuf,
 }
 
 impl TempDir {
     /// Creates one in `$TMPDIR` (or /tmp), after removing those of xtask processes that no longer exist
     /// (a SIGKILLed run cannot clean up after itself).
-    fn new() -> Result<Self, String> {
+    pub fn new() -> Result<Self, String> {
         let base = std::env::temp_dir();
         sweep_stale(&base);
         for n in 0u32.. {
@@ -552,6 +695,16 @@ mod tests {
         assert_eq!(last_lines("a\nb\nc\n", 2), "b\nc\n");
         assert_eq!(last_lines("a\nb", 5), "a\nb\n");
         assert_eq!(last_lines("", 3), "");
+    }
+
+    #[test]
+    fn tagged_lines_are_whole() {
+        let (mut sink, mut pending) = (Vec::new(), Vec::new());
+        let mut w = Tagged::new(&mut sink, "[A] ", &mut pending);
+        w.write_all(b"one\ntw").unwrap();
+        w.write_all(b"o\n\nthr").unwrap();
+        assert_eq!(sink, b"[A] one\n[A] two\n[A] \n");
+        assert_eq!(pending, b"thr");
     }
 
     #[test]

@@ -9,13 +9,26 @@ use crate::memory::AccessFlags;
 /// How to connect a queue pair: port, addressing and transport parameters.
 ///
 /// Defaults: port 1, the RoCE v2 IPv4 GID on Ethernet ports (none on InfiniBand), path MTU the
-/// smaller of both ports' active MTUs, `timeout` 14 (≈ 67 ms), `retry_cnt` 7, `rnr_retry` 7
+/// smaller of both ports' active MTUs, `timeout` 14 (≈ 67 ms), `retry_cnt` 6, `rnr_retry` 7
 /// (infinite), `min_rnr_timer` 12, RDMA Read/atomic depth from the device (at most 16), all remote
 /// access rights on the QP (the memory regions' own rights still apply), Q_Key `0x11111111` for UD.
 ///
-/// **SoftRoCE caveat:** rxe on Linux 6.1 treats `retry_cnt = 7` as "retry forever", so a caller
-/// whose peer dies never gets an error there; use 6 or less when that matters (on hardware, 7
-/// means seven retries).
+/// # A dead peer ends in an error, never a hang
+/// When the peer of an RC queue pair vanishes (its host dies, its link is cut), nothing answers:
+/// each unacknowledged request is resent after the local ACK timeout, and after `retry_cnt`
+/// resends the oldest outstanding work request completes with
+/// [`WcStatus::RETRY_EXC_ERR`](crate::WcStatus) and the others with flush errors. The default
+/// `retry_cnt` is **6, not the 7 of the C tools**: SoftRoCE (rxe, Linux 6.1) treats 7 as "retry
+/// forever", so a caller who kept the default and whose peer died would wait forever there. With
+/// the defaults, [`ConnectOptions::retry_budget`] is 7 × 67 ms ≈ 0.47 s; measured between two
+/// hosts (two QEMU guests, rxe, `cargo xtask test`'s two-host stage) the first error came 337–607 ms
+/// after the last successful completion when the link was cut for good, 446 ms when the peer's
+/// host was killed (see the README's Testing section). Setting `retry_cnt` to 7 (or `timeout` to 0) asks for an
+/// unbounded wait on some devices: `retry_budget` is then `None`.
+///
+/// Whatever the options, wait for completions with a deadline (poll with a time limit) when a
+/// hang must be impossible: the budget bounds the transport's own retries, not a peer that is
+/// alive but never posts a receive (`rnr_retry` 7) or never sends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectOptions {
     /// Local port number (from 1).
@@ -57,7 +70,7 @@ impl Default for ConnectOptions {
             gid_index: None,
             mtu: None,
             timeout: 14,
-            retry_cnt: 7,
+            retry_cnt: 6,
             rnr_retry: 7,
             min_rnr_timer: 12,
             max_rd_atomic: None,
@@ -75,6 +88,29 @@ impl Default for ConnectOptions {
 }
 
 impl ConnectOptions {
+    /// The nominal time after which an RC request to a vanished peer fails: (`retry_cnt` + 1) local
+    /// ACK timeouts of 4.096 µs × 2^`timeout` each. `None` when the wait may be unbounded: `timeout`
+    /// 0 (no ACK timeout at all) or `retry_cnt` 7 (retry forever on SoftRoCE).
+    ///
+    /// Devices round the timer up (rxe to its timer ticks): allow about twice the budget plus a
+    /// little scheduling slack before calling a missing error completion a hang.
+    ///
+    /// ```
+    /// use ibverbs::ConnectOptions;
+    /// use std::time::Duration;
+    ///
+    /// let budget = ConnectOptions::default().retry_budget().unwrap();
+    /// assert!(budget > Duration::from_millis(450) && budget < Duration::from_millis(500));
+    /// assert_eq!(ConnectOptions { retry_cnt: 7, ..Default::default() }.retry_budget(), None);
+    /// ```
+    pub fn retry_budget(&self) -> Option<std::time::Duration> {
+        if self.timeout == 0 || self.retry_cnt >= 7 || self.timeout > 31 {
+            return None;
+        }
+        let one_ns = 4096u64 << self.timeout; // 4.096 µs × 2^timeout, in ns (fits: 2^43 at most)
+        Some(std::time::Duration::from_nanos(one_ns * (u64::from(self.retry_cnt) + 1)))
+    }
+
     /// Checks the fields that go to the device as they are.
     ///
     /// # Errors
@@ -137,9 +173,25 @@ mod tests {
     #[test]
     fn defaults_match_the_documentation_and_validate() {
         let o = ConnectOptions::default();
-        assert_eq!((o.port, o.timeout, o.retry_cnt, o.rnr_retry, o.min_rnr_timer), (1, 14, 7, 7, 12));
+        assert_eq!((o.port, o.timeout, o.retry_cnt, o.rnr_retry, o.min_rnr_timer), (1, 14, 6, 7, 12));
         assert!(o.access.contains(AccessFlags::REMOTE_WRITE));
         assert!(o.validate().is_ok());
+    }
+
+    #[test]
+    fn retry_budget_is_bounded_by_default_and_unbounded_where_rxe_retries_forever() {
+        use std::time::Duration;
+        let o = ConnectOptions::default();
+        // 7 tries of 4.096 µs × 2^14 = 67.108864 ms.
+        assert_eq!(o.retry_budget(), Some(Duration::from_nanos(7 * 67_108_864)));
+        let b = |timeout, retry_cnt| {
+            ConnectOptions { timeout, retry_cnt, ..ConnectOptions::default() }.retry_budget()
+        };
+        assert_eq!(b(14, 7), None);
+        assert_eq!(b(0, 3), None);
+        assert_eq!(b(32, 3), None);
+        assert_eq!(b(1, 0), Some(Duration::from_nanos(8192)));
+        assert_eq!(b(31, 6), Some(Duration::from_nanos(7 * (4096u64 << 31))));
     }
 
     // Regression (soundness hole 10): `mtu: Some(Mtu(0))` reached the device unchecked.

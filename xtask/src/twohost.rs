@@ -1,0 +1,160 @@
+//! The two-host stage of `cargo xtask test`: one pair of guests ([`crate::rxe2`]) for every two-host test.
+//!
+//! In order (each a pair step; guest A is the passive side):
+//! 1. interop across hosts: our `rc_pingpong` and `ud_pingpong` against rdma-core's
+//!    `ibv_rc_pingpong`/`ibv_ud_pingpong`, both roles each; our `write_bw` against itself;
+//! 2. `write_bw`'s server when its client's host vanishes (the link is cut for good: no FIN, no
+//!    packet): it must exit non-zero within its `--timeout` plus slack;
+//! 3. the library tests of `tests/twohost_*.rs` in both guests (but `zz_*`);
+//! 4. last, `zz_*` tests: they kill guest B.
+//!
+//! Every script checks exit statuses, the tools' reported iteration counts and its timings.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::rxe2::{PairOptions, PairStep};
+use crate::vm::Output;
+use crate::{cargo::Artifact, shell};
+
+/// Shell helpers every step script starts with.
+const PRELUDE: &str = r#"set -u
+# Our examples' ACK timeout: 2^16 x 4.096 us = 268 ms per try (7 tries: 1.9 s) instead of the default
+# 67 ms (0.47 s), which a guest descheduled on a loaded 2-core host can exceed while its peer is alive.
+export IBVERBS_TIMEOUT=16
+ms() { echo $(($(date +%s%N) / 1000000)); }
+die() { echo "twohost: FAILED: $*" >&2; exit 1; }
+# must_say FILE PATTERN WHAT
+must_say() { grep -q -- "$2" "$1" || { cat "$1" >&2; die "$3: no '$2' in its output"; }; }
+"#;
+
+/// The pair options of the stage: both NICs at MTU 1500 (rxe active MTU 1024), one vCPU each.
+pub const OPTIONS: PairOptions = PairOptions { mtu: [1500, 1500], smp: 1 };
+
+/// A pingpong interop step: `server` in A, `client` in B (which retries until A listens).
+fn pingpong(label: &str, server: &str, client: &str, iters: u32) -> PairStep {
+    let a = format!(
+        "{PRELUDE}timeout 60 stdbuf -oL {server} >/tmp/pp.out 2>&1; rc=$?\ncat /tmp/pp.out\n\
+         [ $rc -eq 0 ] || die \"server exit $rc\"\nmust_say /tmp/pp.out '{iters} iters' server\n"
+    );
+    let b = format!(
+        "{PRELUDE}i=0\nwhile :; do\n  timeout 60 stdbuf -oL {client} \"$RXE2_PEER\" >/tmp/pp.out 2>&1; rc=$?\n  \
+         [ $rc -ne 0 ] && grep -qi 'connect' /tmp/pp.out && [ $i -lt 40 ] && {{ i=$((i+1)); sleep 0.25; continue; }}\n  \
+         break\ndone\ncat /tmp/pp.out\n[ $rc -eq 0 ] || die \"client exit $rc\"\nmust_say /tmp/pp.out '{iters} iters' client\n"
+    );
+    PairStep {
+        label: label.into(),
+        a: a.into_bytes(),
+        b: b.into_bytes(),
+        timeout: Duration::from_secs(120),
+        output: Output::Live,
+    }
+}
+
+/// The stage's steps. `examples` is the folder of the built examples; `bins` the two-host test binaries.
+pub fn steps(root: &Path, examples: &Path, bins: &[Artifact]) -> Vec<PairStep> {
+    let e = examples.display();
+    let n = 200;
+    let mut steps = vec![
+        pingpong(
+            "interop: rc_pingpong (ours, A) <- ibv_rc_pingpong (B)",
+            &format!("{e}/rc_pingpong -d rxe0 -g 1 -n {n} --timeout 30"),
+            &format!("ibv_rc_pingpong -d rxe0 -g 1 -n {n}"),
+            n,
+        ),
+        pingpong(
+            "interop: ibv_rc_pingpong (A) <- rc_pingpong (ours, B)",
+            &format!("ibv_rc_pingpong -d rxe0 -g 1 -n {n}"),
+            &format!("{e}/rc_pingpong -d rxe0 -g 1 -n {n} --timeout 30"),
+            n,
+        ),
+        pingpong(
+            "interop: ud_pingpong (ours, A) <- ibv_ud_pingpong (B)",
+            &format!("{e}/ud_pingpong -d rxe0 -g 1 -n {n} -s 512 --timeout 30"),
+            &format!("ibv_ud_pingpong -d rxe0 -g 1 -n {n} -s 512"),
+            n,
+        ),
+        pingpong(
+            "interop: ibv_ud_pingpong (A) <- ud_pingpong (ours, B)",
+            &format!("ibv_ud_pingpong -d rxe0 -g 1 -n {n} -s 512"),
+            &format!("{e}/ud_pingpong -d rxe0 -g 1 -n {n} -s 512 --timeout 30"),
+            n,
+        ),
+    ];
+    // write_bw ours <-> ours.
+    steps.push(PairStep {
+        label: "write_bw (ours, A server) <- write_bw (ours, B client), 64 KiB x 300".into(),
+        a: format!(
+            "{PRELUDE}timeout 90 {e}/write_bw -d rxe0 --timeout 20 >/tmp/bw.out 2>&1; rc=$?\ncat /tmp/bw.out\n\
+             [ $rc -eq 0 ] || die \"server exit $rc\"\n"
+        )
+        .into_bytes(),
+        b: format!(
+            "{PRELUDE}timeout 90 {e}/write_bw -d rxe0 -n 300 --connect-timeout 20 \"$RXE2_PEER\" >/tmp/bw.out 2>&1; rc=$?\n\
+             cat /tmp/bw.out\n[ $rc -eq 0 ] || die \"client exit $rc\"\nmust_say /tmp/bw.out 65536 client\n"
+        )
+        .into_bytes(),
+        timeout: Duration::from_secs(120),
+        output: Output::Live,
+    });
+    // write_bw's server when the client's host vanishes: the link is cut for good mid-transfer (a dead
+    // host sends no FIN and no packet; a SIGKILLed guest is kept for the last step).
+    let limit = 3;
+    steps.push(PairStep {
+        label: format!(
+            "write_bw server exits non-zero within --timeout {limit} s + 5 s when its client's host vanishes"
+        ),
+        a: format!(
+            "{PRELUDE}main() {{
+{e}/write_bw -d rxe0 --timeout {limit} >/tmp/bw.out 2>&1 &
+p=$!
+\
+             rxe2-barrier link-cut 60 || die 'B did not cut the link'\nt0=$(ms)\nwait $p; rc=$?\nt=$(($(ms) - t0))\n\
+             cat /tmp/bw.out\necho \"twohost: write_bw server exit $rc, $t ms after the barrier that follows the cut\"\n\
+             [ $rc -ne 0 ] || die 'the server exited 0 although its client vanished'\n\
+             [ $t -le $(( ({limit} + 5) * 1000 )) ] || die \"the server took $t ms\"\n}}\n\
+             (main); rc=$?\nrxe2-barrier server-done 60\nexit $rc\n"
+        )
+        .into_bytes(),
+        b: format!(
+            "{PRELUDE}{e}/write_bw -d rxe0 -n 100000000 --connect-timeout 20 \"$RXE2_PEER\" >/tmp/bw.out 2>&1 &\np=$!\n\
+             i=0; until grep -q 'remote address' /tmp/bw.out 2>/dev/null || [ $i -ge 300 ]; do i=$((i+1)); sleep 0.1; done\n\
+             sleep 3\nt0=$(ms)\nrxe2-fault cut >/dev/null || die 'cut'\nrxe2-barrier link-cut 60\nrxe2-barrier server-done 60\n\
+             t=$(($(ms) - t0))\nkill -9 $p 2>/dev/null; wait $p 2>/dev/null\nrxe2-fault restore >/dev/null || die 'restore'\n\
+             echo \"twohost: from asking for the cut to the server's exit (plus two barriers' latency): $t ms\"\n\
+             [ $t -le $(( ({limit} + 20) * 1000 )) ] || die \"the server was not done $t ms after the cut\"\n"
+        )
+        .into_bytes(),
+        timeout: Duration::from_secs(90),
+        output: Output::Live,
+    });
+    for bin in bins {
+        let exe = bin.executable.as_os_str();
+        let run = |filter: &[&str]| {
+            let mut argv = vec![exe.to_os_string(), "--test-threads=1".into(), "--nocapture".into()];
+            argv.extend(filter.iter().map(|f| (*f).into()));
+            shell::argv_script(root, &argv)
+        };
+        let main = run(&["--skip", "zz_"]);
+        steps.push(PairStep {
+            label: format!("{} (both guests)", bin.name),
+            a: main.clone(),
+            b: main,
+            timeout: Duration::from_secs(180),
+            output: Output::Live,
+        });
+    }
+    for bin in bins {
+        let exe = bin.executable.as_os_str();
+        let argv = [exe.to_os_string(), "--test-threads=1".into(), "--nocapture".into(), "zz_".into()];
+        let s = shell::argv_script(root, &argv);
+        steps.push(PairStep {
+            label: format!("{} zz_* (kills guest B)", bin.name),
+            a: s.clone(),
+            b: s,
+            timeout: Duration::from_secs(120),
+            output: Output::Live,
+        });
+    }
+    steps
+}
