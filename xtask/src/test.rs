@@ -808,7 +808,7 @@ fn device_runs(
         }
     }
     if opts.passes.valgrind {
-        for bin in device {
+        for bin in device.iter().filter(|b| !CHILD_ONLY.contains(&b.name.as_str())) {
             let prelude = sanitizer_prelude(root, Kind::Valgrind);
             let script =
                 device_script(root, &prelude, &valgrind_argv(root), &bin.executable, &opts.test_args);
@@ -823,6 +823,40 @@ fn device_runs(
         }
     }
     runs
+}
+
+/// Device test binaries that call no verb in-process: their tests run the examples as child
+/// processes, which valgrind does not trace, so under valgrind they would check only the test
+/// harness. The valgrind pass leaves them out; [`child_only_check`] proves each still calls no
+/// verb (the examples' own code is exercised in-process by the library's device tests).
+pub const CHILD_ONLY: [&str; 4] =
+    ["device_examples", "device_examples_env", "device_example_faults", "device_perf"];
+
+/// What a device test source must not contain to be in [`CHILD_ONLY`]: the calls that open a
+/// device or create a verbs object in the test process.
+const IN_PROCESS_VERBS: [&str; 7] = [
+    "context()",
+    "Context::open",
+    "Device::open",
+    "ibverbs::devices",
+    "alloc_pd",
+    "create_cq",
+    "async_events",
+];
+
+/// Checks that every [`CHILD_ONLY`] binary's source (`tests/NAME.rs`) exists and calls no verb.
+pub fn child_only_check(root: &Path) -> Result<(), String> {
+    for name in CHILD_ONLY {
+        let path = root.join("tests").join(format!("{name}.rs"));
+        let src = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if let Some(call) = IN_PROCESS_VERBS.iter().find(|c| src.contains(*c)) {
+            return Err(format!(
+                "{} calls `{call}`: it uses verbs in-process, so it must run under valgrind (take it out of CHILD_ONLY)",
+                path.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `valgrind: N errors, definitely lost X` from valgrind's stderr, or `None` if it printed no
@@ -941,6 +975,15 @@ fn run_device_job(
     tsan: Option<&TsanBuild>,
     summary: &mut Summary,
 ) -> Result<(), String> {
+    if opts.passes.valgrind {
+        summary.check(
+            format!(
+                "valgrind pass leaves out {} (no verb in-process: they only start examples, which valgrind does not trace)",
+                CHILD_ONLY.join(", ")
+            ),
+            child_only_check(root),
+        );
+    }
     let runs = device_runs(opts, root, device, tsan);
     let mut steps = vec![self_test_step("rdma resource baseline", RESOURCES_SCRIPT.to_vec(), 60)];
     steps.extend(runs.iter().map(|r| r.step.clone()));
@@ -1247,6 +1290,21 @@ mod tests {
         let (device, host) = classify(&arts, Path::new("/w/Cargo.toml"));
         assert_eq!(device.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["device_cq", "device_qp"]);
         assert_eq!(host, ["api", "device_sys"]);
+    }
+
+    #[test]
+    fn child_only_binaries_call_no_verb() {
+        child_only_check(&crate::workspace_root()).unwrap();
+        let dir = std::env::temp_dir().join(format!("xtask-child-only-{}", std::process::id()));
+        fs::create_dir_all(dir.join("tests")).unwrap();
+        for name in CHILD_ONLY {
+            fs::write(dir.join("tests").join(format!("{name}.rs")), "fn main() {}\n").unwrap();
+        }
+        assert!(child_only_check(&dir).is_ok());
+        fs::write(dir.join("tests/device_perf.rs"), "let ctx = common::context();\n").unwrap();
+        let err = child_only_check(&dir).unwrap_err();
+        assert!(err.contains("device_perf.rs calls `context()`"), "{err}");
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
