@@ -311,24 +311,7 @@ impl AsyncEvents {
     #[doc(alias = "ibv_get_async_event")]
     #[doc(alias = "ibv_ack_async_event")]
     pub fn get(&self, timeout: Option<Duration>) -> Result<Option<AsyncEvent>> {
-        let deadline = fd::deadline(timeout);
-        loop {
-            if let Some(ev) = self.try_get()? {
-                return Ok(Some(ev));
-            }
-            let left = match timeout {
-                Some(_) if deadline.is_none() => timeout,
-                _ => fd::time_left(deadline),
-            };
-            if left == Some(Duration::ZERO) {
-                return Ok(None);
-            }
-            if !fd::wait_readable(self.as_raw_fd(), left)
-                .map_err(|source| Error::Verb { verb: "poll", source })?
-            {
-                return Ok(None);
-            }
-        }
+        fd::take_until(self.as_raw_fd(), timeout, || self.try_get())
     }
 }
 

@@ -88,6 +88,33 @@ pub(crate) fn deadline(timeout: Option<Duration>) -> Option<Instant> {
     timeout.and_then(|t| Instant::now().checked_add(t))
 }
 
+/// Takes an event with `try_take` (non-blocking), waiting for `fd` to become readable in between,
+/// until one comes or `timeout` (forever for `None`) passes: `Ok(None)` then. An event another
+/// reader takes meanwhile is theirs: this keeps waiting for another one until the deadline. A
+/// signal does not end the wait early.
+pub(crate) fn take_until<T>(
+    fd: RawFd,
+    timeout: Option<Duration>,
+    mut try_take: impl FnMut() -> crate::error::Result<Option<T>>,
+) -> crate::error::Result<Option<T>> {
+    let deadline = deadline(timeout);
+    loop {
+        if let Some(event) = try_take()? {
+            return Ok(Some(event));
+        }
+        let left = match timeout {
+            Some(_) if deadline.is_none() => timeout, // too far to represent: forever-ish
+            _ => time_left(deadline),
+        };
+        if left == Some(Duration::ZERO) {
+            return Ok(None);
+        }
+        if !wait_readable(fd, left).map_err(|source| crate::error::Error::Verb { verb: "poll", source })? {
+            return Ok(None);
+        }
+    }
+}
+
 /// A non-blocking `eventfd(2)`: one thread wakes another that waits in `poll(2)`.
 pub(crate) struct Wakeup {
     fd: OwnedFd,

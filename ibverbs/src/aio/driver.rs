@@ -418,27 +418,11 @@ impl AsyncQueuePair {
             return Err(PostError { error, request: wr });
         }
         let tok = self.driver.begin(wr.wr_id);
-        let mut wr = wr.wr_id(tok);
-        let mut retried = false;
-        loop {
-            let r = self.lock_qp().post_send(wr);
-            match r {
-                Ok(()) => return Ok(self.op(tok)),
-                Err(e) if matches!(e.error, Error::QueueFull { .. }) && !retried => {
-                    retried = true;
-                    wr = e.request;
-                    let _ = self.driver.reap();
-                }
-                Err(mut e) => {
-                    let user = match self.driver.shared.lock().release(tok) {
-                        Entry::Waiting(_, user) => user,
-                        _ => 0,
-                    };
-                    e.request.wr_id = user;
-                    return Err(e);
-                }
-            }
-        }
+        let wr = wr.wr_id(tok);
+        self.post_retrying(tok, wr, |qp, wr| qp.post_send(wr)).map_err(|mut e| {
+            e.request.wr_id = self.release(tok);
+            e
+        })
     }
 
     /// Posts a receive (`ibv_post_recv()`) now and returns the future of its completion.
@@ -449,10 +433,25 @@ impl AsyncQueuePair {
     #[allow(clippy::result_large_err)] // as QueuePair::post_recv
     pub fn post_recv(&self, wr: RecvRequest) -> std::result::Result<Op, PostError<RecvRequest>> {
         let tok = self.driver.begin(wr.wr_id);
-        let mut wr = wr.wr_id(tok);
+        let wr = wr.wr_id(tok);
+        self.post_retrying(tok, wr, |qp, wr| qp.post_recv(wr)).map_err(|mut e| {
+            e.request.wr_id = self.release(tok);
+            e
+        })
+    }
+
+    /// Posts `wr` (carrying the slot token `tok`) with `post`; a full queue gets one
+    /// [`Driver::reap`] and one retry. On success the future of slot `tok`.
+    #[allow(clippy::result_large_err)] // PostError hands the request back, as QueuePair's
+    fn post_retrying<R>(
+        &self,
+        tok: u64,
+        mut wr: R,
+        post: impl Fn(&mut QueuePair, R) -> std::result::Result<(), PostError<R>>,
+    ) -> std::result::Result<Op, PostError<R>> {
         let mut retried = false;
         loop {
-            let r = self.lock_qp().post_recv(wr);
+            let r = post(&mut self.lock_qp(), wr);
             match r {
                 Ok(()) => return Ok(self.op(tok)),
                 Err(e) if matches!(e.error, Error::QueueFull { .. }) && !retried => {
@@ -460,15 +459,16 @@ impl AsyncQueuePair {
                     wr = e.request;
                     let _ = self.driver.reap();
                 }
-                Err(mut e) => {
-                    let user = match self.driver.shared.lock().release(tok) {
-                        Entry::Waiting(_, user) => user,
-                        _ => 0,
-                    };
-                    e.request.wr_id = user;
-                    return Err(e);
-                }
+                Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Frees slot `tok` of a request that was never posted; the caller's `wr_id` it held.
+    fn release(&self, tok: u64) -> u64 {
+        match self.driver.shared.lock().release(tok) {
+            Entry::Waiting(_, user) => user,
+            _ => 0,
         }
     }
 

@@ -309,24 +309,7 @@ impl CompletionChannel {
     #[doc(alias = "ibv_get_cq_event")]
     #[doc(alias = "ibv_ack_cq_events")]
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<CqId>> {
-        let deadline = fd::deadline(timeout);
-        loop {
-            if let Some(id) = self.try_get_event()? {
-                return Ok(Some(id));
-            }
-            let left = match timeout {
-                Some(_) if deadline.is_none() => timeout, // too far to represent: forever-ish
-                _ => fd::time_left(deadline),
-            };
-            if left == Some(Duration::ZERO) {
-                return Ok(None);
-            }
-            if !fd::wait_readable(self.as_raw_fd(), left)
-                .map_err(|source| Error::Verb { verb: "poll", source })?
-            {
-                return Ok(None);
-            }
-        }
+        fd::take_until(self.as_raw_fd(), timeout, || self.try_get_event())
     }
 
     /// The raw `struct ibv_comp_channel *`.
