@@ -151,3 +151,16 @@ impl Drop for LinkUp {
         ip_link(&self.0, "up");
     }
 }
+
+/// Reports that the test device lacks `feature`: the test has checked the typed error the crate
+/// gives for it and passes, and `cargo xtask test` lists the line in its summary under
+/// "unsupported by the device" (never a silent pass). Written straight to the process's stdout,
+/// past libtest's capture, as `IBVERBS-UNSUPPORTED: <device> <feature> (<test>): <why>`.
+pub fn unsupported(ctx: &Context, feature: &str, why: impl std::fmt::Display) {
+    use std::io::Write;
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    let line = format!("IBVERBS-UNSUPPORTED: {} {feature} ({test}): {why}\n", ctx.name());
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(line.as_bytes());
+    let _ = out.flush();
+}

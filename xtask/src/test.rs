@@ -180,6 +180,18 @@ pub fn parse_libtest(output: &str) -> Option<Tally> {
     total
 }
 
+/// The features a device test reported unsupported: its `IBVERBS-UNSUPPORTED: ` lines, without
+/// the prefix (see `tests/common/mod.rs`, `unsupported`).
+pub fn unsupported_lines(stdout: &str) -> Vec<String> {
+    stdout
+        .lines()
+        .filter_map(|l| {
+            l.find("IBVERBS-UNSUPPORTED: ").map(|i| l[i + "IBVERBS-UNSUPPORTED: ".len()..].trim().to_string())
+        })
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
 /// One line of the summary.
 #[derive(Debug)]
 struct Line {
@@ -194,6 +206,9 @@ struct Line {
 #[derive(Debug, Default)]
 struct Summary {
     lines: Vec<Line>,
+    /// Features the device lacks, as device tests reported them (`IBVERBS-UNSUPPORTED:` lines),
+    /// without repeats (the valgrind pass runs the same tests).
+    unsupported: Vec<String>,
 }
 
 impl Summary {
@@ -218,6 +233,15 @@ impl Summary {
             note: result.err().unwrap_or_default(),
             took: None,
         });
+    }
+
+    /// Collects the `IBVERBS-UNSUPPORTED:` lines of a device test's output.
+    fn unsupported_from(&mut self, stdout: &str) {
+        for line in unsupported_lines(stdout) {
+            if !self.unsupported.contains(&line) {
+                self.unsupported.push(line);
+            }
+        }
     }
 
     /// Records how long the last line's work took.
@@ -251,6 +275,16 @@ impl Summary {
             }
             let note = if l.note.is_empty() { String::new() } else { format!("  ({})", l.note) };
             let _ = writeln!(out, "xtask: {:width$}  {status:6}  {counts}{note}", l.what);
+        }
+        if !self.unsupported.is_empty() {
+            let _ = writeln!(
+                out,
+                "xtask: unsupported by the device (the tests checked the typed error; not a pass of the feature): {}",
+                self.unsupported.len()
+            );
+            for u in &self.unsupported {
+                let _ = writeln!(out, "xtask:   {u}");
+            }
         }
         let total = self.total();
         let _ = writeln!(out, "{} passed, {} failed", total.passed, total.failed);
@@ -1024,7 +1058,9 @@ fn run_device_job(
         match results.get(i + 1) {
             Some(r) => {
                 let (code, note) = device_verdict(run, r, opts.timeout);
-                let tally = parse_libtest(&String::from_utf8_lossy(&r.stdout));
+                let stdout = String::from_utf8_lossy(&r.stdout);
+                summary.unsupported_from(&stdout);
+                let tally = parse_libtest(&stdout);
                 summary.counted(run.what.clone(), code, tally, note);
                 summary.took(r.elapsed);
             }
@@ -1254,6 +1290,22 @@ mod tests {
             parse_libtest("test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s"),
             Some(Tally::default())
         );
+    }
+
+    #[test]
+    fn collects_unsupported_lines_once() {
+        // The line may follow libtest's `test x ... ` on the same line (written past its capture).
+        let out = "running 2 tests\ntest odp ... IBVERBS-UNSUPPORTED: rxe0 on-demand paging (odp): no IBV_ODP_SUPPORT\nok\n\
+                   IBVERBS-UNSUPPORTED: rxe0 device memory (dm): max_dm_size 0\nIBVERBS-UNSUPPORTED: \n";
+        let lines = unsupported_lines(out);
+        assert_eq!(
+            lines,
+            vec!["rxe0 on-demand paging (odp): no IBV_ODP_SUPPORT", "rxe0 device memory (dm): max_dm_size 0"]
+        );
+        let mut s = Summary::default();
+        s.unsupported_from(out);
+        s.unsupported_from(out);
+        assert_eq!(s.unsupported.len(), 2, "the valgrind pass repeats them");
     }
 
     #[test]
