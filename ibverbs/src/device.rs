@@ -583,6 +583,59 @@ impl DeviceAttrEx {
     pub fn orig(&self) -> DeviceAttr {
         DeviceAttr(self.0.orig_attr)
     }
+
+    /// On-demand paging capabilities (`odp_caps`): what
+    /// [`AccessFlags::ON_DEMAND`](crate::AccessFlags::ON_DEMAND) regions may do on this device.
+    pub fn odp(&self) -> OdpCaps {
+        let c = &self.0.odp_caps;
+        OdpCaps {
+            general: c.general_caps,
+            rc: c.per_transport_caps.rc_odp_caps,
+            uc: c.per_transport_caps.uc_odp_caps,
+            ud: c.per_transport_caps.ud_odp_caps,
+            xrc: self.0.xrc_odp_caps,
+        }
+    }
+
+    /// Bytes of on-device memory one [`DeviceMemory`](crate::DeviceMemory) may have
+    /// (`max_dm_size`); 0 when the device has none.
+    pub fn max_dm_size(&self) -> u64 {
+        self.0.max_dm_size
+    }
+
+    /// The extended capability flags (`device_cap_flags_ex`, `enum ibv_device_cap_flags` and
+    /// more), as the device reports them.
+    pub fn device_cap_flags_ex(&self) -> u64 {
+        self.0.device_cap_flags_ex
+    }
+}
+
+/// On-demand paging capabilities of a device (`struct ibv_odp_caps`, plus `xrc_odp_caps`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OdpCaps {
+    /// `enum ibv_odp_general_caps` bits: `IBV_ODP_SUPPORT`, `IBV_ODP_SUPPORT_IMPLICIT`.
+    pub general: u64,
+    /// `enum ibv_odp_transport_cap_bits` for RC queue pairs (send, receive, write, read, ...).
+    pub rc: u32,
+    /// The same for UC.
+    pub uc: u32,
+    /// The same for UD.
+    pub ud: u32,
+    /// The same for XRC.
+    pub xrc: u32,
+}
+
+impl OdpCaps {
+    /// Whether the device supports on-demand paging at all (`IBV_ODP_SUPPORT`).
+    pub fn supported(&self) -> bool {
+        self.general & u64::from(ffi::ibv_odp_general_caps::IBV_ODP_SUPPORT.0) != 0
+    }
+
+    /// Whether it supports implicit ODP, one region over the whole address space
+    /// (`IBV_ODP_SUPPORT_IMPLICIT`).
+    pub fn implicit(&self) -> bool {
+        self.general & u64::from(ffi::ibv_odp_general_caps::IBV_ODP_SUPPORT_IMPLICIT.0) != 0
+    }
 }
 
 impl fmt::Debug for DeviceAttrEx {
@@ -884,6 +937,20 @@ impl GidEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn odp_caps_read_the_general_bits() {
+        let mut attr = DeviceAttrEx(ffi::ibv_device_attr_ex::default());
+        assert!(!attr.odp().supported() && !attr.odp().implicit());
+        attr.0.odp_caps.general_caps = u64::from(ffi::ibv_odp_general_caps::IBV_ODP_SUPPORT.0);
+        attr.0.odp_caps.per_transport_caps.rc_odp_caps = 0x3f;
+        attr.0.xrc_odp_caps = 1;
+        let odp = attr.odp();
+        assert!(odp.supported() && !odp.implicit());
+        assert_eq!((odp.rc, odp.xrc), (0x3f, 1));
+        attr.0.max_dm_size = 1 << 17;
+        assert_eq!(attr.max_dm_size(), 1 << 17);
+    }
 
     #[test]
     fn gid_formats_like_ibv_devinfo() {

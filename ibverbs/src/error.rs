@@ -119,6 +119,16 @@ pub enum Error {
         /// Bytes the message carries.
         max: usize,
     },
+    /// The device lacks a capability the operation needs: found missing in its attributes
+    /// before any verb was called, or refused by the provider with `EOPNOTSUPP`/`ENOSYS`.
+    /// Nothing was changed.
+    #[error("{verb}: not supported by the device: {capability}")]
+    Unsupported {
+        /// The C verb that was (or would have been) called.
+        verb: &'static str,
+        /// What the device lacks, e.g. `"on-demand paging (IBV_ODP_SUPPORT)"`.
+        capability: &'static str,
+    },
     /// The queue pair was created on an RDMA-CM id ([`cm`](crate::cm)): RDMA-CM drives its
     /// state transitions, so `init`, `connect`, `activate_ud` and `reset` are refused.
     #[error("{verb}: the queue pair is managed by RDMA-CM (connect, accept and disconnect its id instead)")]
@@ -219,6 +229,22 @@ impl Error {
         Error::Verb { verb, source: io::Error::from_raw_os_error(ret.abs()) }
     }
 
+    /// A provider's `EOPNOTSUPP` (or `ENOSYS`, `EPROTONOSUPPORT`) for `verb` becomes
+    /// [`Error::Unsupported`] naming `capability`; any other error stays as it is.
+    pub(crate) fn or_unsupported(self, capability: &'static str) -> Self {
+        match self {
+            Error::Verb { verb, ref source }
+                if matches!(
+                    source.raw_os_error(),
+                    Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EPROTONOSUPPORT)
+                ) =>
+            {
+                Error::Unsupported { verb, capability }
+            }
+            e => e,
+        }
+    }
+
     /// The OS error code carried by this error, if any.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
@@ -246,6 +272,21 @@ pub(crate) fn cvt(verb: &'static str, ret: i32) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_provider_without_the_verb_is_reported_as_unsupported() {
+        for errno in [libc::EOPNOTSUPP, libc::ENOSYS, libc::EPROTONOSUPPORT] {
+            let e = Error::from_ret("ibv_rereg_mr", errno).or_unsupported("rereg");
+            assert!(matches!(e, Error::Unsupported { verb: "ibv_rereg_mr", capability: "rereg" }), "{e:?}");
+            assert_eq!(e.to_string(), "ibv_rereg_mr: not supported by the device: rereg");
+        }
+        for errno in [libc::EINVAL, libc::ENOMEM, libc::EPERM] {
+            let e = Error::from_ret("ibv_reg_mr", errno).or_unsupported("odp");
+            assert_eq!(e.raw_os_error(), Some(errno), "other errors stay verb errors");
+        }
+        let e = Error::InvalidArgument { verb: "x", reason: "y" }.or_unsupported("z");
+        assert!(matches!(e, Error::InvalidArgument { .. }));
+    }
 
     #[test]
     fn cvt_maps_return_conventions() {

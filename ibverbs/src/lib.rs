@@ -134,6 +134,17 @@
 //! memory-window binding (a window can grant remote write), nor flags the crate does not know.
 //! It derefs to `[u8]` freely, because while a post uses it the QP owns it.
 //!
+//! ## The rest of the registration family
+//! A region registered with an IOVA ([`ProtectionDomain::register_iova`]) is addressed by IOVA
+//! locally too: the crate builds every scatter/gather entry over it from the IOVA, so a range of
+//! a [`Chunk`] names that chunk's bytes and no other's. On-demand paging
+//! ([`AccessFlags::ON_DEMAND`]) changes only how the memory is pinned, so it is allowed on a
+//! local-only region; *implicit* ODP reaches the whole address space and is `unsafe` to create
+//! ([`ProtectionDomain::register_implicit_odp`]). `rereg_access` takes `&mut self` (no post holds
+//! the region) and keeps each type's rights. On-device memory ([`DeviceMemory`]) and dma-buf
+//! regions ([`DmabufRegion`]) are not process memory to Rust: the crate hands out copies and
+//! keys, never references. [`fork`] says what `fork()` does to registered memory.
+//!
 //! ## Numbers from callers and peers
 //! Every size or offset a caller or a peer supplies is checked with checked arithmetic
 //! ([`OwnedBuffer::zeroed`], [`RemoteSlice::slice`] — whose fields are public, so it may come
@@ -359,6 +370,7 @@ mod device;
 pub mod diag;
 mod error;
 mod fd;
+pub mod fork;
 pub mod guide;
 mod memory;
 mod pd;
@@ -373,10 +385,14 @@ pub use async_event::{AsyncEvent, AsyncEventType, AsyncEvents, AsyncObject, QpId
 pub use connect::{ConnectOptions, Endpoint};
 pub use device::{
     devices, Context, Device, DeviceAttr, DeviceAttrEx, DeviceList, Gid, GidEntry, GidType, Guid, LinkLayer,
-    Mtu, NodeType, PortAttr, PortState, TransportType,
+    Mtu, NodeType, OdpCaps, PortAttr, PortState, TransportType,
 };
 pub use error::{Error, Result};
-pub use memory::{page_size, AccessFlags, Chunk, MemoryRegion, OwnedBuffer, RemoteMemoryRegion, RemoteSlice};
+pub use memory::odp;
+pub use memory::{
+    page_size, AccessFlags, Chunk, DeviceMemory, DeviceMemoryRegion, DmabufRegion, MemoryRegion, OwnedBuffer,
+    RemoteMemoryRegion, RemoteSlice,
+};
 pub use pd::ProtectionDomain;
 pub use pool::ReceivePool;
 pub use post::{Local, LocalBuf, PreparedSend, RecvRequest, SendRequest, MAX_SGE};

@@ -33,6 +33,10 @@ bitflags::bitflags! {
         const MW_BIND = ffi::ibv_access_flags::IBV_ACCESS_MW_BIND.0;
         /// Relaxed ordering of PCIe writes, where supported (optional: ignored elsewhere).
         const RELAXED_ORDERING = ffi::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
+        /// On-demand paging (`IBV_ACCESS_ON_DEMAND`): the device faults pages in as it touches
+        /// them instead of the registration pinning them all. The crate checks the device's
+        /// ODP capability first and refuses with [`Error::Unsupported`] where it is missing.
+        const ON_DEMAND = ffi::ibv_access_flags::IBV_ACCESS_ON_DEMAND.0;
         // Unknown bits survive a round trip.
         const _ = !0;
     }
@@ -50,8 +54,10 @@ impl AccessFlags {
     /// The only flags a local-only [`MemoryRegion`] takes: none of them lets anyone but this
     /// process change its bytes. Everything else (remote write and atomics, memory-window
     /// binding, flags this crate does not know) needs a [`RemoteMemoryRegion`].
-    pub const LOCAL_ONLY: AccessFlags =
-        AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_READ).union(AccessFlags::RELAXED_ORDERING);
+    pub const LOCAL_ONLY: AccessFlags = AccessFlags::LOCAL_WRITE
+        .union(AccessFlags::REMOTE_READ)
+        .union(AccessFlags::RELAXED_ORDERING)
+        .union(AccessFlags::ON_DEMAND);
 }
 
 /// What both region types share.
@@ -60,6 +66,9 @@ pub(crate) struct MrInner {
     // Deregistered (in Drop) before the buffer is freed: field order does not matter, Drop does it.
     buf: std::mem::ManuallyDrop<OwnedBuffer>,
     access: AccessFlags,
+    /// The device address of the first byte minus its virtual address (wrapping): 0 unless
+    /// registered with an IOVA (`ibv_reg_mr_iova2`), whose keys then take IOVAs locally too.
+    iova_delta: u64,
     _pd: Arc<PdInner>,
 }
 
@@ -69,17 +78,89 @@ unsafe impl Send for MrInner {}
 unsafe impl Sync for MrInner {}
 
 impl MrInner {
-    fn register(pd: &ProtectionDomain, buf: OwnedBuffer, access: AccessFlags) -> Result<MrInner> {
+    /// Registers `buf` (`ibv_reg_mr`, or `ibv_reg_mr_iova2` with an `iova`).
+    fn register(
+        pd: &ProtectionDomain,
+        buf: OwnedBuffer,
+        access: AccessFlags,
+        iova: Option<u64>,
+    ) -> Result<MrInner> {
+        let verb = if iova.is_some() { "ibv_reg_mr_iova2" } else { "ibv_reg_mr" };
         if buf.len == 0 {
-            return Err(Error::InvalidArgument { verb: "ibv_reg_mr", reason: "zero-length memory region" });
+            return Err(Error::InvalidArgument { verb, reason: "zero-length memory region" });
         }
         let flags = libc::c_int::try_from(access.bits())
-            .map_err(|_| Error::InvalidArgument { verb: "ibv_reg_mr", reason: "unknown access flag bits" })?;
-        // SAFETY: the PD is valid; the buffer is valid for `len` bytes and stays allocated (owned
-        // by the returned MrInner) until after ibv_dereg_mr in Drop.
-        let raw = unsafe { ffi::ibv_reg_mr(pd.as_raw(), buf.ptr.as_ptr().cast(), buf.len, flags) };
-        let raw = cvt_p("ibv_reg_mr", raw)?;
-        Ok(MrInner { raw, buf: std::mem::ManuallyDrop::new(buf), access, _pd: pd.inner.clone() })
+            .map_err(|_| Error::InvalidArgument { verb, reason: "unknown access flag bits" })?;
+        if access.contains(AccessFlags::ON_DEMAND) {
+            crate::memory::odp::check_odp(pd, verb)?;
+        }
+        let addr = buf.ptr.as_ptr();
+        let raw = match iova {
+            // SAFETY: the PD is valid; the buffer is valid for `len` bytes and stays allocated
+            // (owned by the returned MrInner) until after ibv_dereg_mr in Drop.
+            None => unsafe { ffi::ibv_reg_mr(pd.as_raw(), addr.cast(), buf.len, flags) },
+            // SAFETY: as above; the IOVA only names the memory to the device.
+            Some(iova) => unsafe {
+                ffi::ibv_reg_mr_iova2(pd.as_raw(), addr.cast(), buf.len, iova, flags as u32)
+            },
+        };
+        let raw = cvt_p(verb, raw).map_err(|e| match (&e, access.contains(AccessFlags::ON_DEMAND)) {
+            (Error::Verb { .. }, true) => e.or_unsupported("on-demand paging for this transport or access"),
+            _ => e,
+        })?;
+        let iova_delta = iova.map_or(0, |iova| iova.wrapping_sub(addr as u64));
+        Ok(MrInner { raw, buf: std::mem::ManuallyDrop::new(buf), access, iova_delta, _pd: pd.inner.clone() })
+    }
+
+    /// The address the device (local keys and peers alike) uses for the byte at `ptr` of this
+    /// region: `ptr` itself unless the region was registered with an IOVA.
+    #[inline]
+    pub(crate) fn device_addr(&self, ptr: *const u8) -> u64 {
+        (ptr as u64).wrapping_add(self.iova_delta)
+    }
+
+    /// `ibv_rereg_mr(IBV_REREG_MR_CHANGE_ACCESS)`. The caller holds the region exclusively (no
+    /// post holds it). The memory stays owned and registered to this region whatever happens.
+    fn rereg_access(&mut self, access: AccessFlags) -> Result<()> {
+        const VERB: &str = "ibv_rereg_mr";
+        let flags = libc::c_int::try_from(access.bits())
+            .map_err(|_| Error::InvalidArgument { verb: VERB, reason: "unknown access flag bits" })?;
+        if access.contains(AccessFlags::ON_DEMAND) != self.access.contains(AccessFlags::ON_DEMAND) {
+            return Err(Error::InvalidArgument {
+                verb: VERB,
+                reason: "on-demand paging is chosen at registration; register the memory again",
+            });
+        }
+        // SAFETY: a valid MR registered once; CHANGE_ACCESS alone keeps its PD and translation
+        // (the pd, addr and length arguments are ignored). Exclusive access (&mut self) means no
+        // posted request uses its keys meanwhile.
+        let ret = unsafe {
+            ffi::ibv_rereg_mr(
+                self.raw.as_ptr(),
+                ffi::ibv_rereg_mr_flags::IBV_REREG_MR_CHANGE_ACCESS.0 as libc::c_int,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                flags,
+            )
+        };
+        if ret == 0 {
+            self.access = access;
+            return Ok(());
+        }
+        let err = Error::last_os(VERB).or_unsupported("changing a memory region's access (ibv_rereg_mr)");
+        // libibverbs reports any provider failure as IBV_REREG_MR_ERR_CMD, a provider without
+        // the verb (EOPNOTSUPP, nothing done) included.
+        let unchanged = matches!(err, Error::Unsupported { .. })
+            || ret == ffi::ibv_rereg_mr_err_code::IBV_REREG_MR_ERR_INPUT.0
+            || ret == ffi::ibv_rereg_mr_err_code::IBV_REREG_MR_ERR_DONT_FORK_NEW.0;
+        if !unchanged {
+            // The region may now have either set of rights (the man page: "MR shouldn't be
+            // used", or the new one is valid): both are allowed for this type, and its keys
+            // still reach only its own memory. Remember the wider set.
+            self.access |= access;
+        }
+        Err(err)
     }
 
     pub(crate) fn addr(&self) -> *mut u8 {
@@ -102,13 +183,21 @@ impl MrInner {
         check_range(verb, range, self.len())
     }
 
+    pub(crate) fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    pub(crate) fn pd(&self) -> &Arc<PdInner> {
+        &self._pd
+    }
+
     /// Whether the region belongs to protection domain `pd`.
     pub(crate) fn in_pd(&self, pd: &Arc<PdInner>) -> bool {
         Arc::ptr_eq(&self._pd, pd)
     }
 
     fn remote(&self) -> RemoteSlice {
-        RemoteSlice { addr: self.addr() as u64, len: self.len() as u64, rkey: self.rkey() }
+        RemoteSlice { addr: self.device_addr(self.addr()), len: self.len() as u64, rkey: self.rkey() }
     }
 }
 
@@ -237,7 +326,50 @@ impl ProtectionDomain {
                          remote write, atomics and memory-window binding need register_remote",
             });
         }
-        Ok(MemoryRegion { inner: Box::new(MrInner::register(self, buf.into(), access)?) })
+        Ok(MemoryRegion { inner: Box::new(MrInner::register(self, buf.into(), access, None)?) })
+    }
+
+    /// Registers memory the caller owns as a local-only region whose first byte the device
+    /// knows as `iova` (`ibv_reg_mr_iova2()`): peers address it from `iova`, and the crate's
+    /// scatter/gather entries over it carry IOVAs too. [`remote`](MemoryRegion::remote) and
+    /// [`iova`](MemoryRegion::iova) report it.
+    ///
+    /// # Errors
+    /// As [`register`](Self::register); `EINVAL` or `EFAULT` from the provider for an IOVA it
+    /// cannot map (e.g. not page-aligned like the buffer).
+    #[doc(alias = "ibv_reg_mr_iova2")]
+    #[doc(alias = "ibv_reg_mr_iova")]
+    pub fn register_iova(
+        &self,
+        buf: impl Into<OwnedBuffer>,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion> {
+        if !AccessFlags::LOCAL_ONLY.contains(access) {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_reg_mr_iova2",
+                reason:
+                    "a local-only MemoryRegion takes only LOCAL_WRITE, REMOTE_READ, RELAXED_ORDERING and \
+                         ON_DEMAND; use register_remote_iova",
+            });
+        }
+        Ok(MemoryRegion { inner: Box::new(MrInner::register(self, buf.into(), access, Some(iova))?) })
+    }
+
+    /// Registers memory the caller owns as a region peers may modify, addressed from `iova`
+    /// (`ibv_reg_mr_iova2()`); local write access is always added.
+    ///
+    /// # Errors
+    /// As [`register_iova`](Self::register_iova).
+    #[doc(alias = "ibv_reg_mr_iova2")]
+    pub fn register_remote_iova(
+        &self,
+        buf: impl Into<OwnedBuffer>,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<RemoteMemoryRegion> {
+        let access = access | AccessFlags::LOCAL_WRITE;
+        Ok(RemoteMemoryRegion { inner: Box::new(MrInner::register(self, buf.into(), access, Some(iova))?) })
     }
 
     /// Allocates `len` zeroed, page-aligned bytes and registers them with `access` (which may
@@ -262,7 +394,7 @@ impl ProtectionDomain {
         access: AccessFlags,
     ) -> Result<RemoteMemoryRegion> {
         let access = access | AccessFlags::LOCAL_WRITE;
-        Ok(RemoteMemoryRegion { inner: Box::new(MrInner::register(self, buf.into(), access)?) })
+        Ok(RemoteMemoryRegion { inner: Box::new(MrInner::register(self, buf.into(), access, None)?) })
     }
 }
 
@@ -292,6 +424,12 @@ macro_rules! common_region_methods {
         pub fn access(&self) -> AccessFlags {
             self.inner.access
         }
+        /// The address the device and peers use for the region's first byte: its virtual
+        /// address, or the IOVA it was registered with
+        /// ([`register_iova`](ProtectionDomain::register_iova)).
+        pub fn iova(&self) -> u64 {
+            self.inner.device_addr(self.inner.addr())
+        }
         /// A descriptor of the whole region for a peer: address, length and rkey.
         pub fn remote(&self) -> RemoteSlice {
             self.inner.remote()
@@ -306,6 +444,28 @@ macro_rules! common_region_methods {
 
 impl MemoryRegion {
     common_region_methods!();
+
+    /// Changes the region's access rights in place (`ibv_rereg_mr()` with
+    /// `IBV_REREG_MR_CHANGE_ACCESS`), keeping its memory, length and protection domain. `&mut
+    /// self` proves that no post holds the region meanwhile.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a flag outside [`AccessFlags::LOCAL_ONLY`] or for adding or
+    /// removing [`AccessFlags::ON_DEMAND`]; [`Error::Unsupported`] where the provider does not
+    /// implement it (rxe); [`Error::Verb`] otherwise. On error the region stays usable and
+    /// [`access`](Self::access) reports every right it may now have.
+    #[doc(alias = "ibv_rereg_mr")]
+    pub fn rereg_access(&mut self, access: AccessFlags) -> Result<()> {
+        if !AccessFlags::LOCAL_ONLY.contains(access) {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_rereg_mr",
+                reason:
+                    "a local-only MemoryRegion takes only LOCAL_WRITE, REMOTE_READ, RELAXED_ORDERING and \
+                         ON_DEMAND",
+            });
+        }
+        self.inner.rereg_access(access)
+    }
 
     /// The region's bytes.
     pub fn as_slice(&self) -> &[u8] {
@@ -336,6 +496,18 @@ impl std::ops::DerefMut for MemoryRegion {
 
 impl RemoteMemoryRegion {
     common_region_methods!();
+
+    /// Changes the region's access rights in place (`ibv_rereg_mr()` with
+    /// `IBV_REREG_MR_CHANGE_ACCESS`); local write access is always kept. `&mut self` (no other
+    /// `Arc` of it, so no post holds it) proves nothing uses its keys meanwhile; a peer that
+    /// still has its rkey is refused once the new rights exclude it.
+    ///
+    /// # Errors
+    /// As [`MemoryRegion::rereg_access`], without the restriction to local-only flags.
+    #[doc(alias = "ibv_rereg_mr")]
+    pub fn rereg_access(&mut self, access: AccessFlags) -> Result<()> {
+        self.inner.rereg_access(access | AccessFlags::LOCAL_WRITE)
+    }
 
     fn racy(&self) -> RacyBytes {
         // SAFETY: the region's memory is valid for len bytes while self lives; this process

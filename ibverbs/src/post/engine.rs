@@ -216,7 +216,7 @@ fn restore(dst: &mut [Option<Local>; MAX_SGE], slot: Slot, sges: &[ffi::ibv_sge;
     for ((d, b), sge) in dst.iter_mut().zip(slot.bufs).zip(sges) {
         if let Some(buf) = b {
             // The SGE was built from this buffer: addr lies in it.
-            let offset = sge.addr.wrapping_sub(buf.bounds().0 as u64) as usize;
+            let offset = sge.addr.wrapping_sub(buf.device_start()) as usize;
             *d = Some(Local { buf, offset, len: sge.length });
         }
     }

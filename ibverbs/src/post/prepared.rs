@@ -64,7 +64,7 @@ impl PreparedSend {
             return None;
         }
         let buf = local.buf.clone_shared()?;
-        let (start, buf_len) = buf.bounds();
+        let (start, buf_len) = (buf.device_start(), buf.bounds().1);
         let mut template = ffi::ibv_send_wr::default();
         let mut sges = [ffi::ibv_sge::default(); MAX_SGE];
         wr.fill(&mut template, &mut sges, 0);
@@ -78,7 +78,7 @@ impl PreparedSend {
             qp,
             template,
             lkey: sges[0].lkey,
-            base: start as u64,
+            base: start,
             buf_len,
             buf,
             remote,
@@ -147,7 +147,8 @@ impl Request for PreparedPost<'_> {
         let p = self.prepared;
         *raw = p.template;
         raw.wr_id = device_wr_id;
-        sges[0] = ffi::ibv_sge { addr: p.base + self.offset as u64, length: self.len, lkey: p.lkey };
+        sges[0] =
+            ffi::ibv_sge { addr: p.base.wrapping_add(self.offset as u64), length: self.len, lkey: p.lkey };
         raw.sg_list = sges.as_mut_ptr();
         raw.num_sge = i32::from(self.len != 0);
         if let Some(r) = p.remote {

@@ -47,6 +47,13 @@ impl LocalBuf {
         }
     }
 
+    /// The device address of the buffer's first byte (its virtual address unless the region
+    /// was registered with an IOVA).
+    #[inline]
+    pub(crate) fn device_start(&self) -> u64 {
+        self.mr().device_addr(self.bounds().0)
+    }
+
     /// Whether the device may write into it through this handle.
     pub(crate) fn device_writable(&self) -> bool {
         !matches!(self, LocalBuf::Shared(_))
@@ -158,8 +165,12 @@ impl Local {
     }
 
     pub(crate) fn sge(&self) -> ffi::ibv_sge {
-        let start = self.buf.bounds().0;
-        ffi::ibv_sge { addr: start as u64 + self.offset as u64, length: self.len, lkey: self.buf.mr().lkey() }
+        let start = self.buf.device_start();
+        ffi::ibv_sge {
+            addr: start.wrapping_add(self.offset as u64),
+            length: self.len,
+            lkey: self.buf.mr().lkey(),
+        }
     }
 }
 

@@ -1,0 +1,224 @@
+//! On-device memory (`ibv_alloc_dm`): a few KiB to MiB inside the adapter, reached by copies
+//! (`ibv_memcpy_to_dm`, `ibv_memcpy_from_dm`) and, once registered (`ibv_reg_dm_mr`), by local
+//! and remote RDMA like a memory region, without a PCIe round trip to host memory.
+//!
+//! The memory is not in the process's address space as far as Rust is concerned: the crate never
+//! hands out a reference into it, only copies, so a peer writing it while the process copies
+//! out gives torn bytes, never undefined behaviour.
+
+use std::fmt;
+use std::ops::RangeBounds;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::device::{Context, ContextInner};
+use crate::error::{cvt, cvt_p, Error, Result};
+use crate::ffi;
+use crate::memory::{check_range, AccessFlags, RemoteSlice};
+use crate::pd::{PdInner, ProtectionDomain};
+
+struct DmInner {
+    raw: NonNull<ffi::ibv_dm>,
+    len: usize,
+    _ctx: Arc<ContextInner>,
+}
+
+// SAFETY: an opaque provider object; rdma-core's copy verbs and registration may be called on it
+// from any thread (the device serialises its own accesses).
+unsafe impl Send for DmInner {}
+// SAFETY: as above.
+unsafe impl Sync for DmInner {}
+
+impl Drop for DmInner {
+    fn drop(&mut self) {
+        // SAFETY: allocated once, freed once, after every region over it (each holds an Arc).
+        unsafe { ffi::ibv_free_dm(self.raw.as_ptr()) };
+    }
+}
+
+/// A block of on-device memory (`struct ibv_dm`). Freed (`ibv_free_dm()`) once it and every
+/// [`DeviceMemoryRegion`] over it are dropped.
+#[derive(Clone)]
+pub struct DeviceMemory {
+    inner: Arc<DmInner>,
+}
+
+impl fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceMemory").field("len", &self.inner.len).finish()
+    }
+}
+
+impl Context {
+    /// Allocates `len` bytes of on-device memory aligned to `2^log_align` bytes
+    /// (`ibv_alloc_dm()`), after checking the device's `max_dm_size`.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the device has no on-device memory (`max_dm_size` 0),
+    /// [`Error::InvalidArgument`] for a length of 0 or above `max_dm_size`, [`Error::Verb`]
+    /// from the verb (e.g. `ENOMEM` when the device's memory is taken).
+    #[doc(alias = "ibv_alloc_dm")]
+    pub fn alloc_dm(&self, len: usize, log_align: u32) -> Result<DeviceMemory> {
+        const VERB: &str = "ibv_alloc_dm";
+        let max = self.query_device_ex()?.max_dm_size();
+        if max == 0 {
+            return Err(Error::Unsupported { verb: VERB, capability: "on-device memory (max_dm_size is 0)" });
+        }
+        if len == 0 || len as u64 > max {
+            return Err(Error::InvalidArgument {
+                verb: VERB,
+                reason: "length 0 or above the device's max_dm_size",
+            });
+        }
+        let mut attr = ffi::ibv_alloc_dm_attr { length: len, log_align_req: log_align, comp_mask: 0 };
+        // SAFETY: valid context; attr is a valid, initialised attribute struct.
+        let raw = unsafe { ffi::ibv_alloc_dm(self.as_raw(), &mut attr) };
+        let raw = cvt_p(VERB, raw).map_err(|e| e.or_unsupported("on-device memory"))?;
+        Ok(DeviceMemory { inner: Arc::new(DmInner { raw, len, _ctx: self.inner.clone() }) })
+    }
+}
+
+impl DeviceMemory {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+
+    /// Whether it is empty (never: a zero-length allocation is refused).
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    /// Copies `src` into the device memory at `offset` (`ibv_memcpy_to_dm()`).
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] when the range leaves the allocation; [`Error::Verb`] from the
+    /// verb (providers may require 4-byte aligned offsets and lengths: `EINVAL`).
+    #[doc(alias = "ibv_memcpy_to_dm")]
+    pub fn copy_from_slice(&self, offset: usize, src: &[u8]) -> Result<()> {
+        const VERB: &str = "ibv_memcpy_to_dm";
+        let (off, len) = check_range(VERB, offset..offset.saturating_add(src.len()), self.inner.len)?;
+        // SAFETY: valid DM; the range lies in it (checked); src is readable for len bytes.
+        let ret =
+            unsafe { ffi::ibv_memcpy_to_dm(self.inner.raw.as_ptr(), off as u64, src.as_ptr().cast(), len) };
+        cvt(VERB, ret)
+    }
+
+    /// Copies `dst.len()` bytes at `offset` out of the device memory (`ibv_memcpy_from_dm()`).
+    ///
+    /// # Errors
+    /// As [`copy_from_slice`](Self::copy_from_slice).
+    #[doc(alias = "ibv_memcpy_from_dm")]
+    pub fn copy_to_slice(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        const VERB: &str = "ibv_memcpy_from_dm";
+        let (off, len) = check_range(VERB, offset..offset.saturating_add(dst.len()), self.inner.len)?;
+        // SAFETY: valid DM; the range lies in it (checked); dst is writable for len bytes.
+        let ret = unsafe {
+            ffi::ibv_memcpy_from_dm(dst.as_mut_ptr().cast(), self.inner.raw.as_ptr(), off as u64, len)
+        };
+        cvt(VERB, ret)
+    }
+
+    /// The raw `struct ibv_dm *`; valid while this value (or a clone, or a region over it) lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_dm {
+        self.inner.raw.as_ptr()
+    }
+
+    /// Registers bytes `range` of the device memory as a memory region of `pd`
+    /// (`ibv_reg_dm_mr()`); `IBV_ACCESS_ZERO_BASED` is added, so work requests and peers address
+    /// it from 0.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`], [`Error::InvalidArgument`] for an empty range or unknown flag
+    /// bits, or a `pd` of another device; [`Error::Verb`] from the verb.
+    #[doc(alias = "ibv_reg_dm_mr")]
+    pub fn register(
+        &self,
+        pd: &ProtectionDomain,
+        range: impl RangeBounds<usize>,
+        access: AccessFlags,
+    ) -> Result<DeviceMemoryRegion> {
+        const VERB: &str = "ibv_reg_dm_mr";
+        let (off, len) = check_range(VERB, range, self.inner.len)?;
+        if len == 0 {
+            return Err(Error::InvalidArgument { verb: VERB, reason: "empty range" });
+        }
+        if !Arc::ptr_eq(&pd.inner.ctx, &self.inner._ctx) {
+            return Err(Error::InvalidArgument {
+                verb: VERB,
+                reason: "the protection domain is of another context",
+            });
+        }
+        let access = access | AccessFlags::from_bits_retain(ffi::ibv_access_flags::IBV_ACCESS_ZERO_BASED.0);
+        // SAFETY: valid PD and DM of one context (checked); the range lies in the allocation,
+        // which outlives the region (it holds an Arc).
+        let raw = unsafe {
+            ffi::ibv_reg_dm_mr(pd.as_raw(), self.inner.raw.as_ptr(), off as u64, len, access.bits())
+        };
+        let raw = cvt_p(VERB, raw).map_err(|e| e.or_unsupported("registering on-device memory"))?;
+        Ok(DeviceMemoryRegion { raw, len, access, _dm: self.inner.clone(), _pd: pd.inner.clone() })
+    }
+}
+
+/// A registered range of [`DeviceMemory`] (`ibv_reg_dm_mr()`), zero-based: the keys address
+/// it from 0. For the `unsafe` raw level (an SGE of `addr` = offset, `lkey`) and for peers
+/// ([`remote`](Self::remote)). Deregistered when dropped.
+pub struct DeviceMemoryRegion {
+    raw: NonNull<ffi::ibv_mr>,
+    len: usize,
+    access: AccessFlags,
+    _dm: Arc<DmInner>,
+    _pd: Arc<PdInner>,
+}
+
+// SAFETY: an opaque kernel handle; plain reads of its keys.
+unsafe impl Send for DeviceMemoryRegion {}
+// SAFETY: as above.
+unsafe impl Sync for DeviceMemoryRegion {}
+
+impl DeviceMemoryRegion {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The local key.
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: valid MR while self lives; a plain field.
+        unsafe { (*self.raw.as_ptr()).lkey }
+    }
+    /// The remote key.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: as above.
+        unsafe { (*self.raw.as_ptr()).rkey }
+    }
+    /// The rights it was registered with (`ZERO_BASED` included).
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+    /// A descriptor for a peer: address 0 (zero-based), length and rkey.
+    pub fn remote(&self) -> RemoteSlice {
+        RemoteSlice { addr: 0, len: self.len as u64, rkey: self.rkey() }
+    }
+    /// The raw `struct ibv_mr *`; valid while this value lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_mr {
+        self.raw.as_ptr()
+    }
+}
+
+impl fmt::Debug for DeviceMemoryRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceMemoryRegion").field("len", &self.len).field("lkey", &self.lkey()).finish()
+    }
+}
+
+impl Drop for DeviceMemoryRegion {
+    fn drop(&mut self) {
+        // SAFETY: registered once, deregistered once; no crate type posts it (raw posts over it
+        // are the caller's contract to finish first).
+        unsafe { ffi::ibv_dereg_mr(self.raw.as_ptr()) };
+    }
+}
