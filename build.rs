@@ -3,6 +3,7 @@
 //! rdma-core releases lack.
 
 fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=DEP_RDMA_VERBS_RDMA_CORE");
     println!("cargo:rustc-check-cfg=cfg(ibverbs_has_query_gid_ex)");
     println!("cargo:rustc-check-cfg=cfg(ibverbs_has_query_gid_table)");

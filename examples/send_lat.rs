@@ -12,7 +12,7 @@ mod perf;
 use std::process::ExitCode;
 use std::ptr;
 
-use ibverbs::ffi;
+use ibverbs::raw::{self, RawRecv, RawSend};
 use ibverbs::{AccessFlags, Completion, RecvRequest, RemoteSlice, SendRequest, WcStatus, WorkCompletion};
 use perf::clock::ticks;
 use perf::report::lat_report;
@@ -135,25 +135,20 @@ fn raw_loop(
     guard: &mut Guard,
 ) -> Result<Vec<u64>, String> {
     let (iters, size) = (spec.iters, spec.size as usize);
-    let mut rsge = ffi::ibv_sge { addr: dst.addr(), length: size as u32, lkey: dst.lkey() };
-    let mut rwr = ffi::ibv_recv_wr { num_sge: 1, sg_list: &mut rsge, ..Default::default() };
-    let mut ssge = ffi::ibv_sge { addr: src.addr(), length: size as u32, lkey: src.lkey() };
-    let inline = if size <= spec.inline as usize { ffi::ibv_send_flags::IBV_SEND_INLINE.0 } else { 0 };
-    let mut swr = ffi::ibv_send_wr {
-        opcode: ffi::ibv_wr_opcode::IBV_WR_SEND,
-        num_sge: 1,
-        sg_list: &mut ssge,
-        ..Default::default()
-    };
+    let mut rsge = [raw::sge(dst.addr(), size as u32, dst.lkey())];
+    let mut rwr = RawRecv::new(0, &mut rsge);
+    let mut ssge = [raw::sge(src.addr(), size as u32, src.lkey())];
+    let mut swr = RawSend::send().sg_list(&mut ssge).inline(size <= spec.inline as usize);
     let role = s.role;
     let r = &s.rdma;
     let (qp, send_cq, recv_cq) = (&r.qps[0], &r.send_cq, &r.recv_cq);
     let mut post_recv = |k: u64| -> Result<(), String> {
-        rwr.wr_id = k;
+        rwr.set_wr_id(k);
         let mut bad = ptr::null_mut();
         // SAFETY: one receive of `size` bytes into `dst`, a RemoteMemoryRegion nobody holds
         // references into, kept registered by the session until the QP is destroyed; bit 63 clear.
-        unsafe { qp.post_recv_unchecked(&mut rwr, &mut bad) }.map_err(|e| format!("post_recv_unchecked: {e}"))
+        unsafe { qp.post_recv_unchecked(rwr.as_mut_ptr(), &mut bad) }
+            .map_err(|e| format!("post_recv_unchecked: {e}"))
     };
     let mut posted = 0u64;
     while posted < spec.rx_depth {
@@ -184,12 +179,12 @@ fn raw_loop(
             tposted[scnt as usize] = ticks();
             scnt += 1;
             let signaled = scnt % spec.cq_mod == 0 || scnt == iters;
-            swr.wr_id = scnt;
-            swr.send_flags = inline | if signaled { ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
+            swr.set_wr_id(scnt);
+            swr.set_signaled(signaled);
             let mut bad = ptr::null_mut();
             // SAFETY: one send of `size` bytes from `src` (registered in this PD, kept registered
             // by the session until the QP is destroyed, never written); bit 63 clear.
-            unsafe { qp.post_send_unchecked(&mut swr, &mut bad) }
+            unsafe { qp.post_send_unchecked(swr.as_mut_ptr(), &mut bad) }
                 .map_err(|e| format!("post_send_unchecked: {e}"))?;
             if signaled {
                 while send_cq.poll_raw(&mut wc).map_err(|e| e.to_string())?.is_empty() {

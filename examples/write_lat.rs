@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::ptr;
 use std::sync::Arc;
 
-use ibverbs::ffi;
+use ibverbs::raw::{self, RawSend};
 use ibverbs::{
     AccessFlags, Completion, Local, MemoryRegion, RemoteMemoryRegion, RemoteSlice, SendRequest, WcStatus,
     WorkCompletion,
@@ -151,16 +151,8 @@ fn raw_loop(
     guard: &mut Guard,
 ) -> Result<Vec<u64>, String> {
     let (iters, size) = (spec.iters, spec.size as usize);
-    let mut sge = ffi::ibv_sge { addr: src.addr() as u64, length: size as u32, lkey: src.lkey() };
-    let mut wr = ffi::ibv_send_wr {
-        opcode: ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-        num_sge: 1,
-        sg_list: &mut sge,
-        send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
-            | if size <= spec.inline as usize { ffi::ibv_send_flags::IBV_SEND_INLINE.0 } else { 0 },
-        ..Default::default()
-    };
-    wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: dst.addr, rkey: dst.rkey };
+    let mut sge = [raw::sge(src.addr() as u64, size as u32, src.lkey())];
+    let mut wr = RawSend::write(dst).sg_list(&mut sge).inline(size <= spec.inline as usize);
     // The counter bytes: in bounds (size <= buffer length).
     let poll_byte = recv.addr().wrapping_add(size - 1).cast_const();
     let post_byte = src.addr().wrapping_add(size - 1);
@@ -187,12 +179,12 @@ fn raw_loop(
             // SAFETY: inside `src`; the previous write from it has completed (polled below before
             // the next iteration), so the device is not reading it.
             unsafe { ptr::write_volatile(post_byte, scnt as u8) };
-            wr.wr_id = scnt;
+            wr.set_wr_id(scnt);
             let mut bad = ptr::null_mut();
             // SAFETY: one write of `size` bytes from `src` (registered in this PD, kept registered
             // by the session until the QP is destroyed, untouched until the completion is polled)
             // into the peer's buffer as it described it; wr_id bit 63 clear.
-            unsafe { qp.post_send_unchecked(&mut wr, &mut bad) }
+            unsafe { qp.post_send_unchecked(wr.as_mut_ptr(), &mut bad) }
                 .map_err(|e| format!("post_send_unchecked: {e}"))?;
         }
         if ccnt < iters {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -204,8 +204,9 @@ fn fork_and_exec_while_transfers_run() {
 
     let mut p = rc_pair(16);
     let stop = Arc::new(AtomicBool::new(false));
+    let forked = Arc::new(AtomicU32::new(0));
     let forker = {
-        let stop = stop.clone();
+        let (stop, forked) = (stop.clone(), forked.clone());
         std::thread::spawn(move || {
             let mut children = 0;
             while !stop.load(Ordering::Relaxed) && children < 200 {
@@ -228,6 +229,7 @@ fn fork_and_exec_while_transfers_run() {
                     "child status {wstatus:#x}"
                 );
                 children += 1;
+                forked.store(children, Ordering::Relaxed);
             }
             children
         })
@@ -240,7 +242,8 @@ fn fork_and_exec_while_transfers_run() {
     let mut src = p.pd.allocate(1 << 16).unwrap();
     let mut rounds = 0u32;
     let deadline = std::time::Instant::now() + scaled(Duration::from_secs(3));
-    while rounds < 20 || std::time::Instant::now() < deadline {
+    // At least 20 transfers, and on until 5 children forked (or the deadline).
+    while rounds < 20 || (forked.load(Ordering::Relaxed) < 5 && std::time::Instant::now() < deadline) {
         let seed = rounds as u8;
         src.copy_from_slice(&pattern(1 << 16, seed));
         p.a.post_send(SendRequest::write(Local::whole(src), target.remote())).unwrap();

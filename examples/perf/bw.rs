@@ -6,6 +6,7 @@
 use std::ptr;
 
 use ibverbs::ffi;
+use ibverbs::raw::{self, RawSend};
 use ibverbs::{
     AccessFlags, Completion, CompletionQueue, QueuePair, RecvRequest, RemoteSlice, SendRequest, WcStatus,
     WorkCompletion,
@@ -204,24 +205,17 @@ impl<'a> RawPath<'a> {
             sge: vec![ffi::ibv_sge::default(); n],
             wcs: vec![WorkCompletion::default(); POLL_BATCH],
         };
-        let opcode = match op {
-            Op::Write => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            Op::Read => ffi::ibv_wr_opcode::IBV_WR_RDMA_READ,
-            Op::Send => ffi::ibv_wr_opcode::IBV_WR_SEND,
-        };
         for i in 0..n {
             let q = i / pl;
-            p.sge[i] = ffi::ibv_sge { addr: p.base[q], length: run.size as u32, lkey: local[q].lkey() };
-            let w = &mut p.wr[i];
-            w.opcode = opcode;
-            w.num_sge = 1;
-            // `sg_list` and `next` are linked in `post` (pointers taken there stay valid).
-            if op != Op::Send {
-                w.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                    remote_addr: p.rbase[q],
-                    rkey: remote[q].rkey,
-                };
+            p.sge[i] = raw::sge(p.base[q], run.size as u32, local[q].lkey());
+            // `sg_list`, `next`, `wr_id` and the flags are set in `post` (pointers taken there
+            // stay valid).
+            p.wr[i] = match op {
+                Op::Write => RawSend::write(remote[q]),
+                Op::Read => RawSend::read(remote[q]),
+                Op::Send => RawSend::send(),
             }
+            .0;
         }
         for w in &mut p.rwr {
             w.num_sge = 1;

@@ -359,6 +359,11 @@
 //! ```
 #![warn(missing_docs)]
 
+/// The raw C API (the `rdma-verbs-sys` crate): bindgen's bindings to `infiniband/verbs.h` and
+/// `rdma/rdma_cma.h`, every `static inline` verb callable under its C name. For the `unsafe`
+/// raw posting level ([`QueuePair::post_send_unchecked`] and friends); [`raw`] builds its work requests
+/// without naming bindgen's unions.
+#[doc(inline)]
 pub use ibverbs_sys as ffi;
 
 mod ah;
@@ -395,6 +400,7 @@ pub use memory::{
 };
 pub use pd::ProtectionDomain;
 pub use pool::ReceivePool;
+pub use post::raw;
 pub use post::{Local, LocalBuf, PreparedSend, RecvRequest, SendRequest, MAX_SGE};
 pub use queue::{
     Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpState, QpType, QueuePair,

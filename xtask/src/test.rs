@@ -863,8 +863,8 @@ fn device_runs(
 /// processes, which valgrind does not trace, so under valgrind they would check only the test
 /// harness. The valgrind pass leaves them out; [`child_only_check`] proves each still calls no
 /// verb (the examples' own code is exercised in-process by the library's device tests).
-pub const CHILD_ONLY: [&str; 4] =
-    ["device_examples", "device_examples_env", "device_example_faults", "device_perf"];
+pub const CHILD_ONLY: [&str; 5] =
+    ["device_cm_examples", "device_examples", "device_examples_env", "device_example_faults", "device_perf"];
 
 /// What a device test source must not contain to be in [`CHILD_ONLY`]: the calls that open a
 /// device or create a verbs object in the test process.

@@ -11,6 +11,7 @@
 
 pub(crate) mod engine;
 pub(crate) mod prepared;
+pub mod raw;
 pub(crate) mod registry;
 pub(crate) mod ring;
 pub(crate) mod wr;
