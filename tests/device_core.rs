@@ -77,7 +77,11 @@ fn bad_port_and_gid_index_are_typed_errors() {
     assert_eq!(qp.state(), QpState::RESET);
     let e = qp.connect(&peer, &ConnectOptions { gid_index: Some(200), ..opts() }).unwrap_err();
     // ibv_query_gid on rdma-core before v32.
-    assert!(matches!(e, Error::Verb { verb: "ibv_query_gid_ex" | "ibv_query_gid", .. }), "{e:?}");
+    assert!(
+        matches!(e, Error::GidQuery { verb: "ibv_query_gid_ex" | "ibv_query_gid", port: 1, index: 200, .. }),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("port 1, GID index 200"), "{e}");
     let e = qp.connect(&peer, &ConnectOptions { retry_cnt: 8, ..opts() }).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
 }
@@ -697,4 +701,32 @@ fn a_refused_max_rd_atomic_leaves_the_qp_able_to_connect_again() {
     a.connect(&eb, &o).unwrap();
     b.connect(&ea, &o).unwrap();
     assert_eq!((a.state(), b.state()), (QpState::RTS, QpState::RTS));
+}
+
+#[test]
+fn the_first_psn_comes_from_the_options_when_given() {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut cq = ctx.create_cq(16, None).unwrap();
+    let mut a = pd.create_qp(&cq, QpType::RC).max_send_wr(4).max_recv_wr(4).build().unwrap();
+    let mut b = pd.create_qp(&cq, QpType::RC).max_send_wr(4).max_recv_wr(4).build().unwrap();
+    let too_wide = ConnectOptions { psn: Some(1 << 24), ..opts() };
+    assert!(matches!(a.endpoint(&too_wide), Err(Error::InvalidArgument { .. })));
+    // Near the 24-bit wrap, so the first messages cross it.
+    let (oa, ob) =
+        (ConnectOptions { psn: Some(0xff_fffe), ..opts() }, ConnectOptions { psn: Some(42), ..opts() });
+    let (ea, eb) = (a.endpoint(&oa).unwrap(), b.endpoint(&ob).unwrap());
+    assert_eq!((ea.psn, eb.psn), (0xff_fffe, 42), "endpoint() advertises the options' PSN");
+    a.connect(&eb, &oa).unwrap();
+    b.connect(&ea, &ob).unwrap();
+    for i in 0..4u8 {
+        b.post_recv(RecvRequest::new(Local::whole(pd.allocate(64).unwrap()))).unwrap();
+        let mut src = pd.allocate(64).unwrap();
+        src.fill(i);
+        a.post_send(SendRequest::send(Local::whole(src))).unwrap();
+        let got = poll_n(&mut cq, 2);
+        assert!(got.iter().all(|c| c.is_ok()), "{got:?}");
+        let mut rc = got.into_iter().find(|c| c.opcode() == WcOpcode::RECV).unwrap();
+        assert!(rc.take_region().unwrap().iter().all(|&x| x == i), "message {i} across the PSN wrap");
+    }
 }

@@ -374,7 +374,8 @@ impl Context {
     /// `gid_attrs` in sysfs).
     ///
     /// # Errors
-    /// [`Error::Verb`]: `EINVAL` for a bad port or index, `ENODATA` for an empty entry.
+    /// [`Error::GidQuery`] naming the port and index: `EINVAL` for a bad port or index,
+    /// `ENODATA` for an empty entry.
     #[doc(alias = "ibv_query_gid_ex")]
     #[doc(alias = "ibv_query_gid")]
     pub fn query_gid(&self, port: u8, index: u32) -> Result<GidEntry> {
@@ -392,7 +393,7 @@ impl Context {
                     std::mem::size_of::<ffi::ibv_gid_entry>(),
                 )
             };
-            cvt("ibv_query_gid_ex", ret)?;
+            cvt("ibv_query_gid_ex", ret).map_err(|e| gid_error(e, port, index))?;
             Ok(GidEntry::from_raw(&entry))
         }
         #[cfg(not(ibverbs_has_query_gid_ex))]
@@ -408,6 +409,10 @@ impl Context {
     #[doc(hidden)]
     #[doc(alias = "ibv_query_gid")]
     pub fn query_gid_compat(&self, port: u8, index: u32) -> Result<GidEntry> {
+        self.query_gid_compat_inner(port, index).map_err(|e| gid_error(e, port, index))
+    }
+
+    fn query_gid_compat_inner(&self, port: u8, index: u32) -> Result<GidEntry> {
         let c_index = libc::c_int::try_from(index).map_err(|_| Error::Verb {
             verb: "ibv_query_gid",
             source: std::io::Error::from_raw_os_error(libc::EINVAL),
@@ -571,6 +576,16 @@ impl fmt::Debug for DeviceAttr {
             .field("atomic_cap", &self.atomic_cap())
             .field("phys_port_cnt", &self.phys_port_cnt())
             .finish_non_exhaustive()
+    }
+}
+
+/// A GID query's verb error, with the port and index it asked for.
+fn gid_error(e: Error, port: u8, index: u32) -> Error {
+    match e {
+        Error::Verb { verb: verb @ ("ibv_query_gid_ex" | "ibv_query_gid"), source } => {
+            Error::GidQuery { verb, port, index, source }
+        }
+        e => e,
     }
 }
 

@@ -119,6 +119,21 @@ pub enum Error {
         /// Bytes the message carries.
         max: usize,
     },
+    /// A GID table entry could not be read (`ibv_query_gid_ex()`, or `ibv_query_gid()` before
+    /// rdma-core v32): the message names the port and index, and what an empty entry
+    /// (`ENODATA`) or an index beyond the table (`EINVAL`) usually means.
+    #[error("{verb} failed for port {port}, GID index {index}: {source}{}", gid_hint(.source))]
+    GidQuery {
+        /// `"ibv_query_gid_ex"` or `"ibv_query_gid"`.
+        verb: &'static str,
+        /// The port asked for.
+        port: u8,
+        /// The GID index asked for.
+        index: u32,
+        /// The OS error it reported.
+        #[source]
+        source: io::Error,
+    },
     /// The device lacks a capability the operation needs: found missing in its attributes
     /// before any verb was called, or refused by the provider with `EOPNOTSUPP`/`ENOSYS`.
     /// Nothing was changed.
@@ -210,6 +225,18 @@ fn errno_name(status: i32) -> String {
     }
 }
 
+/// What a failed GID query usually means.
+fn gid_hint(source: &io::Error) -> &'static str {
+    match source.raw_os_error() {
+        Some(libc::ENODATA) => {
+            "; the entry is empty (list the port's GIDs with `ibv_devinfo -v` or the `doctor` example; \
+             a RoCE port has a RoCE v2 IPv4 GID only while its network device has an IPv4 address)"
+        }
+        Some(libc::EINVAL) => "; the index is beyond the port's GID table, or the port does not exist",
+        _ => "",
+    }
+}
+
 /// The ports of [`Error::NoUsablePort`], one after the other.
 fn list_rejected(rejected: &[crate::select::Rejected]) -> String {
     if rejected.is_empty() {
@@ -248,7 +275,7 @@ impl Error {
     /// The OS error code carried by this error, if any.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
-            Error::Verb { source, .. } => source.raw_os_error(),
+            Error::Verb { source, .. } | Error::GidQuery { source, .. } => source.raw_os_error(),
             _ => None,
         }
     }

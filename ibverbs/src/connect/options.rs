@@ -61,6 +61,11 @@ pub struct ConnectOptions {
     pub access: AccessFlags,
     /// Q_Key (UD).
     pub qkey: u32,
+    /// The first send PSN (24 bits) this side uses and advertises; `None`: the queue pair's own
+    /// random one ([`QueuePair::psn`](crate::QueuePair::psn)).
+    /// [`endpoint`](crate::QueuePair::endpoint) advertises it and
+    /// [`connect`](crate::QueuePair::connect) starts from it, so pass the same options to both.
+    pub psn: Option<u32>,
 }
 
 impl Default for ConnectOptions {
@@ -83,6 +88,7 @@ impl Default for ConnectOptions {
                 | AccessFlags::REMOTE_READ
                 | AccessFlags::REMOTE_ATOMIC,
             qkey: 0x1111_1111,
+            psn: None,
         }
     }
 }
@@ -128,6 +134,9 @@ impl ConnectOptions {
         }
         if self.port == 0 {
             return bad("port numbers start at 1");
+        }
+        if self.psn.is_some_and(|p| p > 0x00ff_ffff) {
+            return bad("psn is a 24-bit number (at most 0xffffff)");
         }
         Ok(())
     }

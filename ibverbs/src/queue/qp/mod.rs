@@ -447,10 +447,11 @@ impl QueuePair {
         self.psn
     }
 
-    /// Sets the initial send PSN used by the next [`connect`](Self::connect). Call it before
-    /// [`endpoint`](Self::endpoint), which advertises the PSN to the peer (a PSN set after the
-    /// peer got the endpoint makes the two sides disagree). [`reset`](Self::reset) picks a new
-    /// random one.
+    /// Sets the initial send PSN used by the next [`connect`](Self::connect) (unless the options
+    /// name one: [`ConnectOptions::psn`](crate::ConnectOptions::psn), the simpler way). Call it
+    /// before [`endpoint`](Self::endpoint), which advertises the PSN to the peer (a PSN set after
+    /// the peer got the endpoint makes the two sides disagree). [`reset`](Self::reset) picks a
+    /// new random one.
     pub fn set_psn(&mut self, psn: u32) {
         self.psn = psn & 0x00ff_ffff;
     }

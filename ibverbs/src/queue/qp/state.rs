@@ -21,7 +21,19 @@ impl QueuePair {
             Some(i) => ctx.query_gid(opts.port, i)?.gid,
             None => Gid::default(),
         };
-        Ok(Endpoint { qpn: self.qp_num(), psn: self.psn, lid: port.lid(), gid, mtu: port.active_mtu() })
+        opts.validate()?;
+        Ok(Endpoint {
+            qpn: self.qp_num(),
+            psn: self.send_psn(opts),
+            lid: port.lid(),
+            gid,
+            mtu: port.active_mtu(),
+        })
+    }
+
+    /// The first send PSN for `opts`: theirs, or this QP's.
+    fn send_psn(&self, opts: &ConnectOptions) -> u32 {
+        opts.psn.unwrap_or(self.psn) & 0x00ff_ffff
     }
 
     /// Brings a QP in RESET to INIT; refuses any state but RESET and INIT.
@@ -139,7 +151,7 @@ impl QueuePair {
 
         let mut attr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
-            sq_psn: self.psn,
+            sq_psn: self.send_psn(opts),
             timeout: opts.timeout,
             retry_cnt: opts.retry_cnt,
             rnr_retry: opts.rnr_retry,
@@ -178,7 +190,7 @@ impl QueuePair {
         self.modify(&mut attr, M::IBV_QP_STATE)?;
         let mut attr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
-            sq_psn: self.psn,
+            sq_psn: self.send_psn(opts),
             ..Default::default()
         };
         self.modify(&mut attr, M::IBV_QP_STATE | M::IBV_QP_SQ_PSN)
