@@ -36,14 +36,37 @@ fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
 
-/// Runs `check` for every tool (with its index), all of them even when some fail, then fails
-/// naming those that did (their panic messages are printed as they happen).
-fn for_each_tool(tools: &[&str], check: impl Fn(&str, u16)) {
+/// How many tools' checks run at once. Most of a check is waiting for a timeout of the example
+/// under test; a few at a time cut the binary's time to about a third without starving the
+/// examples of the VM's two CPUs (their own bounds allow 10 s of start-up, `PROMPTLY`).
+const AT_ONCE: usize = 3;
+
+/// Runs `check` for every tool (with its index), `AT_ONCE` at a time (each on its own ports),
+/// all of them even when some fail, then fails naming those that did (their panic messages are
+/// printed as they happen).
+fn for_each_tool(tools: &[&str], check: impl Fn(&str, u16) + Sync) {
     let mut failed = Vec::new();
-    for (i, &tool) in tools.iter().enumerate() {
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(tool, i as u16))).is_err() {
-            failed.push(tool);
-        }
+    let indexed: Vec<(usize, &str)> = tools.iter().copied().enumerate().collect();
+    for group in indexed.chunks(AT_ONCE) {
+        std::thread::scope(|s| {
+            let running: Vec<_> = group
+                .iter()
+                .map(|&(i, tool)| {
+                    (
+                        tool,
+                        s.spawn({
+                            let check = &check;
+                            move || check(tool, i as u16)
+                        }),
+                    )
+                })
+                .collect();
+            for (tool, handle) in running {
+                if handle.join().is_err() {
+                    failed.push(tool);
+                }
+            }
+        });
     }
     assert!(failed.is_empty(), "failed for {failed:?} (see above)");
 }
