@@ -559,6 +559,127 @@ fn link_cut_shorter_than_the_retry_budget_is_survived() {
     }
 }
 
+/// The peer's *process* dies mid-transfer and a new one takes its place (a job restarted on the
+/// other host, whose kernel stays up): A streams RDMA Writes to B's first process, which B SIGKILLs;
+/// with `ConnectOptions::default()` A's outstanding writes fail within the retry budget (a dead
+/// process's QP number no longer answers), every buffer comes back, and A resets its queue pair and
+/// connects it to B's second process (new QP number and PSN, new exchange), with which it trades a
+/// Send and an RDMA Write with immediate whose bytes both sides compare. B's processes are this
+/// test run again as children (`TWOHOST_CHILD=1|2`); the barriers are the parent's.
+#[test]
+fn peer_process_restarted_is_reconnected() {
+    const NAME: &str = "peer_process_restarted_is_reconnected";
+    let o = ConnectOptions::default();
+    match std::env::var("TWOHOST_CHILD").as_deref() {
+        Ok("1") => {
+            // B's first process: exposes a target, connects, and waits to be killed.
+            let mut r = rc(64);
+            let target = Arc::new(r.pd.allocate_remote(4 * 65536, AccessFlags::REMOTE_WRITE).unwrap());
+            connect(&mut r, &o, &target.remote().encode());
+            std::thread::sleep(PEER_WAIT);
+            panic!("B's first process was not killed");
+        }
+        Ok("2") => {
+            // B's second process: a Send to A, then A's RDMA Write with immediate into its target.
+            let mut r = rc(16);
+            let target = Arc::new(r.pd.allocate_remote(4096, AccessFlags::REMOTE_WRITE).unwrap());
+            r.qp.init(&o).unwrap();
+            r.qp.post_recv(RecvRequest::empty().wr_id(1)).unwrap();
+            connect(&mut r, &o, &target.remote().encode());
+            let mut msg = r.pd.allocate(4096).unwrap();
+            msg.copy_from_slice(&pattern(4096, 77));
+            r.qp.post_send(SendRequest::send(Local::whole(msg)).wr_id(2)).unwrap();
+            let got = poll_n(&mut r.cq, 2, PEER_WAIT);
+            assert!(got.iter().all(|c| c.is_ok()), "{got:?}");
+            let imm =
+                got.iter().find(|c| c.opcode() == WcOpcode::RECV_RDMA_WITH_IMM).expect("the write's imm");
+            assert_eq!(imm.imm_data(), Some(78));
+            assert!(target.to_vec() == pattern(4096, 78), "A's write into the new process's memory");
+            return;
+        }
+        _ => {}
+    }
+    let role = role();
+    barrier("restart");
+    match role {
+        Role::A => {
+            let budget = o.retry_budget().expect("finite");
+            let mut r = rc(64);
+            let (first, theirs) = connect(&mut r, &o, &[]);
+            let remote = RemoteSlice::decode(&theirs).unwrap();
+            let mut released = None;
+            let stream = stream_writes(&mut r, remote, 16384, 8, usize::MAX, |n| {
+                if n == 20 {
+                    // B kills its first process once both are here.
+                    barrier("restart-streaming");
+                    released = Some(Instant::now());
+                }
+            });
+            let released = released.expect("20 writes completed before the kill");
+            let (after_release, after_ack) = check_dead_link(&r, stream, released, 8);
+            eprintln!(
+                "twohost: process killed → error {:.0} ms after the last success, {:.0} ms after the barrier (budget {:.0} ms)",
+                ms(after_ack),
+                ms(after_release),
+                ms(budget)
+            );
+            let bound = budget * 2 + Duration::from_secs(2);
+            assert!(after_release <= bound, "kill → error took {after_release:?} (bound {bound:?})");
+
+            r.qp.reset().unwrap();
+            let (second, theirs) = connect(&mut r, &o, &[]);
+            assert_ne!(second.qpn, first.qpn, "a new process, a new queue pair");
+            let remote = RemoteSlice::decode(&theirs).unwrap();
+            r.qp.post_recv(RecvRequest::new(Local::whole(r.pd.allocate(4096).unwrap())).wr_id(3)).unwrap();
+            let mut got = poll_n(&mut r.cq, 1, PEER_WAIT);
+            assert!(got[0].is_ok(), "{:?}", got[0]);
+            assert!(got[0].take_region().unwrap()[..] == pattern(4096, 77)[..], "the new process's Send");
+            let mut src = r.pd.allocate(4096).unwrap();
+            src.copy_from_slice(&pattern(4096, 78));
+            r.qp.post_send(SendRequest::write(Local::whole(src), remote).imm(78).wr_id(4)).unwrap();
+            let got = poll_n(&mut r.cq, 1, PEER_WAIT);
+            assert!(got[0].is_ok(), "{:?}", got[0]);
+        }
+        Role::B => {
+            let child = |n: &str| {
+                Command::new(std::env::current_exe().unwrap())
+                    .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+                    .env("TWOHOST_CHILD", n)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("starting B's process")
+            };
+            let mut first = child("1");
+            barrier("restart-streaming");
+            std::thread::sleep(Duration::from_millis(300));
+            first.kill().unwrap();
+            let status = first.wait().unwrap();
+            assert!(!status.success(), "the first process was killed: {status:?}");
+            let mut second = child("2");
+            let deadline = Instant::now() + PEER_WAIT;
+            let status = loop {
+                if let Some(s) = second.try_wait().unwrap() {
+                    break s;
+                }
+                if Instant::now() > deadline {
+                    let _ = second.kill();
+                    break second.wait().unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            let out = second.wait_with_output().unwrap();
+            assert!(
+                status.success(),
+                "B's second process: {status:?}\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    barrier("restart-done");
+}
+
 /// The real thing, run last (its own step: guest B does not come back): A streams RDMA Writes to B
 /// and has B's QEMU SIGKILLed in the middle. With `ConnectOptions::default()` A's outstanding writes
 /// fail within the retry budget (plus rxe's coarse timer), every buffer comes back, and A's queue pair

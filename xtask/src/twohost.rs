@@ -2,7 +2,9 @@
 //!
 //! In order (each a pair step; guest A is the passive side):
 //! 1. interop across hosts: our `rc_pingpong` and `ud_pingpong` against rdma-core's
-//!    `ibv_rc_pingpong`/`ibv_ud_pingpong`, both roles each; our `write_bw` against itself;
+//!    `ibv_rc_pingpong`/`ibv_ud_pingpong`, both roles each; our `write_bw` against itself; over
+//!    RDMA-CM, our `rping` and `rdma_server`/`rdma_client` against rdmacm-utils' in both roles;
+//!    `read_bw`, `send_bw` and `send_lat` ours against ours;
 //! 2. `write_bw`'s server when its client's host vanishes (the link is cut for good: no FIN, no
 //!    packet): it must exit non-zero within its `--timeout` plus slack;
 //! 3. the library tests of `tests/twohost_*.rs` in both guests (but `zz_*`);
@@ -41,6 +43,29 @@ fn pingpong(label: &str, server: &str, client: &str, iters: u32) -> PairStep {
         "{PRELUDE}i=0\nwhile :; do\n  timeout 60 stdbuf -oL {client} \"$RXE2_PEER\" >/tmp/pp.out 2>&1; rc=$?\n  \
          [ $rc -ne 0 ] && grep -qi 'connect' /tmp/pp.out && [ $i -lt 40 ] && {{ i=$((i+1)); sleep 0.25; continue; }}\n  \
          break\ndone\ncat /tmp/pp.out\n[ $rc -eq 0 ] || die \"client exit $rc\"\nmust_say /tmp/pp.out '{iters} iters' client\n"
+    );
+    PairStep {
+        label: label.into(),
+        a: a.into_bytes(),
+        b: b.into_bytes(),
+        timeout: Duration::from_secs(120),
+        output: Output::Live,
+    }
+}
+
+/// A client/server step: `server` in A (its output must contain `server_says`), `client` in B,
+/// started again (up to 40 times, 0.25 s apart) while it fails without `client_says` in its output:
+/// rdma-core's CM clients give up at once when nothing listens yet, and A gives no sign of
+/// readiness that B could wait for. The last run must succeed and say `client_says`.
+fn served(label: &str, server: &str, client: &str, server_says: &str, client_says: &str) -> PairStep {
+    let a = format!(
+        "{PRELUDE}timeout 60 stdbuf -oL {server} >/tmp/s.out 2>&1; rc=$?\ncat /tmp/s.out\n\
+         [ $rc -eq 0 ] || die \"server exit $rc\"\nmust_say /tmp/s.out '{server_says}' server\n"
+    );
+    let b = format!(
+        "{PRELUDE}i=0\nwhile :; do\n  timeout 60 stdbuf -oL {client} >/tmp/c.out 2>&1; rc=$?\n  \
+         [ $rc -ne 0 ] && ! grep -q -- '{client_says}' /tmp/c.out && [ $i -lt 40 ] && {{ i=$((i+1)); sleep 0.25; continue; }}\n  \
+         break\ndone\ncat /tmp/c.out\n[ $rc -eq 0 ] || die \"client exit $rc\"\nmust_say /tmp/c.out '{client_says}' client\n"
     );
     PairStep {
         label: label.into(),
@@ -97,6 +122,51 @@ pub fn steps(root: &Path, examples: &Path, bins: &[Artifact]) -> Vec<PairStep> {
         timeout: Duration::from_secs(120),
         output: Output::Live,
     });
+    // RDMA-CM across hosts: rping and rdma_server/rdma_client, ours against rdma-core's, both roles.
+    steps.extend([
+        served(
+            "interop over RDMA-CM: rping (ours, A) <- rping (B), 4 KiB x 5",
+            &format!("{e}/rping -s -a $RXE2_SELF -p 7400 -S 4096 -v --timeout 30"),
+            "rping -c -a $RXE2_PEER -p 7400 -S 4096 -C 5 -V -v",
+            "server ping data",
+            "ping data: rdma-ping-4",
+        ),
+        served(
+            "interop over RDMA-CM: rping (A) <- rping (ours, B), 4 KiB x 5",
+            "rping -s -a $RXE2_SELF -p 7401 -S 4096 -v",
+            &format!("{e}/rping -c -a $RXE2_PEER -p 7401 -S 4096 -C 5 -V -v --timeout 30"),
+            "server ping data",
+            "ping data: rdma-ping-4",
+        ),
+        served(
+            "interop over RDMA-CM: rdma_server (ours, A) <- rdma_client (B)",
+            &format!("{e}/rdma_server -s $RXE2_SELF -p 7402 --timeout 30"),
+            "rdma_client -s $RXE2_PEER -p 7402",
+            "rdma_server: end 0",
+            "rdma_client: end 0",
+        ),
+        served(
+            "interop over RDMA-CM: rdma_server (A) <- rdma_client (ours, B)",
+            "rdma_server -s $RXE2_SELF -p 7403",
+            &format!("{e}/rdma_client -s $RXE2_PEER -p 7403 --timeout 30"),
+            "rdma_server: end 0",
+            "rdma_client: end 0",
+        ),
+    ]);
+    // The other perf examples, ours <-> ours.
+    for (tool, args, says) in [
+        ("read_bw", "-n 300", "65536"),
+        ("send_bw", "-n 300", "65536"),
+        ("send_lat", "-n 300 -s 2", "#bytes"),
+    ] {
+        steps.push(served(
+            &format!("{tool} (ours, A server) <- {tool} (ours, B client), {args}"),
+            &format!("{e}/{tool} -d rxe0 --timeout 20"),
+            &format!("{e}/{tool} -d rxe0 {args} --connect-timeout 20 $RXE2_PEER"),
+            "",
+            says,
+        ));
+    }
     // write_bw's server when the client's host vanishes: the link is cut for good mid-transfer (a dead
     // host sends no FIN and no packet; a SIGKILLed guest is kept for the last step).
     let limit = 3;
