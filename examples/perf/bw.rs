@@ -216,6 +216,7 @@ impl<'a> RawPath<'a> {
                 Op::Send => RawSend::send(),
             }
             .0;
+            p.wr[i].num_sge = 1;
         }
         for w in &mut p.rwr {
             w.num_sge = 1;

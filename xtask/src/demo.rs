@@ -117,6 +117,89 @@ pub fn bench(backend: &vm::Backend, timeout: Option<Duration>) -> Result<u8, Str
     run_lines(backend, BENCH, timeout.unwrap_or(BENCH_TIMEOUT), "bench")
 }
 
+/// `cargo xtask bench --twohost`: `examples/perf/compare_twohost.sh` in both guests of a pair
+/// (release build; servers in A, clients in B, ours and perftest's alternating), then the table
+/// of medians and ratios from B's `RESULT` lines. `PAIRS` in the environment sets the pairs per
+/// test (default 3).
+pub fn bench_twohost(timeout: Option<Duration>) -> Result<u8, String> {
+    let root = crate::workspace_root();
+    cargo::run(&root, &["build", "--release", "--examples"])?;
+    let pairs: u32 = std::env::var("PAIRS").ok().and_then(|p| p.parse().ok()).filter(|&p| p > 0).unwrap_or(3);
+    let mut script = format!("PAIRS={pairs}\nexport PAIRS\nTARGET_DIR=").into_bytes();
+    script.extend_from_slice(&shell::quote(cargo::target_dir(&root)?.as_os_str().as_bytes()));
+    script.extend_from_slice(b"\nexport TARGET_DIR\nsh examples/perf/compare_twohost.sh\n");
+    let script = shell::in_dir(&root, &script);
+    let steps = [crate::rxe2::PairStep {
+        label: format!("ours vs perftest across two guests, {pairs} pairs per test"),
+        a: script.clone(),
+        b: script,
+        timeout: timeout.unwrap_or(Duration::from_secs(600 + 400 * u64::from(pairs))),
+        output: Output::Live,
+    }];
+    let report = crate::rxe2::run(&steps, &crate::twohost::OPTIONS, &mut |_, _| {})?;
+    report.explain(&crate::rxe2::side_steps_of(&steps));
+    let b = report.results.first().and_then(|r| r.sides[1].as_ref()).map(|r| String::from_utf8_lossy(&r.stdout));
+    let (table, complete) = twohost_table(b.as_deref().unwrap_or(""));
+    println!("{table}");
+    let code = report.exit_code();
+    Ok(if code == 0 && !complete { 1 } else { code })
+}
+
+/// The median of `v` (mean of the middle two for an even count); `None` when empty.
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// The Markdown table of `RESULT test kind pairN rc=R value` lines: per test, the medians of ours
+/// and perftest's successful runs and their ratio (ours / perftest). Also whether every run
+/// succeeded.
+pub fn twohost_table(b_stdout: &str) -> (String, bool) {
+    const TESTS: [(&str, &str, &str); 5] = [
+        ("write_bw", "MB/s", "64 KiB"),
+        ("read_bw", "MB/s", "64 KiB"),
+        ("send_bw", "MB/s", "64 KiB"),
+        ("write_lat", "µs (typical)", "2 B"),
+        ("send_lat", "µs (typical)", "2 B"),
+    ];
+    let mut complete = true;
+    let mut seen = 0;
+    let mut runs: std::collections::HashMap<(String, String), Vec<f64>> = std::collections::HashMap::new();
+    for line in b_stdout.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.first() != Some(&"RESULT") || f.len() < 6 {
+            continue;
+        }
+        seen += 1;
+        match (f[4] == "rc=0", f[5].parse::<f64>()) {
+            (true, Ok(v)) if v.is_finite() => runs.entry((f[1].to_string(), f[2].to_string())).or_default().push(v),
+            _ => complete = false,
+        }
+    }
+    let mut out = String::from(
+        "| test | size | ours (median) | perftest (median) | ratio ours/perftest |\n|---|---|---|---|---|\n",
+    );
+    for (test, unit, size) in TESTS {
+        let m = |kind: &str| runs.get(&(test.to_string(), kind.to_string())).cloned().and_then(median);
+        let (ours, theirs) = (m("ours"), m("perftest"));
+        let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+        let ratio = match (ours, theirs) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+            _ => {
+                complete = false;
+                "-".to_string()
+            }
+        };
+        out.push_str(&format!("| {test}, {unit} | {size} | {} | {} | {ratio} |\n", show(ours), show(theirs)));
+    }
+    (out, complete && seen > 0)
+}
+
 /// Runs `lines` in one boot, in the workspace root with `$TARGET_DIR` set; returns the exit status.
 fn run_lines(
     backend: &vm::Backend,
@@ -153,4 +236,24 @@ fn run_lines(
         vm::End::Completed => 1,
         _ => report.single_step_exit_code().max(1),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn twohost_table_takes_medians_and_ratios_and_notices_failures() {
+        let out = "RESULT write_bw ours pair1 rc=0 10.0\nRESULT write_bw perftest pair1 rc=0 20.0\n\
+                   RESULT write_bw ours pair2 rc=0 12.0\nRESULT write_bw perftest pair2 rc=0 10.0\n\
+                   RESULT write_bw ours pair3 rc=0 30.0\nnoise\n";
+        let (table, complete) = twohost_table(out);
+        assert!(table.contains("| write_bw, MB/s | 64 KiB | 12.00 | 15.00 | 0.80 |"), "{table}");
+        assert!(table.contains("| send_lat, µs (typical) | 2 B | - | - | - |"), "{table}");
+        assert!(!complete, "four tests have no figures");
+        assert!(!twohost_table("RESULT write_lat ours pair1 rc=1 FAILED\n").1);
+        assert!(!twohost_table("").1);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![]), None);
+    }
 }

@@ -87,10 +87,12 @@ Commands:
         TEST_ARGS go to each device test binary (e.g. a test name filter).
   demo [--vm] [--mtu N] [--timeout S]
         Show the device at work: our devinfo, rc_pingpong and write_bw examples (one VM boot).
-  bench [--vm] [--mtu N] [--timeout S]
+  bench [--vm] [--mtu N] [--timeout S] [--twohost]
         Benchmarks in one VM boot: our write_bw, read_bw, send_bw, write_lat, send_lat against
         perftest's ib_* tools (alternating, medians and ratios), then the post/poll micro-benchmark
         (safe level vs unsafe level vs raw ffi). Release build.
+        --twohost: instead, the same comparison across the two guests of rxe2 (servers in A,
+        clients in B; examples/perf/compare_twohost.sh, PAIRS=3 by default), as a table.
   deps [--dry-run] [--allow-remove PKG]...
         Install the Debian packages of every command (xtask/packages.txt; .ci/run uses this) as
         root, never removing an installed package (checked by simulation first); otherwise, or
@@ -242,7 +244,7 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
             "--tsan" if flag && command == "test" => opts.tsan = true,
             "--miri" if flag && command == "test" => opts.miri = true,
             "--publish" if flag && command == "test" => opts.publish = true,
-            "--twohost" if flag && command == "test" => opts.twohost = true,
+            "--twohost" if flag && (command == "test" || command == "bench") => opts.twohost = true,
             "--dry-run" if flag && command == "deps" => opts.dry_run = true,
             "--allow-remove" if command == "deps" => {
                 let v = value()?;
@@ -408,6 +410,8 @@ fn main() -> ExitCode {
         Cli::Demo(opts) => {
             backend(opts, &[prereq::Group::Build]).and_then(|backend| demo::run(&backend, opts.timeout))
         }
+        Cli::Bench(opts) if opts.twohost => prereq::ensure(&[prereq::Group::Build, prereq::Group::Vm])
+            .and_then(|()| demo::bench_twohost(opts.timeout)),
         Cli::Bench(opts) => {
             backend(opts, &[prereq::Group::Build]).and_then(|backend| demo::bench(&backend, opts.timeout))
         }
