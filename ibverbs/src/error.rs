@@ -100,6 +100,15 @@ pub enum Error {
         /// The C verb that would have been called.
         verb: &'static str,
     },
+    /// The device lacks a capability the operation needs (checked before the verb is called),
+    /// e.g. XRC on SoftRoCE.
+    #[error("{verb}: the device does not support {capability}")]
+    Unsupported {
+        /// The C verb that would have been called.
+        verb: &'static str,
+        /// The capability missing, as the C library names it (e.g. `"IBV_DEVICE_XRC"`).
+        capability: &'static str,
+    },
     /// A bounded wait ended without what it waited for (an RDMA-CM event, a connection).
     #[error("{verb}: timed out after {waited:?}")]
     Timeout {

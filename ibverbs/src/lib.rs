@@ -382,5 +382,5 @@ pub use pool::ReceivePool;
 pub use post::{Local, LocalBuf, PreparedSend, RecvRequest, SendRequest, MAX_SGE};
 pub use queue::{
     Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpState, QpType, QueuePair,
-    QueuePairBuilder, WcOpcode, WcStatus, WorkCompletion,
+    QueuePairBuilder, SharedReceiveQueue, SrqAttr, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
 };

@@ -13,6 +13,7 @@ pub(crate) mod engine;
 pub(crate) mod prepared;
 pub(crate) mod registry;
 pub(crate) mod ring;
+pub(crate) mod table;
 pub(crate) mod wr;
 
 pub(crate) use engine::Slot;

@@ -12,10 +12,11 @@ use crate::device::Context;
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::ffi;
 use crate::pd::{PdInner, ProtectionDomain};
-use crate::post::engine::register_rings;
+use crate::post::engine::{register_rings, register_send_ring};
 use crate::post::ring::Ring;
 use crate::post::{Slot, MAX_SGE};
 use crate::queue::cq::{CompletionQueue, CqInner};
+use crate::queue::srq::{SharedReceiveQueue, SrqInner};
 
 /// The transport service of a queue pair (`enum ibv_qp_type`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -114,6 +115,7 @@ pub struct QueuePairBuilder<'a> {
     recv_cq: &'a CompletionQueue,
     qp_type: QpType,
     caps: QpCaps,
+    srq: Option<&'a SharedReceiveQueue>,
 }
 
 impl ProtectionDomain {
@@ -121,7 +123,7 @@ impl ProtectionDomain {
     /// `cq` (change the receive side with [`QueuePairBuilder::recv_cq`]).
     #[doc(alias = "ibv_create_qp")]
     pub fn create_qp<'a>(&'a self, cq: &'a CompletionQueue, qp_type: QpType) -> QueuePairBuilder<'a> {
-        QueuePairBuilder { pd: self, send_cq: cq, recv_cq: cq, qp_type, caps: QpCaps::default() }
+        QueuePairBuilder { pd: self, send_cq: cq, recv_cq: cq, qp_type, caps: QpCaps::default(), srq: None }
     }
 }
 
@@ -155,6 +157,17 @@ impl<'a> QueuePairBuilder<'a> {
     /// Inline data bytes per send request (default 0).
     pub fn max_inline_data(mut self, n: u32) -> Self {
         self.caps.max_inline_data = n;
+        self
+    }
+    /// Receives come from the shared receive queue `srq` (`ibv_qp_init_attr.srq`): the queue
+    /// pair has no receive queue of its own (its `max_recv_wr`/`max_recv_sge` are ignored, and
+    /// [`QueuePair::post_recv`] refuses with [`Error::InvalidArgument`]); its receive
+    /// completions, on the receive CQ, hand back the buffers posted to the SRQ. The queue pair
+    /// keeps the SRQ alive. The first queue pair of an SRQ on a CQ reserves the SRQ's depth in
+    /// that CQ (kept until the SRQ is dropped), however many of its queue pairs complete there.
+    #[doc(alias = "ibv_qp_init_attr")]
+    pub fn srq(mut self, srq: &'a SharedReceiveQueue) -> Self {
+        self.srq = Some(srq);
         self
     }
     /// All capacities at once.
@@ -237,8 +250,12 @@ impl<'a> QueuePairBuilder<'a> {
         cm: Option<Arc<crate::cm::CmIdInner>>,
         create: impl FnOnce(&mut ffi::ibv_qp_init_attr) -> Result<NonNull<ffi::ibv_qp>>,
     ) -> Result<QueuePair> {
-        let caps = self.caps;
-        if caps.max_send_wr == 0 || caps.max_recv_wr == 0 {
+        let mut caps = self.caps;
+        if self.srq.is_some() {
+            caps.max_recv_wr = 0;
+            caps.max_recv_sge = 0;
+        }
+        if caps.max_send_wr == 0 || (caps.max_recv_wr == 0 && self.srq.is_none()) {
             return Err(Error::InvalidArgument {
                 verb,
                 reason: "send and receive queue depths must be at least 1",
@@ -269,14 +286,40 @@ impl<'a> QueuePairBuilder<'a> {
         }
         let send_cq = self.send_cq.inner.clone();
         let recv_cq = self.recv_cq.inner.clone();
-        let [send, recv] =
-            register_rings(&send_cq.registry, &recv_cq.registry, caps.max_send_wr, caps.max_recv_wr, verb)?;
+        let srq = self.srq.map(|s| s.inner.clone());
+        let [send, recv] = match &srq {
+            None => register_rings(
+                &send_cq.registry,
+                &recv_cq.registry,
+                caps.max_send_wr,
+                caps.max_recv_wr,
+                verb,
+            )?,
+            Some(srq) => {
+                if !Arc::ptr_eq(&srq.pd, &self.pd.inner) {
+                    return Err(Error::InvalidArgument {
+                        verb,
+                        reason: "the shared receive queue belongs to another protection domain",
+                    });
+                }
+                init.srq = srq.raw.as_ptr();
+                // Attached first: on a shared CQ, the send ring's CqTooSmall then reports the
+                // total needed. The attachment stays if the QP is not created (it is the SRQ's,
+                // given back when the SRQ goes).
+                srq.attach_to(&recv_cq, verb)?;
+                let send = register_send_ring(&send_cq.registry, caps.max_send_wr, verb)?;
+                // Never registered, never posted to: a QP on an SRQ has no receive ring.
+                [send, Arc::new(Ring::new(1, 0))]
+            }
+        };
         let raw = match create(&mut init) {
             Ok(r) => r,
             Err(e) => {
                 // The rings never reached the device.
                 send_cq.registry.unregister(&send);
-                recv_cq.registry.unregister(&recv);
+                if srq.is_none() {
+                    recv_cq.registry.unregister(&recv);
+                }
                 return Err(e);
             }
         };
@@ -313,6 +356,7 @@ impl<'a> QueuePairBuilder<'a> {
             recv_cq,
             pd: self.pd.inner.clone(),
             cm,
+            srq,
         })
     }
 }
@@ -352,6 +396,10 @@ pub struct QueuePair {
     /// The RDMA-CM id the QP was created on: RDMA-CM drives its state, and the id is destroyed
     /// only after the QP (this Arc).
     pub(crate) cm: Option<Arc<crate::cm::CmIdInner>>,
+    /// The shared receive queue receives come from: destroyed only after this QP (this Arc).
+    /// Declared after `raw`'s users; the QP itself is destroyed in `Drop::drop`, before any
+    /// field is dropped.
+    pub(crate) srq: Option<Arc<SrqInner>>,
 }
 
 // SAFETY: libibverbs QPs may be used from any thread (providers lock their queues). The rings are
@@ -496,7 +544,13 @@ impl QueuePair {
         self.send.outstanding()
     }
 
-    /// Receive requests posted through the safe level and not yet completed.
+    /// Whether receives come from a shared receive queue ([`QueuePairBuilder::srq`]).
+    pub fn uses_srq(&self) -> bool {
+        self.srq.is_some()
+    }
+
+    /// Receive requests posted through the safe level and not yet completed (0 on a queue pair
+    /// that uses a shared receive queue: see [`SharedReceiveQueue::outstanding`]).
     pub fn outstanding_recvs(&self) -> u32 {
         self.recv.outstanding()
     }
@@ -572,7 +626,9 @@ impl Drop for QueuePair {
         if ret == 0 {
             // The device is done with every posted buffer: hand them to the CQs to release.
             self.send_cq.registry.retire(&self.send);
-            self.recv_cq.registry.retire(&self.recv);
+            if self.srq.is_none() {
+                self.recv_cq.registry.retire(&self.recv);
+            }
         } else {
             // The QP may still be live in the device: never release its buffers.
             std::mem::forget(self.send.clone());

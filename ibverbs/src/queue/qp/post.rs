@@ -51,6 +51,12 @@ impl QueuePair {
     }
 
     fn check_recv(&self, wr: &RecvRequest) -> Result<()> {
+        if self.srq.is_some() {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_post_recv",
+                reason: "the queue pair receives through a shared receive queue: post to the SRQ",
+            });
+        }
         if self.state == QpState::RESET || self.state == QpState::UNUSABLE {
             return Err(Error::QpState {
                 verb: "ibv_post_recv",
@@ -110,7 +116,8 @@ impl QueuePair {
     /// completion hands them back.
     ///
     /// # Errors
-    /// A [`PostError`] handing the request back: [`Error::QpState`] in RESET,
+    /// A [`PostError`] handing the request back: [`Error::InvalidArgument`] on a queue pair
+    /// built on a shared receive queue (post to the SRQ instead), [`Error::QpState`] in RESET,
     /// [`Error::QueueFull`] when `max_recv_wr` receives are outstanding,
     /// [`Error::InvalidArgument`] for a buffer the device may not write, [`Error::Verb`] when the
     /// provider refuses it.

@@ -6,7 +6,7 @@ use crate::device::Gid;
 use crate::error::{Error, Result};
 use crate::ffi;
 use crate::memory::AccessFlags;
-use crate::post::engine::register_rings;
+use crate::post::engine::{register_rings, register_send_ring};
 use crate::queue::qp::{random_psn, QpState, QpType, QueuePair};
 
 impl QueuePair {
@@ -220,14 +220,21 @@ impl QueuePair {
         // The device has forgotten every request: retire the rings (their buffers go at the next
         // poll, their indices once the CQ is seen empty) and start with empty ones.
         self.send_cq.registry.retire(&self.send);
-        self.recv_cq.registry.retire(&self.recv);
-        match register_rings(
-            &self.send_cq.registry,
-            &self.recv_cq.registry,
-            self.send.capacity(),
-            self.recv.capacity(),
-            "ibv_modify_qp",
-        ) {
+        let fresh = if self.srq.is_some() {
+            // No receive ring: receives belong to the SRQ, untouched by a reset.
+            register_send_ring(&self.send_cq.registry, self.send.capacity(), "ibv_modify_qp")
+                .map(|send| [send, self.recv.clone()])
+        } else {
+            self.recv_cq.registry.retire(&self.recv);
+            register_rings(
+                &self.send_cq.registry,
+                &self.recv_cq.registry,
+                self.send.capacity(),
+                self.recv.capacity(),
+                "ibv_modify_qp",
+            )
+        };
+        match fresh {
             Ok([send, recv]) => {
                 self.send = send;
                 self.recv = recv;
