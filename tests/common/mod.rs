@@ -151,3 +151,14 @@ impl Drop for LinkUp {
         ip_link(&self.0, "up");
     }
 }
+
+/// Reports a feature the device does not support, for `cargo xtask test`'s summary: writes
+/// `UNSUPPORTED: <test>: <what>` to stdout past libtest's capture (a direct write, not `println!`).
+/// Call it only after asserting the typed error the library returns for the missing capability:
+/// the test then passes, and the summary names the feature as unsupported — never a silent pass.
+pub fn report_unsupported(test: &str, what: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "UNSUPPORTED: {test}: {what}");
+    let _ = out.flush();
+}

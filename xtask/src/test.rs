@@ -910,7 +910,26 @@ fn device_verdict(run: &DeviceRun, r: &StepResult, timeout: Duration) -> (i32, S
             }
         }
     }
+    let unsupported = unsupported_reports(&String::from_utf8_lossy(&r.stdout));
+    if !unsupported.is_empty() {
+        notes.push(format!("unsupported on this device: {}", unsupported.join(", ")));
+    }
     (code, notes.join("; "))
+}
+
+/// The features device tests reported unsupported: lines `UNSUPPORTED: <test>: <what>` that a
+/// test writes to its stdout past libtest's capture (`tests/common::report_unsupported`), after
+/// asserting the typed error the library gives for the missing capability. They pass, and are
+/// named in the summary line of their binary.
+pub fn unsupported_reports(stdout: &str) -> Vec<String> {
+    let mut out: Vec<String> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("UNSUPPORTED: "))
+        .map(|s| s.trim().to_string())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// Self-tests proving the sanitizer passes catch what they are for, as steps of the device job.
@@ -1363,6 +1382,13 @@ mod tests {
         let race = "==================\nWARNING: ThreadSanitizer: data race (pid=1)\n";
         assert_eq!(tsan_reports(race), 1);
         assert_eq!(tsan_reports("test result: ok"), 0);
+    }
+    #[test]
+    fn unsupported_reports_are_collected_from_stdout() {
+        let out =
+            "running 2 tests\nUNSUPPORTED: xrc_is_typed_unsupported: XRC (IBV_DEVICE_XRC)\ntest a ... ok\n";
+        assert_eq!(unsupported_reports(out), ["xrc_is_typed_unsupported: XRC (IBV_DEVICE_XRC)"]);
+        assert!(unsupported_reports("test result: ok").is_empty());
     }
 
     #[test]
