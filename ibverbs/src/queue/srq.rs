@@ -145,12 +145,21 @@ impl ProtectionDomain {
     #[doc(alias = "ibv_create_srq")]
     pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
         check_depth(max_wr, "ibv_create_srq")?;
-        let mut init = ffi::ibv_srq_init_attr {
-            srq_context: std::ptr::null_mut(),
-            attr: ffi::ibv_srq_attr { max_wr, max_sge, srq_limit: 0 },
+        // libibverbs copies the whole struct, padding included, over the head of an
+        // `ibv_srq_init_attr_ex` (its 4 trailing padding bytes land in `comp_mask`), so the
+        // padding must be initialised (valgrind: conditional jump on an uninitialised value in
+        // ibv_cmd_create_srq). Kept in a zeroed MaybeUninit and written through its pointer, so
+        // no typed copy can make the padding uninitialised again.
+        let mut init = std::mem::MaybeUninit::<ffi::ibv_srq_init_attr>::zeroed();
+        let p = init.as_mut_ptr();
+        // SAFETY: all-zero is a valid ibv_srq_init_attr (a null pointer and integers); the field
+        // writes go through `p`, leaving the padding zero. Valid PD (kept alive by the SRQ's Arc).
+        let raw = unsafe {
+            (*p).attr.max_wr = max_wr;
+            (*p).attr.max_sge = max_sge;
+            ffi::ibv_create_srq(self.as_raw(), p)
         };
-        // SAFETY: valid PD (kept alive by the SRQ's Arc) and attribute struct.
-        let raw = cvt_p("ibv_create_srq", unsafe { ffi::ibv_create_srq(self.as_raw(), &mut init) })?;
+        let raw = cvt_p("ibv_create_srq", raw)?;
         Ok(SharedReceiveQueue::from_raw(raw, max_wr, max_sge, self.inner.clone(), None))
     }
 }

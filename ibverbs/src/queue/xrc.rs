@@ -109,21 +109,26 @@ impl ProtectionDomain {
             });
         }
         use ffi::ibv_srq_init_attr_mask as M;
-        let mut init = ffi::ibv_srq_init_attr_ex {
-            attr: ffi::ibv_srq_attr { max_wr, max_sge, srq_limit: 0 },
-            comp_mask: M::IBV_SRQ_INIT_ATTR_TYPE.0
+        // Written through the pointer of a zeroed MaybeUninit: the padding stays initialised (see
+        // `create_srq`).
+        let mut init = std::mem::MaybeUninit::<ffi::ibv_srq_init_attr_ex>::zeroed();
+        let p = init.as_mut_ptr();
+        // SAFETY: all-zero is a valid ibv_srq_init_attr_ex (null pointers and integers); valid
+        // context, PD, XRC domain and CQ (all kept alive by the SRQ's Arcs).
+        let raw = unsafe {
+            (*p).attr.max_wr = max_wr;
+            (*p).attr.max_sge = max_sge;
+            (*p).comp_mask = M::IBV_SRQ_INIT_ATTR_TYPE.0
                 | M::IBV_SRQ_INIT_ATTR_PD.0
                 | M::IBV_SRQ_INIT_ATTR_XRCD.0
-                | M::IBV_SRQ_INIT_ATTR_CQ.0,
-            srq_type: ffi::ibv_srq_type::IBV_SRQT_XRC,
-            pd: self.as_raw(),
-            xrcd: xrcd.as_raw(),
-            cq: cq.as_raw(),
-            ..Default::default()
+                | M::IBV_SRQ_INIT_ATTR_CQ.0;
+            (*p).srq_type = ffi::ibv_srq_type::IBV_SRQT_XRC;
+            (*p).pd = self.as_raw();
+            (*p).xrcd = xrcd.as_raw();
+            (*p).cq = cq.as_raw();
+            ffi::ibv_create_srq_ex(self.inner.ctx.raw.as_ptr(), p)
         };
-        // SAFETY: valid context, PD, XRC domain and CQ (all kept alive by the SRQ's Arcs);
-        // a valid attribute struct.
-        let raw = cvt_p(VERB, unsafe { ffi::ibv_create_srq_ex(self.inner.ctx.raw.as_ptr(), &mut init) })?;
+        let raw = cvt_p(VERB, raw)?;
         let srq =
             SharedReceiveQueue::from_raw(raw, max_wr, max_sge, self.inner.clone(), Some(xrcd.inner.clone()));
         // Its completions go to `cq`: attach there (dropping `srq` on failure destroys it).
