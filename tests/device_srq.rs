@@ -333,17 +333,30 @@ fn xrc_is_typed_unsupported_on_devices_without_it() {
     let has_xrc = ctx.query_device().unwrap().0.device_cap_flags
         & ibverbs::ffi::ibv_device_cap_flags::IBV_DEVICE_XRC.0
         != 0;
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None).unwrap();
     match ctx.open_xrcd() {
         Ok(xrcd) => {
             assert!(has_xrc);
-            let pd = ctx.alloc_pd().unwrap();
-            let cq = ctx.create_cq(64, None).unwrap();
             let mut srq = pd.create_xrc_srq(&xrcd, &cq, 8, 1).unwrap();
+            srq.srq_num().unwrap();
             srq.post_recv(RecvRequest::new(Local::whole(pd.allocate(64).unwrap()))).unwrap();
+            let ini = pd.create_qp(&cq, QpType::XRC_SEND).max_send_wr(4).build().unwrap();
+            let tgt = pd.create_qp(&cq, QpType::XRC_RECV).xrcd(&xrcd).build().unwrap();
+            assert!(!ini.uses_srq() && !tgt.uses_srq());
         }
         Err(Error::Unsupported { verb: "ibv_open_xrcd", capability: "IBV_DEVICE_XRC" }) => {
             assert!(!has_xrc);
-            report_unsupported("xrc_is_typed_unsupported_on_devices_without_it", "XRC (no IBV_DEVICE_XRC)");
+            for t in [QpType::XRC_SEND, QpType::XRC_RECV] {
+                match pd.create_qp(&cq, t).build() {
+                    Err(Error::Unsupported { verb: "ibv_create_qp_ex", capability: "IBV_DEVICE_XRC" }) => {}
+                    other => panic!("{t:?}: {other:?}"),
+                }
+            }
+            report_unsupported(
+                "xrc_is_typed_unsupported_on_devices_without_it",
+                "XRC domains, XRC SRQs and XRC_SEND/XRC_RECV queue pairs (no IBV_DEVICE_XRC)",
+            );
         }
         Err(e) => panic!("{e:?}"),
     }

@@ -214,6 +214,18 @@ impl SharedReceiveQueue {
         self.inner.raw.as_ptr()
     }
 
+    /// The SRQ number (`ibv_get_srq_num()`): what remote XRC initiators name an XRC SRQ by.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the verb fails (e.g. for an SRQ that is not an XRC SRQ).
+    #[doc(alias = "ibv_get_srq_num")]
+    pub fn srq_num(&self) -> Result<u32> {
+        let mut n = 0;
+        // SAFETY: valid SRQ and out-pointer.
+        cvt("ibv_get_srq_num", unsafe { ffi::ibv_get_srq_num(self.as_raw(), &mut n) })?;
+        Ok(n)
+    }
+
     /// Receive requests the safe level keeps at most (the depth asked for).
     pub fn capacity(&self) -> u32 {
         self.inner.table.capacity()

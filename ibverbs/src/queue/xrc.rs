@@ -16,7 +16,7 @@ use crate::queue::srq::{check_depth, SharedReceiveQueue};
 
 pub(crate) struct XrcdInner {
     raw: NonNull<ffi::ibv_xrcd>,
-    _ctx: Arc<ContextInner>,
+    pub(crate) _ctx: Arc<ContextInner>,
 }
 
 // SAFETY: an XRC domain is an opaque kernel handle, usable from any thread.
@@ -52,7 +52,7 @@ impl XrcDomain {
 }
 
 /// [`Error::Unsupported`] unless the device has `IBV_DEVICE_XRC`.
-fn check_xrc(ctx: &Context, verb: &'static str) -> Result<()> {
+pub(crate) fn check_xrc(ctx: &Context, verb: &'static str) -> Result<()> {
     let flags = ctx.query_device()?.0.device_cap_flags;
     if flags & ffi::ibv_device_cap_flags::IBV_DEVICE_XRC.0 == 0 {
         return Err(Error::Unsupported { verb, capability: "IBV_DEVICE_XRC" });

@@ -30,6 +30,17 @@ impl QpType {
     pub const UC: QpType = QpType(ffi::ibv_qp_type::IBV_QPT_UC.0);
     /// Unreliable Datagram: Sends of at most one MTU to any UD QP, through address handles.
     pub const UD: QpType = QpType(ffi::ibv_qp_type::IBV_QPT_UD.0);
+    /// XRC initiator (`IBV_QPT_XRC_SEND`): sends to XRC SRQs of a remote XRC domain; no receive
+    /// queue. Needs `IBV_DEVICE_XRC`.
+    pub const XRC_SEND: QpType = QpType(ffi::ibv_qp_type::IBV_QPT_XRC_SEND.0);
+    /// XRC target (`IBV_QPT_XRC_RECV`): receives into the XRC SRQs of its
+    /// [`XrcDomain`](crate::XrcDomain) ([`QueuePairBuilder::xrcd`]); no work queues of its own.
+    /// Needs `IBV_DEVICE_XRC`.
+    pub const XRC_RECV: QpType = QpType(ffi::ibv_qp_type::IBV_QPT_XRC_RECV.0);
+
+    fn is_xrc(self) -> bool {
+        self == QpType::XRC_SEND || self == QpType::XRC_RECV
+    }
 }
 
 impl fmt::Debug for QpType {
@@ -38,6 +49,8 @@ impl fmt::Debug for QpType {
             QpType::RC => f.write_str("RC"),
             QpType::UC => f.write_str("UC"),
             QpType::UD => f.write_str("UD"),
+            QpType::XRC_SEND => f.write_str("XRC_SEND"),
+            QpType::XRC_RECV => f.write_str("XRC_RECV"),
             QpType(n) => write!(f, "QpType({n})"),
         }
     }
@@ -116,6 +129,7 @@ pub struct QueuePairBuilder<'a> {
     qp_type: QpType,
     caps: QpCaps,
     srq: Option<&'a SharedReceiveQueue>,
+    xrcd: Option<&'a crate::XrcDomain>,
 }
 
 impl ProtectionDomain {
@@ -123,7 +137,15 @@ impl ProtectionDomain {
     /// `cq` (change the receive side with [`QueuePairBuilder::recv_cq`]).
     #[doc(alias = "ibv_create_qp")]
     pub fn create_qp<'a>(&'a self, cq: &'a CompletionQueue, qp_type: QpType) -> QueuePairBuilder<'a> {
-        QueuePairBuilder { pd: self, send_cq: cq, recv_cq: cq, qp_type, caps: QpCaps::default(), srq: None }
+        QueuePairBuilder {
+            pd: self,
+            send_cq: cq,
+            recv_cq: cq,
+            qp_type,
+            caps: QpCaps::default(),
+            srq: None,
+            xrcd: None,
+        }
     }
 }
 
@@ -170,6 +192,13 @@ impl<'a> QueuePairBuilder<'a> {
         self.srq = Some(srq);
         self
     }
+    /// The XRC domain of an XRC target queue pair ([`QpType::XRC_RECV`]; required for it). The
+    /// queue pair keeps the domain alive.
+    #[doc(alias = "ibv_qp_init_attr_ex")]
+    pub fn xrcd(mut self, xrcd: &'a crate::XrcDomain) -> Self {
+        self.xrcd = Some(xrcd);
+        self
+    }
     /// All capacities at once.
     pub fn caps(mut self, caps: QpCaps) -> Self {
         self.caps = caps;
@@ -185,11 +214,64 @@ impl<'a> QueuePairBuilder<'a> {
     /// the device's limits).
     #[doc(alias = "ibv_create_qp")]
     pub fn build(self) -> Result<QueuePair> {
+        if self.qp_type.is_xrc() {
+            return self.build_xrc();
+        }
         let pd = self.pd.as_raw();
         self.build_with("ibv_create_qp", None, |init| {
             // SAFETY: valid PD and CQs (kept alive by the QP's Arcs); `init` is a valid attribute
             // struct.
             cvt_p("ibv_create_qp", unsafe { ffi::ibv_create_qp(pd, init) })
+        })
+    }
+
+    /// XRC queue pairs: `ibv_create_qp_ex()` with the PD (initiator) or the XRC domain (target),
+    /// after the capability check.
+    fn build_xrc(self) -> Result<QueuePair> {
+        const VERB: &str = "ibv_create_qp_ex";
+        crate::queue::xrc::check_xrc(&self.pd.context(), VERB)?;
+        let target = self.qp_type == QpType::XRC_RECV;
+        let xrcd = match (target, self.xrcd) {
+            (true, None) => {
+                return Err(Error::InvalidArgument {
+                    verb: VERB,
+                    reason: "an XRC target queue pair needs .xrcd()",
+                })
+            }
+            (true, Some(x)) if !Arc::ptr_eq(&x.inner._ctx, &self.pd.inner.ctx) => {
+                return Err(Error::InvalidArgument {
+                    verb: VERB,
+                    reason: "the XRC domain belongs to another device context than the protection domain",
+                })
+            }
+            (true, Some(x)) => x.as_raw(),
+            (false, _) => std::ptr::null_mut(),
+        };
+        let (pd, ctx) = (self.pd.as_raw(), self.pd.inner.ctx.raw.as_ptr());
+        self.build_with(VERB, None, |init| {
+            use ffi::ibv_qp_init_attr_mask as M;
+            let mut ex = std::mem::MaybeUninit::<ffi::ibv_qp_init_attr_ex>::zeroed();
+            let p = ex.as_mut_ptr();
+            // SAFETY: all-zero is a valid ibv_qp_init_attr_ex (null pointers and integers),
+            // written through `p` so its padding stays initialised; valid context, PD, CQs and
+            // XRC domain (kept alive by the QP's Arcs).
+            let raw = unsafe {
+                (*p).send_cq = init.send_cq;
+                (*p).recv_cq = init.recv_cq;
+                (*p).cap = init.cap;
+                (*p).qp_type = init.qp_type;
+                if target {
+                    (*p).comp_mask = M::IBV_QP_INIT_ATTR_XRCD.0;
+                    (*p).xrcd = xrcd;
+                } else {
+                    (*p).comp_mask = M::IBV_QP_INIT_ATTR_PD.0;
+                    (*p).pd = pd;
+                }
+                let raw = ffi::ibv_create_qp_ex(ctx, p);
+                init.cap = (*p).cap;
+                raw
+            };
+            cvt_p(VERB, raw)
         })
     }
 
@@ -251,11 +333,24 @@ impl<'a> QueuePairBuilder<'a> {
         create: impl FnOnce(&mut ffi::ibv_qp_init_attr) -> Result<NonNull<ffi::ibv_qp>>,
     ) -> Result<QueuePair> {
         let mut caps = self.caps;
-        if self.srq.is_some() {
+        // Work queues this QP has of its own: an SRQ or XRC QP has no receive queue, an XRC
+        // target no send queue either.
+        let has_recv = self.srq.is_none() && !self.qp_type.is_xrc();
+        let has_send = self.qp_type != QpType::XRC_RECV;
+        if !has_recv {
             caps.max_recv_wr = 0;
             caps.max_recv_sge = 0;
         }
-        if caps.max_send_wr == 0 || (caps.max_recv_wr == 0 && self.srq.is_none()) {
+        if !has_send {
+            caps = QpCaps {
+                max_send_wr: 0,
+                max_recv_wr: 0,
+                max_send_sge: 0,
+                max_recv_sge: 0,
+                max_inline_data: 0,
+            };
+        }
+        if (has_send && caps.max_send_wr == 0) || (has_recv && caps.max_recv_wr == 0) {
             return Err(Error::InvalidArgument {
                 verb,
                 reason: "send and receive queue depths must be at least 1",
@@ -287,37 +382,40 @@ impl<'a> QueuePairBuilder<'a> {
         let send_cq = self.send_cq.inner.clone();
         let recv_cq = self.recv_cq.inner.clone();
         let srq = self.srq.map(|s| s.inner.clone());
-        let [send, recv] = match &srq {
-            None => register_rings(
+        if let Some(srq) = &srq {
+            if !Arc::ptr_eq(&srq.pd, &self.pd.inner) {
+                return Err(Error::InvalidArgument {
+                    verb,
+                    reason: "the shared receive queue belongs to another protection domain",
+                });
+            }
+            init.srq = srq.raw.as_ptr();
+            // Attached first: on a shared CQ, the send ring's CqTooSmall then reports the total
+            // needed. The attachment stays if the QP is not created (it is the SRQ's, given back
+            // when the SRQ goes).
+            srq.attach_to(&recv_cq, verb)?;
+        }
+        // A queue the QP does not have gets a ring that is never registered nor posted to.
+        let none = || Arc::new(Ring::new(1, 0));
+        let [send, recv] = match (has_send, has_recv) {
+            (true, true) => register_rings(
                 &send_cq.registry,
                 &recv_cq.registry,
                 caps.max_send_wr,
                 caps.max_recv_wr,
                 verb,
             )?,
-            Some(srq) => {
-                if !Arc::ptr_eq(&srq.pd, &self.pd.inner) {
-                    return Err(Error::InvalidArgument {
-                        verb,
-                        reason: "the shared receive queue belongs to another protection domain",
-                    });
-                }
-                init.srq = srq.raw.as_ptr();
-                // Attached first: on a shared CQ, the send ring's CqTooSmall then reports the
-                // total needed. The attachment stays if the QP is not created (it is the SRQ's,
-                // given back when the SRQ goes).
-                srq.attach_to(&recv_cq, verb)?;
-                let send = register_send_ring(&send_cq.registry, caps.max_send_wr, verb)?;
-                // Never registered, never posted to: a QP on an SRQ has no receive ring.
-                [send, Arc::new(Ring::new(1, 0))]
-            }
+            (true, false) => [register_send_ring(&send_cq.registry, caps.max_send_wr, verb)?, none()],
+            (false, _) => [none(), none()],
         };
         let raw = match create(&mut init) {
             Ok(r) => r,
             Err(e) => {
                 // The rings never reached the device.
-                send_cq.registry.unregister(&send);
-                if srq.is_none() {
+                if has_send {
+                    send_cq.registry.unregister(&send);
+                }
+                if has_recv {
                     recv_cq.registry.unregister(&recv);
                 }
                 return Err(e);
@@ -357,6 +455,9 @@ impl<'a> QueuePairBuilder<'a> {
             pd: self.pd.inner.clone(),
             cm,
             srq,
+            has_send,
+            has_recv,
+            _xrcd: self.xrcd.filter(|_| self.qp_type == QpType::XRC_RECV).map(|x| x.inner.clone()),
         })
     }
 }
@@ -400,6 +501,12 @@ pub struct QueuePair {
     /// Declared after `raw`'s users; the QP itself is destroyed in `Drop::drop`, before any
     /// field is dropped.
     pub(crate) srq: Option<Arc<SrqInner>>,
+    /// Whether the send ring is registered (not for an XRC target).
+    pub(crate) has_send: bool,
+    /// Whether the receive ring is registered (not on an SRQ, not for XRC).
+    pub(crate) has_recv: bool,
+    /// The XRC domain of an XRC target, destroyed after it.
+    _xrcd: Option<Arc<crate::queue::xrc::XrcdInner>>,
 }
 
 // SAFETY: libibverbs QPs may be used from any thread (providers lock their queues). The rings are
@@ -625,8 +732,10 @@ impl Drop for QueuePair {
         };
         if ret == 0 {
             // The device is done with every posted buffer: hand them to the CQs to release.
-            self.send_cq.registry.retire(&self.send);
-            if self.srq.is_none() {
+            if self.has_send {
+                self.send_cq.registry.retire(&self.send);
+            }
+            if self.has_recv {
                 self.recv_cq.registry.retire(&self.recv);
             }
         } else {
