@@ -135,7 +135,9 @@
 //!   that fails leaks the table.
 //! - A queue pair dropped while requests it had taken from the SRQ were unfinished: those
 //!   buffers stay posted (the device may have handed them to the QP) and come back when the SRQ
-//!   is destroyed. [`QueuePair::post_recv`] on a QP built on an SRQ is
+//!   is destroyed, as do those whose completions were polled with
+//!   [`poll_raw`](CompletionQueue::poll_raw) (an SRQ has no order in which a later completion
+//!   could release them). [`QueuePair::post_recv`] on a QP built on an SRQ is
 //!   [`Error::InvalidArgument`]. *Raw users* of [`SharedReceiveQueue::post_recv_raw`]: as for a
 //!   QP's receive queue, plus `wr_id`s with bit 63 clear and CQ room beyond the SRQ's depth.
 //!
