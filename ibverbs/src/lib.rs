@@ -118,7 +118,8 @@
 //! - each slot has an atomic state (free → written by the single producer, the holder of
 //!   `&mut SharedReceiveQueue` → posted, published with Release before the post → taken by
 //!   exactly one winner of a compare-and-swap → free) and a 16-bit generation; the device
-//!   `wr_id` names the SRQ (bit 61 set, an SRQ number in bits 32..61), the generation and the
+//!   `wr_id` names the SRQ (bit 61 set, an SRQ number in bits 32..61, never reused within a
+//!   process: creating more than 2^29 − 1 SRQs fails), the generation and the
 //!   slot. A completion takes a slot only if its CAS from (generation, posted) succeeds: a stale
 //!   or foreign `wr_id` is skipped, never dereferenced. Free slots are a bitmap of atomic words
 //!   that consumers set and only the producer clears: no lock, allocation or system call on

@@ -10,7 +10,7 @@ use crate::ffi;
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::post::engine::Request;
 use crate::post::registry::{RegisterError, SrqAttachment};
-use crate::post::table::{SlotTable, MAX_SLOTS};
+use crate::post::table::{SlotTable, MAX_SLOTS, SRQ_ID_BITS};
 use crate::post::{RecvRequest, Slot, MAX_SGE};
 use crate::queue::cq::CqInner;
 use crate::queue::qp::PostError;
@@ -127,11 +127,16 @@ impl fmt::Debug for SharedReceiveQueue {
     }
 }
 
-/// A process-wide SRQ number for `wr_id`s (29 bits: wraps after 5·10⁸ SRQs, and a wrapped id
-/// still needs the slot's generation to match).
-fn next_srq_id() -> u32 {
+/// A process-wide SRQ number for `wr_id`s (29 bits). Never reused: two SRQs attached to one CQ
+/// must never share a number (a completion of one could then take a slot of the other), so after
+/// 2^29 − 1 SRQs in one process, creating more fails instead of wrapping.
+pub(crate) fn next_srq_id(verb: &'static str) -> Result<u32> {
     static NEXT: AtomicU32 = AtomicU32::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
+    NEXT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < (1 << SRQ_ID_BITS) - 1).then_some(n + 1))
+        .map_err(|_| Error::InvalidArgument {
+            verb,
+            reason: "this process has created 2^29 - 1 shared receive queues, the most the safe level can tell apart",
+        })
 }
 
 impl ProtectionDomain {
@@ -145,6 +150,7 @@ impl ProtectionDomain {
     #[doc(alias = "ibv_create_srq")]
     pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
         check_depth(max_wr, "ibv_create_srq")?;
+        let id = next_srq_id("ibv_create_srq")?;
         // libibverbs copies the whole struct, padding included, over the head of an
         // `ibv_srq_init_attr_ex` (its 4 trailing padding bytes land in `comp_mask`), so the
         // padding must be initialised (valgrind: conditional jump on an uninitialised value in
@@ -160,7 +166,7 @@ impl ProtectionDomain {
             ffi::ibv_create_srq(self.as_raw(), p)
         };
         let raw = cvt_p("ibv_create_srq", raw)?;
-        Ok(SharedReceiveQueue::from_raw(raw, max_wr, max_sge, self.inner.clone(), None))
+        Ok(SharedReceiveQueue::from_raw(id, raw, max_wr, max_sge, self.inner.clone(), None))
     }
 }
 
@@ -176,6 +182,7 @@ pub(crate) fn check_depth(max_wr: u32, verb: &'static str) -> Result<()> {
 
 impl SharedReceiveQueue {
     pub(crate) fn from_raw(
+        id: u32,
         raw: NonNull<ffi::ibv_srq>,
         max_wr: u32,
         max_sge: u32,
@@ -188,7 +195,7 @@ impl SharedReceiveQueue {
         SharedReceiveQueue {
             inner: Arc::new(SrqInner {
                 raw,
-                table: Arc::new(SlotTable::new(max_wr, next_srq_id())),
+                table: Arc::new(SlotTable::new(max_wr, id)),
                 cqs: Mutex::new(Vec::new()),
                 pd,
                 _xrcd: xrcd,

@@ -12,7 +12,7 @@ use crate::error::{cvt_p, Error, Result};
 use crate::ffi;
 use crate::pd::ProtectionDomain;
 use crate::queue::cq::CompletionQueue;
-use crate::queue::srq::{check_depth, SharedReceiveQueue};
+use crate::queue::srq::{check_depth, next_srq_id, SharedReceiveQueue};
 
 pub(crate) struct XrcdInner {
     raw: NonNull<ffi::ibv_xrcd>,
@@ -102,6 +102,7 @@ impl ProtectionDomain {
         const VERB: &str = "ibv_create_srq_ex";
         check_xrc(&self.context(), VERB)?;
         check_depth(max_wr, VERB)?;
+        let id = next_srq_id(VERB)?;
         if !Arc::ptr_eq(&cq.inner.ctx, &self.inner.ctx) || !Arc::ptr_eq(&xrcd.inner._ctx, &self.inner.ctx) {
             return Err(Error::InvalidArgument {
                 verb: VERB,
@@ -129,8 +130,14 @@ impl ProtectionDomain {
             ffi::ibv_create_srq_ex(self.inner.ctx.raw.as_ptr(), p)
         };
         let raw = cvt_p(VERB, raw)?;
-        let srq =
-            SharedReceiveQueue::from_raw(raw, max_wr, max_sge, self.inner.clone(), Some(xrcd.inner.clone()));
+        let srq = SharedReceiveQueue::from_raw(
+            id,
+            raw,
+            max_wr,
+            max_sge,
+            self.inner.clone(),
+            Some(xrcd.inner.clone()),
+        );
         // Its completions go to `cq`: attach there (dropping `srq` on failure destroys it).
         srq.inner.attach_to(&cq.inner, VERB)?;
         Ok(srq)
