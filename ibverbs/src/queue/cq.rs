@@ -597,4 +597,54 @@ mod tests {
         );
         assert_eq!(reg.unreserved(), 4);
     }
+
+    #[test]
+    fn srq_destroy_races_a_poller_on_another_thread() {
+        use crate::post::table::SlotTable;
+        const N: u64 = 12;
+        let table = Arc::new(SlotTable::<Slot>::new(16, 5));
+        let reg = Arc::new(Registry::<Slot>::new(32));
+        let att = reg.attach_srq(table.clone()).unwrap();
+        let ids: Vec<u64> = (0..N)
+            .map(|k| {
+                // SAFETY: the test is the only producer.
+                unsafe {
+                    let i = table.claim().unwrap();
+                    table.publish(i, srq_slot(k))
+                }
+            })
+            .collect();
+        // The poller: completions of half the requests, still in the CQ when the SRQ goes.
+        let poller = {
+            let reg = reg.clone();
+            let done: Vec<u64> = ids.iter().copied().step_by(2).collect();
+            std::thread::spawn(move || {
+                let mut out: [Completion; 4] = Default::default();
+                let mut provider = mlx5_like(&done);
+                let mut tracked = 0;
+                loop {
+                    // SAFETY: this thread is the registry's only consumer.
+                    let n = unsafe { poll_into(&reg, &mut out, &mut provider) }.unwrap();
+                    tracked += out[..n].iter().filter(|c| c.is_tracked()).count();
+                    if n < out.len() {
+                        return tracked;
+                    }
+                }
+            })
+        };
+        // "ibv_destroy_srq succeeded" on this thread, racing the poller.
+        reg.retire_srq(&att);
+        // SAFETY: destroyed.
+        unsafe { table.release_all() };
+        let tracked = poller.join().unwrap();
+        assert!(tracked <= (N as usize).div_ceil(2));
+        assert_eq!(table.outstanding(), 0, "every slot taken exactly once, by one party or the other");
+        let weak = Arc::downgrade(&table);
+        drop((table, att));
+        let mut out: [Completion; 1] = Default::default();
+        // SAFETY: the only consumer now.
+        unsafe { poll_into(&reg, &mut out, |_, _| 0) }.unwrap();
+        assert_eq!(reg.unreserved(), 32, "seen empty: the room is back");
+        assert!(weak.upgrade().is_none());
+    }
 }
