@@ -1,6 +1,6 @@
 //! Interop tests of the bundled examples against rdma-core's C tools, over a real verbs device
-//! (SoftRoCE in the `cargo xtask test` VM): `rc_pingpong` and `ud_pingpong` against
-//! `ibv_rc_pingpong` and `ibv_ud_pingpong` in both roles, `devinfo` and `devices` against
+//! (SoftRoCE in the `cargo xtask test` VM): `rc_pingpong`, `ud_pingpong` and `srq_pingpong`
+//! against `ibv_rc_pingpong`, `ibv_ud_pingpong` and `ibv_srq_pingpong` in both roles, `devinfo` and `devices` against
 //! `ibv_devinfo` and `ibv_devices`, and the examples' handling of bad input and vanishing peers
 //! (more of that in `device_example_faults.rs`).
 //!
@@ -123,6 +123,51 @@ fn rc_pingpong_ours_with_ours() {
 fn rc_pingpong_small_receive_queue_with_c() {
     pingpong("rc_pingpong", Impl::Ours, Impl::C, 18733, &["-n", "50", "-r", "2"], &[], &[]);
     pingpong("rc_pingpong", Impl::C, Impl::Ours, 18734, &["-n", "50", "-r", "2"], &[], &[]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// srq_pingpong
+
+/// Every `prefix` line's (LID, QPN, PSN), in order.
+fn addresses(out: &str, prefix: &str) -> Vec<(String, String, String)> {
+    out.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| address(l, prefix)).collect()
+}
+
+/// One srq_pingpong run with `qps` queue pairs per side: on top of [`pingpong`]'s checks, each
+/// side prints one local and one remote line per queue pair, and each side's remote lines are
+/// the other's local ones, in order (QP i talks to the peer's QP i).
+fn srq_pingpong(server: Impl, client: Impl, port: u16, qps: usize, extra: &[&str]) {
+    let q = qps.to_string();
+    let mut common = vec!["-n", "100", "-q", q.as_str()];
+    common.extend_from_slice(extra);
+    let (srv, cli) = pingpong("srq_pingpong", server, client, port, &common, &[], &[]);
+    for (a, b) in [(&srv, &cli), (&cli, &srv)] {
+        let remote = addresses(&a.stdout, "  remote address:");
+        let local = addresses(&b.stdout, "  local address:");
+        assert_eq!(remote.len(), qps, "{}", a.describe());
+        assert_eq!(remote, local, "addresses differ:\n{}\n{}", a.describe(), b.describe());
+    }
+    for side in [&srv, &cli] {
+        assert!(side.stdout.contains("100 iters in "), "{}", side.describe());
+    }
+}
+
+#[test]
+fn srq_pingpong_ours_with_ours() {
+    srq_pingpong(Impl::Ours, Impl::Ours, 18601, 4, &["-c"]);
+    srq_pingpong(Impl::Ours, Impl::Ours, 18602, 8, &["-e", "-s", "64"]);
+}
+
+#[test]
+fn srq_pingpong_our_server_with_c_client() {
+    srq_pingpong(Impl::Ours, Impl::C, 18603, 4, &["-c"]);
+    srq_pingpong(Impl::Ours, Impl::C, 18604, 2, &["-e", "-s", "1", "-r", "8"]);
+}
+
+#[test]
+fn srq_pingpong_our_client_with_c_server() {
+    srq_pingpong(Impl::C, Impl::Ours, 18605, 4, &["-c"]);
+    srq_pingpong(Impl::C, Impl::Ours, 18606, 16, &["-s", "8192"]);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 //! Helpers shared by the bundled examples: opening a device by name, formatting GIDs the way the C
-//! tools do, and — for `rc_pingpong` and `ud_pingpong` — the out-of-band address exchange and the
+//! tools do, and — for `rc_pingpong`, `ud_pingpong` and `srq_pingpong` — the out-of-band address exchange and the
 //! completion loop of rdma-core's `ibv_*_pingpong` tools.
 //!
 //! The exchange speaks the C tools' protocol over TCP, so either side can be a C tool:
@@ -157,10 +157,26 @@ fn read_address(stream: &mut TcpStream, wait: Duration, peer: &str) -> Result<De
 /// The client's side of the exchange: connects (retrying for `timeout`), sends `me`, returns
 /// the server's address. Every step waits at most `timeout`.
 pub fn client_exchange(host: &str, port: u16, timeout: Duration, me: &Dest) -> Result<Dest, String> {
+    Ok(client_exchange_all(host, port, timeout, std::slice::from_ref(me))?[0])
+}
+
+/// [`client_exchange`] for tools that exchange several addresses (`ibv_srq_pingpong` sends one
+/// message per slot of its table, `mes.len()` of them, and reads as many back).
+pub fn client_exchange_all(
+    host: &str,
+    port: u16,
+    timeout: Duration,
+    mes: &[Dest],
+) -> Result<Vec<Dest>, String> {
     let mut stream = net::connect(host, port, timeout)?;
-    net::write_all(&mut stream, &me.to_wire(), net::deadline_after(timeout))
-        .map_err(|e| failed(e, timeout, "sending our address", "server"))?;
-    let remote = read_address(&mut stream, timeout, "server")?;
+    for me in mes {
+        net::write_all(&mut stream, &me.to_wire(), net::deadline_after(timeout))
+            .map_err(|e| failed(e, timeout, "sending our address", "server"))?;
+    }
+    let mut remote = Vec::with_capacity(mes.len());
+    for _ in mes {
+        remote.push(read_address(&mut stream, timeout, "server")?);
+    }
     net::write_all(&mut stream, DONE, net::deadline_after(timeout))
         .map_err(|e| failed(e, timeout, "sending \"done\"", "server"))?;
     Ok(remote)
@@ -176,13 +192,31 @@ pub fn server_exchange(
     me: &Dest,
     connect: impl FnOnce(&Dest) -> Result<(), String>,
 ) -> Result<Dest, String> {
+    let all = server_exchange_all(port, accept_wait, timeout, std::slice::from_ref(me), |r| connect(&r[0]))?;
+    Ok(all[0])
+}
+
+/// [`server_exchange`] for tools that exchange several addresses: reads `mes.len()` of them,
+/// runs `connect` with all, replies with `mes`.
+pub fn server_exchange_all(
+    port: u16,
+    accept_wait: Duration,
+    timeout: Duration,
+    mes: &[Dest],
+    connect: impl FnOnce(&[Dest]) -> Result<(), String>,
+) -> Result<Vec<Dest>, String> {
     let listener = net::listen(port)?;
     let mut stream = net::accept(&listener, port, accept_wait)?;
     drop(listener);
-    let remote = read_address(&mut stream, timeout, "client")?;
+    let mut remote = Vec::with_capacity(mes.len());
+    for _ in mes {
+        remote.push(read_address(&mut stream, timeout, "client")?);
+    }
     connect(&remote).map_err(|e| format!("Couldn't connect to remote QP: {e}"))?;
-    net::write_all(&mut stream, &me.to_wire(), net::deadline_after(timeout))
-        .map_err(|e| failed(e, timeout, "sending our address", "client"))?;
+    for me in mes {
+        net::write_all(&mut stream, &me.to_wire(), net::deadline_after(timeout))
+            .map_err(|e| failed(e, timeout, "sending our address", "client"))?;
+    }
     let mut done = [0u8; DONE.len()];
     let doing = "waiting for the client's \"done\"";
     net::read_exact_checked(&mut stream, &mut done, net::deadline_after(timeout), wire::check_done).map_err(

@@ -172,7 +172,8 @@ pub enum AsyncObject {
     },
     /// A completion queue (compare with [`CompletionQueue::id`](crate::CompletionQueue::id)).
     CompletionQueue(CqId),
-    /// A shared receive queue: the address of its `struct ibv_srq`, as a value.
+    /// A shared receive queue: the address of its `struct ibv_srq`, as a value (compare with
+    /// [`SharedReceiveQueue::id`](crate::SharedReceiveQueue::id)).
     SharedReceiveQueue(usize),
     /// A work queue: the address of its `struct ibv_wq`, as a value.
     WorkQueue(usize),
@@ -223,6 +224,11 @@ impl AsyncEvent {
     /// Whether the event is about `qp` (same id and QP number).
     pub fn is_for_qp(&self, qp: &crate::QueuePair) -> bool {
         self.object == AsyncObject::QueuePair { id: qp.id(), qp_num: qp.qp_num() }
+    }
+
+    /// Whether the event is about `srq` (e.g. [`AsyncEventType::SRQ_LIMIT_REACHED`]).
+    pub fn is_for_srq(&self, srq: &crate::SharedReceiveQueue) -> bool {
+        self.object == AsyncObject::SharedReceiveQueue(srq.id())
     }
 
     /// Whether the event is about `cq`.

@@ -100,6 +100,17 @@ pub enum Error {
         /// The C verb that would have been called.
         verb: &'static str,
     },
+    /// The device lacks a capability the operation needs: found missing in its attributes
+    /// before the verb was called (e.g. XRC, memory windows, ODP on SoftRoCE), or refused by the
+    /// provider with `EOPNOTSUPP`/`ENOSYS` (e.g. `ibv_rereg_mr` on SoftRoCE). Nothing changed.
+    #[error("{verb}: the device does not support {capability}")]
+    Unsupported {
+        /// The C verb that was (or would have been) called.
+        verb: &'static str,
+        /// The capability missing, as the C library names it where it has a name (e.g.
+        /// `"IBV_DEVICE_XRC"`).
+        capability: &'static str,
+    },
     /// A bounded wait ended without what it waited for (an RDMA-CM event, a connection).
     #[error("{verb}: timed out after {waited:?}")]
     Timeout {
@@ -133,16 +144,6 @@ pub enum Error {
         /// The OS error it reported.
         #[source]
         source: io::Error,
-    },
-    /// The device lacks a capability the operation needs: found missing in its attributes
-    /// before any verb was called, or refused by the provider with `EOPNOTSUPP`/`ENOSYS`.
-    /// Nothing was changed.
-    #[error("{verb}: not supported by the device: {capability}")]
-    Unsupported {
-        /// The C verb that was (or would have been) called.
-        verb: &'static str,
-        /// What the device lacks, e.g. `"on-demand paging (IBV_ODP_SUPPORT)"`.
-        capability: &'static str,
     },
     /// The queue pair was created on an RDMA-CM id ([`cm`](crate::cm)): RDMA-CM drives its
     /// state transitions, so `init`, `connect`, `activate_ud` and `reset` are refused.
@@ -305,7 +306,7 @@ mod tests {
         for errno in [libc::EOPNOTSUPP, libc::ENOSYS, libc::EPROTONOSUPPORT] {
             let e = Error::from_ret("ibv_rereg_mr", errno).or_unsupported("rereg");
             assert!(matches!(e, Error::Unsupported { verb: "ibv_rereg_mr", capability: "rereg" }), "{e:?}");
-            assert_eq!(e.to_string(), "ibv_rereg_mr: not supported by the device: rereg");
+            assert_eq!(e.to_string(), "ibv_rereg_mr: the device does not support rereg");
         }
         for errno in [libc::EINVAL, libc::ENOMEM, libc::EPERM] {
             let e = Error::from_ret("ibv_reg_mr", errno).or_unsupported("odp");

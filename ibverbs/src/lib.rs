@@ -34,6 +34,8 @@
 //! | [`CompletionQueue`] | `ibv_cq` | [`Context::create_cq`] | `ibv_destroy_cq` |
 //! | [`AsyncEvents`] | the context's `async_fd` | [`Context::async_events`] | (the context) |
 //! | [`QueuePair`] | `ibv_qp` | [`ProtectionDomain::create_qp`] | `ibv_destroy_qp` |
+//! | [`SharedReceiveQueue`] | `ibv_srq` | [`ProtectionDomain::create_srq`], [`create_xrc_srq`](ProtectionDomain::create_xrc_srq) | `ibv_destroy_srq` (after its last QP) |
+//! | [`XrcDomain`] | `ibv_xrcd` | [`Context::open_xrcd`] | `ibv_close_xrcd` |
 //! | [`AddressHandle`] | `ibv_ah` | [`ProtectionDomain::create_ah`] | `ibv_destroy_ah` |
 //! | [`cm::EventChannel`] | `rdma_event_channel` | [`cm::EventChannel::new`] | `rdma_destroy_event_channel` |
 //! | [`cm::CmId`] | `rdma_cm_id` | [`cm::EventChannel::create_id`], a connection request | `rdma_destroy_id` |
@@ -106,6 +108,43 @@
 //! [`CompletionQueue::unreserved`]; beyond it the CQ overflows (completions are lost, which never
 //! makes the safe level unsound: buffers of lost completions come back with a later completion of
 //! their queue or when their QP goes).
+//!
+//! ## Shared receive queues
+//! A [`SharedReceiveQueue`]'s receives are consumed by whichever of its queue pairs takes the
+//! next one; their completions land on those queue pairs' receive CQs (polled by different
+//! threads) in any order: QP A takes request 0, QP B request 1, B's completion comes first. The
+//! in-order rule of a QP's ring ("a completion at position p completes every earlier one") would
+//! free buffers the device is still writing, so an SRQ has its own slot table instead:
+//! - each slot has an atomic state (free → written by the single producer, the holder of
+//!   `&mut SharedReceiveQueue` → posted, published with Release before the post → taken by
+//!   exactly one winner of a compare-and-swap → free) and a 16-bit generation; the device
+//!   `wr_id` names the SRQ (bit 61 set, an SRQ number in bits 32..61, never reused within a
+//!   process: creating more than 2^29 − 1 SRQs fails), the generation and the
+//!   slot. A completion takes a slot only if its CAS from (generation, posted) succeeds: a stale
+//!   or foreign `wr_id` is skipped, never dereferenced. Free slots are a bitmap of atomic words
+//!   that consumers set and only the producer clears: no lock, allocation or system call on
+//!   post or poll. The safe level's depth is therefore at most 65536.
+//! - Building a queue pair with [`QueuePairBuilder::srq`] attaches the SRQ to the QP's receive
+//!   CQ (once per CQ): that CQ's registry finds the slot table from the `wr_id`, and reserves
+//!   the SRQ's depth in the CQ ([`Error::CqTooSmall`] reports the total needed). The QP holds
+//!   the SRQ, so the SRQ is destroyed after all of its queue pairs.
+//! - Once `ibv_destroy_srq` succeeded, the SRQ retires its attachments (each CQ's registry then
+//!   treats it as a dropped QP's ring: its entry and CQ room come back once a poll finds the CQ
+//!   empty, so a stale completion never finds a freed table) and takes back every posted slot
+//!   with the same CAS, which is sound while pollers on other threads take stale completions:
+//!   each buffer goes to exactly one party, and a panicking drop drops nothing twice. A destroy
+//!   that fails leaks the table.
+//! - A queue pair dropped while requests it had taken from the SRQ were unfinished: those
+//!   buffers stay posted (the device may have handed them to the QP) and come back when the SRQ
+//!   is destroyed, as do those whose completions were polled with
+//!   [`poll_raw`](CompletionQueue::poll_raw) (an SRQ has no order in which a later completion
+//!   could release them). [`QueuePair::post_recv`] on a QP built on an SRQ is
+//!   [`Error::InvalidArgument`]. *Raw users* of [`SharedReceiveQueue::post_recv_raw`]: as for a
+//!   QP's receive queue, plus `wr_id`s with bit 63 clear and CQ room beyond the SRQ's depth.
+//!
+//! Pinned by Miri-run unit tests (out-of-order completion, two consumer threads and one
+//! producer, release racing a consumer, a panicking drop, stale `wr_id`s after reuse, wrapped
+//! generations, two CQs sharing one SRQ) and `tests/device_srq.rs`.
 //!
 //! ## Memory the provider did not write
 //! Providers write only some fields of a work completion (mlx5 leaves `byte_len`, `src_qp`,
@@ -404,5 +443,5 @@ pub use post::raw;
 pub use post::{Local, LocalBuf, PreparedSend, RecvRequest, SendRequest, MAX_SGE};
 pub use queue::{
     Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpState, QpType, QueuePair,
-    QueuePairBuilder, WcOpcode, WcStatus, WorkCompletion,
+    QueuePairBuilder, SharedReceiveQueue, SrqAttr, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
 };

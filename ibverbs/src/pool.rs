@@ -3,7 +3,7 @@
 use crate::error::Result;
 use crate::memory::Chunk;
 use crate::post::{Local, LocalBuf, RecvRequest};
-use crate::queue::QueuePair;
+use crate::queue::{QueuePair, SharedReceiveQueue};
 
 /// Keeps a queue pair's receive queue stocked with [`Chunk`]s of one (or several)
 /// registrations, the way servers register one large buffer once and carve it into slots.
@@ -72,6 +72,31 @@ impl ReceivePool {
             let Some(chunk) = self.free.pop() else { break };
             let wr_id = chunk.offset() as u64;
             if let Err(e) = qp.post_recv(RecvRequest::new(Local::whole(chunk)).wr_id(wr_id)) {
+                self.free.extend(e.request.into_buffers().filter_map(LocalBuf::into_chunk));
+                return Err(e.error);
+            }
+            posted += 1;
+        }
+        Ok(posted)
+    }
+
+    /// Posts receives into pool chunks on a shared receive queue (`ibv_post_srq_recv()`, one
+    /// request per chunk, `wr_id` = the chunk's offset in its region) until the SRQ is full or
+    /// the pool is empty; returns how many it posted. The chunks come back in the completions of
+    /// whichever queue pairs take them, on their receive CQs.
+    ///
+    /// # Errors
+    /// The error of the first post that failed (its chunk stays in the pool), e.g.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a chunk of another
+    /// protection domain.
+    #[doc(alias = "ibv_post_srq_recv")]
+    pub fn refill_srq(&mut self, srq: &mut SharedReceiveQueue) -> Result<usize> {
+        let room = srq.capacity().saturating_sub(srq.outstanding()) as usize;
+        let mut posted = 0;
+        while posted < room {
+            let Some(chunk) = self.free.pop() else { break };
+            let wr_id = chunk.offset() as u64;
+            if let Err(e) = srq.post_recv(RecvRequest::new(Local::whole(chunk)).wr_id(wr_id)) {
                 self.free.extend(e.request.into_buffers().filter_map(LocalBuf::into_chunk));
                 return Err(e.error);
             }

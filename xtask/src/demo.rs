@@ -138,7 +138,8 @@ pub fn bench_twohost(timeout: Option<Duration>) -> Result<u8, String> {
     }];
     let report = crate::rxe2::run(&steps, &crate::twohost::OPTIONS, &mut |_, _| {})?;
     report.explain(&crate::rxe2::side_steps_of(&steps));
-    let b = report.results.first().and_then(|r| r.sides[1].as_ref()).map(|r| String::from_utf8_lossy(&r.stdout));
+    let b =
+        report.results.first().and_then(|r| r.sides[1].as_ref()).map(|r| String::from_utf8_lossy(&r.stdout));
     let (table, complete) = twohost_table(b.as_deref().unwrap_or(""));
     println!("{table}");
     let code = report.exit_code();
@@ -177,7 +178,9 @@ pub fn twohost_table(b_stdout: &str) -> (String, bool) {
         }
         seen += 1;
         match (f[4] == "rc=0", f[5].parse::<f64>()) {
-            (true, Ok(v)) if v.is_finite() => runs.entry((f[1].to_string(), f[2].to_string())).or_default().push(v),
+            (true, Ok(v)) if v.is_finite() => {
+                runs.entry((f[1].to_string(), f[2].to_string())).or_default().push(v)
+            }
             _ => complete = false,
         }
     }

@@ -48,6 +48,21 @@ pub(crate) fn register_rings(
     }
 }
 
+/// Registers only a send ring (a queue pair whose receives come from a shared receive queue).
+pub(crate) fn register_send_ring(
+    send_cq: &Registry<Slot>,
+    send_cap: u32,
+    verb: &'static str,
+) -> Result<Arc<Ring<Slot>>> {
+    match send_cq.register([(send_cap, false)]) {
+        Ok([send]) => Ok(send),
+        Err(RegisterError::CqTooSmall { needed, capacity }) => {
+            Err(Error::CqTooSmall { verb, needed, capacity })
+        }
+        Err(RegisterError::Full) => Err(Error::TooManyQueuePairs { verb }),
+    }
+}
+
 /// A provider's `post_send` or `post_recv` entry point.
 pub(crate) type RawPost<W> = unsafe extern "C" fn(*mut ffi::ibv_qp, *mut W, *mut *mut W) -> i32;
 

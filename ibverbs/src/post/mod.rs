@@ -7,13 +7,17 @@
 //!    requests skip the building and most checks: done once, copied per post);
 //! 3. [`registry`]: each completion queue knows the rings of the queues it serves, so a polled
 //!    completion finds its slot from the `wr_id` alone (see
-//!    [`CompletionQueue::poll`](crate::CompletionQueue::poll)) and hands the buffers back.
+//!    [`CompletionQueue::poll`](crate::CompletionQueue::poll)) and hands the buffers back;
+//! 4. [`table`]: a shared receive queue's slots, taken in any order by the pollers of several
+//!    CQs (per-slot CAS state and generation instead of a ring's in-order positions); each CQ's
+//!    registry also knows the SRQs attached to it.
 
 pub(crate) mod engine;
 pub(crate) mod prepared;
 pub mod raw;
 pub(crate) mod registry;
 pub(crate) mod ring;
+pub(crate) mod table;
 pub(crate) mod wr;
 
 pub(crate) use engine::Slot;

@@ -17,13 +17,26 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::ring::{Ring, DRAINING, LIVE, RECV, RETIRED, TAG, UNUSED};
+use super::table::{SlotTable, SRQ};
 
-/// Bits of a key: the low [`INDEX_BITS`] are the index, the rest a generation.
-const KEY_BITS: u32 = 30;
+/// Bits of a key: the low [`INDEX_BITS`] are the index, the rest a generation. Bits 32..61 of a
+/// `wr_id` (bit 61 marks a shared receive queue's requests).
+const KEY_BITS: u32 = 29;
 const KEY_MASK: u32 = (1 << KEY_BITS) - 1;
 const INDEX_BITS: u32 = 16;
 /// Most rings (queue pairs' work queues) one completion queue can serve at once.
 pub(crate) const REGISTRY_CAPACITY: usize = 4096;
+
+/// Most shared receive queues one completion queue serves at once.
+pub(crate) const SRQ_CAPACITY: usize = 64;
+
+/// One shared receive queue's entry in one CQ's registry: shared by the registry (which finds the
+/// slot table from a completion) and the SRQ (which retires it when it is destroyed).
+pub(crate) struct SrqAttachment<T> {
+    pub(crate) table: Arc<SlotTable<T>>,
+    /// [`LIVE`], [`RETIRED`] or [`DRAINING`].
+    state: std::sync::atomic::AtomicU8,
+}
 
 /// Why a queue pair's rings could not be registered.
 #[derive(Debug, PartialEq, Eq)]
@@ -37,6 +50,10 @@ pub(crate) enum RegisterError {
 
 pub(crate) struct Registry<T> {
     entries: Box<[AtomicPtr<Ring<T>>]>,
+    /// Shared receive queues attached to this CQ (each entry a strong count of an attachment).
+    srqs: Box<[AtomicPtr<SrqAttachment<T>>]>,
+    /// One past the highest SRQ index ever used.
+    srq_high: AtomicUsize,
     /// One past the highest index ever used: scans stop there.
     high: AtomicUsize,
     generation: AtomicU32,
@@ -61,6 +78,8 @@ impl<T> Registry<T> {
         assert!(entries <= 1 << INDEX_BITS);
         Registry {
             entries: (0..entries).map(|_| AtomicPtr::new(ptr::null_mut())).collect(),
+            srqs: (0..SRQ_CAPACITY).map(|_| AtomicPtr::new(ptr::null_mut())).collect(),
+            srq_high: AtomicUsize::new(0),
             high: AtomicUsize::new(0),
             generation: AtomicU32::new(1),
             retired: AtomicU32::new(0),
@@ -184,6 +203,63 @@ impl<T> Registry<T> {
         }
     }
 
+    /// Attaches a shared receive queue's slot table (any thread): reserves its depth in the CQ
+    /// and puts it in a free SRQ entry. The caller attaches each SRQ at most once per CQ.
+    pub(crate) fn attach_srq(
+        &self,
+        table: Arc<SlotTable<T>>,
+    ) -> Result<Arc<SrqAttachment<T>>, RegisterError> {
+        let cap = table.capacity();
+        self.reserve(u64::from(cap))?;
+        let att = Arc::new(SrqAttachment { table, state: std::sync::atomic::AtomicU8::new(LIVE) });
+        for (i, entry) in self.srqs.iter().enumerate() {
+            if !entry.load(Ordering::Acquire).is_null() {
+                continue;
+            }
+            let raw = Arc::into_raw(att.clone()).cast_mut();
+            match entry.compare_exchange(ptr::null_mut(), raw, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    self.srq_high.fetch_max(i + 1, Ordering::AcqRel);
+                    return Ok(att);
+                }
+                // SAFETY: `raw` came from Arc::into_raw just above and was not published.
+                Err(_) => drop(unsafe { Arc::from_raw(raw) }),
+            }
+        }
+        self.unreserve(cap);
+        Err(RegisterError::Full)
+    }
+
+    /// Retires an SRQ's attachment (any thread) once `ibv_destroy_srq` succeeded: no new
+    /// completion names it; its room and entry come back once the CQ was seen empty.
+    pub(crate) fn retire_srq(&self, att: &SrqAttachment<T>) {
+        if att.state.compare_exchange(LIVE, RETIRED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            self.retired.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Consumer: the slot table of the attached SRQ a device `wr_id` (with the SRQ bit) names.
+    ///
+    /// # Safety
+    /// As [`lookup`](Self::lookup): only the consumer takes attachments out of the table.
+    #[inline]
+    pub(crate) unsafe fn lookup_srq(&self, wr_id: u64) -> Option<&SlotTable<T>> {
+        let high = self.srq_high.load(Ordering::Acquire);
+        let want = wr_id & super::table::SRQ_ID_MASK;
+        for entry in &self.srqs[..high] {
+            let p = entry.load(Ordering::Acquire);
+            if p.is_null() {
+                continue;
+            }
+            // SAFETY: table entries hold a strong count, removed only by the consumer (us).
+            let att = unsafe { &*p };
+            if att.table.base() == want {
+                return Some(&att.table);
+            }
+        }
+        None
+    }
+
     /// Consumer: the ring a device `wr_id` names, if it is still in the table (live or not).
     ///
     /// # Safety
@@ -197,7 +273,7 @@ impl<T> Registry<T> {
         }
         // SAFETY: table entries hold a strong count, removed only by the consumer (us).
         let ring = unsafe { &*p };
-        let mask = TAG | RECV | (u64::from(KEY_MASK) << 32);
+        let mask = TAG | RECV | SRQ | (u64::from(KEY_MASK) << 32);
         (ring.wr_id_base() == wr_id & mask).then_some(ring)
     }
 
@@ -244,7 +320,35 @@ impl<T> Registry<T> {
                     true
                 }
                 _ => false,
+            });
+            self.for_each_srq(|att| {
+                if att.state.load(Ordering::Acquire) == RETIRED {
+                    att.state.store(DRAINING, Ordering::Release);
+                    self.retired.fetch_sub(1, Ordering::AcqRel);
+                    self.draining.fetch_add(1, Ordering::AcqRel);
+                    // SAFETY: retired after ibv_destroy_srq succeeded. Normally a no-op (the SRQ
+                    // released its slots); finishes the job if a drop panicked there.
+                    att.table.release_all();
+                }
+                false
             })
+        }
+    }
+
+    /// Consumer: as [`for_each_ring`](Self::for_each_ring), for the SRQ attachments.
+    ///
+    /// # Safety
+    /// Called only by the consumer.
+    unsafe fn for_each_srq(&self, mut f: impl FnMut(&SrqAttachment<T>) -> bool) {
+        let high = self.srq_high.load(Ordering::Acquire);
+        for entry in &self.srqs[..high] {
+            let p = entry.load(Ordering::Acquire);
+            // SAFETY: in the table, whose strong count keeps it alive; only we take entries out.
+            if !p.is_null() && f(unsafe { &*p }) {
+                entry.store(ptr::null_mut(), Ordering::Release);
+                // SAFETY: the table's strong count, taken in attach_srq(); `f` has returned.
+                drop(unsafe { Arc::from_raw(p) });
+            }
         }
     }
 
@@ -286,6 +390,14 @@ impl<T> Registry<T> {
                     self.unreserve(ring.kept.load(Ordering::Acquire));
                 }
                 remove
+            });
+            self.for_each_srq(|att| {
+                let remove = att.state.load(Ordering::Acquire) == DRAINING;
+                if remove {
+                    self.draining.fetch_sub(1, Ordering::AcqRel);
+                    self.unreserve(att.table.capacity());
+                }
+                remove
             })
         }
     }
@@ -293,6 +405,14 @@ impl<T> Registry<T> {
 
 impl<T> Drop for Registry<T> {
     fn drop(&mut self) {
+        for entry in self.srqs.iter() {
+            let p = entry.swap(ptr::null_mut(), Ordering::AcqRel);
+            if !p.is_null() {
+                // SAFETY: the table's strong count. Every SRQ attached holds an Arc of this CQ,
+                // so it was destroyed (or leaked its table on a failed destroy) before we got here.
+                drop(unsafe { Arc::from_raw(p) });
+            }
+        }
         for entry in self.entries.iter() {
             let p = entry.swap(ptr::null_mut(), Ordering::AcqRel);
             if !p.is_null() {

@@ -226,6 +226,8 @@ pub struct SendRequest<'a> {
     pub(crate) fence: bool,
     pub(crate) solicited: bool,
     pub(crate) ud: Option<(AddressHandle, u32, u32)>,
+    /// The remote XRC SRQ number of a send on an XRC initiator.
+    pub(crate) xrc_srqn: Option<u32>,
 }
 
 impl fmt::Debug for SendRequest<'_> {
@@ -253,6 +255,7 @@ impl<'a> SendRequest<'a> {
             fence: false,
             solicited: false,
             ud: None,
+            xrc_srqn: None,
         }
     }
 
@@ -354,6 +357,15 @@ impl<'a> SendRequest<'a> {
     /// and Q_Key. The handle is kept alive until the completion.
     pub fn ud(mut self, ah: &AddressHandle, remote_qpn: u32, remote_qkey: u32) -> Self {
         self.ud = Some((ah.clone(), remote_qpn, remote_qkey));
+        self
+    }
+
+    /// The destination XRC SRQ (its number, [`SharedReceiveQueue::srq_num`](crate::SharedReceiveQueue::srq_num)
+    /// on the remote side) of a request on an XRC initiator ([`QpType::XRC_SEND`](crate::QpType::XRC_SEND));
+    /// required there, refused elsewhere.
+    #[doc(alias = "remote_srqn")]
+    pub fn xrc_srqn(mut self, srqn: u32) -> Self {
+        self.xrc_srqn = Some(srqn);
         self
     }
 
@@ -498,6 +510,9 @@ impl<'a> SendRequest<'a> {
                 O::IBV_WR_ATOMIC_FETCH_AND_ADD
             }
         };
+        if let Some(srqn) = self.xrc_srqn {
+            wr.qp_type.xrc.remote_srqn = srqn;
+        }
         if let Some((ah, qpn, qkey)) = &self.ud {
             wr.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
                 ah: ah.as_raw(),

@@ -7,6 +7,7 @@ use crate::ffi;
 use crate::memory::{Chunk, MemoryRegion};
 use crate::post::registry::Registry;
 use crate::post::ring::TAG;
+use crate::post::table::SRQ;
 use crate::post::{LocalBuf, Slot, MAX_SGE};
 
 /// The status of a work completion (`enum ibv_wc_status`): a newtype sound for any value the
@@ -199,8 +200,14 @@ impl Completion {
         if wc.wr_id & TAG == 0 {
             return;
         }
-        // SAFETY: the consumer (contract).
-        let slot = unsafe { registry.lookup(wc.wr_id).and_then(|ring| ring.complete(wc.wr_id as u32)) };
+        let slot = if wc.wr_id & SRQ != 0 {
+            // A shared receive queue's request: any order, any of its CQs (see post/table.rs).
+            // SAFETY: the consumer (contract).
+            unsafe { registry.lookup_srq(wc.wr_id) }.and_then(|table| table.complete(wc.wr_id))
+        } else {
+            // SAFETY: the consumer (contract).
+            unsafe { registry.lookup(wc.wr_id).and_then(|ring| ring.complete(wc.wr_id as u32)) }
+        };
         if let Some(slot) = slot {
             self.wc.0.wr_id = slot.wr_id;
             // The entry was cleared: the buffers replaced are all `None`, nothing to drop.

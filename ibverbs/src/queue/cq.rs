@@ -518,4 +518,133 @@ mod tests {
         }
         assert_eq!(reg.unreserved(), 8);
     }
+
+    fn srq_slot(wr_id: u64) -> Slot {
+        Slot { wr_id, bufs: Default::default(), _ah: None }
+    }
+
+    #[test]
+    fn srq_completions_find_their_slots_on_any_attached_cq_in_any_order() {
+        use crate::post::table::SlotTable;
+        let table = Arc::new(SlotTable::<Slot>::new(4, 99));
+        let reg_a = Registry::<Slot>::new(8);
+        let reg_b = Registry::<Slot>::new(8);
+        let att_a = reg_a.attach_srq(table.clone()).unwrap();
+        let att_b = reg_b.attach_srq(table.clone()).unwrap();
+        assert_eq!((reg_a.unreserved(), reg_b.unreserved()), (4, 4), "the SRQ's depth reserved in each CQ");
+        let ids: Vec<u64> = (0..3)
+            .map(|k| {
+                // SAFETY: the test is the only producer.
+                unsafe {
+                    let i = table.claim().unwrap();
+                    table.publish(i, srq_slot(100 + k))
+                }
+            })
+            .collect();
+        let mut out: [Completion; 4] = Default::default();
+        // QP B took the second request and completed first, on CQ B.
+        // SAFETY: single consumer of each registry.
+        unsafe {
+            assert_eq!(poll_into(&reg_b, &mut out, mlx5_like(&ids[1..2])).unwrap(), 1);
+            assert!(out[0].is_tracked() && out[0].wr_id() == 101);
+            let on_a = [ids[2], ids[0], ids[2]];
+            assert_eq!(poll_into(&reg_a, &mut out, mlx5_like(&on_a)).unwrap(), 3);
+        }
+        assert_eq!((out[0].wr_id(), out[1].wr_id()), (102, 100));
+        assert!(out[0].is_tracked() && out[1].is_tracked());
+        assert!(!out[2].is_tracked(), "a repeated wr_id is stale");
+        assert_eq!(table.outstanding(), 0);
+        // A ring's wr_id with the same key bits is not an SRQ's, and the reverse.
+        let [ring] = reg_a.register([(1, true)]).unwrap();
+        assert_ne!(ring.wr_id_base() & crate::post::table::SRQ, crate::post::table::SRQ);
+        reg_a.unregister(&ring);
+
+        // The SRQ is destroyed with one request still posted: retire, then release.
+        // SAFETY: producer.
+        let last = unsafe {
+            let i = table.claim().unwrap();
+            table.publish(i, srq_slot(7))
+        };
+        reg_a.retire_srq(&att_a);
+        reg_b.retire_srq(&att_b);
+        // SAFETY: "ibv_destroy_srq succeeded".
+        unsafe { table.release_all() };
+        let weak = Arc::downgrade(&table);
+        drop((table, att_a, att_b));
+        // A stale completion of the released request, still in CQ A: found, skipped.
+        // SAFETY: single consumer.
+        unsafe {
+            assert_eq!(poll_into(&reg_a, &mut out, mlx5_like(&[last])).unwrap(), 1);
+            assert!(!out[0].is_tracked());
+            assert_eq!(reg_a.unreserved(), 8, "seen empty: the SRQ's room is back");
+            assert!(weak.upgrade().is_some(), "CQ B still holds the table");
+            assert_eq!(poll_into(&reg_b, &mut out, |_, _| 0).unwrap(), 0);
+        }
+        assert_eq!(reg_b.unreserved(), 8);
+        assert!(weak.upgrade().is_none(), "every CQ let go of the table");
+    }
+
+    #[test]
+    fn attaching_an_srq_reports_the_whole_need() {
+        use crate::post::registry::RegisterError;
+        use crate::post::table::SlotTable;
+        let reg = Registry::<Slot>::new(10);
+        let [_ring] = reg.register([(6, false)]).unwrap();
+        let table = Arc::new(SlotTable::<Slot>::new(8, 1));
+        assert_eq!(
+            reg.attach_srq(table).err().map(|e| format!("{e:?}")),
+            Some(format!("{:?}", RegisterError::CqTooSmall { needed: 14, capacity: 10 }))
+        );
+        assert_eq!(reg.unreserved(), 4);
+    }
+
+    #[test]
+    fn srq_destroy_races_a_poller_on_another_thread() {
+        use crate::post::table::SlotTable;
+        const N: u64 = 12;
+        let table = Arc::new(SlotTable::<Slot>::new(16, 5));
+        let reg = Arc::new(Registry::<Slot>::new(32));
+        let att = reg.attach_srq(table.clone()).unwrap();
+        let ids: Vec<u64> = (0..N)
+            .map(|k| {
+                // SAFETY: the test is the only producer.
+                unsafe {
+                    let i = table.claim().unwrap();
+                    table.publish(i, srq_slot(k))
+                }
+            })
+            .collect();
+        // The poller: completions of half the requests, still in the CQ when the SRQ goes.
+        let poller = {
+            let reg = reg.clone();
+            let done: Vec<u64> = ids.iter().copied().step_by(2).collect();
+            std::thread::spawn(move || {
+                let mut out: [Completion; 4] = Default::default();
+                let mut provider = mlx5_like(&done);
+                let mut tracked = 0;
+                loop {
+                    // SAFETY: this thread is the registry's only consumer.
+                    let n = unsafe { poll_into(&reg, &mut out, &mut provider) }.unwrap();
+                    tracked += out[..n].iter().filter(|c| c.is_tracked()).count();
+                    if n < out.len() {
+                        return tracked;
+                    }
+                }
+            })
+        };
+        // "ibv_destroy_srq succeeded" on this thread, racing the poller.
+        reg.retire_srq(&att);
+        // SAFETY: destroyed.
+        unsafe { table.release_all() };
+        let tracked = poller.join().unwrap();
+        assert!(tracked <= (N as usize).div_ceil(2));
+        assert_eq!(table.outstanding(), 0, "every slot taken exactly once, by one party or the other");
+        let weak = Arc::downgrade(&table);
+        drop((table, att));
+        let mut out: [Completion; 1] = Default::default();
+        // SAFETY: the only consumer now.
+        unsafe { poll_into(&reg, &mut out, |_, _| 0) }.unwrap();
+        assert_eq!(reg.unreserved(), 32, "seen empty: the room is back");
+        assert!(weak.upgrade().is_none());
+    }
 }

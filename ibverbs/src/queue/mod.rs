@@ -5,8 +5,12 @@ mod channel;
 mod completion;
 mod cq;
 mod qp;
+mod srq;
+mod xrc;
 
 pub use channel::{CompletionChannel, CqId};
 pub use completion::{Completion, WcOpcode, WcStatus, WorkCompletion};
 pub use cq::CompletionQueue;
 pub use qp::{PostError, QpCaps, QpState, QpType, QueuePair, QueuePairBuilder};
+pub use srq::{SharedReceiveQueue, SrqAttr};
+pub use xrc::XrcDomain;

@@ -12,10 +12,11 @@ use crate::device::Context;
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::ffi;
 use crate::pd::{PdInner, ProtectionDomain};
-use crate::post::engine::register_rings;
+use crate::post::engine::{register_rings, register_send_ring};
 use crate::post::ring::Ring;
 use crate::post::{Slot, MAX_SGE};
 use crate::queue::cq::{CompletionQueue, CqInner};
+use crate::queue::srq::{SharedReceiveQueue, SrqInner};
 
 /// The transport service of a queue pair (`enum ibv_qp_type`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -29,6 +30,17 @@ impl QpType {
     pub const UC: QpType = QpType(ffi::ibv_qp_type::IBV_QPT_UC.0);
     /// Unreliable Datagram: Sends of at most one MTU to any UD QP, through address handles.
     pub const UD: QpType = QpType(ffi::ibv_qp_type::IBV_QPT_UD.0);
+    /// XRC initiator (`IBV_QPT_XRC_SEND`): sends to XRC SRQs of a remote XRC domain; no receive
+    /// queue. Needs `IBV_DEVICE_XRC`.
+    pub const XRC_SEND: QpType = QpType(ffi::ibv_qp_type::IBV_QPT_XRC_SEND.0);
+    /// XRC target (`IBV_QPT_XRC_RECV`): receives into the XRC SRQs of its
+    /// [`XrcDomain`](crate::XrcDomain) ([`QueuePairBuilder::xrcd`]); no work queues of its own.
+    /// Needs `IBV_DEVICE_XRC`.
+    pub const XRC_RECV: QpType = QpType(ffi::ibv_qp_type::IBV_QPT_XRC_RECV.0);
+
+    fn is_xrc(self) -> bool {
+        self == QpType::XRC_SEND || self == QpType::XRC_RECV
+    }
 }
 
 impl fmt::Debug for QpType {
@@ -37,6 +49,8 @@ impl fmt::Debug for QpType {
             QpType::RC => f.write_str("RC"),
             QpType::UC => f.write_str("UC"),
             QpType::UD => f.write_str("UD"),
+            QpType::XRC_SEND => f.write_str("XRC_SEND"),
+            QpType::XRC_RECV => f.write_str("XRC_RECV"),
             QpType(n) => write!(f, "QpType({n})"),
         }
     }
@@ -114,6 +128,8 @@ pub struct QueuePairBuilder<'a> {
     recv_cq: &'a CompletionQueue,
     qp_type: QpType,
     caps: QpCaps,
+    srq: Option<&'a SharedReceiveQueue>,
+    xrcd: Option<&'a crate::XrcDomain>,
 }
 
 impl ProtectionDomain {
@@ -121,7 +137,15 @@ impl ProtectionDomain {
     /// `cq` (change the receive side with [`QueuePairBuilder::recv_cq`]).
     #[doc(alias = "ibv_create_qp")]
     pub fn create_qp<'a>(&'a self, cq: &'a CompletionQueue, qp_type: QpType) -> QueuePairBuilder<'a> {
-        QueuePairBuilder { pd: self, send_cq: cq, recv_cq: cq, qp_type, caps: QpCaps::default() }
+        QueuePairBuilder {
+            pd: self,
+            send_cq: cq,
+            recv_cq: cq,
+            qp_type,
+            caps: QpCaps::default(),
+            srq: None,
+            xrcd: None,
+        }
     }
 }
 
@@ -157,6 +181,24 @@ impl<'a> QueuePairBuilder<'a> {
         self.caps.max_inline_data = n;
         self
     }
+    /// Receives come from the shared receive queue `srq` (`ibv_qp_init_attr.srq`): the queue
+    /// pair has no receive queue of its own (its `max_recv_wr`/`max_recv_sge` are ignored, and
+    /// [`QueuePair::post_recv`] refuses with [`Error::InvalidArgument`]); its receive
+    /// completions, on the receive CQ, hand back the buffers posted to the SRQ. The queue pair
+    /// keeps the SRQ alive. The first queue pair of an SRQ on a CQ reserves the SRQ's depth in
+    /// that CQ (kept until the SRQ is dropped), however many of its queue pairs complete there.
+    #[doc(alias = "ibv_qp_init_attr")]
+    pub fn srq(mut self, srq: &'a SharedReceiveQueue) -> Self {
+        self.srq = Some(srq);
+        self
+    }
+    /// The XRC domain of an XRC target queue pair ([`QpType::XRC_RECV`]; required for it). The
+    /// queue pair keeps the domain alive.
+    #[doc(alias = "ibv_qp_init_attr_ex")]
+    pub fn xrcd(mut self, xrcd: &'a crate::XrcDomain) -> Self {
+        self.xrcd = Some(xrcd);
+        self
+    }
     /// All capacities at once.
     pub fn caps(mut self, caps: QpCaps) -> Self {
         self.caps = caps;
@@ -172,11 +214,64 @@ impl<'a> QueuePairBuilder<'a> {
     /// the device's limits).
     #[doc(alias = "ibv_create_qp")]
     pub fn build(self) -> Result<QueuePair> {
+        if self.qp_type.is_xrc() {
+            return self.build_xrc();
+        }
         let pd = self.pd.as_raw();
         self.build_with("ibv_create_qp", None, |init| {
             // SAFETY: valid PD and CQs (kept alive by the QP's Arcs); `init` is a valid attribute
             // struct.
             cvt_p("ibv_create_qp", unsafe { ffi::ibv_create_qp(pd, init) })
+        })
+    }
+
+    /// XRC queue pairs: `ibv_create_qp_ex()` with the PD (initiator) or the XRC domain (target),
+    /// after the capability check.
+    fn build_xrc(self) -> Result<QueuePair> {
+        const VERB: &str = "ibv_create_qp_ex";
+        crate::queue::xrc::check_xrc(&self.pd.context(), VERB)?;
+        let target = self.qp_type == QpType::XRC_RECV;
+        let xrcd = match (target, self.xrcd) {
+            (true, None) => {
+                return Err(Error::InvalidArgument {
+                    verb: VERB,
+                    reason: "an XRC target queue pair needs .xrcd()",
+                })
+            }
+            (true, Some(x)) if !Arc::ptr_eq(&x.inner._ctx, &self.pd.inner.ctx) => {
+                return Err(Error::InvalidArgument {
+                    verb: VERB,
+                    reason: "the XRC domain belongs to another device context than the protection domain",
+                })
+            }
+            (true, Some(x)) => x.as_raw(),
+            (false, _) => std::ptr::null_mut(),
+        };
+        let (pd, ctx) = (self.pd.as_raw(), self.pd.inner.ctx.raw.as_ptr());
+        self.build_with(VERB, None, |init| {
+            use ffi::ibv_qp_init_attr_mask as M;
+            let mut ex = std::mem::MaybeUninit::<ffi::ibv_qp_init_attr_ex>::zeroed();
+            let p = ex.as_mut_ptr();
+            // SAFETY: all-zero is a valid ibv_qp_init_attr_ex (null pointers and integers),
+            // written through `p` so its padding stays initialised; valid context, PD, CQs and
+            // XRC domain (kept alive by the QP's Arcs).
+            let raw = unsafe {
+                (*p).send_cq = init.send_cq;
+                (*p).recv_cq = init.recv_cq;
+                (*p).cap = init.cap;
+                (*p).qp_type = init.qp_type;
+                if target {
+                    (*p).comp_mask = M::IBV_QP_INIT_ATTR_XRCD.0;
+                    (*p).xrcd = xrcd;
+                } else {
+                    (*p).comp_mask = M::IBV_QP_INIT_ATTR_PD.0;
+                    (*p).pd = pd;
+                }
+                let raw = ffi::ibv_create_qp_ex(ctx, p);
+                init.cap = (*p).cap;
+                raw
+            };
+            cvt_p(VERB, raw)
         })
     }
 
@@ -237,8 +332,25 @@ impl<'a> QueuePairBuilder<'a> {
         cm: Option<Arc<crate::cm::CmIdInner>>,
         create: impl FnOnce(&mut ffi::ibv_qp_init_attr) -> Result<NonNull<ffi::ibv_qp>>,
     ) -> Result<QueuePair> {
-        let caps = self.caps;
-        if caps.max_send_wr == 0 || caps.max_recv_wr == 0 {
+        let mut caps = self.caps;
+        // Work queues this QP has of its own: an SRQ or XRC QP has no receive queue, an XRC
+        // target no send queue either.
+        let has_recv = self.srq.is_none() && !self.qp_type.is_xrc();
+        let has_send = self.qp_type != QpType::XRC_RECV;
+        if !has_recv {
+            caps.max_recv_wr = 0;
+            caps.max_recv_sge = 0;
+        }
+        if !has_send {
+            caps = QpCaps {
+                max_send_wr: 0,
+                max_recv_wr: 0,
+                max_send_sge: 0,
+                max_recv_sge: 0,
+                max_inline_data: 0,
+            };
+        }
+        if (has_send && caps.max_send_wr == 0) || (has_recv && caps.max_recv_wr == 0) {
             return Err(Error::InvalidArgument {
                 verb,
                 reason: "send and receive queue depths must be at least 1",
@@ -269,14 +381,43 @@ impl<'a> QueuePairBuilder<'a> {
         }
         let send_cq = self.send_cq.inner.clone();
         let recv_cq = self.recv_cq.inner.clone();
-        let [send, recv] =
-            register_rings(&send_cq.registry, &recv_cq.registry, caps.max_send_wr, caps.max_recv_wr, verb)?;
+        let srq = self.srq.map(|s| s.inner.clone());
+        if let Some(srq) = &srq {
+            if !Arc::ptr_eq(&srq.pd, &self.pd.inner) {
+                return Err(Error::InvalidArgument {
+                    verb,
+                    reason: "the shared receive queue belongs to another protection domain",
+                });
+            }
+            init.srq = srq.raw.as_ptr();
+            // Attached first: on a shared CQ, the send ring's CqTooSmall then reports the total
+            // needed. The attachment stays if the QP is not created (it is the SRQ's, given back
+            // when the SRQ goes).
+            srq.attach_to(&recv_cq, verb)?;
+        }
+        // A queue the QP does not have gets a ring that is never registered nor posted to.
+        let none = || Arc::new(Ring::new(1, 0));
+        let [send, recv] = match (has_send, has_recv) {
+            (true, true) => register_rings(
+                &send_cq.registry,
+                &recv_cq.registry,
+                caps.max_send_wr,
+                caps.max_recv_wr,
+                verb,
+            )?,
+            (true, false) => [register_send_ring(&send_cq.registry, caps.max_send_wr, verb)?, none()],
+            (false, _) => [none(), none()],
+        };
         let raw = match create(&mut init) {
             Ok(r) => r,
             Err(e) => {
                 // The rings never reached the device.
-                send_cq.registry.unregister(&send);
-                recv_cq.registry.unregister(&recv);
+                if has_send {
+                    send_cq.registry.unregister(&send);
+                }
+                if has_recv {
+                    recv_cq.registry.unregister(&recv);
+                }
                 return Err(e);
             }
         };
@@ -313,6 +454,10 @@ impl<'a> QueuePairBuilder<'a> {
             recv_cq,
             pd: self.pd.inner.clone(),
             cm,
+            srq,
+            has_send,
+            has_recv,
+            _xrcd: self.xrcd.filter(|_| self.qp_type == QpType::XRC_RECV).map(|x| x.inner.clone()),
         })
     }
 }
@@ -352,6 +497,16 @@ pub struct QueuePair {
     /// The RDMA-CM id the QP was created on: RDMA-CM drives its state, and the id is destroyed
     /// only after the QP (this Arc).
     pub(crate) cm: Option<Arc<crate::cm::CmIdInner>>,
+    /// The shared receive queue receives come from: destroyed only after this QP (this Arc).
+    /// Declared after `raw`'s users; the QP itself is destroyed in `Drop::drop`, before any
+    /// field is dropped.
+    pub(crate) srq: Option<Arc<SrqInner>>,
+    /// Whether the send ring is registered (not for an XRC target).
+    pub(crate) has_send: bool,
+    /// Whether the receive ring is registered (not on an SRQ, not for XRC).
+    pub(crate) has_recv: bool,
+    /// The XRC domain of an XRC target, destroyed after it.
+    _xrcd: Option<Arc<crate::queue::xrc::XrcdInner>>,
 }
 
 // SAFETY: libibverbs QPs may be used from any thread (providers lock their queues). The rings are
@@ -497,7 +652,13 @@ impl QueuePair {
         self.send.outstanding()
     }
 
-    /// Receive requests posted through the safe level and not yet completed.
+    /// Whether receives come from a shared receive queue ([`QueuePairBuilder::srq`]).
+    pub fn uses_srq(&self) -> bool {
+        self.srq.is_some()
+    }
+
+    /// Receive requests posted through the safe level and not yet completed (0 on a queue pair
+    /// that uses a shared receive queue: see [`SharedReceiveQueue::outstanding`]).
     pub fn outstanding_recvs(&self) -> u32 {
         self.recv.outstanding()
     }
@@ -572,8 +733,12 @@ impl Drop for QueuePair {
         };
         if ret == 0 {
             // The device is done with every posted buffer: hand them to the CQs to release.
-            self.send_cq.registry.retire(&self.send);
-            self.recv_cq.registry.retire(&self.recv);
+            if self.has_send {
+                self.send_cq.registry.retire(&self.send);
+            }
+            if self.has_recv {
+                self.recv_cq.registry.retire(&self.recv);
+            }
         } else {
             // The QP may still be live in the device: never release its buffers.
             std::mem::forget(self.send.clone());

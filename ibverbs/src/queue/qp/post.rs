@@ -13,6 +13,12 @@ use crate::queue::qp::{PostError, QpState, QpType, QueuePair};
 
 impl QueuePair {
     fn check_send_state(&self) -> Result<()> {
+        if !self.has_send {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_post_send",
+                reason: "an XRC target queue pair has no send queue",
+            });
+        }
         if self.state != QpState::RTS && self.state != QpState::ERR {
             return Err(Error::QpState { verb: "ibv_post_send", state: self.state, expected: "RTS" });
         }
@@ -38,6 +44,11 @@ impl QueuePair {
         } else if count > self.caps.max_send_sge as usize {
             return bad("more scatter/gather entries than the QP's max_send_sge");
         }
+        if wr.xrc_srqn.is_some() != (self.qp_type == QpType::XRC_SEND) {
+            return bad(
+                "an XRC initiator's requests name their remote SRQ (SendRequest::xrc_srqn); no other's do",
+            );
+        }
         match (self.qp_type, &wr.ud, wr.op) {
             (QpType::UD, None, _) => bad("a send on a UD queue pair needs a destination: SendRequest::ud"),
             (QpType::UD, Some(_), Op::Send) => Ok(()),
@@ -51,6 +62,12 @@ impl QueuePair {
     }
 
     fn check_recv(&self, wr: &RecvRequest) -> Result<()> {
+        if !self.has_recv {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_post_recv",
+                reason: "the queue pair has no receive queue of its own (it receives through a shared receive queue: post to the SRQ)",
+            });
+        }
         if self.state == QpState::RESET || self.state == QpState::UNUSABLE {
             return Err(Error::QpState {
                 verb: "ibv_post_recv",
@@ -110,7 +127,8 @@ impl QueuePair {
     /// completion hands them back.
     ///
     /// # Errors
-    /// A [`PostError`] handing the request back: [`Error::QpState`] in RESET,
+    /// A [`PostError`] handing the request back: [`Error::InvalidArgument`] on a queue pair
+    /// built on a shared receive queue (post to the SRQ instead), [`Error::QpState`] in RESET,
     /// [`Error::QueueFull`] when `max_recv_wr` receives are outstanding,
     /// [`Error::InvalidArgument`] for a buffer the device may not write, [`Error::Verb`] when the
     /// provider refuses it.

@@ -6,7 +6,7 @@ use crate::device::Gid;
 use crate::error::{Error, Result};
 use crate::ffi;
 use crate::memory::AccessFlags;
-use crate::post::engine::register_rings;
+use crate::post::engine::{register_rings, register_send_ring};
 use crate::queue::qp::{random_psn, QpState, QpType, QueuePair};
 
 impl QueuePair {
@@ -144,7 +144,8 @@ impl QueuePair {
         };
         let mut mask =
             M::IBV_QP_STATE | M::IBV_QP_AV | M::IBV_QP_PATH_MTU | M::IBV_QP_DEST_QPN | M::IBV_QP_RQ_PSN;
-        if self.qp_type == QpType::RC {
+        // The responder's attributes: RC and XRC targets (the kernel refuses them elsewhere).
+        if self.qp_type == QpType::RC || self.qp_type == QpType::XRC_RECV {
             mask = mask | M::IBV_QP_MAX_DEST_RD_ATOMIC | M::IBV_QP_MIN_RNR_TIMER;
         }
         self.modify(&mut attr, mask)?;
@@ -159,7 +160,11 @@ impl QueuePair {
             ..Default::default()
         };
         let mut mask = M::IBV_QP_STATE | M::IBV_QP_SQ_PSN;
-        if self.qp_type == QpType::RC {
+        if self.qp_type == QpType::XRC_RECV {
+            mask |= M::IBV_QP_TIMEOUT;
+        }
+        // The requester's attributes: RC and XRC initiators.
+        if self.qp_type == QpType::RC || self.qp_type == QpType::XRC_SEND {
             mask = mask
                 | M::IBV_QP_TIMEOUT
                 | M::IBV_QP_RETRY_CNT
@@ -231,15 +236,27 @@ impl QueuePair {
         self.modify(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE)?;
         // The device has forgotten every request: retire the rings (their buffers go at the next
         // poll, their indices once the CQ is seen empty) and start with empty ones.
-        self.send_cq.registry.retire(&self.send);
-        self.recv_cq.registry.retire(&self.recv);
-        match register_rings(
-            &self.send_cq.registry,
-            &self.recv_cq.registry,
-            self.send.capacity(),
-            self.recv.capacity(),
-            "ibv_modify_qp",
-        ) {
+        let fresh = match (self.has_send, self.has_recv) {
+            (true, true) => {
+                self.send_cq.registry.retire(&self.send);
+                self.recv_cq.registry.retire(&self.recv);
+                register_rings(
+                    &self.send_cq.registry,
+                    &self.recv_cq.registry,
+                    self.send.capacity(),
+                    self.recv.capacity(),
+                    "ibv_modify_qp",
+                )
+            }
+            // No receive ring: receives belong to the SRQ (untouched by a reset), or to XRC SRQs.
+            (true, false) => {
+                self.send_cq.registry.retire(&self.send);
+                register_send_ring(&self.send_cq.registry, self.send.capacity(), "ibv_modify_qp")
+                    .map(|send| [send, self.recv.clone()])
+            }
+            (false, _) => Ok([self.send.clone(), self.recv.clone()]),
+        };
+        match fresh {
             Ok([send, recv]) => {
                 self.send = send;
                 self.recv = recv;

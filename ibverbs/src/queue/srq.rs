@@ -1,0 +1,432 @@
+//! Shared receive queues: one pool of receive requests that many queue pairs consume.
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::error::{cvt, cvt_p, Error, Result};
+use crate::ffi;
+use crate::pd::{PdInner, ProtectionDomain};
+use crate::post::engine::Request;
+use crate::post::registry::{RegisterError, SrqAttachment};
+use crate::post::table::{SlotTable, MAX_SLOTS, SRQ_ID_BITS};
+use crate::post::{RecvRequest, Slot, MAX_SGE};
+use crate::queue::cq::CqInner;
+use crate::queue::qp::PostError;
+
+/// A provider's `post_srq_recv` entry point.
+type PostSrqFn =
+    unsafe extern "C" fn(*mut ffi::ibv_srq, *mut ffi::ibv_recv_wr, *mut *mut ffi::ibv_recv_wr) -> i32;
+
+const POST: &str = "ibv_post_srq_recv";
+
+/// A CQ this SRQ's queue pairs complete into, with the SRQ's attachment there.
+type Attached = (Arc<CqInner>, Arc<SrqAttachment<Slot>>);
+
+pub(crate) struct SrqInner {
+    pub(crate) raw: NonNull<ffi::ibv_srq>,
+    pub(crate) table: Arc<SlotTable<Slot>>,
+    /// The CQs this SRQ's queue pairs complete receives into, each with its attachment there.
+    /// Not on the data path: taken when a queue pair is built and when the SRQ goes.
+    cqs: Mutex<Vec<Attached>>,
+    pub(crate) pd: Arc<PdInner>,
+    /// Kept alive for an XRC SRQ.
+    pub(crate) _xrcd: Option<Arc<crate::queue::xrc::XrcdInner>>,
+}
+
+// SAFETY: an SRQ may be used from any thread (providers lock it for posts); the slot table's
+// protocol is designed for one producer (enforced by &mut SharedReceiveQueue) and any number of
+// consumers on any threads; the CQ list is behind a Mutex.
+unsafe impl Send for SrqInner {}
+// SAFETY: as above.
+unsafe impl Sync for SrqInner {}
+
+impl SrqInner {
+    /// Attaches this SRQ to `cq` (once per CQ): the CQ's poller then finds the SRQ's slots from
+    /// its completions. Reserves the SRQ's depth in the CQ.
+    pub(crate) fn attach_to(&self, cq: &Arc<CqInner>, verb: &'static str) -> Result<()> {
+        let mut cqs = self.cqs.lock().unwrap_or_else(|e| e.into_inner());
+        if cqs.iter().any(|(c, _)| Arc::ptr_eq(c, cq)) {
+            return Ok(());
+        }
+        let att = cq.registry.attach_srq(self.table.clone()).map_err(|e| match e {
+            RegisterError::CqTooSmall { needed, capacity } => Error::CqTooSmall { verb, needed, capacity },
+            RegisterError::Full => Error::TooManyQueuePairs { verb },
+        })?;
+        cqs.push((cq.clone(), att));
+        Ok(())
+    }
+}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        // SAFETY: every queue pair on this SRQ holds an Arc of this inner, so all are destroyed;
+        // destroyed once.
+        let ret = unsafe { ffi::ibv_destroy_srq(self.raw.as_ptr()) };
+        if ret != 0 {
+            // The SRQ may still be live in the device: never release its buffers (the CQs'
+            // attachments keep the table too; this extra count is never given back).
+            std::mem::forget(self.table.clone());
+            return;
+        }
+        // The device no longer touches the buffers and no new completion names the SRQ. Retire
+        // the attachments first (each CQ's poller then finishes the release if a drop below
+        // panics), then take back every posted slot: CAS per slot, so pollers taking stale
+        // completions on other threads right now are no problem.
+        let cqs = std::mem::take(self.cqs.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for (cq, att) in &cqs {
+            cq.registry.retire_srq(att);
+        }
+        // SAFETY: ibv_destroy_srq succeeded.
+        unsafe { self.table.release_all() };
+    }
+}
+
+/// What [`SharedReceiveQueue::query`] reports (`struct ibv_srq_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[doc(alias = "ibv_srq_attr")]
+pub struct SrqAttr {
+    /// Receive requests the SRQ holds (as granted by the device: at least what was asked).
+    pub max_wr: u32,
+    /// Scatter/gather entries per receive request.
+    pub max_sge: u32,
+    /// The armed limit (0: not armed).
+    pub srq_limit: u32,
+}
+
+/// A shared receive queue (`struct ibv_srq`): receive requests that any queue pair built on it
+/// ([`QueuePairBuilder::srq`](crate::QueuePairBuilder::srq)) consumes, in whatever order they
+/// take them.
+///
+/// Posting takes `&mut self`: the SRQ keeps each posted buffer until the completion (on the
+/// receive CQ of whichever queue pair took the request) hands it back. Dropping the handle
+/// destroys the SRQ (`ibv_destroy_srq()`) once every queue pair on it is gone too (each holds
+/// it); buffers still posted are released then.
+pub struct SharedReceiveQueue {
+    pub(crate) inner: Arc<SrqInner>,
+    post_fn: Option<PostSrqFn>,
+    max_sge: u32,
+    chain: Box<[ffi::ibv_recv_wr]>,
+    chain_sges: Box<[[ffi::ibv_sge; MAX_SGE]]>,
+    /// The slots a post claimed, per request of the chain.
+    claimed: Box<[u32]>,
+}
+
+// SAFETY: see SrqInner; the scratch arrays are touched only under &mut self.
+unsafe impl Send for SharedReceiveQueue {}
+// SAFETY: &self methods only query the SRQ or modify its limit, which providers make thread-safe.
+unsafe impl Sync for SharedReceiveQueue {}
+
+impl fmt::Debug for SharedReceiveQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedReceiveQueue")
+            .field("capacity", &self.capacity())
+            .field("outstanding", &self.outstanding())
+            .finish()
+    }
+}
+
+/// A process-wide SRQ number for `wr_id`s (29 bits). Never reused: two SRQs attached to one CQ
+/// must never share a number (a completion of one could then take a slot of the other), so after
+/// 2^29 − 1 SRQs in one process, creating more fails instead of wrapping.
+pub(crate) fn next_srq_id(verb: &'static str) -> Result<u32> {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    NEXT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < (1 << SRQ_ID_BITS) - 1).then_some(n + 1))
+        .map_err(|_| Error::InvalidArgument {
+            verb,
+            reason: "this process has created 2^29 - 1 shared receive queues, the most the safe level can tell apart",
+        })
+}
+
+impl ProtectionDomain {
+    /// Creates a shared receive queue of `max_wr` receive requests of up to `max_sge`
+    /// scatter/gather entries each (`ibv_create_srq()`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a depth of 0 or above 65536 (the safe level's slot table
+    /// names a slot in 16 bits of the `wr_id`); [`Error::Verb`] from `ibv_create_srq()` (e.g.
+    /// `EINVAL` above the device's `max_srq_wr`/`max_srq_sge`).
+    #[doc(alias = "ibv_create_srq")]
+    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
+        check_depth(max_wr, "ibv_create_srq")?;
+        let id = next_srq_id("ibv_create_srq")?;
+        // libibverbs copies the whole struct, padding included, over the head of an
+        // `ibv_srq_init_attr_ex` (its 4 trailing padding bytes land in `comp_mask`), so the
+        // padding must be initialised (valgrind: conditional jump on an uninitialised value in
+        // ibv_cmd_create_srq). Kept in a zeroed MaybeUninit and written through its pointer, so
+        // no typed copy can make the padding uninitialised again.
+        let mut init = std::mem::MaybeUninit::<ffi::ibv_srq_init_attr>::zeroed();
+        let p = init.as_mut_ptr();
+        // SAFETY: all-zero is a valid ibv_srq_init_attr (a null pointer and integers); the field
+        // writes go through `p`, leaving the padding zero. Valid PD (kept alive by the SRQ's Arc).
+        let raw = unsafe {
+            (*p).attr.max_wr = max_wr;
+            (*p).attr.max_sge = max_sge;
+            ffi::ibv_create_srq(self.as_raw(), p)
+        };
+        let raw = cvt_p("ibv_create_srq", raw)?;
+        Ok(SharedReceiveQueue::from_raw(id, raw, max_wr, max_sge, self.inner.clone(), None))
+    }
+}
+
+pub(crate) fn check_depth(max_wr: u32, verb: &'static str) -> Result<()> {
+    if max_wr == 0 || max_wr > MAX_SLOTS {
+        return Err(Error::InvalidArgument {
+            verb,
+            reason: "a shared receive queue holds 1..=65536 requests at the safe level",
+        });
+    }
+    Ok(())
+}
+
+impl SharedReceiveQueue {
+    pub(crate) fn from_raw(
+        id: u32,
+        raw: NonNull<ffi::ibv_srq>,
+        max_wr: u32,
+        max_sge: u32,
+        pd: Arc<PdInner>,
+        xrcd: Option<Arc<crate::queue::xrc::XrcdInner>>,
+    ) -> SharedReceiveQueue {
+        // SAFETY: the SRQ is valid; its context's ops table belongs to the provider.
+        let post_fn = unsafe { (*(*raw.as_ptr()).context).ops.post_srq_recv };
+        let chain_len = max_wr as usize;
+        SharedReceiveQueue {
+            inner: Arc::new(SrqInner {
+                raw,
+                table: Arc::new(SlotTable::new(max_wr, id)),
+                cqs: Mutex::new(Vec::new()),
+                pd,
+                _xrcd: xrcd,
+            }),
+            post_fn,
+            max_sge,
+            chain: vec![ffi::ibv_recv_wr::default(); chain_len].into_boxed_slice(),
+            chain_sges: vec![[ffi::ibv_sge::default(); MAX_SGE]; chain_len].into_boxed_slice(),
+            claimed: vec![0; chain_len].into_boxed_slice(),
+        }
+    }
+
+    /// Identifies this SRQ in [`AsyncEvent`](crate::AsyncEvent)s: compare with
+    /// [`AsyncObject::SharedReceiveQueue`](crate::AsyncObject::SharedReceiveQueue) (the address
+    /// of its `struct ibv_srq`, as a value).
+    pub fn id(&self) -> usize {
+        self.inner.raw.as_ptr() as usize
+    }
+
+    /// The raw `struct ibv_srq *`; valid while this SRQ (or a queue pair on it) lives. What
+    /// `ffi` calls may not do with it: see the crate's *Safety model* (raw handles).
+    pub fn as_raw(&self) -> *mut ffi::ibv_srq {
+        self.inner.raw.as_ptr()
+    }
+
+    /// The SRQ number (`ibv_get_srq_num()`): what remote XRC initiators name an XRC SRQ by.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the verb fails (e.g. for an SRQ that is not an XRC SRQ).
+    #[doc(alias = "ibv_get_srq_num")]
+    pub fn srq_num(&self) -> Result<u32> {
+        let mut n = 0;
+        // SAFETY: valid SRQ and out-pointer.
+        cvt("ibv_get_srq_num", unsafe { ffi::ibv_get_srq_num(self.as_raw(), &mut n) })?;
+        Ok(n)
+    }
+
+    /// Receive requests the safe level keeps at most (the depth asked for).
+    pub fn capacity(&self) -> u32 {
+        self.inner.table.capacity()
+    }
+
+    /// Receive requests posted through the safe level and not yet completed.
+    pub fn outstanding(&self) -> u32 {
+        self.inner.table.outstanding()
+    }
+
+    /// Arms the SRQ limit (`ibv_modify_srq()` with `IBV_SRQ_LIMIT`): when fewer than `limit`
+    /// receive requests remain posted, the device raises
+    /// [`AsyncEventType::SRQ_LIMIT_REACHED`](crate::AsyncEventType::SRQ_LIMIT_REACHED) once
+    /// (read it with [`Context::async_events`](crate::Context::async_events)) and disarms.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the verb fails (e.g. `EINVAL` for a limit above the depth).
+    #[doc(alias = "ibv_modify_srq")]
+    pub fn modify_limit(&self, limit: u32) -> Result<()> {
+        let mut attr = ffi::ibv_srq_attr { max_wr: 0, max_sge: 0, srq_limit: limit };
+        // SAFETY: valid SRQ and attribute struct.
+        let ret = unsafe {
+            ffi::ibv_modify_srq(self.as_raw(), &mut attr, ffi::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as i32)
+        };
+        cvt("ibv_modify_srq", ret)
+    }
+
+    /// Queries the SRQ's attributes (`ibv_query_srq()`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the verb fails.
+    #[doc(alias = "ibv_query_srq")]
+    pub fn query(&self) -> Result<SrqAttr> {
+        let mut attr = ffi::ibv_srq_attr::default();
+        // SAFETY: valid SRQ and out-pointer.
+        cvt("ibv_query_srq", unsafe { ffi::ibv_query_srq(self.as_raw(), &mut attr) })?;
+        Ok(SrqAttr { max_wr: attr.max_wr, max_sge: attr.max_sge, srq_limit: attr.srq_limit })
+    }
+
+    fn check(&self, wr: &RecvRequest) -> Result<()> {
+        if wr.validate(&self.inner.pd)? > self.max_sge as usize {
+            return Err(Error::InvalidArgument {
+                verb: POST,
+                reason: "more scatter/gather entries than the SRQ's max_sge",
+            });
+        }
+        Ok(())
+    }
+
+    /// Posts one receive request (`ibv_post_srq_recv()`), safely: the SRQ keeps its buffers
+    /// until the completion — on the receive CQ of whichever queue pair takes it — hands them
+    /// back.
+    ///
+    /// # Errors
+    /// A [`PostError`] handing the request back: [`Error::QueueFull`] when
+    /// [`capacity`](Self::capacity) requests are outstanding, [`Error::InvalidArgument`] for a
+    /// buffer the device may not write (or of another protection domain), [`Error::Verb`] when
+    /// the provider refuses it.
+    #[doc(alias = "ibv_post_srq_recv")]
+    #[allow(clippy::result_large_err)] // as QueuePair::post_recv: no allocation on the post path
+    pub fn post_recv(&mut self, wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
+        if let Err(error) = self.check(&wr) {
+            return Err(PostError { error, request: wr });
+        }
+        let mut wrs = [wr];
+        let res = self.post_checked(&mut wrs);
+        let [request] = wrs;
+        match res {
+            Ok(()) => Ok(()),
+            Err((_, error)) => Err(PostError { error, request }),
+        }
+    }
+
+    /// Posts a chain of receive requests with one `ibv_post_srq_recv()` call, safely. On success
+    /// `wrs` is empty; on error it holds the requests not posted, with their buffers.
+    ///
+    /// # Errors
+    /// As [`post_recv`](Self::post_recv); [`Error::QueueFull`] is reported before posting when
+    /// the chain does not fit.
+    #[doc(alias = "ibv_post_srq_recv")]
+    pub fn post_recv_chain(&mut self, wrs: &mut Vec<RecvRequest>) -> Result<()> {
+        for wr in wrs.iter() {
+            self.check(wr)?;
+        }
+        let posted = self.post_checked(wrs.as_mut_slice());
+        match posted {
+            Ok(()) => {
+                wrs.clear();
+                Ok(())
+            }
+            Err((n, e)) => {
+                wrs.drain(..n);
+                Err(e)
+            }
+        }
+    }
+
+    /// The posting engine for SRQs: claims a slot per request, publishes them, posts the chain
+    /// from the scratch arrays; on failure withdraws what the device did not take and gives the
+    /// buffers back. Returns, on error, how many requests were posted.
+    fn post_checked(&mut self, wrs: &mut [RecvRequest]) -> std::result::Result<(), (usize, Error)> {
+        let n = wrs.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let full = Error::QueueFull { verb: POST, capacity: self.capacity() };
+        if n > self.chain.len() {
+            return Err((0, full));
+        }
+        let table = &*self.inner.table;
+        let slots = &mut self.claimed[..n];
+        for k in 0..n {
+            // SAFETY: we are the producer (&mut self).
+            match unsafe { table.claim() } {
+                Some(i) => slots[k] = i,
+                None => {
+                    for &i in &slots[..k] {
+                        table.unclaim(i);
+                    }
+                    return Err((0, full));
+                }
+            }
+        }
+        let base = self.chain.as_mut_ptr();
+        let sge_base = self.chain_sges.as_mut_ptr();
+        for (k, wr) in wrs.iter_mut().enumerate() {
+            // SAFETY: k < n <= both lengths; each element is borrowed only for this iteration.
+            let (raw, sges) = unsafe { (&mut *base.add(k), &mut *sge_base.add(k)) };
+            // SAFETY: producer; claimed above and not published.
+            let wr_id = unsafe { table.wr_id_of(slots[k]) };
+            wr.fill_raw(raw, sges, wr_id);
+            if k + 1 < n {
+                // SAFETY: k + 1 < n <= chain.len().
+                RecvRequest::link(raw, unsafe { base.add(k + 1) });
+            }
+            // SAFETY: producer; claimed and not published. Published before the post: the
+            // completion may be polled (on any CQ) before the post returns.
+            unsafe { table.publish(slots[k], wr.take_slot()) };
+        }
+        let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
+        let ret = match self.post_fn {
+            // SAFETY: valid SRQ; a NULL-terminated chain of n requests in SRQ-owned scratch,
+            // describing registered memory of the SRQ's PD held by the published slots until
+            // their completions (or the SRQ's destroy).
+            Some(f) => unsafe { f(self.inner.raw.as_ptr(), base, &mut bad) },
+            None => libc::ENOSYS,
+        };
+        if ret == 0 {
+            return Ok(());
+        }
+        let offset = (bad as usize).wrapping_sub(base as usize);
+        let size = std::mem::size_of::<ffi::ibv_recv_wr>();
+        let posted =
+            if !bad.is_null() && offset % size == 0 && offset / size < n { offset / size } else { 0 };
+        for (k, wr) in wrs.iter_mut().enumerate().skip(posted) {
+            // SAFETY: producer; the device did not accept these requests.
+            if let Some(slot) = unsafe { table.withdraw(slots[k]) } {
+                // SAFETY: k < n; the provider is done with the chain.
+                wr.give_back(slot, unsafe { &*sge_base.add(k) });
+            }
+        }
+        Err((posted, Error::from_ret(POST, ret)))
+    }
+
+    /// Posts a raw chain of receive requests (`ibv_post_srq_recv()`) at exactly C's cost: no
+    /// checks, no buffer tracking.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] with the provider's error; `bad_wr` then points at the first request not
+    /// posted.
+    ///
+    /// # Safety
+    /// - `wr` heads a valid, `NULL`-terminated chain of `ibv_recv_wr`s whose SGEs name memory
+    ///   registered (with the `lkey` given) in this SRQ's protection domain;
+    /// - that memory stays registered, allocated and untouched by Rust references until the
+    ///   request's completion is polled (on the receive CQ of whichever queue pair takes it) or
+    ///   this SRQ is destroyed (its handle and every queue pair on it dropped) — never memory of
+    ///   a [`MemoryRegion`](crate::MemoryRegion) that safe code can borrow;
+    /// - every `wr_id` has bit 63 clear (bit 63 marks the safe level's requests: a raw request
+    ///   carrying one could hand a safe request's buffers back while the device still writes
+    ///   them).
+    ///
+    /// Not a safety condition, but the caller's duty: the safe level reserves room for
+    /// [`capacity`](Self::capacity) completions in each CQ this SRQ's queue pairs complete into;
+    /// raw requests beyond it need [`CompletionQueue::unreserved`](crate::CompletionQueue::unreserved)
+    /// room there, or completions are lost.
+    #[doc(alias = "ibv_post_srq_recv")]
+    pub unsafe fn post_recv_raw(
+        &mut self,
+        wr: *mut ffi::ibv_recv_wr,
+        bad_wr: &mut *mut ffi::ibv_recv_wr,
+    ) -> Result<()> {
+        let f = self.post_fn.ok_or(Error::InvalidArgument { verb: POST, reason: "no post_srq_recv" })?;
+        // SAFETY: the caller's contract.
+        cvt(POST, unsafe { f(self.as_raw(), wr, bad_wr) })
+    }
+}
