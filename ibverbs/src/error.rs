@@ -100,6 +100,14 @@ pub enum Error {
         /// The C verb that would have been called.
         verb: &'static str,
     },
+    /// The device lacks a capability the operation needs (e.g. memory windows of a type).
+    #[error("{verb}: the device does not support it (missing capability {capability})")]
+    Unsupported {
+        /// The C verb that would have been called.
+        verb: &'static str,
+        /// The capability, as the C library names it (e.g. `"IBV_DEVICE_MEM_WINDOW"`).
+        capability: &'static str,
+    },
     /// A bounded wait ended without what it waited for (an RDMA-CM event, a connection).
     #[error("{verb}: timed out after {waited:?}")]
     Timeout {

@@ -376,7 +376,10 @@ pub use device::{
     Mtu, NodeType, PortAttr, PortState, TransportType,
 };
 pub use error::{Error, Result};
-pub use memory::{page_size, AccessFlags, Chunk, MemoryRegion, OwnedBuffer, RemoteMemoryRegion, RemoteSlice};
+pub use memory::{
+    page_size, AccessFlags, BoundWindow, Chunk, ExposedRegion, MemoryRegion, MemoryWindow, MwType,
+    OwnedBuffer, RemoteMemoryRegion, RemoteSlice, WindowedRegion, MAX_BINDS, WINDOW_ACCESS,
+};
 pub use pd::ProtectionDomain;
 pub use pool::ReceivePool;
 pub use post::{Local, LocalBuf, PreparedSend, RecvRequest, SendRequest, MAX_SGE};

@@ -7,9 +7,14 @@ mod chunk;
 mod mr;
 mod racy;
 mod remote;
+mod window;
 
 pub use buffer::{page_size, OwnedBuffer};
 pub use chunk::Chunk;
 pub(crate) use mr::{check_range, MrInner};
 pub use mr::{AccessFlags, MemoryRegion, RemoteMemoryRegion};
 pub use remote::RemoteSlice;
+pub(crate) use window::Pending;
+pub use window::{
+    BoundWindow, ExposedRegion, MemoryWindow, MwType, WindowedRegion, MAX_BINDS, WINDOW_ACCESS,
+};

@@ -59,7 +59,7 @@ pub(crate) struct MrInner {
     raw: NonNull<ffi::ibv_mr>,
     // Deregistered (in Drop) before the buffer is freed: field order does not matter, Drop does it.
     buf: std::mem::ManuallyDrop<OwnedBuffer>,
-    access: AccessFlags,
+    pub(crate) access: AccessFlags,
     _pd: Arc<PdInner>,
 }
 
@@ -69,7 +69,11 @@ unsafe impl Send for MrInner {}
 unsafe impl Sync for MrInner {}
 
 impl MrInner {
-    fn register(pd: &ProtectionDomain, buf: OwnedBuffer, access: AccessFlags) -> Result<MrInner> {
+    pub(crate) fn register_raw(
+        pd: &ProtectionDomain,
+        buf: OwnedBuffer,
+        access: AccessFlags,
+    ) -> Result<MrInner> {
         if buf.len == 0 {
             return Err(Error::InvalidArgument { verb: "ibv_reg_mr", reason: "zero-length memory region" });
         }
@@ -84,6 +88,9 @@ impl MrInner {
 
     pub(crate) fn addr(&self) -> *mut u8 {
         self.buf.ptr.as_ptr()
+    }
+    pub(crate) fn raw_ptr(&self) -> *mut ffi::ibv_mr {
+        self.raw.as_ptr()
     }
     pub(crate) fn len(&self) -> usize {
         self.buf.len
@@ -237,7 +244,7 @@ impl ProtectionDomain {
                          remote write, atomics and memory-window binding need register_remote",
             });
         }
-        Ok(MemoryRegion { inner: Box::new(MrInner::register(self, buf.into(), access)?) })
+        Ok(MemoryRegion { inner: Box::new(MrInner::register_raw(self, buf.into(), access)?) })
     }
 
     /// Allocates `len` zeroed, page-aligned bytes and registers them with `access` (which may
@@ -262,7 +269,7 @@ impl ProtectionDomain {
         access: AccessFlags,
     ) -> Result<RemoteMemoryRegion> {
         let access = access | AccessFlags::LOCAL_WRITE;
-        Ok(RemoteMemoryRegion { inner: Box::new(MrInner::register(self, buf.into(), access)?) })
+        Ok(RemoteMemoryRegion { inner: Box::new(MrInner::register_raw(self, buf.into(), access)?) })
     }
 }
 

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::ffi;
-use crate::memory::{Chunk, MemoryRegion};
+use crate::memory::{BoundWindow, Chunk, MemoryRegion, MemoryWindow, Pending};
 use crate::post::registry::Registry;
 use crate::post::ring::TAG;
 use crate::post::{LocalBuf, Slot, MAX_SGE};
@@ -128,6 +128,13 @@ impl WorkCompletion {
         (self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
             // SAFETY: both union members are plain u32s.
             .then(|| u32::from_be(unsafe { self.0.__bindgen_anon_1.imm_data }))
+    }
+    /// The rkey a peer's Send with Invalidate invalidated (`IBV_WC_WITH_INV`), if any.
+    #[doc(alias = "IBV_WC_WITH_INV")]
+    pub fn invalidated_rkey(&self) -> Option<u32> {
+        (self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_INV.0 != 0)
+            // SAFETY: both union members are plain u32s.
+            .then(|| unsafe { self.0.__bindgen_anon_1.invalidated_rkey })
     }
     /// The local QP number.
     pub fn qp_num(&self) -> u32 {
@@ -268,6 +275,51 @@ impl Completion {
     /// Takes the first chunk the request held (the common one-buffer case with pools).
     pub fn take_chunk(&mut self) -> Option<Chunk> {
         self.bufs.iter_mut().find(|b| matches!(b, Some(LocalBuf::Chunk(_))))?.take()?.into_chunk()
+    }
+    /// The rkey of this process's type 2 window that the peer's Send with Invalidate
+    /// invalidated (`IBV_WC_WITH_INV`, `invalidated_rkey`), on a receive completion. Hand the
+    /// window and this completion to
+    /// [`BoundWindow::remote_invalidated`](crate::BoundWindow::remote_invalidated) to get it back
+    /// unbound.
+    #[doc(alias = "IBV_WC_WITH_INV")]
+    pub fn invalidated_rkey(&self) -> Option<u32> {
+        self.wc.invalidated_rkey()
+    }
+    /// Uses up the invalidation this completion reports (it is evidence for one window only).
+    pub(crate) fn consume_invalidation(&mut self) {
+        self.wc.0.wc_flags &= !ffi::ibv_wc_flags::IBV_WC_WITH_INV.0;
+    }
+    /// Takes the window a bind request held, bound (successful bind), or the window of a failed
+    /// bind or invalidation (whose state the device did not confirm: treat it as bound; dropping
+    /// it deallocates it).
+    pub fn take_bound_window(&mut self) -> Option<BoundWindow> {
+        let ok = self.is_ok();
+        let slot = self.bufs.iter_mut().find(|b| match b {
+            Some(LocalBuf::Window(w)) => !ok || w.pending == Pending::Bind,
+            _ => false,
+        })?;
+        match slot.take() {
+            Some(LocalBuf::Window(mut w)) => {
+                w.pending = Pending::None;
+                Some(w)
+            }
+            _ => None,
+        }
+    }
+    /// Takes the window of a *successful* local invalidate or type 1 unbind, unbound: the device
+    /// confirmed that no peer can use its old rkey, so it no longer holds its region.
+    pub fn take_invalidated_window(&mut self) -> Option<MemoryWindow> {
+        if !self.is_ok() {
+            return None;
+        }
+        let slot = self
+            .bufs
+            .iter_mut()
+            .find(|b| matches!(b, Some(LocalBuf::Window(w)) if w.pending == Pending::Invalidate))?;
+        match slot.take() {
+            Some(LocalBuf::Window(w)) => Some(w.into_unbound()),
+            _ => None,
+        }
     }
     /// Takes the first owned region the request held (the common one-buffer case).
     pub fn take_region(&mut self) -> Option<MemoryRegion> {
