@@ -251,14 +251,14 @@ impl MemoryWindow {
                 Error::InvalidArgument { verb, reason: "window bound MAX_BINDS times: allocate a new one" };
             return Err((self, e));
         }
-        // Type 1: ibv_bind_mw computes the next rkey itself and writes it back (read in
-        // BoundWindow::rkey). Type 2: the application chooses it; we keep it in mw->rkey.
-        if self.ty == MwType::Type2 {
+        // Type 1: ibv_bind_mw computes the next rkey itself and writes it into mw->rkey (read by
+        // BoundWindow::rkey). Type 2: the application chooses it; the provider identifies the
+        // window by its current mw->rkey, which takes the new value once the bind succeeded
+        // (Completion::take_bound_window).
+        let new_rkey = (self.ty == MwType::Type2).then(|| {
             // SAFETY: a pure function.
-            let next = unsafe { ffi::ibv_inc_rkey(self.rkey()) };
-            // SAFETY: we own the window; nothing else reads or writes mw->rkey now.
-            unsafe { (*self.raw.as_ptr()).rkey = next };
-        }
+            unsafe { ffi::ibv_inc_rkey(self.rkey()) }
+        });
         self.binds = self.binds.saturating_add(1);
         Ok(BoundWindow {
             mw: ManuallyDrop::new(self),
@@ -266,6 +266,7 @@ impl MemoryWindow {
             offset: off,
             len,
             access,
+            new_rkey,
             qp: None,
             pending: Pending::Bind,
         })
@@ -319,6 +320,8 @@ pub struct BoundWindow {
     offset: usize,
     len: usize,
     access: AccessFlags,
+    /// Type 2: the rkey of this binding (mw->rkey holds it once the bind succeeded).
+    new_rkey: Option<u32>,
     /// Type 2: the QP it is bound to (id, number).
     pub(crate) qp: Option<(u64, u32)>,
     pub(crate) pending: Pending,
@@ -342,7 +345,16 @@ impl BoundWindow {
     }
     /// The rkey peers use.
     pub fn rkey(&self) -> u32 {
-        self.mw.rkey()
+        self.new_rkey.unwrap_or_else(|| self.mw.rkey())
+    }
+
+    /// A type 2 bind succeeded: the window's rkey is the new one from now on.
+    pub(crate) fn commit_rkey(&mut self) {
+        if let Some(rkey) = self.new_rkey {
+            // SAFETY: we own the window (the completion handed it back); the provider reads
+            // mw->rkey only while posting a request that holds the window.
+            unsafe { (*self.mw.raw.as_ptr()).rkey = rkey };
+        }
     }
     /// Offset of the window in its region.
     pub fn offset(&self) -> usize {
@@ -498,17 +510,15 @@ impl Request for Type1Bind {
         raw.bind.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         if let Some(w) = &self.window {
             raw.mw = w.as_raw();
-            raw.bind.bind_info = if w.pending == Pending::Invalidate {
-                // A zero-length bind to no region unbinds a type 1 window.
-                ffi::ibv_mw_bind_info { mr: std::ptr::null_mut(), addr: 0, length: 0, mw_access_flags: 0 }
-            } else {
-                let r = w.remote();
-                ffi::ibv_mw_bind_info {
-                    mr: w.mr_raw(),
-                    addr: r.addr,
-                    length: r.len,
-                    mw_access_flags: w.access().bits(),
-                }
+            let r = w.remote();
+            // A zero-length bind unbinds a type 1 window. It still names the region: rxe's
+            // provider reads `bind_info.mr->lkey` whatever the length (a NULL MR crashes it).
+            let unbind = w.pending == Pending::Invalidate;
+            raw.bind.bind_info = ffi::ibv_mw_bind_info {
+                mr: w.mr_raw(),
+                addr: r.addr,
+                length: if unbind { 0 } else { r.len },
+                mw_access_flags: if unbind { 0 } else { w.access().bits() },
             };
         }
     }
@@ -516,18 +526,19 @@ impl Request for Type1Bind {
     fn take_slot(&mut self) -> Slot {
         Slot {
             wr_id: self.wr_id,
-            bufs: [self.window.take().map(LocalBuf::Window), None, None, None],
+            bufs: [self.window.take().map(|w| LocalBuf::Window(Box::new(w))), None, None, None],
             _ah: None,
         }
     }
     fn give_back(&mut self, mut slot: Slot, _sges: &[ffi::ibv_sge; MAX_SGE]) {
         if let Some(LocalBuf::Window(w)) = slot.bufs[0].take() {
-            self.window = Some(w);
+            self.window = Some(*w);
         }
     }
 }
 
 impl QueuePair {
+    #[allow(clippy::result_large_err)] // the window comes back
     fn post_type1(&mut self, w: BoundWindow, wr_id: u64) -> std::result::Result<(), (BoundWindow, Error)> {
         let verb = "ibv_bind_mw";
         let reason = if self.qp_type() == QpType::UD {
@@ -582,7 +593,7 @@ impl QueuePair {
         self.post_type1(w, wr_id).map_err(|(w, e)| (w.into_unposted(), e))
     }
 
-    /// Unbinds the type 1 window `w` (`ibv_bind_mw()` with no region and length 0). Once the
+    /// Unbinds the type 1 window `w` (`ibv_bind_mw()` with length 0). Once the
     /// completion (with `wr_id`) succeeded,
     /// [`Completion::take_invalidated_window`](crate::Completion::take_invalidated_window) hands
     /// it back unbound.
@@ -671,7 +682,16 @@ impl WindowedRegion {
     pub fn access(&self) -> AccessFlags {
         self.inner.access
     }
-    /// Moves the region into the exposed state, where windows can be bound to it.
+    /// Moves the region into the exposed state, where windows can be bound to it. The private
+    /// handle is gone, so no slice of it survives:
+    ///
+    /// ```compile_fail,E0505
+    /// fn f(r: ibverbs::WindowedRegion) {
+    ///     let bytes: &[u8] = &r;
+    ///     let exposed = r.expose(); // error: cannot move out of `r` because it is borrowed
+    ///     println!("{}", bytes[0]);
+    /// }
+    /// ```
     pub fn expose(self) -> ExposedRegion {
         ExposedRegion { mr: Arc::from(self.inner) }
     }

@@ -82,14 +82,14 @@ impl Request for SendRequest<'_> {
         let mut bufs = take_bufs(&mut self.sges);
         if let Some(w) = self.window.take() {
             // A window request has no SGEs: entry 0 is free.
-            bufs[0] = Some(LocalBuf::Window(w));
+            bufs[0] = Some(LocalBuf::Window(Box::new(w)));
         }
         Slot { wr_id: self.wr_id, bufs, _ah: ah }
     }
     fn give_back(&mut self, mut slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]) {
         if matches!(slot.bufs[0], Some(LocalBuf::Window(_))) {
             if let Some(LocalBuf::Window(w)) = slot.bufs[0].take() {
-                self.window = Some(w);
+                self.window = Some(*w);
             }
         }
         restore(&mut self.sges, slot, sges);

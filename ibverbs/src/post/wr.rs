@@ -34,7 +34,7 @@ pub enum LocalBuf {
     /// to) until the completion: take it back with
     /// [`Completion::take_bound_window`](crate::Completion::take_bound_window) or
     /// [`take_invalidated_window`](crate::Completion::take_invalidated_window).
-    Window(BoundWindow),
+    Window(Box<BoundWindow>),
 }
 
 impl LocalBuf {
@@ -466,7 +466,7 @@ impl<'a> SendRequest<'a> {
 
     /// The buffers back (when a request is abandoned).
     pub fn into_buffers(self) -> impl Iterator<Item = LocalBuf> {
-        let window = self.window.map(LocalBuf::Window);
+        let window = self.window.map(|w| LocalBuf::Window(Box::new(w)));
         self.sges.into_iter().flatten().map(Local::into_buf).chain(window)
     }
 

@@ -92,6 +92,7 @@ wc_opcode_consts! {
     COMP_SWAP = IBV_WC_COMP_SWAP: "An atomic compare-and-swap completed.",
     FETCH_ADD = IBV_WC_FETCH_ADD: "An atomic fetch-and-add completed.",
     BIND_MW = IBV_WC_BIND_MW: "A memory window bind completed.",
+    LOCAL_INV = IBV_WC_LOCAL_INV: "A local invalidate completed.",
     RECV = IBV_WC_RECV: "A receive took an incoming Send.",
     RECV_RDMA_WITH_IMM = IBV_WC_RECV_RDMA_WITH_IMM: "A receive took an RDMA Write with immediate.",
 }
@@ -132,9 +133,9 @@ impl WorkCompletion {
     /// The rkey a peer's Send with Invalidate invalidated (`IBV_WC_WITH_INV`), if any.
     #[doc(alias = "IBV_WC_WITH_INV")]
     pub fn invalidated_rkey(&self) -> Option<u32> {
-        (self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_INV.0 != 0)
-            // SAFETY: both union members are plain u32s.
-            .then(|| unsafe { self.0.__bindgen_anon_1.invalidated_rkey })
+        // SAFETY: both union members are plain u32s.
+        let rkey = unsafe { self.0.__bindgen_anon_1.invalidated_rkey };
+        (self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_INV.0 != 0).then_some(rkey)
     }
     /// The local QP number.
     pub fn qp_num(&self) -> u32 {
@@ -299,7 +300,11 @@ impl Completion {
             _ => false,
         })?;
         match slot.take() {
-            Some(LocalBuf::Window(mut w)) => {
+            Some(LocalBuf::Window(w)) => {
+                let mut w = *w;
+                if ok && w.pending == Pending::Bind {
+                    w.commit_rkey();
+                }
                 w.pending = Pending::None;
                 Some(w)
             }
