@@ -102,7 +102,7 @@ pub(crate) fn check_bind(
     Ok((off, len))
 }
 
-/// Whether `key` (the low 8 bits of an rkey) may be used for bind number `binds + 1`.
+/// Whether a type 2 window that was bound `binds` times may be bound again (see [`MAX_BINDS`]).
 pub(crate) fn may_bind_again(binds: u16) -> bool {
     binds < MAX_BINDS
 }
@@ -205,7 +205,9 @@ impl MemoryWindow {
         self.binds
     }
 
-    /// The raw `struct ibv_mw *`; valid while this window lives.
+    /// The raw `struct ibv_mw *`; valid while this window lives. Binding it through `ffi`
+    /// (outside the crate's tracking) would expose a region the crate believes private: raw
+    /// code may read it only.
     pub fn as_raw(&self) -> *mut ffi::ibv_mw {
         self.raw.as_ptr()
     }
@@ -382,7 +384,9 @@ impl BoundWindow {
             rkey: self.rkey(),
         }
     }
-    /// The raw `struct ibv_mw *`; valid while this window lives.
+    /// The raw `struct ibv_mw *`; valid while this window lives. Binding, invalidating or
+    /// deallocating it through `ffi` defeats the crate's tracking of the region's state: raw
+    /// code may read it only.
     pub fn as_raw(&self) -> *mut ffi::ibv_mw {
         self.mw.as_raw()
     }
