@@ -63,6 +63,8 @@ fn type2_window_takes_writes_until_locally_invalidated_then_the_region_reads_in_
     let w = bind2(&pd, &mut b, &mut cq_b, &region, 512);
     let remote = w.remote();
     assert_eq!(RemoteSlice::decode(&remote.encode()).unwrap(), remote);
+    // A second window, over other bytes, for the failed invalidation below.
+    let w2 = bind2(&pd, &mut b, &mut cq_b, &region, 2048);
 
     let first = pattern(WIN, 3);
     assert_eq!(write(&pd, &mut a, &mut cq_a, &first, remote), WcStatus::SUCCESS);
@@ -71,7 +73,7 @@ fn type2_window_takes_writes_until_locally_invalidated_then_the_region_reads_in_
     assert!(copy[..512].iter().chain(&copy[512 + WIN..]).all(|&x| x == 0));
 
     // Still bound: the region stays exposed.
-    assert_eq!(region.windows(), 1);
+    assert_eq!(region.windows(), 2);
     let region = region.into_private().unwrap_err();
 
     // Local invalidation; the completion proves it and hands the window back unbound.
@@ -81,11 +83,24 @@ fn type2_window_takes_writes_until_locally_invalidated_then_the_region_reads_in_
     assert_eq!((c.opcode(), c.wr_id()), (WcOpcode::LOCAL_INV, 8));
     let mw = c.take_invalidated_window().unwrap();
     assert_eq!(mw.binds(), 1);
-    assert_eq!(region.windows(), 0);
+    assert_eq!(region.windows(), 1, "the second window still holds the region");
 
     // The peer's next write through the old rkey is refused by the device.
     let second = pattern(WIN, 99);
     assert_eq!(write(&pd, &mut a, &mut cq_a, &second, remote), WcStatus::REM_ACCESS_ERR);
+
+    // The refusal put `b` in the error state: an invalidation posted now is flushed, and a
+    // flushed invalidation proves nothing: the window comes back still bound.
+    b.post_send(SendRequest::local_invalidate(w2).unwrap().wr_id(9)).unwrap();
+    let mut c = poll_one(&mut cq_b);
+    assert_eq!(c.status(), WcStatus::WR_FLUSH_ERR);
+    assert!(c.take_invalidated_window().is_none());
+    let w2 = c.take_bound_window().unwrap();
+    let region = region.into_private().unwrap_err();
+    assert_eq!(region.windows(), 1);
+    // Deallocation is always proof.
+    w2.dealloc();
+    assert_eq!(region.windows(), 0);
 
     // Every window is unbound: read in place, no copy, no unsafe.
     let private = region.into_private().unwrap();
@@ -294,4 +309,40 @@ fn deallocation_unbinds_forget_only_leaks_and_a_destroyed_qp_changes_nothing() {
     assert_eq!(write(&pd, &mut a, &mut cq_a, &pattern(64, 2), remote), WcStatus::REM_ACCESS_ERR);
     let private = region.into_private().unwrap();
     assert_eq!(&private[..64], &pattern(64, 1)[..]);
+}
+
+#[test]
+fn a_posted_bind_and_a_bound_window_keep_the_memory_registered_after_the_region_is_dropped() {
+    let Pair { pd, mut a, mut b, mut cq_a, mut cq_b, .. } = rc_pair(16);
+    let region = exposed(&pd);
+    let mw = pd.alloc_mw(MwType::Type2).unwrap();
+    let wr = SendRequest::bind_window(mw, &region, 0..WIN, AccessFlags::REMOTE_WRITE).unwrap();
+    b.post_send(wr).unwrap();
+    // The only handle to the region goes while the bind is outstanding: the request holds the
+    // registration (and the window) until its completion.
+    drop(region);
+    let mut c = poll_one(&mut cq_b);
+    assert!(c.is_ok(), "{c:?}");
+    let w = c.take_bound_window().unwrap();
+    // Still registered and allocated: the peer's write lands in live memory.
+    assert_eq!(write(&pd, &mut a, &mut cq_a, &pattern(WIN, 4), w.remote()), WcStatus::SUCCESS);
+    b.post_send(SendRequest::local_invalidate(w).unwrap()).unwrap();
+    let mut c = poll_one(&mut cq_b);
+    assert!(c.is_ok(), "{c:?}");
+    // The last holder: taking the window unbound deregisters and frees the memory.
+    let mw = c.take_invalidated_window().unwrap();
+    // An unbound window binds again, with a new rkey.
+    let region = exposed(&pd);
+    let old = mw.rkey();
+    let w = {
+        let wr = SendRequest::bind_window(mw, &region, WIN..2 * WIN, AccessFlags::REMOTE_WRITE).unwrap();
+        b.post_send(wr).unwrap();
+        let mut c = poll_one(&mut cq_b);
+        assert!(c.is_ok(), "{c:?}");
+        c.take_bound_window().unwrap()
+    };
+    assert_ne!(w.rkey(), old);
+    assert_eq!(w.rkey() >> 8, old >> 8, "same window, next key");
+    assert_eq!(write(&pd, &mut a, &mut cq_a, &pattern(WIN, 6), w.remote()), WcStatus::SUCCESS);
+    assert_eq!(&region.to_vec()[WIN..2 * WIN], &pattern(WIN, 6)[..]);
 }

@@ -168,7 +168,9 @@
 //! writing after the invalidation is refused by the device (remote access error, pinned by the
 //! device tests; the memory is unchanged). **The QP a type 2 window was bound to is destroyed**:
 //! the crate does not assume that unbinds it; the window keeps the region until it is
-//! invalidated or deallocated (dropping it deallocates). **Objects of two contexts or protection
+//! invalidated or deallocated (dropping it deallocates). Invalidate or drop type 2 windows
+//! before their QP: rxe (kernel 6.1) blocks `ibv_destroy_qp` for about 50 s while a type 2
+//! window is still bound to the QP. **Objects of two contexts or protection
 //! domains**: a bind checks that the window and the region share a PD, and the post that the QP
 //! does too, before anything is posted. **Rkeys are reused**: each bind moves the window's 8-bit
 //! key on (`ibv_inc_rkey()`), and a type 2 window takes at most [`MAX_BINDS`] binds, so no key of
