@@ -6,8 +6,8 @@ mod common;
 
 use common::*;
 use ibverbs::{
-    AccessFlags, BoundWindow, CompletionQueue, Error, ExposedRegion, Local, MwType, ProtectionDomain,
-    QueuePair, RecvRequest, RemoteSlice, SendRequest, WcOpcode, WcStatus,
+    AccessFlags, BoundWindow, CompletionQueue, Error, ExposedRegion, Local, LocalBuf, MwType,
+    ProtectionDomain, QueuePair, RecvRequest, RemoteSlice, SendRequest, WcOpcode, WcStatus,
 };
 
 const LEN: usize = 4096;
@@ -254,7 +254,23 @@ fn binds_refuse_foreign_regions_ranges_and_rights_before_posting() {
     assert!(matches!(err.error, Error::InvalidArgument { .. }), "{}", err.error);
     assert_eq!(err.request.into_buffers().count(), 1);
     assert_eq!(foreign.windows(), 0, "the refused bind's window was dropped with the request");
-    drop(mw);
+
+    // A window taken out of an unposted request is no data buffer: a Send or a receive of it is
+    // refused (its completion could otherwise pass for the window's invalidation).
+    let wr = SendRequest::bind_window(mw, &region, 0..WIN, AccessFlags::REMOTE_WRITE).unwrap();
+    let buf = wr.into_buffers().next().unwrap();
+    assert!(matches!(buf, LocalBuf::Window(_)));
+    assert_eq!(region.windows(), 1);
+    let err = b.post_send(SendRequest::send(Local::whole(buf))).unwrap_err();
+    assert!(
+        matches!(err.error, Error::InvalidArgument { reason, .. } if reason.contains("not a data buffer")),
+        "{}",
+        err.error
+    );
+    let buf = err.request.into_buffers().next().unwrap();
+    let err = b.post_recv(RecvRequest::new(Local::whole(buf))).unwrap_err();
+    assert!(matches!(err.error, Error::InvalidArgument { .. }), "{}", err.error);
+    drop(err);
     assert_eq!(region.windows(), 0);
     assert!(region.into_private().is_ok());
 }

@@ -466,7 +466,11 @@ impl<'a> SendRequest<'a> {
 
     /// The buffers back (when a request is abandoned).
     pub fn into_buffers(self) -> impl Iterator<Item = LocalBuf> {
-        let window = self.window.map(|w| LocalBuf::Window(Box::new(w)));
+        let window = self.window.map(|mut w| {
+            // Not posted: whatever it was to do did not happen.
+            w.pending = Pending::None;
+            LocalBuf::Window(Box::new(w))
+        });
         self.sges.into_iter().flatten().map(Local::into_buf).chain(window)
     }
 
@@ -475,13 +479,17 @@ impl<'a> SendRequest<'a> {
         let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_post_send", reason });
         // One pass over the entries (this runs on every safe post).
         let (mut count, mut sge_len) = (0usize, 0u64);
-        let (mut read_only, mut owned, mut foreign) = (false, false, false);
+        let (mut read_only, mut owned, mut foreign, mut window) = (false, false, false, false);
         for s in self.sges.iter().flatten() {
             count += 1;
             sge_len += u64::from(s.len);
             read_only |= !s.buf.device_writable();
             owned |= matches!(s.buf, LocalBuf::Owned(_) | LocalBuf::Chunk(_) | LocalBuf::Window(_));
             foreign |= !s.buf.mr().in_pd(pd);
+            window |= matches!(s.buf, LocalBuf::Window(_));
+        }
+        if window {
+            return bad("a memory window is not a data buffer");
         }
         if foreign {
             return bad("a buffer's memory region belongs to another protection domain");
@@ -711,6 +719,9 @@ impl RecvRequest {
             }
             if !s.buf.mr().in_pd(pd) {
                 return bad("a buffer's memory region belongs to another protection domain");
+            }
+            if matches!(s.buf, LocalBuf::Window(_)) {
+                return bad("a memory window is not a data buffer");
             }
         }
         Ok(count)

@@ -314,7 +314,8 @@ impl Completion {
     /// Takes the window of a *successful* local invalidate or type 1 unbind, unbound: the device
     /// confirmed that no peer can use its old rkey, so it no longer holds its region.
     pub fn take_invalidated_window(&mut self) -> Option<MemoryWindow> {
-        if !self.is_ok() {
+        // A successful local invalidate reports LOCAL_INV, a type 1 unbind BIND_MW.
+        if !self.is_ok() || !matches!(self.opcode(), WcOpcode::LOCAL_INV | WcOpcode::BIND_MW) {
             return None;
         }
         let slot = self
