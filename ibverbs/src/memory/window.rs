@@ -26,6 +26,7 @@ use crate::queue::{QpType, QueuePair};
 
 /// The type of a memory window (`enum ibv_mw_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[doc(alias = "ibv_mw_type")]
 pub enum MwType {
     /// Type 1 (`IBV_MW_TYPE_1`): bound with `ibv_bind_mw()` ([`QueuePair::bind_mw`]), usable
     /// through any QP of its protection domain; unbound by a zero-length bind
@@ -113,6 +114,7 @@ pub(crate) fn may_bind_again(binds: u16) -> bool {
 /// ([`SendRequest::bind_window`](crate::SendRequest::bind_window),
 /// [`QueuePair::bind_mw`](crate::QueuePair::bind_mw)) whose completion hands back a
 /// [`BoundWindow`]. Dropping it deallocates it (`ibv_dealloc_mw()`).
+#[doc(alias = "ibv_mw", alias = "ibv_dealloc_mw")]
 pub struct MemoryWindow {
     raw: NonNull<ffi::ibv_mw>,
     ty: MwType,
@@ -316,6 +318,7 @@ pub(crate) enum Pending {
 ///     (w.clone(), w)
 /// }
 /// ```
+#[doc(alias = "ibv_mw_bind", alias = "ibv_bind_mw")]
 pub struct BoundWindow {
     mw: ManuallyDrop<MemoryWindow>,
     mr: ManuallyDrop<Arc<MrInner>>,
@@ -636,6 +639,7 @@ impl QueuePair {
 /// From [`ProtectionDomain::allocate_windowed`]; [`expose`](Self::expose) moves it into the
 /// [`ExposedRegion`] state, where windows can be bound and reads are copies. Dropping it
 /// deregisters it and frees the memory.
+#[doc(alias = "ibv_reg_mr", alias = "IBV_ACCESS_MW_BIND")]
 pub struct WindowedRegion {
     inner: Box<MrInner>,
 }
@@ -653,6 +657,7 @@ pub struct WindowedRegion {
 /// [`into_private`](Self::into_private) returns to [`WindowedRegion`] once every window bound to
 /// it has been proven unbound. Dropping it keeps the memory registered until the last window
 /// holding it is gone.
+#[doc(alias = "ibv_mr")]
 pub struct ExposedRegion {
     mr: Arc<MrInner>,
 }
@@ -820,6 +825,12 @@ mod tests {
         assert!(MwType::Type2.missing_capability(F::IBV_DEVICE_MEM_WINDOW.0).is_some());
         assert_eq!(MwType::Type2.missing_capability(F::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0), None);
         assert_eq!(MwType::Type2.missing_capability(F::IBV_DEVICE_MEM_WINDOW_TYPE_2A.0), None);
+    }
+
+    #[test]
+    fn a_window_in_a_slot_does_not_grow_the_buffer_enum() {
+        // LocalBuf is copied per completion on the hot path: the window variant is boxed.
+        assert!(std::mem::size_of::<LocalBuf>() <= 4 * std::mem::size_of::<usize>());
     }
 
     #[test]

@@ -293,6 +293,7 @@ impl Completion {
     /// Takes the window a bind request held, bound (successful bind), or the window of a failed
     /// bind or invalidation (whose state the device did not confirm: treat it as bound; dropping
     /// it deallocates it).
+    #[doc(alias = "IBV_WC_BIND_MW")]
     pub fn take_bound_window(&mut self) -> Option<BoundWindow> {
         let ok = self.is_ok();
         let slot = self.bufs.iter_mut().find(|b| match b {
@@ -313,6 +314,7 @@ impl Completion {
     }
     /// Takes the window of a *successful* local invalidate or type 1 unbind, unbound: the device
     /// confirmed that no peer can use its old rkey, so it no longer holds its region.
+    #[doc(alias = "IBV_WC_LOCAL_INV")]
     pub fn take_invalidated_window(&mut self) -> Option<MemoryWindow> {
         // A successful local invalidate reports LOCAL_INV, a type 1 unbind BIND_MW.
         if !self.is_ok() || !matches!(self.opcode(), WcOpcode::LOCAL_INV | WcOpcode::BIND_MW) {
