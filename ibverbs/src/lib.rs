@@ -162,6 +162,13 @@
 //!   can write the bytes, so `&[u8]` is sound. The type system tracks the state; the one runtime
 //!   check is a reference count, and it fails safe (the region stays exposed).
 //!
+//! What the crate relies on from the device: once an invalidation (local invalidate, type 1
+//! unbind, Send with Invalidate, deallocation) has completed, no access through the old rkey
+//! happens any more, including the rest of a multi-packet RDMA Write that began before it. The
+//! device tests pin the refusal of *new* accesses; a peer that finishes its writes and then
+//! sends the Send with Invalidate on the same RC connection (ordered after its writes) does not
+//! depend on the in-flight case at all.
+//!
 //! The hard cases: **`mem::forget`** of a bound window (or of a completion holding one) leaks its
 //! `Arc`: the region never becomes private again and the memory is never deregistered or freed,
 //! so no window is ever open on memory that is later reused. **A hostile peer** that keeps
