@@ -362,3 +362,36 @@ fn a_posted_bind_and_a_bound_window_keep_the_memory_registered_after_the_region_
     assert_eq!(write(&pd, &mut a, &mut cq_a, &pattern(WIN, 6), w.remote()), WcStatus::SUCCESS);
     assert_eq!(&region.to_vec()[WIN..2 * WIN], &pattern(WIN, 6)[..]);
 }
+
+#[test]
+fn a_peer_writing_while_the_window_is_invalidated_is_cut_off() {
+    let Pair { pd, mut a, mut b, mut cq_a, mut cq_b, .. } = rc_pair(16);
+    const N: usize = 256 << 10;
+    let region = pd.allocate_windowed(N, AccessFlags::LOCAL_WRITE).unwrap().expose();
+    let mw = pd.alloc_mw(MwType::Type2).unwrap();
+    b.post_send(SendRequest::bind_window(mw, &region, .., AccessFlags::REMOTE_WRITE).unwrap()).unwrap();
+    let mut c = poll_one(&mut cq_b);
+    assert!(c.is_ok(), "{c:?}");
+    let w = c.take_bound_window().unwrap();
+    // A 256 KiB Write (256 packets at rxe's MTU of 1024) under way when the invalidation is posted.
+    let mut src = pd.allocate(N).unwrap();
+    src.fill(0xab);
+    a.post_send(SendRequest::write(Local::whole(src), w.remote())).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    b.post_send(SendRequest::local_invalidate(w).unwrap()).unwrap();
+    let mut c = poll_one(&mut cq_b);
+    assert!(c.is_ok(), "{c:?}");
+    let mw = c.take_invalidated_window().unwrap();
+    let written = |bytes: &[u8]| bytes.iter().filter(|&&x| x == 0xab).count();
+    let at_completion = written(&region.to_vec());
+    let status = poll_one(&mut cq_a).status();
+    assert!(
+        status == WcStatus::SUCCESS || status == WcStatus::REM_ACCESS_ERR,
+        "the Write either finished before the invalidation or was cut off: {status:?}"
+    );
+    std::thread::sleep(scaled(std::time::Duration::from_millis(100)));
+    // Nothing lands after the invalidation completed; read in place.
+    let private = region.into_private().unwrap();
+    assert_eq!(written(&private), at_completion, "writer status {status:?}");
+    drop(mw);
+}
