@@ -165,9 +165,10 @@
 //! What the crate relies on from the device: once an invalidation (local invalidate, type 1
 //! unbind, Send with Invalidate, deallocation) has completed, no access through the old rkey
 //! happens any more, including the rest of a multi-packet RDMA Write that began before it. The
-//! device tests pin the refusal of *new* accesses; a peer that finishes its writes and then
-//! sends the Send with Invalidate on the same RC connection (ordered after its writes) does not
-//! depend on the in-flight case at all.
+//! device tests pin both on rxe (new accesses are refused; a 256 KiB Write under way is cut off
+//! with a remote access error and nothing lands after the invalidation completed); a peer that
+//! finishes its writes and then sends the Send with Invalidate on the same RC connection
+//! (ordered after its writes) does not depend on the in-flight case at all.
 //!
 //! The hard cases: **`mem::forget`** of a bound window (or of a completion holding one) leaks its
 //! `Arc`: the region never becomes private again and the memory is never deregistered or freed,
