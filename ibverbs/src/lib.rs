@@ -184,6 +184,64 @@
 //! regions ([`DmabufRegion`]) are not process memory to Rust: the crate hands out copies and
 //! keys, never references. [`fork`] says what `fork()` does to registered memory.
 //!
+//! ## Memory exposed through windows: reading in place what a peer wrote
+//! The question users ask: how to read, with no copy and no `unsafe`, what a peer RDMA-wrote.
+//! A [`RemoteMemoryRegion`] cannot say when peers are done, so it only copies out. Memory
+//! windows can: a window's rkey stops working when the window is invalidated, and the device
+//! reports that. The crate tracks it in the types:
+//!
+//! - [`ProtectionDomain::allocate_windowed`] registers memory with `LOCAL_WRITE | MW_BIND` and
+//!   *no remote right of its own*: the region's rkey grants nothing, so peers reach it only
+//!   through windows bound to it. It starts *private* ([`WindowedRegion`]: derefs to `[u8]` and
+//!   `mut [u8]`; it is not a [`LocalBuf`], so no post can make the device write it either).
+//! - [`WindowedRegion::expose`] consumes it into an [`ExposedRegion`], which holds the
+//!   registration in an `Arc`, gives only copies ([`ExposedRegion::read`], `to_vec`), and is the
+//!   only thing a window binds to ([`SendRequest::bind_window`] for type 2,
+//!   [`QueuePair::bind_mw`] for type 1). A bind request moves the [`MemoryWindow`] in and takes a
+//!   clone of that `Arc`; the completion hands back a [`BoundWindow`] that keeps it.
+//! - A [`BoundWindow`] gives its `Arc` up only when the window is proven unbound: the successful
+//!   completion of *its own* local invalidate ([`SendRequest::local_invalidate`]) or type 1 unbind
+//!   ([`QueuePair::unbind_mw`]) — the request holds the window whose rkey it names, so the
+//!   completion cannot be confused with another — via [`Completion::take_invalidated_window`];
+//!   or its deallocation (`ibv_dealloc_mw()`, in `Drop`: if it fails, the `Arc` is leaked); or
+//!   a peer's Send with Invalidate ([`BoundWindow::remote_invalidated`], see below). A failed or
+//!   flushed bind or invalidate hands the window back still counted as bound.
+//! - [`ExposedRegion::into_private`] succeeds only when it holds the *last* `Arc`
+//!   (`Arc::try_unwrap`): then no window that could be bound to the memory exists, none is in a
+//!   posted request, and the registration itself grants peers nothing. Nothing but this process
+//!   can write the bytes, so `&[u8]` is sound. The type system tracks the state; the one runtime
+//!   check is a reference count, and it fails safe (the region stays exposed).
+//!
+//! What the crate relies on from the device: once an invalidation (local invalidate, type 1
+//! unbind, Send with Invalidate, deallocation) has completed, no access through the old rkey
+//! happens any more, including the rest of a multi-packet RDMA Write that began before it. The
+//! device tests pin both on rxe (new accesses are refused; a 256 KiB Write under way is cut off
+//! with a remote access error and nothing lands after the invalidation completed); a peer that
+//! finishes its writes and then sends the Send with Invalidate on the same RC connection
+//! (ordered after its writes) does not depend on the in-flight case at all.
+//!
+//! The hard cases: **`mem::forget`** of a bound window (or of a completion holding one) leaks its
+//! `Arc`: the region never becomes private again and the memory is never deregistered or freed,
+//! so no window is ever open on memory that is later reused. **A hostile peer** that keeps
+//! writing after the invalidation is refused by the device (remote access error, pinned by the
+//! device tests; the memory is unchanged). **The QP a type 2 window was bound to is destroyed**:
+//! the crate does not assume that unbinds it; the window keeps the region until it is
+//! invalidated or deallocated (dropping it deallocates). Invalidate or drop type 2 windows
+//! before their QP: rxe (kernel 6.1) blocks `ibv_destroy_qp` for about 50 s while a type 2
+//! window is still bound to the QP. **Objects of two contexts or protection
+//! domains**: a bind checks that the window and the region share a PD, and the post that the QP
+//! does too, before anything is posted. **Rkeys are reused**: each bind moves the window's 8-bit
+//! key on (`ibv_inc_rkey()`), and a type 2 window takes at most [`MAX_BINDS`] binds, so no key of
+//! a window repeats. **Remote invalidation** is reported on a *receive* completion that names
+//! only an rkey; the crate checks that it is a successful, safely posted completion of the QP
+//! the window is bound to, naming the window's rkey, and uses the evidence up. What it cannot
+//! check is *when* the Send was received: a completion still unpolled from before this window's
+//! bind may name an earlier window that had the same index and key. So
+//! [`BoundWindow::remote_invalidated`] is `unsafe`: the receive must have been posted after the
+//! bind. Local invalidation and deallocation are safe. (rxe on kernel 6.1 reports remote
+//! invalidation with the kernel's flag bit instead of `IBV_WC_WITH_INV`, so
+//! [`Completion::invalidated_rkey`] is `None` there: deallocate instead.)
+//!
 //! ## Numbers from callers and peers
 //! Every size or offset a caller or a peer supplies is checked with checked arithmetic
 //! ([`OwnedBuffer::zeroed`], [`RemoteSlice::slice`] — whose fields are public, so it may come
@@ -434,8 +492,9 @@ pub use device::{
 pub use error::{Error, Result};
 pub use memory::odp;
 pub use memory::{
-    page_size, AccessFlags, Chunk, DeviceMemory, DeviceMemoryRegion, DmabufRegion, MemoryRegion, OwnedBuffer,
-    RemoteMemoryRegion, RemoteSlice,
+    page_size, AccessFlags, BoundWindow, Chunk, DeviceMemory, DeviceMemoryRegion, DmabufRegion,
+    ExposedRegion, MemoryRegion, MemoryWindow, MwType, OwnedBuffer, RemoteMemoryRegion, RemoteSlice,
+    WindowedRegion, MAX_BINDS, WINDOW_ACCESS,
 };
 pub use pd::ProtectionDomain;
 pub use pool::ReceivePool;

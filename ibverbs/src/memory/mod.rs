@@ -12,6 +12,7 @@ mod mr;
 pub mod odp;
 mod racy;
 mod remote;
+mod window;
 
 pub use buffer::{page_size, OwnedBuffer};
 pub use chunk::Chunk;
@@ -20,3 +21,7 @@ pub use dmabuf::DmabufRegion;
 pub(crate) use mr::{check_range, MrInner};
 pub use mr::{AccessFlags, MemoryRegion, RemoteMemoryRegion};
 pub use remote::RemoteSlice;
+pub(crate) use window::Pending;
+pub use window::{
+    BoundWindow, ExposedRegion, MemoryWindow, MwType, WindowedRegion, MAX_BINDS, WINDOW_ACCESS,
+};

@@ -65,7 +65,7 @@ pub(crate) struct MrInner {
     raw: NonNull<ffi::ibv_mr>,
     // Deregistered (in Drop) before the buffer is freed: field order does not matter, Drop does it.
     buf: std::mem::ManuallyDrop<OwnedBuffer>,
-    access: AccessFlags,
+    pub(crate) access: AccessFlags,
     /// The device address of the first byte minus its virtual address (wrapping): 0 unless
     /// registered with an IOVA (`ibv_reg_mr_iova2`), whose keys then take IOVAs locally too.
     iova_delta: u64,
@@ -78,6 +78,16 @@ unsafe impl Send for MrInner {}
 unsafe impl Sync for MrInner {}
 
 impl MrInner {
+    /// Registers `buf` (`ibv_reg_mr`) with `access` as it is (no check of which region type may
+    /// take it: the caller's).
+    pub(crate) fn register_raw(
+        pd: &ProtectionDomain,
+        buf: OwnedBuffer,
+        access: AccessFlags,
+    ) -> Result<MrInner> {
+        Self::register(pd, buf, access, None)
+    }
+
     /// Registers `buf` (`ibv_reg_mr`, or `ibv_reg_mr_iova2` with an `iova`).
     fn register(
         pd: &ProtectionDomain,
@@ -165,6 +175,9 @@ impl MrInner {
 
     pub(crate) fn addr(&self) -> *mut u8 {
         self.buf.ptr.as_ptr()
+    }
+    pub(crate) fn raw_ptr(&self) -> *mut ffi::ibv_mr {
+        self.raw.as_ptr()
     }
     pub(crate) fn len(&self) -> usize {
         self.buf.len

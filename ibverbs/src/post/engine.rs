@@ -94,9 +94,19 @@ impl Request for SendRequest<'_> {
     }
     fn take_slot(&mut self) -> Slot {
         let ah = self.ud.as_ref().map(|(ah, _, _)| ah.inner.clone());
-        Slot { wr_id: self.wr_id, bufs: take_bufs(&mut self.sges), _ah: ah }
+        let mut bufs = take_bufs(&mut self.sges);
+        if let Some(w) = self.window.take() {
+            // A window request has no SGEs: entry 0 is free.
+            bufs[0] = Some(LocalBuf::Window(Box::new(w)));
+        }
+        Slot { wr_id: self.wr_id, bufs, _ah: ah }
     }
-    fn give_back(&mut self, slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]) {
+    fn give_back(&mut self, mut slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]) {
+        if matches!(slot.bufs[0], Some(LocalBuf::Window(_))) {
+            if let Some(LocalBuf::Window(w)) = slot.bufs[0].take() {
+                self.window = Some(*w);
+            }
+        }
         restore(&mut self.sges, slot, sges);
     }
 }

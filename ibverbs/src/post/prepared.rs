@@ -70,7 +70,9 @@ impl PreparedSend {
         wr.fill(&mut template, &mut sges, 0);
         template.sg_list = std::ptr::null_mut();
         let (remote, atomic) = match wr.op {
-            Op::Send => (None, false),
+            Op::Send | Op::SendInv(_) => (None, false),
+            // Window operations carry no entry: refused above.
+            Op::BindMw | Op::LocalInv => return None,
             Op::Write(r) | Op::Read(r) => (Some(r), false),
             Op::CompareSwap { remote, .. } | Op::FetchAdd { remote, .. } => (Some(remote), true),
         };

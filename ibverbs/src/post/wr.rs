@@ -7,7 +7,10 @@ use std::sync::Arc;
 use crate::ah::AddressHandle;
 use crate::error::{Error, Result};
 use crate::ffi;
-use crate::memory::{check_range, Chunk, MemoryRegion, MrInner, RemoteMemoryRegion, RemoteSlice};
+use crate::memory::{
+    check_range, BoundWindow, Chunk, ExposedRegion, MemoryRegion, MemoryWindow, MrInner, MwType, Pending,
+    RemoteMemoryRegion, RemoteSlice,
+};
 use crate::pd::PdInner;
 
 /// Most scatter/gather entries one safe work request carries.
@@ -27,6 +30,11 @@ pub enum LocalBuf {
     Remote(Arc<RemoteMemoryRegion>),
     /// An owned piece of a local-only region, moved in like [`LocalBuf::Owned`].
     Chunk(Chunk),
+    /// A memory window held by a bind or invalidate request (with the registration it is bound
+    /// to) until the completion: take it back with
+    /// [`Completion::take_bound_window`](crate::Completion::take_bound_window) or
+    /// [`take_invalidated_window`](crate::Completion::take_invalidated_window).
+    Window(Box<BoundWindow>),
 }
 
 impl LocalBuf {
@@ -36,6 +44,7 @@ impl LocalBuf {
             LocalBuf::Shared(m) => &m.inner,
             LocalBuf::Remote(m) => &m.inner,
             LocalBuf::Chunk(c) => &c.mr,
+            LocalBuf::Window(w) => w.mr(),
         }
     }
 
@@ -72,7 +81,7 @@ impl LocalBuf {
         match self {
             LocalBuf::Shared(m) => Some(LocalBuf::Shared(m.clone())),
             LocalBuf::Remote(m) => Some(LocalBuf::Remote(m.clone())),
-            LocalBuf::Owned(_) | LocalBuf::Chunk(_) => None,
+            LocalBuf::Owned(_) | LocalBuf::Chunk(_) | LocalBuf::Window(_) => None,
         }
     }
 
@@ -92,6 +101,7 @@ impl fmt::Debug for LocalBuf {
             LocalBuf::Shared(m) => f.debug_tuple("Shared").field(m).finish(),
             LocalBuf::Remote(m) => f.debug_tuple("Remote").field(m).finish(),
             LocalBuf::Chunk(c) => f.debug_tuple("Chunk").field(c).finish(),
+            LocalBuf::Window(w) => f.debug_tuple("Window").field(w).finish(),
         }
     }
 }
@@ -201,8 +211,21 @@ pub(crate) enum Op {
     Send,
     Write(RemoteSlice),
     Read(RemoteSlice),
-    CompareSwap { remote: RemoteSlice, compare: u64, swap: u64 },
-    FetchAdd { remote: RemoteSlice, add: u64 },
+    CompareSwap {
+        remote: RemoteSlice,
+        compare: u64,
+        swap: u64,
+    },
+    FetchAdd {
+        remote: RemoteSlice,
+        add: u64,
+    },
+    /// Type 2 bind of the request's window (`IBV_WR_BIND_MW`).
+    BindMw,
+    /// Local invalidate of the request's window (`IBV_WR_LOCAL_INV`).
+    LocalInv,
+    /// Send with Invalidate of a peer's rkey (`IBV_WR_SEND_WITH_INV`).
+    SendInv(u32),
 }
 
 /// A typed send-queue work request (`struct ibv_send_wr`): Send, RDMA Write, RDMA Read or an
@@ -228,6 +251,8 @@ pub struct SendRequest<'a> {
     pub(crate) ud: Option<(AddressHandle, u32, u32)>,
     /// The remote XRC SRQ number of a send on an XRC initiator.
     pub(crate) xrc_srqn: Option<u32>,
+    /// The window a bind or local invalidate moves in.
+    pub(crate) window: Option<BoundWindow>,
 }
 
 impl fmt::Debug for SendRequest<'_> {
@@ -256,6 +281,86 @@ impl<'a> SendRequest<'a> {
             solicited: false,
             ud: None,
             xrc_srqn: None,
+            window: None,
+        }
+    }
+
+    /// Binds the type 2 window `mw` to the bytes `range` of `region`, granting `access`
+    /// (`IBV_WR_BIND_MW`; a subset of [`WINDOW_ACCESS`](crate::WINDOW_ACCESS)). The window gets
+    /// its next rkey (`ibv_inc_rkey()`); the completion
+    /// ([`Completion::take_bound_window`](crate::Completion::take_bound_window)) hands it back
+    /// bound to this queue pair, holding the region's registration. Posted on a QP of the
+    /// window's protection domain; a peer reaches the window only through that QP.
+    ///
+    /// # Errors
+    /// The window back, with [`Error::InvalidArgument`] (not type 2, region of another
+    /// protection domain, rights the region cannot give — it lacks `MW_BIND`, or `LOCAL_WRITE`
+    /// for remote write and atomics —, an empty range, [`MAX_BINDS`](crate::MAX_BINDS) reached)
+    /// or [`Error::OutOfBounds`] (range outside the region).
+    #[doc(alias = "IBV_WR_BIND_MW")]
+    #[allow(clippy::result_large_err)]
+    pub fn bind_window(
+        mw: MemoryWindow,
+        region: &ExposedRegion,
+        range: impl RangeBounds<usize>,
+        access: crate::AccessFlags,
+    ) -> std::result::Result<Self, (MemoryWindow, Error)> {
+        if mw.mw_type() != MwType::Type2 {
+            let e = Error::InvalidArgument {
+                verb: "ibv_post_send",
+                reason: "type 1 windows are bound with QueuePair::bind_mw",
+            };
+            return Err((mw, e));
+        }
+        let w = mw.prepare_bind("ibv_post_send", region, range, access)?;
+        let mut wr = Self::with(Op::BindMw, None);
+        wr.window = Some(w);
+        Ok(wr)
+    }
+
+    /// Invalidates the type 2 window `w` (`IBV_WR_LOCAL_INV` of its rkey): once the completion
+    /// succeeded, [`Completion::take_invalidated_window`](crate::Completion::take_invalidated_window)
+    /// hands the window back unbound (and gives up its hold on the region); a failed one hands it
+    /// back still bound ([`Completion::take_bound_window`](crate::Completion::take_bound_window)).
+    ///
+    /// # Errors
+    /// The window back, with [`Error::InvalidArgument`], for a type 1 window (unbind it with
+    /// [`QueuePair::unbind_mw`](crate::QueuePair::unbind_mw)).
+    #[doc(alias = "IBV_WR_LOCAL_INV")]
+    #[allow(clippy::result_large_err)]
+    pub fn local_invalidate(mut w: BoundWindow) -> std::result::Result<Self, (BoundWindow, Error)> {
+        if w.mw_type() != MwType::Type2 {
+            let e = Error::InvalidArgument {
+                verb: "ibv_post_send",
+                reason: "type 1 windows are unbound with QueuePair::unbind_mw",
+            };
+            return Err((w, e));
+        }
+        w.pending = Pending::Invalidate;
+        let mut wr = Self::with(Op::LocalInv, None);
+        wr.window = Some(w);
+        Ok(wr)
+    }
+
+    /// A Send of `local` that also invalidates the peer's type 2 window `rkey`
+    /// (`IBV_WR_SEND_WITH_INV`): the peer's receive completion reports it
+    /// ([`Completion::invalidated_rkey`](crate::Completion::invalidated_rkey)).
+    #[doc(alias = "IBV_WR_SEND_WITH_INV")]
+    pub fn send_with_invalidate(local: Local, rkey: u32) -> Self {
+        Self::with(Op::SendInv(rkey), Some(local))
+    }
+
+    /// [`send_with_invalidate`](Self::send_with_invalidate) of inline `data` (`IBV_SEND_INLINE`).
+    pub fn send_inline_with_invalidate(data: &'a [u8], rkey: u32) -> Self {
+        let mut wr = Self::with(Op::SendInv(rkey), None);
+        wr.inline = Some(data);
+        wr
+    }
+
+    /// Records the QP a type 2 bind is posted on.
+    pub(crate) fn bind_to(&mut self, qp_id: u64, qp_num: u32) {
+        if let (Op::BindMw, Some(w)) = (self.op, self.window.as_mut()) {
+            w.qp = Some((qp_id, qp_num));
         }
     }
 
@@ -384,7 +489,12 @@ impl<'a> SendRequest<'a> {
 
     /// The buffers back (when a request is abandoned).
     pub fn into_buffers(self) -> impl Iterator<Item = LocalBuf> {
-        self.sges.into_iter().flatten().map(Local::into_buf)
+        let window = self.window.map(|mut w| {
+            // Not posted: whatever it was to do did not happen.
+            w.pending = Pending::None;
+            LocalBuf::Window(Box::new(w))
+        });
+        self.sges.into_iter().flatten().map(Local::into_buf).chain(window)
     }
 
     /// Checks everything that does not depend on the queue pair.
@@ -392,16 +502,33 @@ impl<'a> SendRequest<'a> {
         let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_post_send", reason });
         // One pass over the entries (this runs on every safe post).
         let (mut count, mut sge_len) = (0usize, 0u64);
-        let (mut read_only, mut owned, mut foreign) = (false, false, false);
+        let (mut read_only, mut owned, mut foreign, mut window) = (false, false, false, false);
         for s in self.sges.iter().flatten() {
             count += 1;
             sge_len += u64::from(s.len);
             read_only |= !s.buf.device_writable();
-            owned |= matches!(s.buf, LocalBuf::Owned(_) | LocalBuf::Chunk(_));
+            owned |= matches!(s.buf, LocalBuf::Owned(_) | LocalBuf::Chunk(_) | LocalBuf::Window(_));
             foreign |= !s.buf.mr().in_pd(pd);
+            window |= matches!(s.buf, LocalBuf::Window(_));
+        }
+        if window {
+            return bad("a memory window is not a data buffer");
         }
         if foreign {
             return bad("a buffer's memory region belongs to another protection domain");
+        }
+        if let Some(w) = &self.window {
+            if count != 0 || self.inline.is_some() || self.imm.is_some() {
+                return bad("a window bind or invalidate carries no data");
+            }
+            if !self.signaled {
+                return bad(
+                    "a window bind or invalidate must be signaled (its completion returns the window)",
+                );
+            }
+            if !w.window().in_pd(pd) || !w.mr().in_pd(pd) {
+                return bad("the window or its memory region belongs to another protection domain");
+            }
         }
         let device_writes = matches!(self.op, Op::Read(_) | Op::CompareSwap { .. } | Op::FetchAdd { .. });
         if device_writes && read_only {
@@ -410,12 +537,20 @@ impl<'a> SendRequest<'a> {
         if !self.signaled && owned {
             return bad("an unsignaled request can only hold shared (Arc) buffers");
         }
-        if (self.imm.is_some() || self.inline.is_some()) && !matches!(self.op, Op::Send | Op::Write(_)) {
-            return bad("immediate and inline data only go with Send and RDMA Write");
+        if self.imm.is_some() && !matches!(self.op, Op::Send | Op::Write(_)) {
+            return bad("immediate data only goes with Send and RDMA Write");
+        }
+        if self.inline.is_some() && !matches!(self.op, Op::Send | Op::Write(_) | Op::SendInv(_)) {
+            return bad("inline data only goes with Send and RDMA Write");
         }
         let len = self.inline.map_or(sge_len, |d| d.len() as u64);
         match self.op {
-            Op::Send => {}
+            Op::Send | Op::SendInv(_) => {}
+            Op::BindMw | Op::LocalInv => {
+                if self.window.is_none() {
+                    return bad("a window operation without its window");
+                }
+            }
             Op::Write(r) | Op::Read(r) => {
                 if len > r.len {
                     return Err(Error::OutOfBounds { verb: "ibv_post_send", offset: 0, len, size: r.len });
@@ -509,6 +644,32 @@ impl<'a> SendRequest<'a> {
                 };
                 O::IBV_WR_ATOMIC_FETCH_AND_ADD
             }
+            Op::SendInv(rkey) => {
+                wr.__bindgen_anon_1.invalidate_rkey = rkey;
+                O::IBV_WR_SEND_WITH_INV
+            }
+            Op::BindMw => {
+                if let Some(w) = &self.window {
+                    let r = w.remote();
+                    wr.__bindgen_anon_2.bind_mw = ffi::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
+                        mw: w.as_raw(),
+                        rkey: r.rkey,
+                        bind_info: ffi::ibv_mw_bind_info {
+                            mr: w.mr_raw(),
+                            addr: r.addr,
+                            length: r.len,
+                            mw_access_flags: w.access().bits(),
+                        },
+                    };
+                }
+                O::IBV_WR_BIND_MW
+            }
+            Op::LocalInv => {
+                if let Some(w) = &self.window {
+                    wr.__bindgen_anon_1.invalidate_rkey = w.rkey();
+                }
+                O::IBV_WR_LOCAL_INV
+            }
         };
         if let Some(srqn) = self.xrc_srqn {
             wr.qp_type.xrc.remote_srqn = srqn;
@@ -584,6 +745,9 @@ impl RecvRequest {
             }
             if !s.buf.mr().in_pd(pd) {
                 return bad("a buffer's memory region belongs to another protection domain");
+            }
+            if matches!(s.buf, LocalBuf::Window(_)) {
+                return bad("a memory window is not a data buffer");
             }
         }
         Ok(count)

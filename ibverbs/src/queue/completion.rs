@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::ffi;
-use crate::memory::{Chunk, MemoryRegion};
+use crate::memory::{BoundWindow, Chunk, MemoryRegion, MemoryWindow, Pending};
 use crate::post::registry::Registry;
 use crate::post::ring::TAG;
 use crate::post::table::SRQ;
@@ -93,6 +93,7 @@ wc_opcode_consts! {
     COMP_SWAP = IBV_WC_COMP_SWAP: "An atomic compare-and-swap completed.",
     FETCH_ADD = IBV_WC_FETCH_ADD: "An atomic fetch-and-add completed.",
     BIND_MW = IBV_WC_BIND_MW: "A memory window bind completed.",
+    LOCAL_INV = IBV_WC_LOCAL_INV: "A local invalidate completed.",
     RECV = IBV_WC_RECV: "A receive took an incoming Send.",
     RECV_RDMA_WITH_IMM = IBV_WC_RECV_RDMA_WITH_IMM: "A receive took an RDMA Write with immediate.",
 }
@@ -129,6 +130,13 @@ impl WorkCompletion {
         (self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
             // SAFETY: both union members are plain u32s.
             .then(|| u32::from_be(unsafe { self.0.__bindgen_anon_1.imm_data }))
+    }
+    /// The rkey a peer's Send with Invalidate invalidated (`IBV_WC_WITH_INV`), if any.
+    #[doc(alias = "IBV_WC_WITH_INV")]
+    pub fn invalidated_rkey(&self) -> Option<u32> {
+        // SAFETY: both union members are plain u32s.
+        let rkey = unsafe { self.0.__bindgen_anon_1.invalidated_rkey };
+        (self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_INV.0 != 0).then_some(rkey)
     }
     /// The local QP number.
     pub fn qp_num(&self) -> u32 {
@@ -275,6 +283,58 @@ impl Completion {
     /// Takes the first chunk the request held (the common one-buffer case with pools).
     pub fn take_chunk(&mut self) -> Option<Chunk> {
         self.bufs.iter_mut().find(|b| matches!(b, Some(LocalBuf::Chunk(_))))?.take()?.into_chunk()
+    }
+    /// The rkey of this process's type 2 window that the peer's Send with Invalidate
+    /// invalidated (`IBV_WC_WITH_INV`, `invalidated_rkey`), on a receive completion. Hand the
+    /// window and this completion to
+    /// [`BoundWindow::remote_invalidated`](crate::BoundWindow::remote_invalidated) to get it back
+    /// unbound.
+    #[doc(alias = "IBV_WC_WITH_INV")]
+    pub fn invalidated_rkey(&self) -> Option<u32> {
+        self.wc.invalidated_rkey()
+    }
+    /// Uses up the invalidation this completion reports (it is evidence for one window only).
+    pub(crate) fn consume_invalidation(&mut self) {
+        self.wc.0.wc_flags &= !ffi::ibv_wc_flags::IBV_WC_WITH_INV.0;
+    }
+    /// Takes the window a bind request held, bound (successful bind), or the window of a failed
+    /// bind or invalidation (whose state the device did not confirm: treat it as bound; dropping
+    /// it deallocates it).
+    #[doc(alias = "IBV_WC_BIND_MW")]
+    pub fn take_bound_window(&mut self) -> Option<BoundWindow> {
+        let ok = self.is_ok();
+        let slot = self.bufs.iter_mut().find(|b| match b {
+            Some(LocalBuf::Window(w)) => !ok || w.pending == Pending::Bind,
+            _ => false,
+        })?;
+        match slot.take() {
+            Some(LocalBuf::Window(w)) => {
+                let mut w = *w;
+                if ok && w.pending == Pending::Bind {
+                    w.commit_rkey();
+                }
+                w.pending = Pending::None;
+                Some(w)
+            }
+            _ => None,
+        }
+    }
+    /// Takes the window of a *successful* local invalidate or type 1 unbind, unbound: the device
+    /// confirmed that no peer can use its old rkey, so it no longer holds its region.
+    #[doc(alias = "IBV_WC_LOCAL_INV")]
+    pub fn take_invalidated_window(&mut self) -> Option<MemoryWindow> {
+        // A successful local invalidate reports LOCAL_INV, a type 1 unbind BIND_MW.
+        if !self.is_ok() || !matches!(self.opcode(), WcOpcode::LOCAL_INV | WcOpcode::BIND_MW) {
+            return None;
+        }
+        let slot = self
+            .bufs
+            .iter_mut()
+            .find(|b| matches!(b, Some(LocalBuf::Window(w)) if w.pending == Pending::Invalidate))?;
+        match slot.take() {
+            Some(LocalBuf::Window(w)) => Some(w.into_unbound()),
+            _ => None,
+        }
     }
     /// Takes the first owned region the request held (the common one-buffer case).
     pub fn take_region(&mut self) -> Option<MemoryRegion> {

@@ -5,13 +5,25 @@ use std::sync::Arc;
 
 use crate::error::{cvt, Error, Result};
 use crate::ffi;
-use crate::post::engine::{post_chain, post_one};
+use crate::post::engine::{post_chain, post_one, RawPost, Request};
 use crate::post::prepared::{PreparedPost, PreparedSend};
 use crate::post::wr::Op;
 use crate::post::{RecvRequest, SendRequest};
 use crate::queue::qp::{PostError, QpState, QpType, QueuePair};
 
 impl QueuePair {
+    /// Posts `wr` on the send queue through `post` (a verb other than `ibv_post_send` that
+    /// posts there, e.g. `ibv_bind_mw`), with the state check of every safe post.
+    pub(crate) fn post_send_via<R: Request>(&mut self, post: RawPost<R::Raw>, wr: &mut R) -> Result<()> {
+        self.check_send_state()?;
+        post_one(self.raw.as_ptr(), &self.send, Some(post), wr)
+    }
+
+    /// The QP's protection domain.
+    pub(crate) fn pd_inner(&self) -> &Arc<crate::pd::PdInner> {
+        &self.pd
+    }
+
     fn check_send_state(&self) -> Result<()> {
         if !self.has_send {
             return Err(Error::InvalidArgument {
@@ -101,6 +113,7 @@ impl QueuePair {
             return Err(PostError { error, request: wr });
         }
         let mut wr = wr;
+        wr.bind_to(self.id, self.qp_num());
         match post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &mut wr) {
             Ok(()) => Ok(()),
             Err(error) => Err(PostError { error, request: wr }),
@@ -118,6 +131,10 @@ impl QueuePair {
     pub fn post_send_chain(&mut self, wrs: &mut Vec<SendRequest<'_>>) -> Result<()> {
         for wr in wrs.iter() {
             self.check_send(wr)?;
+        }
+        let (id, qp_num) = (self.id, self.qp_num());
+        for wr in wrs.iter_mut() {
+            wr.bind_to(id, qp_num);
         }
         let qp = self.raw.as_ptr();
         post_chain(qp, &self.send, self.post_send_fn, &mut self.chain, &mut self.chain_sges, wrs)

@@ -1,0 +1,849 @@
+//! Memory windows (`ibv_alloc_mw`, `ibv_bind_mw`, `IBV_WR_BIND_MW`, `IBV_WR_LOCAL_INV`) and the
+//! regions exposed only through them ([`WindowedRegion`], [`ExposedRegion`]).
+//!
+//! The soundness argument (why [`WindowedRegion`] may hand out `&[u8]` of memory peers wrote) is in
+//! the crate's *Safety model*, section *Memory exposed through windows*. In short: every window
+//! that may be bound to a region, and every posted request that may bind one, holds an `Arc` of
+//! the region's registration; a window gives its `Arc` up only when it is proven unbound (its
+//! invalidation completed, or it was deallocated). [`ExposedRegion::into_private`] succeeds only
+//! when it holds the last `Arc`, so no window can be bound to the memory then, and the region
+//! itself grants peers nothing.
+
+use std::fmt;
+use std::mem::ManuallyDrop;
+use std::ops::RangeBounds;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::{cvt_p, Error, Result};
+use crate::ffi;
+use crate::memory::racy::RacyBytes;
+use crate::memory::{AccessFlags, MrInner, OwnedBuffer, RemoteSlice};
+use crate::pd::{PdInner, ProtectionDomain};
+use crate::post::engine::Request;
+use crate::post::{LocalBuf, Slot, MAX_SGE};
+use crate::queue::{QpType, QueuePair};
+
+/// The type of a memory window (`enum ibv_mw_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[doc(alias = "ibv_mw_type")]
+pub enum MwType {
+    /// Type 1 (`IBV_MW_TYPE_1`): bound with `ibv_bind_mw()` ([`QueuePair::bind_mw`]), usable
+    /// through any QP of its protection domain; unbound by a zero-length bind
+    /// ([`QueuePair::unbind_mw`]) or deallocation. Needs `IBV_DEVICE_MEM_WINDOW`.
+    ///
+    /// [`QueuePair::bind_mw`]: crate::QueuePair::bind_mw
+    /// [`QueuePair::unbind_mw`]: crate::QueuePair::unbind_mw
+    Type1,
+    /// Type 2 (`IBV_MW_TYPE_2`): bound by a work request ([`SendRequest::bind_window`]) to one
+    /// QP, usable only through it; invalidated locally ([`SendRequest::local_invalidate`]), by
+    /// the peer (a Send with Invalidate), or by deallocation. Needs `IBV_DEVICE_MEM_WINDOW_TYPE_2A`
+    /// or `_2B`.
+    ///
+    /// [`SendRequest::bind_window`]: crate::SendRequest::bind_window
+    /// [`SendRequest::local_invalidate`]: crate::SendRequest::local_invalidate
+    Type2,
+}
+
+impl MwType {
+    fn raw(self) -> ffi::ibv_mw_type {
+        match self {
+            MwType::Type1 => ffi::ibv_mw_type::IBV_MW_TYPE_1,
+            MwType::Type2 => ffi::ibv_mw_type::IBV_MW_TYPE_2,
+        }
+    }
+
+    /// The capability (`device_cap_flags`) this type needs, or `None` when `flags` has it.
+    pub(crate) fn missing_capability(self, flags: u32) -> Option<&'static str> {
+        use ffi::ibv_device_cap_flags as F;
+        match self {
+            MwType::Type1 if flags & F::IBV_DEVICE_MEM_WINDOW.0 == 0 => Some("IBV_DEVICE_MEM_WINDOW"),
+            MwType::Type2
+                if flags & (F::IBV_DEVICE_MEM_WINDOW_TYPE_2A.0 | F::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0) == 0 =>
+            {
+                Some("IBV_DEVICE_MEM_WINDOW_TYPE_2A or IBV_DEVICE_MEM_WINDOW_TYPE_2B")
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Access rights a window may grant: remote read, write and atomics, nothing else.
+pub const WINDOW_ACCESS: AccessFlags =
+    AccessFlags::REMOTE_READ.union(AccessFlags::REMOTE_WRITE).union(AccessFlags::REMOTE_ATOMIC);
+
+/// The most binds one type 2 window takes: its rkey's 8-bit key is incremented per bind, and is
+/// never repeated, so that no invalidation of an earlier binding can be mistaken for one of the
+/// current binding ([`BoundWindow::remote_invalidated`]). Allocate a new window after that.
+pub const MAX_BINDS: u16 = 255;
+
+/// Checks a bind of `range` with `access` into a region of `mr_len` bytes registered with
+/// `mr_access`; returns (offset, len). Pure logic (tested under Miri).
+pub(crate) fn check_bind(
+    verb: &'static str,
+    mr_len: usize,
+    mr_access: AccessFlags,
+    range: impl RangeBounds<usize>,
+    access: AccessFlags,
+) -> Result<(usize, usize)> {
+    let bad = |reason| Err(Error::InvalidArgument { verb, reason });
+    if !WINDOW_ACCESS.contains(access) {
+        return bad("a window grants only REMOTE_READ, REMOTE_WRITE and REMOTE_ATOMIC");
+    }
+    if !mr_access.contains(AccessFlags::MW_BIND) {
+        return bad("the memory region was not registered with MW_BIND");
+    }
+    if access.intersects(AccessFlags::REMOTE_MODIFY) && !mr_access.contains(AccessFlags::LOCAL_WRITE) {
+        return bad("a window granting remote write or atomics needs a region with LOCAL_WRITE");
+    }
+    let (off, len) = crate::memory::check_range(verb, range, mr_len)?;
+    if len == 0 {
+        return bad("an empty window: unbind instead");
+    }
+    Ok((off, len))
+}
+
+/// Whether a type 2 window that was bound `binds` times may be bound again (see [`MAX_BINDS`]).
+pub(crate) fn may_bind_again(binds: u16) -> bool {
+    binds < MAX_BINDS
+}
+
+/// An allocated memory window that is bound to nothing (`struct ibv_mw`).
+///
+/// From [`ProtectionDomain::alloc_mw`]. Binding moves it into a request
+/// ([`SendRequest::bind_window`](crate::SendRequest::bind_window),
+/// [`QueuePair::bind_mw`](crate::QueuePair::bind_mw)) whose completion hands back a
+/// [`BoundWindow`]. Dropping it deallocates it (`ibv_dealloc_mw()`).
+#[doc(alias = "ibv_mw", alias = "ibv_dealloc_mw")]
+pub struct MemoryWindow {
+    raw: NonNull<ffi::ibv_mw>,
+    ty: MwType,
+    binds: u16,
+    pd: Arc<PdInner>,
+}
+
+// SAFETY: an MW is a kernel object handle; libibverbs allows using it from any thread. Its one
+// mutable field (`rkey`) is written only through `&mut`/owned access (binding consumes the window).
+unsafe impl Send for MemoryWindow {}
+// SAFETY: `&MemoryWindow` only reads plain fields.
+unsafe impl Sync for MemoryWindow {}
+
+impl fmt::Debug for MemoryWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryWindow").field("type", &self.ty).field("rkey", &self.rkey()).finish()
+    }
+}
+
+impl ProtectionDomain {
+    /// Allocates a memory window of type `ty` (`ibv_alloc_mw()`), after checking the device's
+    /// capability flags (`ibv_query_device()`).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] naming the missing `device_cap_flags` bit; [`Error::Verb`] from
+    /// `ibv_query_device()` or `ibv_alloc_mw()`.
+    #[doc(alias = "ibv_alloc_mw")]
+    pub fn alloc_mw(&self, ty: MwType) -> Result<MemoryWindow> {
+        let attr = self.context().query_device()?;
+        if let Some(capability) = ty.missing_capability(attr.0.device_cap_flags) {
+            return Err(Error::Unsupported { verb: "ibv_alloc_mw", capability });
+        }
+        // SAFETY: valid PD; the returned MW is deallocated once, in Drop.
+        let raw = unsafe { ffi::ibv_alloc_mw(self.as_raw(), ty.raw()) };
+        let raw = cvt_p("ibv_alloc_mw", raw)?;
+        Ok(MemoryWindow { raw, ty, binds: 0, pd: self.inner.clone() })
+    }
+
+    /// Allocates `len` zeroed, page-aligned bytes and registers them to be exposed only through
+    /// memory windows: `access` may hold [`AccessFlags::LOCAL_WRITE`] and
+    /// [`AccessFlags::RELAXED_ORDERING`]; [`AccessFlags::MW_BIND`] is always added, and no remote
+    /// right of the region's own is (its rkey grants nothing).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for other flags or a length of 0; [`Error::Verb`] from
+    /// `ibv_reg_mr()`.
+    #[doc(alias = "ibv_reg_mr")]
+    pub fn allocate_windowed(&self, len: usize, access: AccessFlags) -> Result<WindowedRegion> {
+        self.register_windowed(OwnedBuffer::zeroed(len)?, access)
+    }
+
+    /// Registers memory the caller owns to be exposed only through memory windows; see
+    /// [`allocate_windowed`](Self::allocate_windowed).
+    ///
+    /// # Errors
+    /// As [`allocate_windowed`](Self::allocate_windowed).
+    #[doc(alias = "ibv_reg_mr")]
+    pub fn register_windowed(
+        &self,
+        buf: impl Into<OwnedBuffer>,
+        access: AccessFlags,
+    ) -> Result<WindowedRegion> {
+        let allowed = AccessFlags::LOCAL_WRITE | AccessFlags::RELAXED_ORDERING | AccessFlags::MW_BIND;
+        if !allowed.contains(access) {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_reg_mr",
+                reason: "a windowed region takes only LOCAL_WRITE, RELAXED_ORDERING and MW_BIND: \
+                         peers reach it through windows only",
+            });
+        }
+        let inner = MrInner::register_raw(self, buf.into(), access | AccessFlags::MW_BIND)?;
+        Ok(WindowedRegion { inner: Box::new(inner) })
+    }
+}
+
+impl MemoryWindow {
+    /// The window's type.
+    pub fn mw_type(&self) -> MwType {
+        self.ty
+    }
+
+    /// The window's current rkey (`mw->rkey`; unbound: it grants nothing).
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: valid MW while self lives; rkey is written only by a bind, which owns the window.
+        unsafe { (*self.raw.as_ptr()).rkey }
+    }
+
+    /// How many times it was bound (at most [`MAX_BINDS`] for a type 2 window).
+    pub fn binds(&self) -> u16 {
+        self.binds
+    }
+
+    /// The raw `struct ibv_mw *`; valid while this window lives. Binding it through `ffi`
+    /// (outside the crate's tracking) would expose a region the crate believes private: raw
+    /// code may read it only.
+    pub fn as_raw(&self) -> *mut ffi::ibv_mw {
+        self.raw.as_ptr()
+    }
+
+    pub(crate) fn in_pd(&self, pd: &Arc<PdInner>) -> bool {
+        Arc::ptr_eq(&self.pd, pd)
+    }
+
+    /// Deallocates the window (`ibv_dealloc_mw()`); on failure it is leaked (with its PD).
+    fn release(self) -> bool {
+        let me = ManuallyDrop::new(self);
+        // SAFETY: allocated once, deallocated once (Drop does not run: ManuallyDrop).
+        let ok = unsafe { ffi::ibv_dealloc_mw(me.raw.as_ptr()) } == 0;
+        if ok {
+            // SAFETY: read once out of the ManuallyDrop, which is not used again.
+            drop(unsafe { std::ptr::read(&me.pd) });
+        }
+        ok
+    }
+
+    /// Prepares a bind: checks `range` and `access` against `region`, moves the rkey to its next
+    /// key (`ibv_inc_rkey()`) and returns the window as bound (not yet posted).
+    pub(crate) fn prepare_bind(
+        mut self,
+        verb: &'static str,
+        region: &ExposedRegion,
+        range: impl RangeBounds<usize>,
+        access: AccessFlags,
+    ) -> std::result::Result<BoundWindow, (MemoryWindow, Error)> {
+        if !region.mr.in_pd(&self.pd) {
+            let e = Error::InvalidArgument {
+                verb,
+                reason: "the memory region belongs to another protection domain than the window",
+            };
+            return Err((self, e));
+        }
+        let (off, len) = match check_bind(verb, region.mr.len(), region.mr.access, range, access) {
+            Ok(r) => r,
+            Err(e) => return Err((self, e)),
+        };
+        if self.ty == MwType::Type2 && !may_bind_again(self.binds) {
+            let e =
+                Error::InvalidArgument { verb, reason: "window bound MAX_BINDS times: allocate a new one" };
+            return Err((self, e));
+        }
+        // Type 1: ibv_bind_mw computes the next rkey itself and writes it into mw->rkey (read by
+        // BoundWindow::rkey). Type 2: the application chooses it; the provider identifies the
+        // window by its current mw->rkey, which takes the new value once the bind succeeded
+        // (Completion::take_bound_window).
+        let new_rkey = (self.ty == MwType::Type2).then(|| {
+            // SAFETY: a pure function.
+            unsafe { ffi::ibv_inc_rkey(self.rkey()) }
+        });
+        self.binds = self.binds.saturating_add(1);
+        Ok(BoundWindow {
+            mw: ManuallyDrop::new(self),
+            mr: ManuallyDrop::new(region.mr.clone()),
+            offset: off,
+            len,
+            access,
+            new_rkey,
+            qp: None,
+            pending: Pending::Bind,
+        })
+    }
+}
+
+impl Drop for MemoryWindow {
+    fn drop(&mut self) {
+        // SAFETY: allocated once, deallocated once. A failure leaves the kernel object (and the PD
+        // it references, through our Arc that is dropped anyway: the PD's own drop then fails
+        // and leaks it).
+        unsafe { ffi::ibv_dealloc_mw(self.raw.as_ptr()) };
+    }
+}
+
+/// What a bound window's request is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pending {
+    /// Nothing posted: bound (as far as the device said).
+    None,
+    /// A bind request holds it.
+    Bind,
+    /// An invalidation (local invalidate, or a type 1 zero-length bind) holds it.
+    Invalidate,
+}
+
+/// A memory window that may be bound to (part of) an [`ExposedRegion`]: peers may access those
+/// bytes with [`rkey`](Self::rkey) until it is invalidated or deallocated.
+///
+/// It holds the region's registration (an `Arc`), so the region cannot become private again
+/// ([`ExposedRegion::into_private`]) while it exists, and the memory is never freed under it:
+/// `mem::forget` of it only leaks. It comes back from a bind's completion
+/// ([`Completion::take_bound_window`](crate::Completion::take_bound_window)); it goes back to an
+/// unbound [`MemoryWindow`], giving the registration up, only when its unbinding is proven:
+/// [`Completion::take_invalidated_window`](crate::Completion::take_invalidated_window) after a
+/// local invalidate or a type 1 unbind completed, or
+/// [`remote_invalidated`](Self::remote_invalidated). Dropping it deallocates the window
+/// (`ibv_dealloc_mw()`, which ends every access through it) and only then gives the registration
+/// up; if deallocation fails, the registration is leaked.
+///
+/// It is not `Clone` (so no two handles claim one binding):
+///
+/// ```compile_fail,E0599
+/// fn f(w: ibverbs::BoundWindow) -> (ibverbs::BoundWindow, ibverbs::BoundWindow) {
+///     (w.clone(), w)
+/// }
+/// ```
+#[doc(alias = "ibv_mw_bind", alias = "ibv_bind_mw")]
+pub struct BoundWindow {
+    mw: ManuallyDrop<MemoryWindow>,
+    mr: ManuallyDrop<Arc<MrInner>>,
+    offset: usize,
+    len: usize,
+    access: AccessFlags,
+    /// Type 2: the rkey of this binding (mw->rkey holds it once the bind succeeded).
+    new_rkey: Option<u32>,
+    /// Type 2: the QP it is bound to (id, number).
+    pub(crate) qp: Option<(u64, u32)>,
+    pub(crate) pending: Pending,
+}
+
+impl fmt::Debug for BoundWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BoundWindow")
+            .field("type", &self.mw.ty)
+            .field("remote", &self.remote())
+            .field("access", &self.access)
+            .field("pending", &self.pending)
+            .finish()
+    }
+}
+
+impl BoundWindow {
+    /// The window's type.
+    pub fn mw_type(&self) -> MwType {
+        self.mw.ty
+    }
+    /// The rkey peers use.
+    pub fn rkey(&self) -> u32 {
+        self.new_rkey.unwrap_or_else(|| self.mw.rkey())
+    }
+
+    /// A type 2 bind succeeded: the window's rkey is the new one from now on.
+    pub(crate) fn commit_rkey(&mut self) {
+        if let Some(rkey) = self.new_rkey {
+            // SAFETY: we own the window (the completion handed it back); the provider reads
+            // mw->rkey only while posting a request that holds the window.
+            unsafe { (*self.mw.raw.as_ptr()).rkey = rkey };
+        }
+    }
+    /// Offset of the window in its region.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+    /// Length of the window in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the window is empty (never: empty binds are refused).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The rights it grants.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+    /// The descriptor a peer needs (address, length, rkey): usable wherever a [`RemoteSlice`]
+    /// is, e.g. as the target of [`SendRequest::write`](crate::SendRequest::write) or
+    /// [`read`](crate::SendRequest::read), and exchanged with [`RemoteSlice::encode`].
+    pub fn remote(&self) -> RemoteSlice {
+        RemoteSlice {
+            addr: self.mr.device_addr(self.mr.addr()).wrapping_add(self.offset as u64),
+            len: self.len as u64,
+            rkey: self.rkey(),
+        }
+    }
+    /// The raw `struct ibv_mw *`; valid while this window lives. Binding, invalidating or
+    /// deallocating it through `ffi` defeats the crate's tracking of the region's state: raw
+    /// code may read it only.
+    pub fn as_raw(&self) -> *mut ffi::ibv_mw {
+        self.mw.as_raw()
+    }
+
+    pub(crate) fn mr(&self) -> &MrInner {
+        &self.mr
+    }
+    pub(crate) fn mr_raw(&self) -> *mut ffi::ibv_mr {
+        self.mr.raw_ptr()
+    }
+    pub(crate) fn window(&self) -> &MemoryWindow {
+        &self.mw
+    }
+
+    /// A bind that was never posted: the window is as unbound as before.
+    fn into_unposted(self) -> MemoryWindow {
+        self.into_unbound()
+    }
+
+    /// The window, unbound: gives the registration up. Only for proven unbinding.
+    pub(crate) fn into_unbound(self) -> MemoryWindow {
+        let mut me = ManuallyDrop::new(self);
+        // SAFETY: each field is taken once out of the ManuallyDrop, which is not used again.
+        let (mw, mr) = unsafe { (ManuallyDrop::take(&mut me.mw), ManuallyDrop::take(&mut me.mr)) };
+        drop(mr);
+        mw
+    }
+
+    /// Accepts a peer's Send with Invalidate of this (type 2) window, reported by `c`, a receive
+    /// completion of `qp` (`IBV_WC_WITH_INV`, `invalidated_rkey`), as proof that the window is
+    /// unbound, and hands it back unbound. The evidence is used up: `c` no longer reports an
+    /// invalidation.
+    ///
+    /// Checked: the window is type 2 and bound to `qp`; `c` is a successful, tracked (safely
+    /// posted) completion of `qp`'s number naming this window's rkey.
+    ///
+    /// # Errors
+    /// The window back (still bound) with [`Error::InvalidArgument`] when a check fails.
+    ///
+    /// # Safety
+    /// `c` must come from `qp`'s receive CQ and from a receive posted on `qp` *after* this
+    /// window's bind was posted. (An older completion may name an earlier holder of the same
+    /// rkey: a deallocated window whose index the device gave to this one, with the same 8-bit
+    /// key; the checks above cannot tell them apart. Accepting it would let the region become
+    /// private while the peer can still write it.)
+    #[allow(clippy::result_large_err)]
+    pub unsafe fn remote_invalidated(
+        self,
+        qp: &crate::QueuePair,
+        c: &mut crate::Completion,
+    ) -> std::result::Result<MemoryWindow, (BoundWindow, Error)> {
+        let verb = "BoundWindow::remote_invalidated";
+        let reason = if self.mw.ty != MwType::Type2 {
+            Some("only type 2 windows are invalidated by a peer")
+        } else if self.qp.map(|(id, _)| id) != Some(qp.id) {
+            Some("the window is not bound to this queue pair")
+        } else if !c.is_ok() || !c.is_tracked() || c.qp_num() != qp.qp_num() {
+            Some("not a successful, safely posted completion of this queue pair")
+        } else if c.invalidated_rkey() != Some(self.rkey()) {
+            Some("the completion does not invalidate this window's rkey")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Err((self, Error::InvalidArgument { verb, reason }));
+        }
+        c.consume_invalidation();
+        Ok(self.into_unbound())
+    }
+
+    /// Deallocates the window (`ibv_dealloc_mw()`): every access through it ends, whatever QP it
+    /// was bound to (also one that was destroyed since).
+    #[doc(alias = "ibv_dealloc_mw")]
+    pub fn dealloc(self) {
+        drop(self);
+    }
+}
+
+impl Drop for BoundWindow {
+    fn drop(&mut self) {
+        // SAFETY: each field is taken once; self is not used afterwards.
+        let (mw, mr) = unsafe { (ManuallyDrop::take(&mut self.mw), ManuallyDrop::take(&mut self.mr)) };
+        if mw.release() {
+            drop(mr);
+        } else {
+            // The window may still be bound: keep the memory registered and allocated forever.
+            std::mem::forget(mr);
+        }
+    }
+}
+
+/// A type 1 bind or unbind, posted through the engine like a send request (`ibv_bind_mw()`).
+struct Type1Bind {
+    window: Option<BoundWindow>,
+    wr_id: u64,
+}
+
+/// What `ibv_bind_mw()` takes, as the engine's raw request.
+#[repr(C)]
+struct Type1Raw {
+    bind: ffi::ibv_mw_bind,
+    mw: *mut ffi::ibv_mw,
+}
+
+impl Default for Type1Raw {
+    fn default() -> Self {
+        Type1Raw { bind: ffi::ibv_mw_bind::default(), mw: std::ptr::null_mut() }
+    }
+}
+
+/// The engine's "provider post" for a type 1 bind: one request, never a chain.
+unsafe extern "C" fn post_type1(qp: *mut ffi::ibv_qp, raw: *mut Type1Raw, _bad: *mut *mut Type1Raw) -> i32 {
+    // SAFETY: the engine passes a valid QP and the request it filled (a live window, and the
+    // registration its slot holds, or none for an unbind); ibv_bind_mw posts it on the send queue
+    // and, on success, writes the window's new rkey into mw->rkey (read once the completion hands
+    // the window back).
+    unsafe { ffi::ibv_bind_mw(qp, (*raw).mw, &mut (*raw).bind) }
+}
+
+impl Request for Type1Bind {
+    type Raw = Type1Raw;
+    const VERB: &'static str = "ibv_bind_mw";
+    fn fill_raw(&self, raw: &mut Type1Raw, _sges: &mut [ffi::ibv_sge; MAX_SGE], device_wr_id: u64) {
+        raw.bind.wr_id = device_wr_id;
+        raw.bind.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        if let Some(w) = &self.window {
+            raw.mw = w.as_raw();
+            let r = w.remote();
+            // A zero-length bind unbinds a type 1 window. It still names the region: rxe's
+            // provider reads `bind_info.mr->lkey` whatever the length (a NULL MR crashes it).
+            let unbind = w.pending == Pending::Invalidate;
+            raw.bind.bind_info = ffi::ibv_mw_bind_info {
+                mr: w.mr_raw(),
+                addr: r.addr,
+                length: if unbind { 0 } else { r.len },
+                mw_access_flags: if unbind { 0 } else { w.access().bits() },
+            };
+        }
+    }
+    fn link(_raw: &mut Type1Raw, _next: *mut Type1Raw) {}
+    fn take_slot(&mut self) -> Slot {
+        Slot {
+            wr_id: self.wr_id,
+            bufs: [self.window.take().map(|w| LocalBuf::Window(Box::new(w))), None, None, None],
+            _ah: None,
+        }
+    }
+    fn give_back(&mut self, mut slot: Slot, _sges: &[ffi::ibv_sge; MAX_SGE]) {
+        if let Some(LocalBuf::Window(w)) = slot.bufs[0].take() {
+            self.window = Some(*w);
+        }
+    }
+}
+
+impl QueuePair {
+    #[allow(clippy::result_large_err)] // the window comes back
+    fn post_type1(&mut self, w: BoundWindow, wr_id: u64) -> std::result::Result<(), (BoundWindow, Error)> {
+        let verb = "ibv_bind_mw";
+        let reason = if self.qp_type() == QpType::UD {
+            Some("memory windows are bound on connected queue pairs (RC, UC)")
+        } else if !w.window().in_pd(self.pd_inner()) || !w.mr().in_pd(self.pd_inner()) {
+            Some("the window or its memory region belongs to another protection domain than the QP")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Err((w, Error::InvalidArgument { verb, reason }));
+        }
+        let mut req = Type1Bind { window: Some(w), wr_id };
+        match self.post_send_via(post_type1, &mut req) {
+            Ok(()) => Ok(()),
+            Err(e) => match req.window.take() {
+                Some(w) => Err((w, e)),
+                // Unreachable: a request that was not posted keeps its window.
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// Binds the type 1 window `mw` to the bytes `range` of `region`, granting `access`
+    /// (`ibv_bind_mw()`, which posts a bind on this QP's send queue). The completion, with
+    /// `wr_id`, hands it back ([`Completion::take_bound_window`](crate::Completion::take_bound_window))
+    /// with its new rkey; peers may use it through any QP of the protection domain.
+    ///
+    /// # Errors
+    /// The window back, with [`Error::InvalidArgument`] (not type 1, region or window of another
+    /// protection domain, rights the region cannot give, empty range, a UD queue pair),
+    /// [`Error::OutOfBounds`] (range outside the region), [`Error::QpState`] before RTS,
+    /// [`Error::QueueFull`], or [`Error::Verb`] from `ibv_bind_mw()`.
+    #[doc(alias = "ibv_bind_mw")]
+    #[allow(clippy::result_large_err)]
+    pub fn bind_mw(
+        &mut self,
+        mw: MemoryWindow,
+        region: &ExposedRegion,
+        range: impl RangeBounds<usize>,
+        access: AccessFlags,
+        wr_id: u64,
+    ) -> std::result::Result<(), (MemoryWindow, Error)> {
+        if mw.mw_type() != MwType::Type1 {
+            let e = Error::InvalidArgument {
+                verb: "ibv_bind_mw",
+                reason: "type 2 windows are bound with SendRequest::bind_window",
+            };
+            return Err((mw, e));
+        }
+        let w = mw.prepare_bind("ibv_bind_mw", region, range, access)?;
+        self.post_type1(w, wr_id).map_err(|(w, e)| (w.into_unposted(), e))
+    }
+
+    /// Unbinds the type 1 window `w` (`ibv_bind_mw()` with length 0). Once the
+    /// completion (with `wr_id`) succeeded,
+    /// [`Completion::take_invalidated_window`](crate::Completion::take_invalidated_window) hands
+    /// it back unbound.
+    ///
+    /// # Errors
+    /// The window back, still bound, with [`Error::InvalidArgument`] (not type 1, another
+    /// protection domain, a UD queue pair), [`Error::QpState`], [`Error::QueueFull`] or
+    /// [`Error::Verb`].
+    #[doc(alias = "ibv_bind_mw")]
+    #[allow(clippy::result_large_err)]
+    pub fn unbind_mw(
+        &mut self,
+        mut w: BoundWindow,
+        wr_id: u64,
+    ) -> std::result::Result<(), (BoundWindow, Error)> {
+        if w.mw_type() != MwType::Type1 {
+            let e = Error::InvalidArgument {
+                verb: "ibv_bind_mw",
+                reason: "type 2 windows are invalidated with SendRequest::local_invalidate",
+            };
+            return Err((w, e));
+        }
+        w.pending = Pending::Invalidate;
+        self.post_type1(w, wr_id).map_err(|(mut w, e)| {
+            w.pending = Pending::None;
+            (w, e)
+        })
+    }
+}
+
+/// A registered region that peers reach only through memory windows, in its *private* state:
+/// no window is bound to it (every window that ever was is proven unbound), and the region
+/// grants no remote right of its own, so it derefs to `[u8]`/`mut [u8]` — the in-place read of
+/// what peers wrote while it was exposed.
+///
+/// From [`ProtectionDomain::allocate_windowed`]; [`expose`](Self::expose) moves it into the
+/// [`ExposedRegion`] state, where windows can be bound and reads are copies. Dropping it
+/// deregisters it and frees the memory.
+#[doc(alias = "ibv_reg_mr", alias = "IBV_ACCESS_MW_BIND")]
+pub struct WindowedRegion {
+    inner: Box<MrInner>,
+}
+
+/// A windowed region in its *exposed* state: windows may be bound to it, so peers may write it
+/// at any moment, and safe code only copies out of it ([`read`](Self::read),
+/// [`to_vec`](Self::to_vec)). An exposed region gives no `&[u8]`:
+///
+/// ```compile_fail,E0608
+/// fn f(r: &ibverbs::ExposedRegion) -> u8 {
+///     r[0]
+/// }
+/// ```
+///
+/// [`into_private`](Self::into_private) returns to [`WindowedRegion`] once every window bound to
+/// it has been proven unbound. Dropping it keeps the memory registered until the last window
+/// holding it is gone.
+#[doc(alias = "ibv_mr")]
+pub struct ExposedRegion {
+    mr: Arc<MrInner>,
+}
+
+impl fmt::Debug for WindowedRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Windowed")?;
+        self.inner.fmt(f)
+    }
+}
+
+impl fmt::Debug for ExposedRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExposedRegion")
+            .field("region", &*self.mr)
+            .field("holders", &Arc::strong_count(&self.mr))
+            .finish()
+    }
+}
+
+impl WindowedRegion {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+    /// Whether the region is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.inner.len() == 0
+    }
+    /// The access rights it was registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.inner.access
+    }
+    /// Moves the region into the exposed state, where windows can be bound to it. The private
+    /// handle is gone, so no slice of it survives:
+    ///
+    /// ```compile_fail,E0505
+    /// fn f(r: ibverbs::WindowedRegion) {
+    ///     let bytes: &[u8] = &r;
+    ///     let exposed = r.expose(); // error: cannot move out of `r` because it is borrowed
+    ///     println!("{}", bytes[0]);
+    /// }
+    /// ```
+    pub fn expose(self) -> ExposedRegion {
+        ExposedRegion { mr: Arc::from(self.inner) }
+    }
+    /// The region's bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: valid memory owned by self. No window is bound to it (windows bind only to an
+        // ExposedRegion, and the region came back private only when no window held it); its
+        // registration grants no remote access; it cannot be posted as a local buffer. So
+        // nothing but this process writes it.
+        unsafe { std::slice::from_raw_parts(self.inner.addr(), self.inner.len()) }
+    }
+    /// The region's bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.inner.addr(), self.inner.len()) }
+    }
+}
+
+impl std::ops::Deref for WindowedRegion {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl std::ops::DerefMut for WindowedRegion {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+}
+
+impl ExposedRegion {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mr.len()
+    }
+    /// Whether the region is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.mr.len() == 0
+    }
+    /// The access rights it was registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.mr.access
+    }
+    /// How many windows (bound, or held by a posted bind or invalidation) still hold the region.
+    pub fn windows(&self) -> usize {
+        Arc::strong_count(&self.mr) - 1
+    }
+
+    fn racy(&self) -> RacyBytes {
+        // SAFETY: valid for len bytes while self lives; this process accesses it only through
+        // RacyBytes while exposed.
+        unsafe { RacyBytes::new(self.mr.addr(), self.mr.len()) }
+    }
+
+    /// Copies `dst.len()` bytes at `offset` out of the region (torn if a peer writes meanwhile,
+    /// never undefined behaviour).
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] when the range leaves the region.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let (off, _) = self.mr.range("read", offset..offset.saturating_add(dst.len()))?;
+        self.racy().read(off, dst);
+        Ok(())
+    }
+
+    /// Copies the whole region into a new `Vec`.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.len()];
+        self.racy().read(0, &mut v);
+        v
+    }
+
+    /// Returns to the private state, where the bytes are borrowed in place: succeeds when no
+    /// window holds the region any more (each was proven unbound, or deallocated).
+    ///
+    /// # Errors
+    /// The region back, still exposed, when a window (bound, forgotten, or held by a posted
+    /// request) still holds it; [`windows`](Self::windows) says how many.
+    #[allow(clippy::result_large_err)]
+    pub fn into_private(self) -> std::result::Result<WindowedRegion, ExposedRegion> {
+        match Arc::try_unwrap(self.mr) {
+            Ok(inner) => Ok(WindowedRegion { inner: Box::new(inner) }),
+            Err(mr) => Err(ExposedRegion { mr }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RW: AccessFlags = AccessFlags::REMOTE_WRITE;
+
+    #[test]
+    fn binds_are_checked_against_the_region() {
+        let mr = AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND;
+        assert_eq!(check_bind("b", 4096, mr, 0..4096, RW).unwrap(), (0, 4096));
+        assert_eq!(check_bind("b", 4096, mr, 100..200, WINDOW_ACCESS).unwrap(), (100, 100));
+        assert!(matches!(
+            check_bind("b", 4096, mr, 4000..4097, RW),
+            Err(Error::OutOfBounds { offset: 4000, len: 97, size: 4096, .. })
+        ));
+        assert!(matches!(check_bind("b", 4096, mr, 10..10, RW), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(check_bind("b", 4096, mr, usize::MAX.., RW), Err(Error::OutOfBounds { .. })));
+        // The region lacks MW_BIND.
+        assert!(check_bind("b", 4096, AccessFlags::LOCAL_WRITE, .., AccessFlags::REMOTE_READ).is_err());
+        // Remote write needs LOCAL_WRITE on the region; remote read does not.
+        assert!(check_bind("b", 4096, AccessFlags::MW_BIND, .., RW).is_err());
+        assert!(check_bind("b", 4096, AccessFlags::MW_BIND, .., AccessFlags::REMOTE_ATOMIC).is_err());
+        assert!(check_bind("b", 4096, AccessFlags::MW_BIND, .., AccessFlags::REMOTE_READ).is_ok());
+        // A window grants nothing but remote rights.
+        assert!(check_bind("b", 4096, mr, .., AccessFlags::MW_BIND).is_err());
+        assert!(check_bind("b", 4096, mr, .., AccessFlags::from_bits_retain(1 << 30)).is_err());
+    }
+
+    #[test]
+    fn capabilities_are_named() {
+        use ffi::ibv_device_cap_flags as F;
+        assert_eq!(MwType::Type1.missing_capability(0), Some("IBV_DEVICE_MEM_WINDOW"));
+        assert_eq!(MwType::Type1.missing_capability(F::IBV_DEVICE_MEM_WINDOW.0), None);
+        assert!(MwType::Type2.missing_capability(F::IBV_DEVICE_MEM_WINDOW.0).is_some());
+        assert_eq!(MwType::Type2.missing_capability(F::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0), None);
+        assert_eq!(MwType::Type2.missing_capability(F::IBV_DEVICE_MEM_WINDOW_TYPE_2A.0), None);
+    }
+
+    #[test]
+    fn a_window_in_a_slot_does_not_grow_the_buffer_enum() {
+        // LocalBuf is copied per completion on the hot path: the window variant is boxed.
+        assert!(std::mem::size_of::<LocalBuf>() <= 4 * std::mem::size_of::<usize>());
+    }
+
+    #[test]
+    fn keys_never_repeat_within_a_window() {
+        // 255 binds move the 8-bit key through 255 distinct values after the initial one.
+        let mut seen = std::collections::HashSet::new();
+        let mut key = 0x37u8;
+        let mut binds = 0u16;
+        while may_bind_again(binds) {
+            key = key.wrapping_add(1);
+            binds += 1;
+            assert!(key != 0x37 && seen.insert(key), "key repeated after {binds} binds");
+        }
+        assert_eq!(binds, MAX_BINDS);
+    }
+}
