@@ -379,8 +379,8 @@ pub use error::{Error, Result};
 pub use memory::{page_size, AccessFlags, Chunk, MemoryRegion, OwnedBuffer, RemoteMemoryRegion, RemoteSlice};
 pub use pd::ProtectionDomain;
 pub use pool::ReceivePool;
-pub use post::{Local, LocalBuf, PreparedSend, RecvRequest, SendRequest, MAX_SGE};
+pub use post::{Local, LocalBuf, PreparedSend, RecvRequest, SendOps, SendRequest, MAX_SGE};
 pub use queue::{
     Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpState, QpType, QueuePair,
-    QueuePairBuilder, WcOpcode, WcStatus, WorkCompletion,
+    QueuePairBuilder, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };

@@ -151,3 +151,19 @@ impl Drop for LinkUp {
         ip_link(&self.0, "up");
     }
 }
+
+/// Reports that the test device lacks `feature`, after the test checked the typed error the
+/// crate gives for it: the test passes, and `cargo xtask test` names the feature in its summary
+/// as unsupported by the device (never a silent pass). Written straight to the process's stdout,
+/// past libtest's capture, as one line `IBVERBS-UNSUPPORTED: <device>: <feature> (<test>): <why>`.
+pub fn unsupported(ctx: &Context, feature: &str, why: impl std::fmt::Display) {
+    use std::io::Write;
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    let line = format!("{UNSUPPORTED_PREFIX}{}: {feature} ({test}): {why}\n", ctx.name());
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(line.as_bytes());
+    let _ = out.flush();
+}
+
+/// The line prefix of [`unsupported`] (`xtask/src/test.rs` looks for the same text).
+pub const UNSUPPORTED_PREFIX: &str = "IBVERBS-UNSUPPORTED: ";

@@ -879,6 +879,21 @@ pub fn tsan_reports(stderr: &str) -> usize {
     stderr.matches("WARNING: ThreadSanitizer:").count()
 }
 
+/// The line prefix with which a device test reports a feature the device lacks
+/// (`tests/common/mod.rs`, `unsupported`), after checking the typed error the crate gives for it.
+pub const UNSUPPORTED_PREFIX: &str = "IBVERBS-UNSUPPORTED: ";
+
+/// The note naming the features a device test binary reported unsupported (empty if none):
+/// `unsupported by the device: <feature> (<test>): <why>; ...`.
+pub fn unsupported_note(stdout: &str) -> String {
+    let found: Vec<&str> = stdout.lines().filter_map(|l| l.trim().strip_prefix(UNSUPPORTED_PREFIX)).collect();
+    if found.is_empty() {
+        String::new()
+    } else {
+        format!("unsupported by the device: {}", found.join("; "))
+    }
+}
+
 /// The summary entry of a device test binary's step: (exit status to count, note).
 fn device_verdict(run: &DeviceRun, r: &StepResult, timeout: Duration) -> (i32, String) {
     let stderr = String::from_utf8_lossy(&r.stderr);
@@ -886,6 +901,10 @@ fn device_verdict(run: &DeviceRun, r: &StepResult, timeout: Duration) -> (i32, S
     let mut code = r.code;
     if r.timed_out {
         notes.push(format!("timed out after {} s", timeout.as_secs()));
+    }
+    let unsupported = unsupported_note(&String::from_utf8_lossy(&r.stdout));
+    if !unsupported.is_empty() {
+        notes.push(unsupported);
     }
     match run.kind {
         Kind::Plain => {}
@@ -1242,6 +1261,17 @@ fn run_program_self_tests(backend: &Backend, summary: &mut Summary) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unsupported_features_are_named_in_the_note() {
+        assert_eq!(unsupported_note("test a ... ok\n"), "");
+        let out =
+            "running 2 tests\nIBVERBS-UNSUPPORTED: rxe0: completion timestamps (t): mask 0\ntest t ... ok\n";
+        assert_eq!(
+            unsupported_note(out),
+            "unsupported by the device: rxe0: completion timestamps (t): mask 0"
+        );
+    }
 
     #[test]
     fn parses_libtest_summaries() {

@@ -8,13 +8,19 @@
 //! 3. [`registry`]: each completion queue knows the rings of the queues it serves, so a polled
 //!    completion finds its slot from the `wr_id` alone (see
 //!    [`CompletionQueue::poll`](crate::CompletionQueue::poll)) and hands the buffers back.
+//!
+//! [`ex`] is the second hand-over to the provider, for queue pairs created with
+//! [`SendOps`]: the same requests, slots and `wr_id`s, replayed as `ibv_wr_*` builder calls with
+//! one `ibv_wr_complete` per batch.
 
 pub(crate) mod engine;
+pub(crate) mod ex;
 pub(crate) mod prepared;
 pub(crate) mod registry;
 pub(crate) mod ring;
 pub(crate) mod wr;
 
 pub(crate) use engine::Slot;
+pub use ex::SendOps;
 pub use prepared::PreparedSend;
 pub use wr::{Local, LocalBuf, RecvRequest, SendRequest, MAX_SGE};

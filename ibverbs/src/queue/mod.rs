@@ -4,9 +4,11 @@
 mod channel;
 mod completion;
 mod cq;
+mod cq_ex;
 mod qp;
 
 pub use channel::{CompletionChannel, CqId};
 pub use completion::{Completion, WcOpcode, WcStatus, WorkCompletion};
 pub use cq::CompletionQueue;
+pub use cq_ex::WcFlags;
 pub use qp::{PostError, QpCaps, QpState, QpType, QueuePair, QueuePairBuilder};
