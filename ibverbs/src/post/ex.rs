@@ -222,7 +222,7 @@ impl ExQp {
                 // `fill` puts inline data in the first SGE (none for empty data); the provider
                 // copies it during this call.
                 let (addr, len) = if n == 0 {
-                    (std::ptr::null_mut(), 0)
+                    (std::ptr::NonNull::<std::ffi::c_void>::dangling().as_ptr(), 0)
                 } else {
                     let s = *wr.sg_list;
                     (s.addr as usize as *mut std::ffi::c_void, s.length as usize)
