@@ -25,6 +25,7 @@
 //! IPv4 GID). On SoftRoCE the device's own software path dominates every figure.
 
 use std::ptr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -220,6 +221,12 @@ fn run(b: &mut Bench, level: Level, n: usize, iters: usize) -> Result<(u64, u64,
         let mut spins = 0u32;
         loop {
             let (got, ok) = poll(b, level, &mut comps, &mut wcs)?;
+            if counting() {
+                POLLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if got == 0 {
+                    EMPTY_POLLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
             if !ok {
                 return Err(format!("completion error at the {level:?} level"));
             }
@@ -363,6 +370,10 @@ fn poll(
 /// `POST_POLL_ONLY=<level>[:<n>]` (e.g. `Safe`, `ExSafe:32`): run that level alone, 200 single
 /// and/or 20 chained iterations (`n` 1 or 32), for instruction counting under callgrind (`post` and `poll` are functions
 /// of their own: read their inclusive costs).
+/// Calls of `poll` in the counting mode, and how many of them found nothing.
+static POLLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static EMPTY_POLLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 fn counting() -> bool {
     static ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ONLY.get_or_init(|| std::env::var_os("POST_POLL_ONLY").is_some())
@@ -406,7 +417,10 @@ fn main() {
                 eprintln!("post_poll: {e}");
                 std::process::exit(1);
             }
-            println!("post_poll: {level:?}: {iters} iterations of {n} request(s)");
+            let (polls, empty) = (POLLS.swap(0, Ordering::Relaxed), EMPTY_POLLS.swap(0, Ordering::Relaxed));
+            println!(
+                "post_poll: {level:?}: {iters} iterations of {n} request(s), {polls} polls ({empty} empty)"
+            );
         }
         return;
     }

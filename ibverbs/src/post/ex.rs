@@ -248,6 +248,8 @@ fn call<F>(f: Option<F>) -> F {
 /// requests into `scratch` and `scratch_sges` (their first `wrs.len()` entries). On success every
 /// request's buffers are in the ring; on error nothing was posted and every request keeps its
 /// buffers.
+// Out of line, so that the classic post path next to it compiles as before.
+#[inline(never)]
 pub(crate) fn post_batch<R: Request<Raw = ffi::ibv_send_wr>>(
     ex: &ExQp,
     ring: &Ring<Slot>,
