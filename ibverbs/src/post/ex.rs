@@ -248,8 +248,8 @@ fn call<F>(f: Option<F>) -> F {
 /// requests into `scratch` and `scratch_sges` (their first `wrs.len()` entries). On success every
 /// request's buffers are in the ring; on error nothing was posted and every request keeps its
 /// buffers.
-// Out of line, so that the classic post path next to it compiles as before.
-#[inline(never)]
+// Inlined into its two callers (single post, chain); the classic path does not call it.
+#[inline]
 pub(crate) fn post_batch<R: Request<Raw = ffi::ibv_send_wr>>(
     ex: &ExQp,
     ring: &Ring<Slot>,
@@ -299,6 +299,23 @@ pub(crate) fn post_batch<R: Request<Raw = ffi::ibv_send_wr>>(
         wr.give_back(slot, &scratch_sges[i]);
     }
     Err(Error::from_ret("ibv_wr_complete", ret))
+}
+
+/// [`post_batch`] of a whole chain: on success `wrs` is emptied here, in the same instance (the
+/// requests' drop glue then compiles as in the classic `post_chain`, about 100 instructions per
+/// request cheaper under callgrind than emptying it in the caller); on error it keeps every
+/// request.
+#[inline(never)]
+pub(crate) fn post_chain<R: Request<Raw = ffi::ibv_send_wr>>(
+    ex: &ExQp,
+    ring: &Ring<Slot>,
+    scratch: &mut [ffi::ibv_send_wr],
+    scratch_sges: &mut [[ffi::ibv_sge; MAX_SGE]],
+    wrs: &mut Vec<R>,
+) -> Result<()> {
+    post_batch(ex, ring, scratch, scratch_sges, wrs)?;
+    wrs.clear();
+    Ok(())
 }
 
 #[cfg(test)]

@@ -128,9 +128,7 @@ impl QueuePair {
             self.check_send(wr)?;
         }
         if let Some(ex) = &self.ex {
-            ex::post_batch(ex, &self.send, &mut self.chain, &mut self.chain_sges, wrs)?;
-            wrs.clear();
-            return Ok(());
+            return ex::post_chain(ex, &self.send, &mut self.chain, &mut self.chain_sges, wrs);
         }
         let qp = self.raw.as_ptr();
         post_chain(qp, &self.send, self.post_send_fn, &mut self.chain, &mut self.chain_sges, wrs)
