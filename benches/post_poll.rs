@@ -5,7 +5,12 @@
 //!   tracked);
 //! - **unsafe**: `QueuePair::post_send_unchecked` + `CompletionQueue::poll_raw` (prebuilt
 //!   `ibv_send_wr`s);
-//! - **ffi**: `ibverbs::ffi::ibv_post_send` + `ibv_poll_cq` through the C shim, as a C program does.
+//! - **ffi**: `ibverbs::ffi::ibv_post_send` + `ibv_poll_cq` through the C shim, as a C program does;
+//! - the same on the **extended** data path, over a second loopback pair whose QP is created with
+//!   `send_ops` (`ibv_create_qp_ex`) and whose CQ with `create_cq_ex`: **ex safe** (`post_send`
+//!   / `post_send_chain` through `ibv_wr_*`, `poll` through `ibv_start_poll`...) and **ex ffi**
+//!   (`ibv_wr_start`, `ibv_wr_rdma_write`, `ibv_wr_set_inline_data`, `ibv_wr_complete` and
+//!   `ibv_start_poll`/`ibv_end_poll` through the C shim on `qp_ex_raw`/`cq_ex_raw`).
 //!
 //! The operation is an 8-byte inline RDMA Write on a loopback RC pair, the cheapest operation that
 //! still goes through the whole device path, so that the software cost shows as much as it can.
@@ -20,15 +25,18 @@
 //! IPv4 GID). On SoftRoCE the device's own software path dominates every figure.
 
 use std::ptr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ibverbs::ffi;
 use ibverbs::{
     AccessFlags, Completion, CompletionQueue, ConnectOptions, Context, QpType, QueuePair, RemoteSlice,
-    SendRequest, WorkCompletion,
+    SendOps, SendRequest, WcFlags, WorkCompletion,
 };
 
+/// `ENOENT`: what `ibv_start_poll` returns on an empty CQ.
+const ENOENT: i32 = 2;
 /// Requests in the chained variant.
 const CHAIN: usize = 32;
 /// Measured runs per variant (the median is reported).
@@ -58,6 +66,10 @@ enum Level {
     Prepared,
     Unsafe,
     Ffi,
+    /// The safe level on the extended pair.
+    ExSafe,
+    /// The C builders and poll calls on the extended pair, through the shim.
+    ExFfi,
 }
 
 impl Level {
@@ -67,6 +79,8 @@ impl Level {
             Level::Prepared => "safe    post_prepared + poll (not inline)",
             Level::Unsafe => "unsafe  post_send_unchecked + poll_raw",
             Level::Ffi => "ffi     ibv_post_send + ibv_poll_cq",
+            Level::ExSafe => "ex safe post_send(_chain) + poll",
+            Level::ExFfi => "ex ffi  ibv_wr_* + ibv_start_poll",
         }
     }
 }
@@ -86,6 +100,11 @@ struct Bench {
     remote: RemoteSlice,
     data: [u8; 8],
     prepared: ibverbs::PreparedSend,
+    /// The extended pair: QP (send_ops RDMA Write) and CQ (create_cq_ex).
+    ex_qp: QueuePair,
+    ex_cq: CompletionQueue,
+    _ex_peer: QueuePair,
+    _ex_peer_cq: CompletionQueue,
     // Keeps the peer and the target alive.
     _peer: QueuePair,
     _peer_cq: CompletionQueue,
@@ -111,6 +130,24 @@ fn setup() -> Result<Bench, String> {
         (qp.endpoint(&opts).map_err(|e| e.to_string())?, peer.endpoint(&opts).map_err(|e| e.to_string())?);
     qp.connect(&b, &opts).map_err(|e| e.to_string())?;
     peer.connect(&a, &opts).map_err(|e| e.to_string())?;
+    let ex_cq = ctx.create_cq_ex(2 * depth, None, WcFlags::STANDARD).map_err(|e| e.to_string())?;
+    let ex_peer_cq = ctx.create_cq_ex(2 * depth, None, WcFlags::STANDARD).map_err(|e| e.to_string())?;
+    let build_ex = |cq| {
+        pd.create_qp(cq, QpType::RC)
+            .max_send_wr(depth)
+            .max_recv_wr(1)
+            .max_inline_data(64)
+            .send_ops(SendOps::RDMA_WRITE)
+            .build()
+    };
+    let mut ex_qp = build_ex(&ex_cq).map_err(|e| e.to_string())?;
+    let mut ex_peer = build_ex(&ex_peer_cq).map_err(|e| e.to_string())?;
+    let (a, b) = (
+        ex_qp.endpoint(&opts).map_err(|e| e.to_string())?,
+        ex_peer.endpoint(&opts).map_err(|e| e.to_string())?,
+    );
+    ex_qp.connect(&b, &opts).map_err(|e| e.to_string())?;
+    ex_peer.connect(&a, &opts).map_err(|e| e.to_string())?;
     let target = Arc::new(pd.allocate_remote(4096, AccessFlags::REMOTE_WRITE).map_err(|e| e.to_string())?);
     let remote = target.remote().slice(0, 8).map_err(|e| e.to_string())?;
     let src = Arc::new(pd.allocate(8).map_err(|e| e.to_string())?);
@@ -120,6 +157,10 @@ fn setup() -> Result<Bench, String> {
         prepared,
         qp,
         cq,
+        ex_qp,
+        ex_cq,
+        _ex_peer: ex_peer,
+        _ex_peer_cq: ex_peer_cq,
         remote,
         data: *b"post_pol",
         _peer: peer,
@@ -164,63 +205,28 @@ fn run(b: &mut Bench, level: Level, n: usize, iters: usize) -> Result<(u64, u64,
     let mut wcs = [WorkCompletion::default()];
     let mut chain: Vec<SendRequest<'_>> = Vec::with_capacity(n);
     let data = b.data;
-    let remote = b.remote;
     let mut post_ticks = 0u64;
     let start = Instant::now();
     let t_start = rdtsc();
     for _ in 0..iters {
         let t0 = rdtsc();
-        match level {
-            Level::Safe if n == 1 => {
-                b.qp.post_send(SendRequest::write_inline(&data, remote)).map_err(|e| e.to_string())?;
-            }
-            Level::Safe => {
-                for i in 0..n {
-                    let wr = SendRequest::write_inline(&data, remote).wr_id(i as u64);
-                    chain.push(if i + 1 < n { wr.unsignaled() } else { wr });
-                }
-                b.qp.post_send_chain(&mut chain).map_err(|e| e.to_string())?;
-            }
-            Level::Prepared => {
-                b.qp.post_prepared(&b.prepared, 0, 0, 8, 0).map_err(|e| e.to_string())?;
-            }
-            Level::Unsafe => {
-                let mut bad = ptr::null_mut();
-                // SAFETY: a valid NULL-terminated chain of inline writes (data copied during the
-                // call) into the registered target, which outlives the QP; wr_ids < 2^63.
-                unsafe { b.qp.post_send_unchecked(wrs.as_mut_ptr(), &mut bad) }.map_err(|e| e.to_string())?;
-            }
-            Level::Ffi => {
-                let mut bad = ptr::null_mut();
-                // SAFETY: as above, through the C function on the raw QP (alive in `b`).
-                let ret = unsafe { ffi::ibv_post_send(b.qp.as_raw(), wrs.as_mut_ptr(), &mut bad) };
-                if ret != 0 {
-                    return Err(format!("ibv_post_send: {}", std::io::Error::from_raw_os_error(ret)));
-                }
-            }
+        post(b, level, n, &mut wrs, &mut chain, &data)?;
+        if counting() {
+            // Instruction counting: let the device finish first, so that (nearly) every poll
+            // finds the completion and empty polls do not swamp the figures.
+            std::thread::sleep(Duration::from_millis(2));
         }
         post_ticks += rdtsc() - t0;
         let deadline = Instant::now() + POLL_TIMEOUT;
         let mut spins = 0u32;
         loop {
-            let (got, ok) = match level {
-                Level::Safe | Level::Prepared => {
-                    let got = b.cq.poll(&mut comps).map_err(|e| e.to_string())?;
-                    (got.len(), got.first().map_or(true, |c| c.is_ok()))
+            let (got, ok) = poll(b, level, &mut comps, &mut wcs)?;
+            if counting() {
+                POLLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if got == 0 {
+                    EMPTY_POLLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
-                Level::Unsafe => {
-                    let got = b.cq.poll_raw(&mut wcs).map_err(|e| e.to_string())?;
-                    (got.len(), got.first().map_or(true, |c| c.is_ok()))
-                }
-                Level::Ffi => {
-                    // SAFETY: valid CQ; room for one ibv_wc (WorkCompletion is transparent).
-                    let ret = unsafe { ffi::ibv_poll_cq(b.cq.as_raw(), 1, wcs.as_mut_ptr().cast()) };
-                    if ret < 0 {
-                        return Err("ibv_poll_cq failed".into());
-                    }
-                    (ret as usize, ret == 0 || wcs[0].is_ok())
-                }
-            };
+            }
             if !ok {
                 return Err(format!("completion error at the {level:?} level"));
             }
@@ -235,6 +241,142 @@ fn run(b: &mut Bench, level: Level, n: usize, iters: usize) -> Result<(u64, u64,
     }
     let total = rdtsc() - t_start;
     Ok((total, post_ticks, start.elapsed()))
+}
+
+/// Posts one iteration's `n` requests at `level` (a function of its own, so that callgrind
+/// reports its cost apart).
+#[inline(never)]
+fn post<'a>(
+    b: &mut Bench,
+    level: Level,
+    n: usize,
+    wrs: &mut [ffi::ibv_send_wr],
+    chain: &mut Vec<SendRequest<'a>>,
+    data: &'a [u8; 8],
+) -> Result<(), String> {
+    let remote = b.remote;
+    match level {
+        Level::Safe if n == 1 => {
+            b.qp.post_send(SendRequest::write_inline(data, remote)).map_err(|e| e.to_string())?;
+        }
+        Level::Safe => {
+            for i in 0..n {
+                let wr = SendRequest::write_inline(data, remote).wr_id(i as u64);
+                chain.push(if i + 1 < n { wr.unsignaled() } else { wr });
+            }
+            b.qp.post_send_chain(chain).map_err(|e| e.to_string())?;
+        }
+        Level::ExSafe if n == 1 => {
+            b.ex_qp.post_send(SendRequest::write_inline(data, remote)).map_err(|e| e.to_string())?;
+        }
+        Level::ExSafe => {
+            for i in 0..n {
+                let wr = SendRequest::write_inline(data, remote).wr_id(i as u64);
+                chain.push(if i + 1 < n { wr.unsignaled() } else { wr });
+            }
+            b.ex_qp.post_send_chain(chain).map_err(|e| e.to_string())?;
+        }
+        Level::ExFfi => {
+            let qpx = b.ex_qp.qp_ex_raw().ok_or("not an extended QP")?;
+            // SAFETY: one builder sequence on this thread (we hold the QP) of inline writes
+            // (data copied during the setter) into the registered target, which outlives
+            // the QP; the QP was created for RDMA Write; wr_ids < 2^63.
+            let ret = unsafe {
+                ffi::ibv_wr_start(qpx);
+                for i in 0..n {
+                    (*qpx).wr_id = i as u64;
+                    (*qpx).wr_flags = ffi::ibv_send_flags::IBV_SEND_INLINE.0
+                        | if i + 1 == n { ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
+                    ffi::ibv_wr_rdma_write(qpx, remote.rkey, remote.addr);
+                    ffi::ibv_wr_set_inline_data(qpx, data.as_ptr().cast_mut().cast(), 8);
+                }
+                ffi::ibv_wr_complete(qpx)
+            };
+            if ret != 0 {
+                return Err(format!("ibv_wr_complete: {}", std::io::Error::from_raw_os_error(ret)));
+            }
+        }
+        Level::Prepared => {
+            b.qp.post_prepared(&b.prepared, 0, 0, 8, 0).map_err(|e| e.to_string())?;
+        }
+        Level::Unsafe => {
+            let mut bad = ptr::null_mut();
+            // SAFETY: a valid NULL-terminated chain of inline writes (data copied during the
+            // call) into the registered target, which outlives the QP; wr_ids < 2^63.
+            unsafe { b.qp.post_send_unchecked(wrs.as_mut_ptr(), &mut bad) }.map_err(|e| e.to_string())?;
+        }
+        Level::Ffi => {
+            let mut bad = ptr::null_mut();
+            // SAFETY: as above, through the C function on the raw QP (alive in `b`).
+            let ret = unsafe { ffi::ibv_post_send(b.qp.as_raw(), wrs.as_mut_ptr(), &mut bad) };
+            if ret != 0 {
+                return Err(format!("ibv_post_send: {}", std::io::Error::from_raw_os_error(ret)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Polls once at `level`: (completions got, whether they are successful).
+#[inline(never)]
+fn poll(
+    b: &mut Bench,
+    level: Level,
+    comps: &mut [Completion],
+    wcs: &mut [WorkCompletion],
+) -> Result<(usize, bool), String> {
+    let r = match level {
+        Level::Safe | Level::Prepared => {
+            let got = b.cq.poll(comps).map_err(|e| e.to_string())?;
+            (got.len(), got.first().map_or(true, |c| c.is_ok()))
+        }
+        Level::Unsafe => {
+            let got = b.cq.poll_raw(wcs).map_err(|e| e.to_string())?;
+            (got.len(), got.first().map_or(true, |c| c.is_ok()))
+        }
+        Level::ExSafe => {
+            let got = b.ex_cq.poll(comps).map_err(|e| e.to_string())?;
+            (got.len(), got.first().map_or(true, |c| c.is_ok()))
+        }
+        Level::ExFfi => {
+            let cqx = b.ex_cq.cq_ex_raw().ok_or("not an extended CQ")?;
+            let mut attr = ffi::ibv_poll_cq_attr::default();
+            // SAFETY: valid extended CQ polled by this thread only; end_poll follows a
+            // successful start_poll, and status is read in between.
+            unsafe {
+                match ffi::ibv_start_poll(cqx, &mut attr) {
+                    0 => {
+                        let ok = (*cqx).status == ffi::ibv_wc_status::IBV_WC_SUCCESS;
+                        ffi::ibv_end_poll(cqx);
+                        (1, ok)
+                    }
+                    ENOENT => (0, true),
+                    e => return Err(format!("ibv_start_poll: {e}")),
+                }
+            }
+        }
+        Level::Ffi => {
+            // SAFETY: valid CQ; room for one ibv_wc (WorkCompletion is transparent).
+            let ret = unsafe { ffi::ibv_poll_cq(b.cq.as_raw(), 1, wcs.as_mut_ptr().cast()) };
+            if ret < 0 {
+                return Err("ibv_poll_cq failed".into());
+            }
+            (ret as usize, ret == 0 || wcs[0].is_ok())
+        }
+    };
+    Ok(r)
+}
+
+/// `POST_POLL_ONLY=<level>[:<n>]` (e.g. `Safe`, `ExSafe:32`): run that level alone, 200 single
+/// and/or 20 chained iterations (`n` 1 or 32), for instruction counting under callgrind (`post` and `poll` are functions
+/// of their own: read their inclusive costs).
+/// Calls of `poll` in the counting mode, and how many of them found nothing.
+static POLLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static EMPTY_POLLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn counting() -> bool {
+    static ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ONLY.get_or_init(|| std::env::var_os("POST_POLL_ONLY").is_some())
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -258,12 +400,36 @@ fn main() {
             std::process::exit(1);
         }
     };
+    if counting() {
+        let spec = std::env::var("POST_POLL_ONLY").unwrap_or_default();
+        let (name, chain) = spec.split_once(':').unwrap_or((&spec, ""));
+        let chain: Option<usize> = chain.parse().ok();
+        let all = [Level::Safe, Level::Prepared, Level::Unsafe, Level::Ffi, Level::ExSafe, Level::ExFfi];
+        let Some(&level) = all.iter().find(|l| format!("{l:?}") == name) else {
+            eprintln!("post_poll: POST_POLL_ONLY={name}: not one of {all:?}");
+            std::process::exit(2);
+        };
+        for (n, iters) in [(1usize, 200usize), (CHAIN, 20)] {
+            if chain.is_some_and(|c| c != n) {
+                continue;
+            }
+            if let Err(e) = run(&mut b, level, n, iters) {
+                eprintln!("post_poll: {e}");
+                std::process::exit(1);
+            }
+            let (polls, empty) = (POLLS.swap(0, Ordering::Relaxed), EMPTY_POLLS.swap(0, Ordering::Relaxed));
+            println!(
+                "post_poll: {level:?}: {iters} iterations of {n} request(s), {polls} polls ({empty} empty)"
+            );
+        }
+        return;
+    }
     let mut rows = Vec::new();
     for (n, iters) in [(1usize, 3000usize), (CHAIN, 300)] {
         let levels: &[Level] = if n == 1 {
-            &[Level::Safe, Level::Prepared, Level::Unsafe, Level::Ffi]
+            &[Level::Safe, Level::Prepared, Level::Unsafe, Level::Ffi, Level::ExSafe, Level::ExFfi]
         } else {
-            &[Level::Safe, Level::Unsafe, Level::Ffi]
+            &[Level::Safe, Level::Unsafe, Level::Ffi, Level::ExSafe, Level::ExFfi]
         };
         // Warm up every level (page faults, caches, the device's first requests).
         for &l in levels {

@@ -111,6 +111,16 @@ pub enum Error {
         /// `"IBV_DEVICE_XRC"`).
         capability: &'static str,
     },
+    /// A send operation that the extended queue pair was not created for (its `send_ops_flags`,
+    /// see [`QueuePairBuilder::send_ops`](crate::QueuePairBuilder::send_ops)), or that the
+    /// extended posting path (`ibv_wr_*`) has no call for. Refused before anything was posted.
+    #[error("{verb}: send operation {op} is not enabled on this extended queue pair")]
+    SendOpNotEnabled {
+        /// The C verb that would have been called.
+        verb: &'static str,
+        /// The operation, named by its `IBV_QP_EX_WITH_*` flag.
+        op: &'static str,
+    },
     /// A bounded wait ended without what it waited for (an RDMA-CM event, a connection).
     #[error("{verb}: timed out after {waited:?}")]
     Timeout {

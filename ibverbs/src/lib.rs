@@ -67,8 +67,9 @@
 //!    the device encodes the ring and slot, so a completion finds its buffers without a lock or a
 //!    hash lookup, also on a CQ shared by many QPs and both queues of a QP.
 //! 2. **Unsafe, zero overhead** ([`QueuePair::post_send_unchecked`],
-//!    [`CompletionQueue::poll_raw`]): raw `ibv_send_wr` chains at exactly C's cost. The `# Safety`
-//!    sections state what must stay valid until completion.
+//!    [`CompletionQueue::poll_raw`], and for the extended path [`QueuePair::qp_ex_raw`] and
+//!    [`CompletionQueue::cq_ex_raw`]): raw `ibv_send_wr` chains (or `ibv_wr_*` builder calls) at
+//!    exactly C's cost. The `# Safety` sections state what must stay valid until completion.
 //!
 //! What the crate guarantees, and what a user of the `unsafe` level must guarantee, class by
 //! class:
@@ -145,6 +146,26 @@
 //! Pinned by Miri-run unit tests (out-of-order completion, two consumer threads and one
 //! producer, release racing a consumer, a panicking drop, stale `wr_id`s after reuse, wrapped
 //! generations, two CQs sharing one SRQ) and `tests/device_srq.rs`.
+//!
+//! ## Two data paths: classic and extended
+//! A queue pair created with [`QueuePairBuilder::send_ops`] posts its sends through the
+//! work-request builders of `struct ibv_qp_ex` (`ibv_wr_start`, `ibv_wr_rdma_write`, ...,
+//! `ibv_wr_complete`), and a CQ from [`Context::create_cq_ex`] is polled with `ibv_start_poll`,
+//! `ibv_next_poll`, the `ibv_wc_read_*` accessors and `ibv_end_poll`. Both reuse the classic
+//! machinery unchanged: a request is built by the same code into the same `ibv_send_wr` (same
+//! checks, same `wr_id` naming its slot), its buffers move into the same slot ring *before* the
+//! doorbell, and a completion read by either poll path goes through the same registry lookup that
+//! hands them back. Differences, each with its rule: `ibv_wr_complete` posts all of a batch or
+//! none (`ibv_wr_post(3)`), so on failure every slot of the batch is withdrawn and every request
+//! gets its buffers back (the classic path keeps the requests before the provider's `bad_wr`);
+//! an operation the QP was not created for is refused before `ibv_wr_start`
+//! ([`Error::SendOpNotEnabled`]), never passed to a builder the provider did not fill in;
+//! `ibv_end_poll` follows every successful `ibv_start_poll` (from a guard, also when a buffer's
+//! drop panics in between) and never an `ENOENT` one, and the accessors run only in between, only
+//! for fields asked for at creation; a poll that ends on `ENOENT` (from either call) counts as
+//! having seen the CQ empty for the registry's reuse rule above. *Raw users:*
+//! [`QueuePair::qp_ex_raw`] and [`CompletionQueue::cq_ex_raw`] state their contracts: those of
+//! the classic `unsafe` level plus the sequencing rules.
 //!
 //! ## Memory the provider did not write
 //! Providers write only some fields of a work completion (mlx5 leaves `byte_len`, `src_qp`,
@@ -499,8 +520,8 @@ pub use memory::{
 pub use pd::ProtectionDomain;
 pub use pool::ReceivePool;
 pub use post::raw;
-pub use post::{Local, LocalBuf, PreparedSend, RecvRequest, SendRequest, MAX_SGE};
+pub use post::{Local, LocalBuf, PreparedSend, RecvRequest, SendOps, SendRequest, MAX_SGE};
 pub use queue::{
     Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpState, QpType, QueuePair,
-    QueuePairBuilder, SharedReceiveQueue, SrqAttr, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
+    QueuePairBuilder, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
 };

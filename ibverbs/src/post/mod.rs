@@ -11,8 +11,13 @@
 //! 4. [`table`]: a shared receive queue's slots, taken in any order by the pollers of several
 //!    CQs (per-slot CAS state and generation instead of a ring's in-order positions); each CQ's
 //!    registry also knows the SRQs attached to it.
+//!
+//! [`ex`] is the second hand-over to the provider, for queue pairs created with
+//! [`SendOps`]: the same requests, slots and `wr_id`s, replayed as `ibv_wr_*` builder calls with
+//! one `ibv_wr_complete` per batch.
 
 pub(crate) mod engine;
+pub(crate) mod ex;
 pub(crate) mod prepared;
 pub mod raw;
 pub(crate) mod registry;
@@ -21,5 +26,6 @@ pub(crate) mod table;
 pub(crate) mod wr;
 
 pub(crate) use engine::Slot;
+pub use ex::SendOps;
 pub use prepared::PreparedSend;
 pub use wr::{Local, LocalBuf, RecvRequest, SendRequest, MAX_SGE};

@@ -180,12 +180,15 @@ pub struct Completion {
     wc: WorkCompletion,
     bufs: [Option<LocalBuf>; MAX_SGE],
     tracked: bool,
+    /// The completion timestamp, from an extended CQ that asked for it.
+    ts: Option<u64>,
 }
 
 impl Completion {
     /// Drops what the entry holds (buffers not taken by the caller), leaving it empty.
     #[inline]
     pub(crate) fn clear(&mut self) {
+        self.ts = None;
         // Only a tracked entry can hold buffers.
         if std::mem::take(&mut self.tracked) {
             for b in &mut self.bufs {
@@ -222,6 +225,28 @@ impl Completion {
             std::mem::forget(std::mem::replace(&mut self.bufs, slot.bufs));
             self.tracked = true;
         }
+    }
+
+    /// [`fill`](Self::fill) for a completion read from an extended CQ (as a classic `ibv_wc`), with
+    /// its timestamp if the CQ reports one.
+    ///
+    /// # Safety
+    /// As [`fill`](Self::fill).
+    #[inline]
+    pub(crate) unsafe fn fill_ex(&mut self, wc: &ffi::ibv_wc, ts: Option<u64>, registry: &Registry<Slot>) {
+        // SAFETY: the caller's contract is fill's.
+        unsafe { self.fill(wc, registry) };
+        self.ts = ts;
+    }
+
+    /// The completion's timestamp in device clock ticks (`ibv_wc_read_completion_ts()`), when
+    /// it was polled from an extended CQ created with
+    /// [`WcFlags::COMPLETION_TIMESTAMP`](crate::WcFlags::COMPLETION_TIMESTAMP); `None` otherwise
+    /// (and for failed completions). The device's clock rate is `hca_core_clock` (kHz) of
+    /// [`Context::query_device_ex`](crate::Context::query_device_ex).
+    #[doc(alias = "ibv_wc_read_completion_ts")]
+    pub fn timestamp(&self) -> Option<u64> {
+        self.ts
     }
 
     /// Replaces the `wr_id` reported (the async adaptor puts the caller's back in place of its token).

@@ -4,6 +4,7 @@
 mod channel;
 mod completion;
 mod cq;
+mod cq_ex;
 mod qp;
 mod srq;
 mod xrc;
@@ -11,6 +12,7 @@ mod xrc;
 pub use channel::{CompletionChannel, CqId};
 pub use completion::{Completion, WcOpcode, WcStatus, WorkCompletion};
 pub use cq::CompletionQueue;
+pub use cq_ex::WcFlags;
 pub use qp::{PostError, QpCaps, QpState, QpType, QueuePair, QueuePairBuilder};
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use xrc::XrcDomain;

@@ -13,6 +13,7 @@ use crate::error::{cvt, cvt_p, Error, Result};
 use crate::ffi;
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::post::engine::{register_rings, register_send_ring};
+use crate::post::ex::{ExQp, SendOps};
 use crate::post::ring::Ring;
 use crate::post::{Slot, MAX_SGE};
 use crate::queue::cq::{CompletionQueue, CqInner};
@@ -130,6 +131,7 @@ pub struct QueuePairBuilder<'a> {
     caps: QpCaps,
     srq: Option<&'a SharedReceiveQueue>,
     xrcd: Option<&'a crate::XrcDomain>,
+    send_ops: Option<SendOps>,
 }
 
 impl ProtectionDomain {
@@ -145,6 +147,7 @@ impl ProtectionDomain {
             caps: QpCaps::default(),
             srq: None,
             xrcd: None,
+            send_ops: None,
         }
     }
 }
@@ -205,6 +208,27 @@ impl<'a> QueuePairBuilder<'a> {
         self
     }
 
+    /// Makes it an *extended* queue pair (`ibv_create_qp_ex()` with
+    /// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`): its send queue is posted through the work-request
+    /// builders of `struct ibv_qp_ex` (`ibv_wr_start`, `ibv_wr_send`, `ibv_wr_rdma_write`, ...,
+    /// `ibv_wr_complete`) instead of `ibv_post_send`, for the operations in `ops` only.
+    ///
+    /// [`post_send`](QueuePair::post_send), [`post_send_chain`](QueuePair::post_send_chain) and
+    /// [`post_prepared`](QueuePair::post_prepared) keep exactly their guarantees: buffers move
+    /// into the QP before the doorbell and come back with the completion; a chain is one builder
+    /// sequence with one doorbell, posted all or nothing; a request whose operation is not in
+    /// `ops` is refused with [`Error::SendOpNotEnabled`] before anything is posted. Receives
+    /// still use `ibv_post_recv`. The raw builder table is [`QueuePair::qp_ex_raw`].
+    ///
+    /// Not for [`build_on`](Self::build_on) (RDMA-CM ids).
+    #[doc(alias = "ibv_create_qp_ex")]
+    #[doc(alias = "send_ops_flags")]
+    #[doc(alias = "IBV_QP_INIT_ATTR_SEND_OPS_FLAGS")]
+    pub fn send_ops(mut self, ops: SendOps) -> Self {
+        self.send_ops = Some(ops);
+        self
+    }
+
     /// Creates the queue pair (`ibv_create_qp()`), in state RESET.
     ///
     /// # Errors
@@ -212,12 +236,41 @@ impl<'a> QueuePairBuilder<'a> {
     /// CQ cannot hold every completion of its queue pairs (the send and receive depths add up on
     /// a shared CQ); [`Error::Verb`] from `ibv_create_qp()` (e.g. `EINVAL` for capacities above
     /// the device's limits).
+    /// With [`send_ops`](Self::send_ops): [`Error::Verb`] from `ibv_create_qp_ex()` (e.g.
+    /// `EOPNOTSUPP` where the provider has no extended QPs), or [`Error::Unsupported`] when the
+    /// provider leaves out a builder every post needs.
     #[doc(alias = "ibv_create_qp")]
+    #[doc(alias = "ibv_create_qp_ex")]
     pub fn build(self) -> Result<QueuePair> {
         if self.qp_type.is_xrc() {
             return self.build_xrc();
         }
         let pd = self.pd.as_raw();
+        if let Some(ops) = self.send_ops {
+            let ctx = self.pd.inner.ctx.raw.as_ptr();
+            return self.build_with("ibv_create_qp_ex", None, |init| {
+                let mut ex = ffi::ibv_qp_init_attr_ex {
+                    qp_context: init.qp_context,
+                    send_cq: init.send_cq,
+                    recv_cq: init.recv_cq,
+                    srq: init.srq,
+                    cap: init.cap,
+                    qp_type: init.qp_type,
+                    sq_sig_all: init.sq_sig_all,
+                    comp_mask: (ffi::ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD
+                        | ffi::ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
+                        .0,
+                    pd,
+                    send_ops_flags: ops.bits(),
+                    ..Default::default()
+                };
+                // SAFETY: valid context, PD and CQs (kept alive by the QP's Arcs); `ex` is a valid
+                // attribute struct whose comp_mask names the fields set.
+                let raw = cvt_p("ibv_create_qp_ex", unsafe { ffi::ibv_create_qp_ex(ctx, &mut ex) })?;
+                init.cap = ex.cap;
+                Ok(raw)
+            });
+        }
         self.build_with("ibv_create_qp", None, |init| {
             // SAFETY: valid PD and CQs (kept alive by the QP's Arcs); `init` is a valid attribute
             // struct.
@@ -299,6 +352,9 @@ impl<'a> QueuePairBuilder<'a> {
     #[doc(alias = "rdma_create_qp")]
     pub fn build_on(self, id: &crate::cm::CmId) -> Result<QueuePair> {
         let bad = |reason| Err(Error::InvalidArgument { verb: "rdma_create_qp", reason });
+        if self.send_ops.is_some() {
+            return bad("extended queue pairs (send_ops) are not created on RDMA-CM ids here");
+        }
         if self.qp_type != QpType::RC {
             return bad("RDMA-CM ids of the RDMA_PS_TCP port space carry RC queue pairs only");
         }
@@ -421,6 +477,29 @@ impl<'a> QueuePairBuilder<'a> {
                 return Err(e);
             }
         };
+        let ex = match self.send_ops {
+            None => None,
+            Some(ops) => {
+                // SAFETY: a QP created by ibv_create_qp_ex; NULL if it has no extended part.
+                let qpx = unsafe { ffi::ibv_qp_to_qp_ex(raw.as_ptr()) };
+                // SAFETY: the ibv_qp_ex of this QP lives as long as the QP (which holds the result).
+                let table =
+                    (!qpx.is_null()).then(|| unsafe { ExQp::new(qpx, ops, self.qp_type == QpType::UD) });
+                match table.flatten() {
+                    Some(t) => Some(t),
+                    None => {
+                        // SAFETY: created above, never posted to, destroyed once.
+                        unsafe { ffi::ibv_destroy_qp(raw.as_ptr()) };
+                        send_cq.registry.unregister(&send);
+                        recv_cq.registry.unregister(&recv);
+                        return Err(Error::Unsupported {
+                            verb,
+                            capability: "the work-request builders of struct ibv_qp_ex (ibv_wr_start, ibv_wr_set_sge_list, ...)",
+                        });
+                    }
+                }
+            }
+        };
         // SAFETY: the QP is valid; its context's ops table belongs to the provider.
         let (post_send_fn, post_recv_fn) = unsafe {
             let ops = &(*(*raw.as_ptr()).context).ops;
@@ -440,6 +519,7 @@ impl<'a> QueuePairBuilder<'a> {
             id: next_qp_id(),
             post_send_fn,
             post_recv_fn,
+            ex,
             send,
             recv,
             caps: actual,
@@ -481,6 +561,8 @@ pub struct QueuePair {
     pub(crate) id: u64,
     post_send_fn: Option<PostSendFn>,
     post_recv_fn: Option<PostRecvFn>,
+    /// The builder table of an extended QP ([`QueuePairBuilder::send_ops`]): sends go through it.
+    ex: Option<ExQp>,
     send: Arc<Ring<Slot>>,
     recv: Arc<Ring<Slot>>,
     caps: QpCaps,
@@ -667,6 +749,31 @@ impl QueuePair {
     /// it: see the crate's *Safety model* (raw handles).
     pub fn as_raw(&self) -> *mut ffi::ibv_qp {
         self.raw.as_ptr()
+    }
+
+    /// The operations an extended queue pair posts ([`QueuePairBuilder::send_ops`], less any
+    /// whose builder the provider does not have); `None` for a classic queue pair.
+    pub fn send_ops(&self) -> Option<SendOps> {
+        self.ex.map(|e| e.ops)
+    }
+
+    /// The raw `struct ibv_qp_ex *` of an extended queue pair (`ibv_qp_to_qp_ex()`), for posting
+    /// with the `ibv_wr_*` builders at exactly C's cost; `None` for a classic queue pair. Valid
+    /// while this QP lives.
+    ///
+    /// Getting the pointer is safe; using it is `unsafe` (`ffi::ibv_wr_start` and friends), with
+    /// the contract of [`post_send_unchecked`](Self::post_send_unchecked) for every request
+    /// built (memory registered in this QP's PD and left alone until the completion, address
+    /// handles alive, `wr_id` bit 63 clear, CQ room within
+    /// [`CompletionQueue::unreserved`](crate::CompletionQueue::unreserved)), plus: each
+    /// `ibv_wr_start` ... `ibv_wr_complete` (or `ibv_wr_abort`) sequence runs on one thread and
+    /// never overlaps another sequence on this QP — in particular not a safe
+    /// [`post_send`](Self::post_send) from another thread (which needs `&mut self`, so an
+    /// overlap needs the pointer to be shared across threads) — and uses only the operations
+    /// the QP was created for ([`send_ops`](Self::send_ops)).
+    #[doc(alias = "ibv_qp_to_qp_ex")]
+    pub fn qp_ex_raw(&self) -> Option<*mut ffi::ibv_qp_ex> {
+        self.ex.map(|e| e.raw)
     }
 
     /// Whether the QP was created on an RDMA-CM id (whose connection drives its state).

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::error::{cvt, Error, Result};
 use crate::ffi;
 use crate::post::engine::{post_chain, post_one, RawPost, Request};
+use crate::post::ex;
 use crate::post::prepared::{PreparedPost, PreparedSend};
 use crate::post::wr::Op;
 use crate::post::{RecvRequest, SendRequest};
@@ -98,14 +99,20 @@ impl QueuePair {
 
     /// Posts one send-queue work request (`ibv_post_send()`), safely: the QP keeps the request's
     /// buffers (and address handle) until the completion is polled from the send CQ, whose
-    /// [`Completion`](crate::Completion) hands them back.
+    /// [`Completion`](crate::Completion) hands them back. On an extended queue pair
+    /// ([`QueuePairBuilder::send_ops`](crate::QueuePairBuilder::send_ops)) the request goes
+    /// through `ibv_wr_start`, its `ibv_wr_*` builder and setters, and `ibv_wr_complete`, with the
+    /// same guarantees.
     ///
     /// # Errors
     /// A [`PostError`] handing the request back, with [`Error::QpState`] before RTS,
     /// [`Error::QueueFull`] when `max_send_wr` requests are outstanding, [`Error::InvalidArgument`]
-    /// or [`Error::OutOfBounds`] for a request the QP cannot take, or [`Error::Verb`] when the
+    /// or [`Error::OutOfBounds`] for a request the QP cannot take, [`Error::SendOpNotEnabled`]
+    /// for an operation an extended QP was not created for, or [`Error::Verb`] when the
     /// provider refuses it.
     #[doc(alias = "ibv_post_send")]
+    #[doc(alias = "ibv_wr_start")]
+    #[doc(alias = "ibv_wr_complete")]
     // The request comes back by value on error: boxing it would allocate on the post path.
     #[allow(clippy::result_large_err)]
     pub fn post_send<'a>(&mut self, wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
@@ -114,7 +121,17 @@ impl QueuePair {
         }
         let mut wr = wr;
         wr.bind_to(self.id, self.qp_num());
-        match post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &mut wr) {
+        let posted = match &self.ex {
+            None => post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &mut wr),
+            Some(ex) => ex::post_batch(
+                ex,
+                &self.send,
+                &mut self.chain,
+                &mut self.chain_sges,
+                std::slice::from_mut(&mut wr),
+            ),
+        };
+        match posted {
             Ok(()) => Ok(()),
             Err(error) => Err(PostError { error, request: wr }),
         }
@@ -124,10 +141,18 @@ impl QueuePair {
     /// On success `wrs` is empty; on error it holds the requests that were not posted (the first
     /// is the one the provider refused), with their buffers.
     ///
+    /// On an extended queue pair ([`QueuePairBuilder::send_ops`](crate::QueuePairBuilder::send_ops))
+    /// the chain is one `ibv_wr_start` ... `ibv_wr_complete` sequence (one doorbell), which posts
+    /// all or nothing: on error `wrs` holds every request.
+    ///
     /// # Errors
     /// As [`post_send`](Self::post_send); checks that apply to every request run before anything
     /// is posted, and [`Error::QueueFull`] is reported before posting when the chain does not fit.
+    /// On an extended queue pair, [`Error::SendOpNotEnabled`] for a request whose operation the
+    /// QP was not created for, and [`Error::Verb`] naming `ibv_wr_complete` when the provider
+    /// refuses the batch.
     #[doc(alias = "ibv_post_send")]
+    #[doc(alias = "ibv_wr_complete")]
     pub fn post_send_chain(&mut self, wrs: &mut Vec<SendRequest<'_>>) -> Result<()> {
         for wr in wrs.iter() {
             self.check_send(wr)?;
@@ -135,6 +160,9 @@ impl QueuePair {
         let (id, qp_num) = (self.id, self.qp_num());
         for wr in wrs.iter_mut() {
             wr.bind_to(id, qp_num);
+        }
+        if let Some(ex) = &self.ex {
+            return ex::post_chain(ex, &self.send, &mut self.chain, &mut self.chain_sges, wrs);
         }
         let qp = self.raw.as_ptr();
         post_chain(qp, &self.send, self.post_send_fn, &mut self.chain, &mut self.chain_sges, wrs)
@@ -232,7 +260,16 @@ impl QueuePair {
         }
         prepared.check(offset, len, remote_offset)?;
         let mut post = PreparedPost { prepared, wr_id, offset, len, remote_offset };
-        post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &mut post)
+        match &self.ex {
+            None => post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &mut post),
+            Some(ex) => ex::post_batch(
+                ex,
+                &self.send,
+                &mut self.chain,
+                &mut self.chain_sges,
+                std::slice::from_mut(&mut post),
+            ),
+        }
     }
 
     /// Posts a raw chain of send requests (`ibv_post_send()`) at exactly C's cost: no checks, no

@@ -1,0 +1,318 @@
+//! Device tests of the extended data path: extended queue pairs (`ibv_create_qp_ex`, posting with
+//! the `ibv_wr_*` builders) and extended completion queues (`ibv_create_cq_ex`, polling with
+//! `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll`), alone and mixed with the classic ones.
+//! Every payload and every atomic's old value is compared, and every buffer comes back.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use ibverbs::{
+    AccessFlags, CompletionQueue, Error, Local, QpType, QueuePair, RecvRequest, SendOps, SendRequest,
+    WcFlags, WcOpcode, WcStatus,
+};
+
+/// Which side of the data path is extended.
+#[derive(Debug, Clone, Copy)]
+struct Kind {
+    qp_ex: bool,
+    cq_ex: bool,
+}
+
+/// A connected RC pair; both QPs and both CQs extended or not as `kind` says.
+struct ExPair {
+    pd: ibverbs::ProtectionDomain,
+    cq_a: CompletionQueue,
+    cq_b: CompletionQueue,
+    a: QueuePair,
+    b: QueuePair,
+    _ctx: ibverbs::Context,
+}
+
+fn ex_pair(kind: Kind, ops: SendOps, depth: u32) -> ExPair {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = || {
+        if kind.cq_ex {
+            ctx.create_cq_ex(2 * depth, None, WcFlags::STANDARD).unwrap()
+        } else {
+            ctx.create_cq(2 * depth, None).unwrap()
+        }
+    };
+    let (cq_a, cq_b) = (cq(), cq());
+    let build = |cq| {
+        let b = pd.create_qp(cq, QpType::RC).max_send_wr(depth).max_recv_wr(depth).max_inline_data(64);
+        let b = if kind.qp_ex { b.send_ops(ops) } else { b };
+        b.build().unwrap()
+    };
+    let mut a = build(&cq_a);
+    let mut b = build(&cq_b);
+    assert_eq!(a.send_ops().is_some(), kind.qp_ex);
+    assert_eq!(cq_a.cq_ex_raw().is_some(), kind.cq_ex);
+    let o = opts();
+    let (ea, eb) = (a.endpoint(&o).unwrap(), b.endpoint(&o).unwrap());
+    a.connect(&eb, &o).unwrap();
+    b.connect(&ea, &o).unwrap();
+    ExPair { pd, cq_a, cq_b, a, b, _ctx: ctx }
+}
+
+/// Every operation of the safe requests once, each payload and old value compared.
+fn every_operation(kind: Kind) {
+    let mut p = ex_pair(kind, SendOps::ALL_SAFE, 8);
+
+    // Send and Send with immediate.
+    for (i, imm) in [None, Some(0xdead_beef_u32)].into_iter().enumerate() {
+        let data = pattern(1000, i as u8);
+        p.b.post_recv(RecvRequest::new(Local::whole(p.pd.allocate(1024).unwrap())).wr_id(10 + i as u64))
+            .unwrap();
+        let mut src = p.pd.allocate(1000).unwrap();
+        src.copy_from_slice(&data);
+        let mut wr = SendRequest::send(Local::whole(src)).wr_id(20 + i as u64);
+        if let Some(imm) = imm {
+            wr = wr.imm(imm);
+        }
+        p.a.post_send(wr).unwrap();
+        let mut sc = poll_one(&mut p.cq_a);
+        assert_eq!(
+            (sc.status(), sc.opcode(), sc.wr_id()),
+            (WcStatus::SUCCESS, WcOpcode::SEND, 20 + i as u64)
+        );
+        assert_eq!(sc.take_region().unwrap().as_slice(), &data[..], "{kind:?}: send buffer back intact");
+        let mut rc = poll_one(&mut p.cq_b);
+        assert_eq!(
+            (rc.status(), rc.opcode(), rc.wr_id()),
+            (WcStatus::SUCCESS, WcOpcode::RECV, 10 + i as u64)
+        );
+        assert_eq!((rc.byte_len(), rc.imm_data(), rc.qp_num()), (1000, imm, p.b.qp_num()), "{kind:?}");
+        assert_eq!(rc.timestamp(), None);
+        let got = rc.take_region().unwrap();
+        assert_eq!(&got[..1000], &data[..]);
+    }
+
+    // Inline Send: the data is copied while posting.
+    let mut data = pattern(48, 7);
+    p.b.post_recv(RecvRequest::new(Local::whole(p.pd.allocate(64).unwrap())).wr_id(30)).unwrap();
+    p.a.post_send(SendRequest::send_inline(&data).wr_id(31)).unwrap();
+    let sent = data.clone();
+    data.fill(0); // free again once the post returned
+    assert_eq!(poll_one(&mut p.cq_a).wr_id(), 31);
+    let mut rc = poll_one(&mut p.cq_b);
+    assert_eq!(rc.byte_len(), 48);
+    assert_eq!(&rc.take_region().unwrap()[..48], &sent[..]);
+
+    // RDMA Write, then Write with immediate (which consumes a receive).
+    let target =
+        Arc::new(p.pd.allocate_remote(4096, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ).unwrap());
+    let data = pattern(3000, 3);
+    let mut src = p.pd.allocate(3000).unwrap();
+    src.copy_from_slice(&data);
+    p.a.post_send(SendRequest::write(Local::whole(src), target.remote().slice(100, 3000).unwrap()).wr_id(1))
+        .unwrap();
+    let mut c = poll_one(&mut p.cq_a);
+    assert_eq!((c.status(), c.opcode()), (WcStatus::SUCCESS, WcOpcode::RDMA_WRITE), "{kind:?}: {c:?}");
+    let src = c.take_region().unwrap();
+    let got = target.to_vec();
+    assert_eq!(&got[100..3100], &data[..]);
+    assert!(got[..100].iter().chain(&got[3100..]).all(|&b| b == 0));
+    p.b.post_recv(RecvRequest::empty().wr_id(5)).unwrap();
+    let remote = target.remote().slice(0, 64).unwrap();
+    p.a.post_send(SendRequest::write(Local::new(src, 0..64).unwrap(), remote).imm(0x0102_0304)).unwrap();
+    let mut c = poll_one(&mut p.cq_a);
+    assert!(c.is_ok());
+    assert_eq!(c.take_region().unwrap().as_slice(), &data[..], "the write source comes back");
+    let rc = poll_one(&mut p.cq_b);
+    assert_eq!(
+        (rc.opcode(), rc.imm_data(), rc.wr_id()),
+        (WcOpcode::RECV_RDMA_WITH_IMM, Some(0x0102_0304), 5)
+    );
+    assert_eq!(&target.to_vec()[..64], &data[..64]);
+
+    // RDMA Read back what the Write put there.
+    let dst = p.pd.allocate(3000).unwrap();
+    p.a.post_send(SendRequest::read(Local::whole(dst), target.remote().slice(100, 3000).unwrap())).unwrap();
+    let mut c = poll_one(&mut p.cq_a);
+    assert_eq!((c.status(), c.opcode()), (WcStatus::SUCCESS, WcOpcode::RDMA_READ), "{kind:?}: {c:?}");
+    assert_eq!(c.take_region().unwrap().as_slice(), &data[..]);
+
+    // Atomics: a failed and a matching compare-and-swap, then fetch-and-add; old values compared.
+    let word_mr = Arc::new(p.pd.allocate_remote(64, AccessFlags::REMOTE_ATOMIC).unwrap());
+    word_mr.write(8, &100u64.to_ne_bytes()).unwrap();
+    let word = word_mr.remote().slice(8, 8).unwrap();
+    let old = |c: &mut ibverbs::Completion| {
+        let r = c.take_region().unwrap();
+        (u64::from_ne_bytes(r[..8].try_into().unwrap()), r)
+    };
+    p.a.post_send(SendRequest::compare_swap(Local::whole(p.pd.allocate(8).unwrap()), word, 5, 7)).unwrap();
+    let mut c = poll_one(&mut p.cq_a);
+    assert_eq!((c.status(), c.opcode()), (WcStatus::SUCCESS, WcOpcode::COMP_SWAP), "{kind:?}: {c:?}");
+    let (v, res) = old(&mut c);
+    assert_eq!((v, word_mr.load_u64(8).unwrap()), (100, 100), "no swap");
+    p.a.post_send(SendRequest::compare_swap(Local::whole(res), word, 100, 777)).unwrap();
+    let (v, res) = old(&mut poll_one(&mut p.cq_a));
+    assert_eq!((v, word_mr.load_u64(8).unwrap()), (100, 777), "swapped");
+    p.a.post_send(SendRequest::fetch_add(Local::whole(res), word, 23)).unwrap();
+    let mut c = poll_one(&mut p.cq_a);
+    assert_eq!(c.opcode(), WcOpcode::FETCH_ADD);
+    let (v, _) = old(&mut c);
+    assert_eq!((v, word_mr.load_u64(8).unwrap()), (777, 800));
+    assert_eq!((word_mr.load_u64(0).unwrap(), word_mr.load_u64(16).unwrap()), (0, 0));
+    assert_eq!((p.a.outstanding_sends(), p.b.outstanding_recvs()), (0, 0));
+}
+
+#[test]
+fn every_operation_extended_qp_and_extended_cq() {
+    every_operation(Kind { qp_ex: true, cq_ex: true });
+}
+
+#[test]
+fn every_operation_extended_qp_classic_cq() {
+    every_operation(Kind { qp_ex: true, cq_ex: false });
+}
+
+#[test]
+fn every_operation_classic_qp_extended_cq() {
+    every_operation(Kind { qp_ex: false, cq_ex: true });
+}
+
+/// A chain of 32 RDMA Writes (31 unsignaled, completed by the last, signaled one) is one builder
+/// sequence with one doorbell; the one completion releases all 32 buffers.
+#[test]
+fn chain_of_32_with_unsignaled_requests() {
+    let mut p = ex_pair(Kind { qp_ex: true, cq_ex: true }, SendOps::RDMA_WRITE, 32);
+    let target = Arc::new(p.pd.allocate_remote(32 * 64, AccessFlags::REMOTE_WRITE).unwrap());
+    let srcs: Vec<_> = (0..32u8)
+        .map(|i| {
+            let mut m = p.pd.allocate(64).unwrap();
+            m.copy_from_slice(&pattern(64, i));
+            Arc::new(m)
+        })
+        .collect();
+    let mut chain: Vec<SendRequest> = srcs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let wr = SendRequest::write(
+                Local::whole(s.clone()),
+                target.remote().slice(i as u64 * 64, 64).unwrap(),
+            );
+            if i < 31 {
+                wr.unsignaled()
+            } else {
+                wr.wr_id(99)
+            }
+        })
+        .collect();
+    p.a.post_send_chain(&mut chain).unwrap();
+    assert!(chain.is_empty());
+    assert_eq!(p.a.outstanding_sends(), 32);
+    let c = poll_one(&mut p.cq_a);
+    assert_eq!((c.status(), c.wr_id()), (WcStatus::SUCCESS, 99), "{c:?}");
+    drop(c);
+    assert_quiet(&mut p.cq_a, Duration::from_millis(20));
+    assert_eq!(p.a.outstanding_sends(), 0);
+    assert!(srcs.iter().all(|s| Arc::strong_count(s) == 1), "all 32 buffers released");
+    let got = target.to_vec();
+    for i in 0..32u8 {
+        assert_eq!(&got[i as usize * 64..][..64], &pattern(64, i)[..], "write {i}");
+    }
+}
+
+/// An operation the extended QP was not created for is refused before anything is posted: a
+/// single request comes back with its buffer, a chain comes back whole.
+#[test]
+fn an_operation_not_enabled_is_a_typed_error_and_nothing_is_posted() {
+    let mut p = ex_pair(Kind { qp_ex: true, cq_ex: true }, SendOps::SEND, 8);
+    assert_eq!(p.a.send_ops(), Some(SendOps::SEND));
+    let target = Arc::new(p.pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap());
+    let mut src = p.pd.allocate(64).unwrap();
+    src.fill(0x77);
+    let e = p.a.post_send(SendRequest::write(Local::whole(src), target.remote()).wr_id(3)).unwrap_err();
+    assert!(matches!(e.error, Error::SendOpNotEnabled { op: "IBV_QP_EX_WITH_RDMA_WRITE", .. }), "{e:?}");
+    let back: Vec<_> = e.request.into_buffers().collect();
+    assert_eq!(back.len(), 1);
+    let src = back.into_iter().next().unwrap().into_region().unwrap();
+    assert!(src.iter().all(|&b| b == 0x77), "the buffer came back");
+
+    p.b.post_recv(RecvRequest::new(Local::whole(p.pd.allocate(64).unwrap()))).unwrap();
+    let mut chain = vec![
+        SendRequest::send_inline(b"first"),
+        SendRequest::send(Local::whole(src)).imm(1), // Send with immediate: not enabled
+    ];
+    let e = p.a.post_send_chain(&mut chain).unwrap_err();
+    assert!(matches!(e, Error::SendOpNotEnabled { op: "IBV_QP_EX_WITH_SEND_WITH_IMM", .. }), "{e:?}");
+    assert_eq!(chain.len(), 2, "the whole chain comes back");
+    assert_eq!(p.a.outstanding_sends(), 0);
+    assert_quiet(&mut p.cq_a, Duration::from_millis(50));
+    assert_quiet(&mut p.cq_b, Duration::from_millis(1));
+    // The QP still works for what it was created for.
+    chain.truncate(1);
+    p.a.post_send_chain(&mut chain).unwrap();
+    assert!(poll_one(&mut p.cq_a).is_ok());
+    let mut rc = poll_one(&mut p.cq_b);
+    assert_eq!(&rc.take_region().unwrap()[..5], b"first");
+}
+
+/// Completion timestamps: on a device with a completion clock they are read; on one without
+/// (SoftRoCE: `completion_timestamp_mask` 0) creating the CQ is the typed error, reported as an
+/// unsupported feature in the test summary.
+#[test]
+fn completion_timestamps_or_the_typed_unsupported_error() {
+    let ctx = context();
+    let mask = ctx.query_device_ex().unwrap().0.completion_timestamp_mask;
+    match ctx.create_cq_ex(8, None, WcFlags::STANDARD | WcFlags::COMPLETION_TIMESTAMP) {
+        Err(Error::Unsupported { verb: "ibv_create_cq_ex", capability: feature }) => {
+            assert_eq!(mask, 0, "refused although the device reports a completion clock");
+            assert!(feature.contains("IBV_WC_EX_WITH_COMPLETION_TIMESTAMP"), "{feature}");
+            unsupported(&ctx, "completion timestamps", feature);
+        }
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(mut cq) => {
+            assert_ne!(mask, 0);
+            let pd = ctx.alloc_pd().unwrap();
+            let mut qp = pd.create_qp(&cq, QpType::RC).max_send_wr(2).max_recv_wr(2).build().unwrap();
+            let o = opts();
+            let e = qp.endpoint(&o).unwrap();
+            qp.connect(&e, &o).unwrap(); // to itself
+            qp.post_recv(RecvRequest::empty()).unwrap();
+            qp.post_send(SendRequest::send_inline(&[])).unwrap();
+            let cs = poll_n(&mut cq, 2);
+            assert!(cs.iter().all(|c| c.is_ok() && c.timestamp().is_some()), "{cs:?}");
+        }
+    }
+}
+
+/// A UD Send through an extended QP (`ibv_wr_set_ud_addr`), received by a classic one.
+#[test]
+fn ud_send_through_an_extended_qp() {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut cq_a = ctx.create_cq_ex(16, None, WcFlags::STANDARD).unwrap();
+    let mut cq_b = ctx.create_cq(16, None).unwrap();
+    let mut a = pd
+        .create_qp(&cq_a, QpType::UD)
+        .max_send_wr(4)
+        .max_recv_wr(4)
+        .send_ops(SendOps::SEND | SendOps::SEND_WITH_IMM)
+        .build()
+        .unwrap();
+    let mut b = pd.create_qp(&cq_b, QpType::UD).max_send_wr(4).max_recv_wr(4).build().unwrap();
+    let o = opts();
+    a.activate_ud(&o).unwrap();
+    b.activate_ud(&o).unwrap();
+    b.post_recv(RecvRequest::new(Local::whole(pd.allocate(40 + 512).unwrap())).wr_id(3)).unwrap();
+    let ah = pd.create_ah(&b.endpoint(&o).unwrap(), &o).unwrap();
+    let data = pattern(512, 11);
+    let mut src = pd.allocate(512).unwrap();
+    src.copy_from_slice(&data);
+    a.post_send(SendRequest::send(Local::whole(src)).ud(&ah, b.qp_num(), o.qkey).imm(99).wr_id(8)).unwrap();
+    drop(ah); // the posted request keeps the address handle alive
+    let mut sc = poll_one(&mut cq_a);
+    assert!(sc.is_ok() && sc.wr_id() == 8, "{sc:?}");
+    assert_eq!(sc.take_region().unwrap().as_slice(), &data[..]);
+    let mut rc = poll_one(&mut cq_b);
+    assert!(rc.is_ok(), "{rc:?}");
+    assert_eq!((rc.byte_len(), rc.src_qp(), rc.imm_data()), (40 + 512, a.qp_num(), Some(99)));
+    assert_eq!(&rc.take_region().unwrap()[40..], &data[..]);
+}
