@@ -52,7 +52,8 @@ use std::time::Duration;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use ibverbs::{
     AccessFlags, CompletionQueue, ConnectOptions, Context, Endpoint, LinkLayer, Local, MemoryRegion, Mtu,
-    OwnedBuffer, PortAttr, ProtectionDomain, QpType, QueuePair, RemoteMemoryRegion, RemoteSlice,
+    OwnedBuffer, PortAttr, ProtectionDomain, QpType, QueuePair, RemoteMemoryRegion, RemoteSlice, SendOps,
+    WcFlags,
 };
 
 use clock::{ticks, Clock};
@@ -123,6 +124,11 @@ pub struct Args {
     /// poll_raw (the default: the faster one).
     #[arg(long)]
     pub raw: bool,
+    /// This side's queue pairs and completion queues on the extended data path: QPs from
+    /// ibv_create_qp_ex with send_ops (safe posts go through ibv_wr_*), CQs from
+    /// ibv_create_cq_ex (polled with ibv_start_poll). Not negotiated: each side chooses.
+    #[arg(long)]
+    pub ex: bool,
     /// Seconds without progress (no completion, no peer write, nothing at all from the peer)
     /// before giving up.
     #[arg(long, default_value_t = 10.0, value_name = "SECS")]
@@ -363,7 +369,7 @@ impl Device {
 impl Rdma {
     /// Creates the protection domain, completion queues and queue pairs of test `kind` with
     /// parameters `p`.
-    fn create(kind: TestKind, d: Device, p: &Params) -> Result<Rdma, String> {
+    fn create(kind: TestKind, d: Device, p: &Params, ex: bool) -> Result<Rdma, String> {
         let Device { ctx, port_num, port, gid_index, rd_atomic, timeout, retry_cnt } = d;
         let opts = ConnectOptions {
             port: port_num,
@@ -376,21 +382,25 @@ impl Rdma {
         };
         let pd = ctx.alloc_pd().map_err(|e| format!("Couldn't allocate PD: {e}"))?;
         let rx_depth = if kind.uses_recv() { u64::from(p.rx_depth).min(p.iters) as u32 } else { 1 };
-        let cq =
-            |n: u32| ctx.create_cq(n, None).map_err(|e| format!("Couldn't create a CQ of {n} entries: {e}"));
+        let cq = |n: u32| {
+            if ex { ctx.create_cq_ex(n, None, WcFlags::default()) } else { ctx.create_cq(n, None) }
+                .map_err(|e| format!("Couldn't create a CQ of {n} entries: {e}"))
+        };
         let send_cq = cq(p.qps * p.tx_depth)?;
         let recv_cq = cq(p.qps * rx_depth)?;
         let inline = if kind.is_bw() { 0 } else { p.inline };
         let mut qps = Vec::with_capacity(p.qps as usize);
         for _ in 0..p.qps {
-            let qp = pd
+            let mut b = pd
                 .create_qp(&send_cq, QpType::RC)
                 .recv_cq(&recv_cq)
                 .max_send_wr(p.tx_depth)
                 .max_recv_wr(rx_depth)
-                .max_inline_data(inline)
-                .build()
-                .map_err(|e| format!("Couldn't create QP: {e}"))?;
+                .max_inline_data(inline);
+            if ex {
+                b = b.send_ops(SendOps::ALL_SAFE);
+            }
+            let qp = b.build().map_err(|e| format!("Couldn't create QP: {e}"))?;
             qps.push(qp);
         }
         let inline = qps.first().map_or(0, |q| q.caps().max_inline_data);
@@ -571,7 +581,7 @@ impl Session {
                 }
             }
         };
-        let rdma = match Rdma::create(kind, device, &params) {
+        let rdma = match Rdma::create(kind, device, &params, args.ex) {
             Ok(r) => r,
             Err(e) => {
                 oob.fail(&e);

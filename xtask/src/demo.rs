@@ -94,6 +94,10 @@ pub const BENCH: &[(&str, &str)] = &[
         r#"OURS_ARGS=--safe PAIRS=3 TESTS="write_lat send_lat write_bw" sh examples/perf/compare.sh "$TARGET_DIR/release/examples""#,
     ),
     (
+        "the same on the extended data path (--safe --ex: ibv_wr_* posts, ibv_start_poll polls)",
+        r#"OURS_ARGS="--safe --ex" PAIRS=3 TESTS="write_lat send_lat write_bw" sh examples/perf/compare.sh "$TARGET_DIR/release/examples""#,
+    ),
+    (
         "post/poll micro-benchmark: safe level vs unsafe level vs raw ffi",
         r#"b=$(ls -t "$TARGET_DIR"/release/deps/post_poll-* | grep -v '\.d$' | head -n 1) && "$b""#,
     ),
