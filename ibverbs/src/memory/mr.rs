@@ -54,10 +54,13 @@ impl AccessFlags {
     /// The only flags a local-only [`MemoryRegion`] takes: none of them lets anyone but this
     /// process change its bytes. Everything else (remote write and atomics, memory-window
     /// binding, flags this crate does not know) needs a [`RemoteMemoryRegion`].
-    pub const LOCAL_ONLY: AccessFlags = AccessFlags::LOCAL_WRITE
-        .union(AccessFlags::REMOTE_READ)
-        .union(AccessFlags::RELAXED_ORDERING)
-        .union(AccessFlags::ON_DEMAND);
+    pub const LOCAL_ONLY: AccessFlags =
+        AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_READ).union(AccessFlags::RELAXED_ORDERING);
+
+    /// What a local-only [`MemoryRegion`] may be registered with: [`LOCAL_ONLY`](Self::LOCAL_ONLY)
+    /// plus [`ON_DEMAND`](Self::ON_DEMAND), which changes how the memory is pinned, not who may
+    /// write it.
+    pub(crate) const LOCAL_REGISTRATION: AccessFlags = Self::LOCAL_ONLY.union(AccessFlags::ON_DEMAND);
 }
 
 /// What both region types share.
@@ -327,11 +330,12 @@ impl ProtectionDomain {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty buffer or for any flag outside
-    /// [`AccessFlags::LOCAL_ONLY`] (remote write, atomics, memory-window binding: use
+    /// [`AccessFlags::LOCAL_ONLY`] and [`AccessFlags::ON_DEMAND`] (remote write, atomics,
+    /// memory-window binding: use
     /// [`register_remote`](Self::register_remote)); [`Error::Verb`] from `ibv_reg_mr()`.
     #[doc(alias = "ibv_reg_mr")]
     pub fn register(&self, buf: impl Into<OwnedBuffer>, access: AccessFlags) -> Result<MemoryRegion> {
-        if !AccessFlags::LOCAL_ONLY.contains(access) {
+        if !AccessFlags::LOCAL_REGISTRATION.contains(access) {
             return Err(Error::InvalidArgument {
                 verb: "ibv_reg_mr",
                 reason:
@@ -358,7 +362,7 @@ impl ProtectionDomain {
         iova: u64,
         access: AccessFlags,
     ) -> Result<MemoryRegion> {
-        if !AccessFlags::LOCAL_ONLY.contains(access) {
+        if !AccessFlags::LOCAL_REGISTRATION.contains(access) {
             return Err(Error::InvalidArgument {
                 verb: "ibv_reg_mr_iova2",
                 reason:
@@ -463,13 +467,14 @@ impl MemoryRegion {
     /// self` proves that no post holds the region meanwhile.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a flag outside [`AccessFlags::LOCAL_ONLY`] or for adding or
+    /// [`Error::InvalidArgument`] for a flag outside [`AccessFlags::LOCAL_ONLY`] and
+    /// [`AccessFlags::ON_DEMAND`], or for adding or
     /// removing [`AccessFlags::ON_DEMAND`]; [`Error::Unsupported`] where the provider does not
     /// implement it (rxe); [`Error::Verb`] otherwise. On error the region stays usable and
     /// [`access`](Self::access) reports every right it may now have.
     #[doc(alias = "ibv_rereg_mr")]
     pub fn rereg_access(&mut self, access: AccessFlags) -> Result<()> {
-        if !AccessFlags::LOCAL_ONLY.contains(access) {
+        if !AccessFlags::LOCAL_REGISTRATION.contains(access) {
             return Err(Error::InvalidArgument {
                 verb: "ibv_rereg_mr",
                 reason:
@@ -613,5 +618,11 @@ mod tests {
         assert!(!AccessFlags::LOCAL_ONLY.contains(AccessFlags::MW_BIND));
         assert!(!AccessFlags::LOCAL_ONLY.intersects(AccessFlags::REMOTE_MODIFY));
         assert!(!AccessFlags::LOCAL_ONLY.contains(AccessFlags::from_bits_retain(1 << 30)));
+        // ON_DEMAND is accepted on a local-only region but is no part of LOCAL_ONLY, a value
+        // every device takes.
+        assert!(!AccessFlags::LOCAL_ONLY.contains(AccessFlags::ON_DEMAND));
+        assert!(
+            !AccessFlags::LOCAL_REGISTRATION.intersects(AccessFlags::REMOTE_MODIFY | AccessFlags::MW_BIND)
+        );
     }
 }
