@@ -14,8 +14,9 @@ use std::sync::Arc;
 use crate::device::{Context, ContextInner};
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::ffi;
+use crate::memory::keyed::KeyedMr;
 use crate::memory::{check_range, AccessFlags, RemoteSlice};
-use crate::pd::{PdInner, ProtectionDomain};
+use crate::pd::ProtectionDomain;
 
 struct DmInner {
     raw: NonNull<ffi::ibv_dm>,
@@ -156,7 +157,12 @@ impl DeviceMemory {
             ffi::ibv_reg_dm_mr(pd.as_raw(), self.inner.raw.as_ptr(), off as u64, len, access.bits())
         };
         let raw = cvt_p(VERB, raw).map_err(|e| e.or_unsupported("registering on-device memory"))?;
-        Ok(DeviceMemoryRegion { raw, len, access, _dm: self.inner.clone(), _pd: pd.inner.clone() })
+        Ok(DeviceMemoryRegion {
+            mr: KeyedMr::new(raw, pd.inner.clone()),
+            len,
+            access,
+            _dm: self.inner.clone(),
+        })
     }
 }
 
@@ -164,17 +170,12 @@ impl DeviceMemory {
 /// it from 0. For the `unsafe` raw level (an SGE of `addr` = offset, `lkey`) and for peers
 /// ([`remote`](Self::remote)). Deregistered when dropped.
 pub struct DeviceMemoryRegion {
-    raw: NonNull<ffi::ibv_mr>,
+    // Deregistered before the device memory is freed: fields drop in declaration order.
+    mr: KeyedMr,
     len: usize,
     access: AccessFlags,
     _dm: Arc<DmInner>,
-    _pd: Arc<PdInner>,
 }
-
-// SAFETY: an opaque kernel handle; plain reads of its keys.
-unsafe impl Send for DeviceMemoryRegion {}
-// SAFETY: as above.
-unsafe impl Sync for DeviceMemoryRegion {}
 
 impl DeviceMemoryRegion {
     /// Length in bytes.
@@ -187,13 +188,11 @@ impl DeviceMemoryRegion {
     }
     /// The local key.
     pub fn lkey(&self) -> u32 {
-        // SAFETY: valid MR while self lives; a plain field.
-        unsafe { (*self.raw.as_ptr()).lkey }
+        self.mr.lkey()
     }
     /// The remote key.
     pub fn rkey(&self) -> u32 {
-        // SAFETY: as above.
-        unsafe { (*self.raw.as_ptr()).rkey }
+        self.mr.rkey()
     }
     /// The rights it was registered with (`ZERO_BASED` included).
     pub fn access(&self) -> AccessFlags {
@@ -205,20 +204,12 @@ impl DeviceMemoryRegion {
     }
     /// The raw `struct ibv_mr *`; valid while this value lives.
     pub fn as_raw(&self) -> *mut ffi::ibv_mr {
-        self.raw.as_ptr()
+        self.mr.as_raw()
     }
 }
 
 impl fmt::Debug for DeviceMemoryRegion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceMemoryRegion").field("len", &self.len).field("lkey", &self.lkey()).finish()
-    }
-}
-
-impl Drop for DeviceMemoryRegion {
-    fn drop(&mut self) {
-        // SAFETY: registered once, deregistered once; no crate type posts it (raw posts over it
-        // are the caller's contract to finish first).
-        unsafe { ffi::ibv_dereg_mr(self.raw.as_ptr()) };
     }
 }

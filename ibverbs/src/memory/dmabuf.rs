@@ -9,29 +9,22 @@
 
 use std::fmt;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::ptr::NonNull;
-use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::ffi;
+use crate::memory::keyed::KeyedMr;
 use crate::memory::{AccessFlags, RemoteSlice};
-use crate::pd::{PdInner, ProtectionDomain};
+use crate::pd::ProtectionDomain;
 
 /// A registered range of a dma-buf (`ibv_reg_dmabuf_mr()`), for the `unsafe` raw level (SGEs
 /// of `iova`-based addresses with [`lkey`](Self::lkey)) and for peers ([`remote`](Self::remote)).
 /// Deregistered when dropped.
 pub struct DmabufRegion {
-    raw: NonNull<ffi::ibv_mr>,
+    mr: KeyedMr,
     iova: u64,
     len: usize,
     access: AccessFlags,
-    _pd: Arc<PdInner>,
 }
-
-// SAFETY: an opaque kernel handle; plain reads of its keys.
-unsafe impl Send for DmabufRegion {}
-// SAFETY: as above.
-unsafe impl Sync for DmabufRegion {}
 
 impl ProtectionDomain {
     /// Registers `len` bytes at `offset` of the dma-buf `fd` (`ibv_reg_dmabuf_mr()`); the
@@ -64,7 +57,7 @@ impl ProtectionDomain {
             let raw =
                 unsafe { ffi::ibv_reg_dmabuf_mr(self.as_raw(), offset, len, iova, fd.as_raw_fd(), flags) };
             let raw = crate::error::cvt_p(VERB, raw).map_err(|e| e.or_unsupported("dma-buf registration"))?;
-            Ok(DmabufRegion { raw, iova, len, access, _pd: self.inner.clone() })
+            Ok(DmabufRegion { mr: KeyedMr::new(raw, self.inner.clone()), iova, len, access })
         }
         #[cfg(not(ibverbs_has_reg_dmabuf_mr))]
         {
@@ -89,13 +82,11 @@ impl DmabufRegion {
     }
     /// The local key.
     pub fn lkey(&self) -> u32 {
-        // SAFETY: valid MR while self lives; a plain field.
-        unsafe { (*self.raw.as_ptr()).lkey }
+        self.mr.lkey()
     }
     /// The remote key.
     pub fn rkey(&self) -> u32 {
-        // SAFETY: as above.
-        unsafe { (*self.raw.as_ptr()).rkey }
+        self.mr.rkey()
     }
     /// The rights it was registered with.
     pub fn access(&self) -> AccessFlags {
@@ -107,19 +98,12 @@ impl DmabufRegion {
     }
     /// The raw `struct ibv_mr *`; valid while this value lives.
     pub fn as_raw(&self) -> *mut ffi::ibv_mr {
-        self.raw.as_ptr()
+        self.mr.as_raw()
     }
 }
 
 impl fmt::Debug for DmabufRegion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DmabufRegion").field("iova", &self.iova).field("len", &self.len).finish()
-    }
-}
-
-impl Drop for DmabufRegion {
-    fn drop(&mut self) {
-        // SAFETY: registered once, deregistered once.
-        unsafe { ffi::ibv_dereg_mr(self.raw.as_ptr()) };
     }
 }

@@ -8,6 +8,7 @@ mod buffer;
 mod chunk;
 mod device_memory;
 mod dmabuf;
+mod keyed;
 mod mr;
 pub mod odp;
 mod racy;

@@ -10,12 +10,12 @@
 
 use std::fmt;
 use std::ops::RangeBounds;
-use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::device::{Context, OdpCaps};
 use crate::error::{cvt_p, Error, Result};
 use crate::ffi;
+use crate::memory::keyed::KeyedMr;
 use crate::memory::{AccessFlags, MemoryRegion, MrInner, RemoteMemoryRegion};
 use crate::pd::{PdInner, ProtectionDomain};
 
@@ -124,27 +124,19 @@ impl RemoteMemoryRegion {
 /// raw level and for peers, under the contract of
 /// [`ProtectionDomain::register_implicit_odp`]. Dropping it deregisters it (`ibv_dereg_mr()`).
 pub struct ImplicitOdpRegion {
-    raw: NonNull<ffi::ibv_mr>,
+    mr: KeyedMr,
     access: AccessFlags,
-    _pd: Arc<PdInner>,
 }
-
-// SAFETY: an opaque kernel handle, usable from any thread; plain reads of lkey/rkey.
-unsafe impl Send for ImplicitOdpRegion {}
-// SAFETY: as above.
-unsafe impl Sync for ImplicitOdpRegion {}
 
 impl ImplicitOdpRegion {
     /// The local key: an SGE may name any virtual address with it.
     pub fn lkey(&self) -> u32 {
-        // SAFETY: valid MR while self lives; a plain field.
-        unsafe { (*self.raw.as_ptr()).lkey }
+        self.mr.lkey()
     }
 
     /// The remote key: with remote rights, a peer may reach any virtual address with it.
     pub fn rkey(&self) -> u32 {
-        // SAFETY: as above.
-        unsafe { (*self.raw.as_ptr()).rkey }
+        self.mr.rkey()
     }
 
     /// The rights it was registered with ([`AccessFlags::ON_DEMAND`] included).
@@ -154,7 +146,7 @@ impl ImplicitOdpRegion {
 
     /// The raw `struct ibv_mr *`; valid while this value lives.
     pub fn as_raw(&self) -> *mut ffi::ibv_mr {
-        self.raw.as_ptr()
+        self.mr.as_raw()
     }
 }
 
@@ -165,14 +157,6 @@ impl fmt::Debug for ImplicitOdpRegion {
             .field("rkey", &self.rkey())
             .field("access", &self.access)
             .finish()
-    }
-}
-
-impl Drop for ImplicitOdpRegion {
-    fn drop(&mut self) {
-        // SAFETY: registered once, deregistered once. It owns no memory, so a failure leaks
-        // only the kernel object.
-        unsafe { ffi::ibv_dereg_mr(self.raw.as_ptr()) };
     }
 }
 
@@ -212,6 +196,6 @@ impl ProtectionDomain {
         // reach is the caller's contract.
         let raw = unsafe { ffi::ibv_reg_mr(self.as_raw(), std::ptr::null_mut(), usize::MAX, flags) };
         let raw = cvt_p(VERB, raw).map_err(|e| e.or_unsupported("implicit on-demand paging"))?;
-        Ok(ImplicitOdpRegion { raw, access, _pd: self.inner.clone() })
+        Ok(ImplicitOdpRegion { mr: KeyedMr::new(raw, self.inner.clone()), access })
     }
 }

@@ -216,17 +216,11 @@ impl RawSend {
     /// stay valid while `wrs` is neither moved nor borrowed again mutably.
     #[inline]
     pub fn chain(wrs: &mut [RawSend]) -> *mut ffi::ibv_send_wr {
-        let base = wrs.as_mut_ptr().cast::<ffi::ibv_send_wr>();
-        let n = wrs.len();
-        for i in 0..n {
-            // SAFETY: i < n and i + 1 <= n: in bounds (or one past the end, never dereferenced);
-            // RawSend is repr(transparent) over ibv_send_wr. Every access goes through `base`.
-            unsafe { (*base.add(i)).next = if i + 1 < n { base.add(i + 1) } else { std::ptr::null_mut() } };
-        }
-        if n == 0 {
-            std::ptr::null_mut()
-        } else {
-            base
+        // SAFETY: RawSend is repr(transparent) over ibv_send_wr; `next` is its link field.
+        unsafe {
+            link(wrs.as_mut_ptr().cast::<ffi::ibv_send_wr>(), wrs.len(), |w| {
+                std::ptr::addr_of_mut!((*w).next)
+            })
         }
     }
 
@@ -234,6 +228,25 @@ impl RawSend {
     #[inline]
     pub fn as_mut_ptr(&mut self) -> *mut ffi::ibv_send_wr {
         &mut self.0
+    }
+}
+
+/// Links the `n` work requests at `base` into one chain in order (each `next` to the following
+/// one, the last to `NULL`); returns the head, `NULL` when `n` is 0. Every access goes through
+/// `base`, so the links stay valid while the array is neither moved nor borrowed again.
+///
+/// # Safety
+/// `base` points to `n` initialised work requests, writable, and `next_of(w)` is the address of
+/// the `next` field of the request at `w`.
+unsafe fn link<W>(base: *mut W, n: usize, next_of: impl Fn(*mut W) -> *mut *mut W) -> *mut W {
+    for i in 0..n {
+        // SAFETY: i < n and i + 1 <= n (one past the end is never dereferenced); the contract.
+        unsafe { *next_of(base.add(i)) = if i + 1 < n { base.add(i + 1) } else { std::ptr::null_mut() } };
+    }
+    if n == 0 {
+        std::ptr::null_mut()
+    } else {
+        base
     }
 }
 
@@ -273,16 +286,11 @@ impl RawRecv {
     /// Links `wrs` into one chain; see [`RawSend::chain`].
     #[inline]
     pub fn chain(wrs: &mut [RawRecv]) -> *mut ffi::ibv_recv_wr {
-        let base = wrs.as_mut_ptr().cast::<ffi::ibv_recv_wr>();
-        let n = wrs.len();
-        for i in 0..n {
-            // SAFETY: as in RawSend::chain.
-            unsafe { (*base.add(i)).next = if i + 1 < n { base.add(i + 1) } else { std::ptr::null_mut() } };
-        }
-        if n == 0 {
-            std::ptr::null_mut()
-        } else {
-            base
+        // SAFETY: RawRecv is repr(transparent) over ibv_recv_wr; `next` is its link field.
+        unsafe {
+            link(wrs.as_mut_ptr().cast::<ffi::ibv_recv_wr>(), wrs.len(), |w| {
+                std::ptr::addr_of_mut!((*w).next)
+            })
         }
     }
 
