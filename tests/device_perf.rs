@@ -225,7 +225,7 @@ fn write_lat_runs_at_both_levels() {
 
 #[test]
 fn the_extended_data_path_runs_at_both_levels() {
-    // The client on ibv_create_qp_ex/ibv_create_cq_ex (--ex), the server classic.
+    // The client on the extended data path (--ex: extended QPs and CQs), the server classic.
     run_ok("write_bw", &["-s", "4096", "-n", "100", "--ex"], "--safe");
     run_ok("send_lat", &["-s", "64", "-n", "100", "--ex"], "--safe");
     run_ok("read_bw", &["-s", "4096", "-n", "100", "--ex"], "--raw");
