@@ -8,7 +8,8 @@
 //! 2. `write_bw`'s server when its client's host vanishes (the link is cut for good: no FIN, no
 //!    packet): it must exit non-zero within its `--timeout` plus slack;
 //! 3. the library tests of `tests/twohost_*.rs` in both guests (but `zz_*`);
-//! 4. last, `zz_*` tests: they kill guest B.
+//! 4. last, `zz_*` tests: they kill guest B;
+//! 5. then a second pair whose NICs' MTUs differ ([`MTU_OPTIONS`]): the RC test again.
 //!
 //! Every script checks exit statuses, the tools' reported iteration counts and its timings.
 
@@ -32,6 +33,36 @@ must_say() { grep -q -- "$2" "$1" || { cat "$1" >&2; die "$3: no '$2' in its out
 
 /// The pair options of the stage: both NICs at MTU 1500 (rxe active MTU 1024), one vCPU each.
 pub const OPTIONS: PairOptions = PairOptions { mtu: [1500, 1500], smp: 1 };
+
+/// The second, short pair of the stage: the two sides' NIC MTUs differ (A 1500: rxe active MTU
+/// 1024; B 4000: 2048), so each side's endpoint advertises another MTU and `connect` must take the
+/// smaller one: a side that sent 2048-byte packets to A would lose them all.
+pub const MTU_OPTIONS: PairOptions = PairOptions { mtu: [1500, 4000], smp: 1 };
+
+/// The steps of the [`MTU_OPTIONS`] pair: the RC test of `tests/twohost_*.rs` (multi-packet Send,
+/// Write, Read and atomics), told that the MTUs differ (it checks they do).
+pub fn mtu_steps(root: &Path, bins: &[Artifact]) -> Vec<PairStep> {
+    bins.iter()
+        .map(|bin| {
+            let argv = [
+                std::ffi::OsString::from("env"),
+                "TWOHOST_MTU_DIFFER=1".into(),
+                bin.executable.as_os_str().to_os_string(),
+                "--test-threads=1".into(),
+                "--nocapture".into(),
+                "rc_send_write_read_atomics_across_hosts".into(),
+            ];
+            let s = shell::argv_script(root, &argv);
+            PairStep {
+                label: format!("{} rc_* with the sides' MTUs 1500 and 4000", bin.name),
+                a: s.clone(),
+                b: s,
+                timeout: Duration::from_secs(120),
+                output: Output::Live,
+            }
+        })
+        .collect()
+}
 
 /// A pingpong interop step: `server` in A, `client` in B (which retries until A listens).
 fn pingpong(label: &str, server: &str, client: &str, iters: u32) -> PairStep {
