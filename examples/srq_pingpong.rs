@@ -247,13 +247,7 @@ fn run(args: &Args) -> Result<(), String> {
     while rcnt < args.iters || scnt < args.iters {
         for wc in waiter.wait(&mut wcs)?.iter() {
             if !wc.is_ok() {
-                let status = wc.status();
-                return Err(format!(
-                    "Failed status {} ({}) for wr_id {}",
-                    status.as_str(),
-                    status.0,
-                    wc.wr_id()
-                ));
+                return Err(common::failed_status(wc));
             }
             let i = qpns
                 .iter()

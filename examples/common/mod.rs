@@ -349,13 +349,7 @@ pub fn pingpong(
     while rcnt < iters || scnt < iters {
         for wc in waiter.wait(&mut wcs)?.iter() {
             if !wc.is_ok() {
-                let status = wc.status();
-                return Err(format!(
-                    "Failed status {} ({}) for wr_id {}",
-                    status.as_str(),
-                    status.0,
-                    wc.wr_id()
-                ));
+                return Err(failed_status(wc));
             }
             match wc.wr_id() {
                 SEND_WRID => scnt += 1,
@@ -428,4 +422,10 @@ mod tests {
         assert_eq!(Dest::from_wire(&w).unwrap(), d);
         assert!(Dest::from_wire(b"zz").is_err());
     }
+}
+
+/// The error of a failed completion, as the C pingpong tools print it.
+pub fn failed_status(wc: &Completion) -> String {
+    let status = wc.status();
+    format!("Failed status {} ({}) for wr_id {}", status.as_str(), status.0, wc.wr_id())
 }

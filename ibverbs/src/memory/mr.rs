@@ -117,9 +117,13 @@ impl MrInner {
                 ffi::ibv_reg_mr_iova2(pd.as_raw(), addr.cast(), buf.len, iova, flags as u32)
             },
         };
-        let raw = cvt_p(verb, raw).map_err(|e| match (&e, access.contains(AccessFlags::ON_DEMAND)) {
-            (Error::Verb { .. }, true) => e.or_unsupported("on-demand paging for this transport or access"),
-            _ => e,
+        let on_demand = access.contains(AccessFlags::ON_DEMAND);
+        let raw = cvt_p(verb, raw).map_err(|e| {
+            if on_demand {
+                e.or_unsupported("on-demand paging for this transport or access")
+            } else {
+                e
+            }
         })?;
         let iova_delta = iova.map_or(0, |iova| iova.wrapping_sub(addr as u64));
         Ok(MrInner { raw, buf: std::mem::ManuallyDrop::new(buf), access, iova_delta, _pd: pd.inner.clone() })

@@ -164,6 +164,17 @@ pub(crate) fn post_one<R: Request>(
     Ok(())
 }
 
+/// The ring position the first of a batch of `n` requests gets, when the ring has `n` free slots
+/// and the scratch arrays (`scratch` entries each) hold `n` requests; else [`Error::QueueFull`].
+#[inline]
+pub(crate) fn batch_head(ring: &Ring<Slot>, n: usize, scratch: usize, verb: &'static str) -> Result<u32> {
+    let (head, free) = ring.producer_state();
+    if n > free as usize || n > scratch {
+        return Err(Error::QueueFull { verb, capacity: ring.capacity() });
+    }
+    Ok(head)
+}
+
 /// Posts checked requests as one chain (one doorbell), built in the QP's `scratch` arrays; see
 /// `QueuePair::post_send_chain`. On error, `wrs` keeps the requests not posted, with their
 /// buffers.
@@ -179,10 +190,7 @@ pub(crate) fn post_chain<R: Request>(
     if n == 0 {
         return Ok(());
     }
-    let (head, free) = ring.producer_state();
-    if n > free as usize || n > scratch.len() || n > scratch_sges.len() {
-        return Err(Error::QueueFull { verb: R::VERB, capacity: ring.capacity() });
-    }
+    let head = batch_head(ring, n, scratch.len().min(scratch_sges.len()), R::VERB)?;
     // Every access to the scratch arrays below goes through these two pointers: the provider
     // follows `next` and `sg_list` pointers derived from them, which a later `&mut scratch[i]`
     // would invalidate (Stacked/Tree Borrows).

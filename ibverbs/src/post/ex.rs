@@ -13,7 +13,7 @@
 
 use crate::error::{Error, Result};
 use crate::ffi;
-use crate::post::engine::{Request, Slot};
+use crate::post::engine::{batch_head, Request, Slot};
 use crate::post::ring::Ring;
 use crate::post::wr::MAX_SGE;
 
@@ -261,10 +261,7 @@ pub(crate) fn post_batch<R: Request<Raw = ffi::ibv_send_wr>>(
     if n == 0 {
         return Ok(());
     }
-    let (head, free) = ring.producer_state();
-    if n > free as usize || n > scratch.len() || n > scratch_sges.len() {
-        return Err(Error::QueueFull { verb: R::VERB, capacity: ring.capacity() });
-    }
+    let head = batch_head(ring, n, scratch.len().min(scratch_sges.len()), R::VERB)?;
     // Pass 1, no side effect: the classic requests, each checked against the QP's operations.
     for (i, wr) in wrs.iter().enumerate() {
         let (raw, sges) = (&mut scratch[i], &mut scratch_sges[i]);
