@@ -385,3 +385,69 @@ fn events_read_in_another_thread_while_the_queue_pair_and_id_go() {
     );
     drop(c);
 }
+
+/// The IPv6 address the IPv6 test gives the test device's netdev (a documentation prefix).
+const HOST_V6: &str = "2001:db8::1";
+
+/// Gives the test device's netdev `HOST_V6` (without duplicate address detection, so it is usable
+/// at once; "exists" from an earlier run is fine) and waits until the device lists its RoCE v2 GID.
+fn add_ipv6_address() {
+    let dev = context().name().to_string();
+    let nd = netdev(&dev);
+    let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("no `ip` command");
+    let out = std::process::Command::new(ip)
+        .args(["-6", "addr", "add", &format!("{HOST_V6}/64"), "dev", &nd, "nodad"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() || err.contains("exists"), "ip -6 addr add {HOST_V6} dev {nd}: {err}");
+    let want = "2001:0db8:0000:0000:0000:0000:0000:0001";
+    let deadline = Instant::now() + wait();
+    loop {
+        let found = (0..16).any(|i| {
+            std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/1/gids/{i}"))
+                .is_ok_and(|g| g.trim() == want)
+        });
+        if found {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{dev} has no GID {want} after adding {HOST_V6} to {nd}");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// RDMA-CM over IPv6: a listener on `[2001:db8::1]`, a connection to it, bytes both ways, and IPv6
+/// addresses on both ids (the `sockaddr_in6` paths of bind, resolve, accept and the address getters).
+#[test]
+fn connect_accept_over_ipv6() {
+    add_ipv6_address();
+    let v6 = |port: u16| -> SocketAddr { format!("[{HOST_V6}]:{port}").parse().unwrap() };
+    let l = Listener::bind(v6(0)).unwrap();
+    let a = l.local_addr().unwrap();
+    assert!(a.is_ipv6() && a.port() != 0, "{a}");
+    let v6_side = move || {
+        let ctx = cm::device_context(v6(0), wait()).expect("rdma_resolve_addr of the IPv6 address");
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        Side { pd, cq }
+    };
+    let server = thread::spawn(move || {
+        let s = v6_side();
+        let (id, qp, _) = l.accept(&s.pd, &s.cq, caps(), &ConnParam::default(), wait()).unwrap();
+        Conn { side: s, id: Some(id), qp }
+    });
+    let c = v6_side();
+    let (id, qp) = cm::connect(a, &c.pd, &c.cq, caps(), &ConnParam::default(), wait()).unwrap();
+    let mut c = Conn { side: c, id: Some(id), qp };
+    let mut s = server.join().unwrap();
+    assert_eq!(c.id().peer_addr().unwrap(), a);
+    let client_local = c.id().local_addr().unwrap();
+    assert!(client_local.is_ipv6(), "{client_local}");
+    assert_eq!(s.id().peer_addr().unwrap(), client_local);
+    assert_eq!(s.id().local_addr().unwrap(), a);
+    send_recv(&mut c, &mut s, &pattern(3000, 61));
+    send_recv(&mut s, &mut c, &pattern(70, 62));
+}

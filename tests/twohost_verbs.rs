@@ -595,21 +595,8 @@ fn peer_process_restarted_is_reconnected() {
             panic!("B's first process was not killed");
         }
         Ok("2") => {
-            // B's second process: a Send to A, then A's RDMA Write with immediate into its target.
-            let mut r = rc(16);
-            let target = Arc::new(r.pd.allocate_remote(4096, AccessFlags::REMOTE_WRITE).unwrap());
-            r.qp.init(&o).unwrap();
-            r.qp.post_recv(RecvRequest::empty().wr_id(1)).unwrap();
-            connect(&mut r, &o, &target.remote().encode());
-            let mut msg = r.pd.allocate(4096).unwrap();
-            msg.copy_from_slice(&pattern(4096, 77));
-            r.qp.post_send(SendRequest::send(Local::whole(msg)).wr_id(2)).unwrap();
-            let got = poll_n(&mut r.cq, 2, PEER_WAIT);
-            assert!(got.iter().all(|c| c.is_ok()), "{got:?}");
-            let imm =
-                got.iter().find(|c| c.opcode() == WcOpcode::RECV_RDMA_WITH_IMM).expect("the write's imm");
-            assert_eq!(imm.imm_data(), Some(78));
-            assert!(target.to_vec() == pattern(4096, 78), "A's write into the new process's memory");
+            // B's second process.
+            restarted_b(&o);
             return;
         }
         _ => {}
@@ -645,19 +632,8 @@ fn peer_process_restarted_is_reconnected() {
             let bound = budget * 2 + Duration::from_secs(2);
             assert!(after_release <= bound, "kill → error took {after_release:?} (bound {bound:?})");
 
-            r.qp.reset().unwrap();
-            let (second, theirs) = connect(&mut r, &o, &[]);
+            let (second, _) = reconnect_a(&mut r, &o);
             assert_ne!(second.qpn, first.qpn, "a new process, a new queue pair");
-            let remote = RemoteSlice::decode(&theirs).unwrap();
-            r.qp.post_recv(RecvRequest::new(Local::whole(r.pd.allocate(4096).unwrap())).wr_id(3)).unwrap();
-            let mut got = poll_n(&mut r.cq, 1, PEER_WAIT);
-            assert!(got[0].is_ok(), "{:?}", got[0]);
-            assert!(got[0].take_region().unwrap()[..] == pattern(4096, 77)[..], "the new process's Send");
-            let mut src = r.pd.allocate(4096).unwrap();
-            src.copy_from_slice(&pattern(4096, 78));
-            r.qp.post_send(SendRequest::write(Local::whole(src), remote).imm(78).wr_id(4)).unwrap();
-            let got = poll_n(&mut r.cq, 1, PEER_WAIT);
-            assert!(got[0].is_ok(), "{:?}", got[0]);
         }
         Role::B => {
             let child = |n: &str| {
@@ -699,28 +675,87 @@ fn peer_process_restarted_is_reconnected() {
     barrier("restart-done");
 }
 
-/// The real thing, run last (its own step: guest B does not come back): A streams RDMA Writes to B
-/// and has B's QEMU SIGKILLed in the middle. With `ConnectOptions::default()` A's outstanding writes
-/// fail within the retry budget (plus rxe's coarse timer), every buffer comes back, and A's queue pair
-/// can be reset and initialised again.
+/// B's side after its restart (a new process, or a rebooted guest): connects to A again (sending
+/// its boot id after the target), sends A a message and receives A's RDMA Write with immediate into
+/// a new target.
+fn restarted_b(o: &ConnectOptions) {
+    let mut r = rc(16);
+    let target = Arc::new(r.pd.allocate_remote(4096, AccessFlags::REMOTE_WRITE).unwrap());
+    r.qp.init(o).unwrap();
+    r.qp.post_recv(RecvRequest::empty().wr_id(1)).unwrap();
+    let mut extra = target.remote().encode().to_vec();
+    extra.extend_from_slice(boot_id().as_bytes());
+    connect(&mut r, o, &extra);
+    let mut msg = r.pd.allocate(4096).unwrap();
+    msg.copy_from_slice(&pattern(4096, 77));
+    r.qp.post_send(SendRequest::send(Local::whole(msg)).wr_id(2)).unwrap();
+    let got = poll_n(&mut r.cq, 2, PEER_WAIT);
+    assert!(got.iter().all(|c| c.is_ok()), "{got:?}");
+    let imm = got.iter().find(|c| c.opcode() == WcOpcode::RECV_RDMA_WITH_IMM).expect("the write's imm");
+    assert_eq!(imm.imm_data(), Some(78));
+    assert!(target.to_vec() == pattern(4096, 78), "A's write into the restarted side's memory");
+}
+
+/// A's side of [`restarted_b`]: resets its queue pair (in the error state after the peer died),
+/// connects it to the restarted B, receives B's Send and writes into B's new target. Returns B's new
+/// endpoint and boot id.
+fn reconnect_a(r: &mut Rc, o: &ConnectOptions) -> (Endpoint, String) {
+    r.qp.reset().unwrap();
+    let (peer, theirs) = connect(r, o, &[]);
+    let remote = RemoteSlice::decode(&theirs[..RemoteSlice::ENCODED_LEN]).unwrap();
+    let boot = String::from_utf8_lossy(&theirs[RemoteSlice::ENCODED_LEN..]).into_owned();
+    r.qp.post_recv(RecvRequest::new(Local::whole(r.pd.allocate(4096).unwrap())).wr_id(3)).unwrap();
+    let mut got = poll_n(&mut r.cq, 1, PEER_WAIT);
+    assert!(got[0].is_ok(), "{:?}", got[0]);
+    assert!(got[0].take_region().unwrap()[..] == pattern(4096, 77)[..], "the restarted side's Send");
+    let mut src = r.pd.allocate(4096).unwrap();
+    src.copy_from_slice(&pattern(4096, 78));
+    r.qp.post_send(SendRequest::write(Local::whole(src), remote).imm(78).wr_id(4)).unwrap();
+    let got = poll_n(&mut r.cq, 1, PEER_WAIT);
+    assert!(got[0].is_ok(), "{:?}", got[0]);
+    (peer, boot)
+}
+
+/// This kernel's boot id (a new one after every boot).
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").expect("boot_id").trim().to_string()
+}
+
+/// The real thing, run last (its own step): A streams RDMA Writes to B and has B's guest restarted
+/// in the middle (`rxe2-fault restart-peer`: its QEMU SIGKILLed, then booted again). With
+/// `ConnectOptions::default()` A's outstanding writes fail within the retry budget (plus rxe's
+/// coarse timer) and every buffer comes back; then A resets its queue pair and connects it to the
+/// rebooted B (a new kernel: its boot id differs), and a Send and an RDMA Write with immediate cross.
 #[test]
-fn zz_peer_killed_mid_transfer() {
+fn zz_peer_guest_restarted_mid_transfer() {
     let role = role();
-    barrier("kill");
     let o = ConnectOptions::default();
+    if role == Role::B && std::env::var("RXE2_RESTARTED").as_deref() == Ok("1") {
+        // B after its reboot: the harness resumed this step here, without its barrier.
+        eprintln!("twohost: B rebooted (boot id {})", boot_id());
+        barrier("reborn");
+        restarted_b(&o);
+        return;
+    }
+    barrier("kill");
     let budget = o.retry_budget().expect("finite");
     let bound = budget * 2 + Duration::from_millis(500);
     let mut r = rc(64);
     let target = Arc::new(r.pd.allocate_remote(4 * 65536, AccessFlags::REMOTE_WRITE).unwrap());
-    let (_, theirs) = connect(&mut r, &o, &target.remote().encode());
-    let remote = RemoteSlice::decode(&theirs).unwrap();
+    let mut extra = target.remote().encode().to_vec();
+    extra.extend_from_slice(boot_id().as_bytes());
+    let (_, theirs) = connect(&mut r, &o, &extra);
+    let remote = RemoteSlice::decode(&theirs[..RemoteSlice::ENCODED_LEN]).unwrap();
+    let first_boot = String::from_utf8_lossy(&theirs[RemoteSlice::ENCODED_LEN..]).into_owned();
     barrier("kill-connected");
     match role {
         Role::A => {
             let mut killer = None;
             let stream = stream_writes(&mut r, remote, 16384, 8, usize::MAX, |n| {
                 if n == 20 {
-                    killer = Some(fault_in_background(&["kill-peer"]));
+                    // B boots again 3 s after the kill: A times its error with B gone, as
+                    // with a plain kill, not while a booting guest competes for the host.
+                    killer = Some(fault_in_background(&["restart-peer", "3"]));
                 }
             });
             let (asked, _) = killer.expect("20 writes completed before the kill").join().unwrap();
@@ -733,9 +768,17 @@ fn zz_peer_killed_mid_transfer() {
                 ms(bound)
             );
             assert!(from_ack <= bound, "kill → error took {from_ack:?} (bound {bound:?})");
-            r.qp.reset().unwrap();
-            r.qp.init(&o).unwrap();
-            assert_eq!(r.qp.state(), QpState::INIT);
+            // B boots again; the barrier waits for it (a restarting guest is not "gone").
+            let t = Instant::now();
+            barrier("reborn");
+            let reborn = t.elapsed();
+            let (_, boot) = reconnect_a(&mut r, &o);
+            assert!(!boot.is_empty() && boot != first_boot, "a rebooted B: boot id {first_boot} → {boot}");
+            assert_eq!(r.qp.state(), QpState::RTS);
+            eprintln!(
+                "twohost: B rebooted and reachable {:.1} s after A's error; reconnected, Send and Write with immediate crossed",
+                reborn.as_secs_f64()
+            );
         }
         Role::B => {
             // Killed by A: if this guest is still alive after a minute, the fault never came.

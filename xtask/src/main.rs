@@ -68,8 +68,10 @@ Commands:
         RXE2_PEER, RXE2_CTL, IBVERBS_TEST_DEVICE=rxe0, IBVERBS_TEST_GID_INDEX=1 and
         IBVERBS_TEST_IP=RXE2_SELF, and on its PATH: `rxe2-barrier NAME [S]` (wait for the other
         side to reach NAME: 0, 1 if it is gone, 124 after S seconds) and `rxe2-fault kill-peer |
-        cut [S] | restore` (SIGKILL the other guest's QEMU; drop the link's frames for S seconds
-        or until restored). Both commands start together; output lines are prefixed [A]/[B].
+        restart-peer [S] | cut [S] | restore` (SIGKILL the other guest's QEMU; the same, then boot
+        it again, S seconds later: it reruns its command with RXE2_RESTARTED=1; drop the link's
+        frames for S seconds or until restored). Both commands start together; output lines are
+        prefixed [A]/[B].
         Exit status: the worse of the two (a side killed with rxe2-fault does not count), 124 on
         timeout, 125 when a guest failed. --mtu sets both NICs' MTU (default 1500), --mtu-b B's;
         --smp the vCPUs per guest (default 1).
@@ -81,7 +83,7 @@ Commands:
         ThreadSanitizer binaries, the harness's self-tests and a leak check; the two-host stage:
         one pair of guests (as rxe2) for interop with rdma-core's pingpongs across hosts,
         write_bw, its server's bound when the client's host vanishes, and the library's
-        tests/twohost_*.rs in both roles (link cuts, a guest killed); the publish checks (MSRV,
+        tests/twohost_*.rs in both roles (link cuts, a process killed, a guest restarted); the publish checks (MSRV,
         docs without rdma-core, cargo publish --dry-run); a summary.
         --valgrind, --tsan, --miri, --twohost, --publish: run only these passes (any combination).
         TEST_ARGS go to each device test binary (e.g. a test name filter).

@@ -16,14 +16,21 @@
 //!   - `rxe2-barrier NAME [SECONDS]`: creates `ctl/barrier/NAME.arrived` and waits for the host's
 //!     `NAME.go` (both guests arrived: exit 0), `NAME.dead` (the other guest is gone: exit 1) or its own
 //!     limit (default 300 s: exit 124). Rust tests run the helper as a command.
-//!   - `rxe2-fault kill-peer | cut [SECONDS] | restore`: writes `ctl/fault/ID.req` and waits (at most 30 s)
-//!     for the host's `ID.done`, then prints `ok applied_at_ns=N` (the host's wall clock when it did it:
-//!     the round trip through 9p takes up to seconds in a loaded guest, so a test that times a fault
-//!     compares its own wall clock with N). `kill-peer` SIGKILLs the other guest's QEMU (returns once it is dead);
-//!     `cut` stops the forwarder relaying datagrams (for SECONDS, or until `restore`).
+//!   - `rxe2-fault kill-peer | restart-peer [SECONDS] | cut [SECONDS] | restore`: writes `ctl/fault/ID.req` and
+//!     waits (at most 30 s) for the host's `ID.done`, then prints `ok applied_at_ns=N` (the host's wall
+//!     clock when it did it: the round trip through 9p takes up to seconds in a loaded guest, so a test
+//!     that times a fault compares its own wall clock with N). `kill-peer` SIGKILLs the other guest's
+//!     QEMU (returns once it is dead); `restart-peer` does the same and then boots that guest again,
+//!     SECONDS later if given (see *Restart*); `cut` stops the forwarder relaying datagrams (for SECONDS, or until `restore`).
 //! - **Steps**: both guests run the same number of steps; each step starts with a barrier, so step N of A
 //!   and of B start together. A pair's exit status is the worse of the two (124 if either timed out); a
 //!   guest killed on request does not count (its peer's status is the pair's).
+//! - **Restart** (`rxe2-fault restart-peer`): the killed guest boots again from scratch (a new kernel,
+//!   a new rxe0, the same MAC and address, a job folder emptied but for `ctl/` and `bin/`), runs the link
+//!   setup and then **resumes the step it was killed in**, without that step's barrier and with
+//!   `RXE2_RESTARTED=1` in its environment, followed by the remaining steps as usual. Its results stand
+//!   for that side from then on (a restarted side counts, unlike a killed one); the other side meets it
+//!   with a barrier, which waits for the boot instead of reporting the side gone.
 //! - **Environment** of each side: `RXE2_ROLE` (`a`/`b`), `RXE2_SELF`, `RXE2_PEER` (IPv4 addresses),
 //!   `RXE2_CTL` (the control folder), `IBVERBS_TEST_IP` = `RXE2_SELF`, and the single guest's
 //!   `IBVERBS_TEST_DEVICE` (`rxe0`) and `IBVERBS_TEST_GID_INDEX` (1).
@@ -33,7 +40,7 @@ use std::fs;
 use std::io::ErrorKind;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -82,7 +89,7 @@ exit 124
 
 /// The fault helper (see the module documentation).
 const FAULT_SCRIPT: &str = r#"#!/bin/sh
-# rxe2-fault kill-peer | cut [SECONDS] | restore: ask the host for a fault (cargo xtask rxe2).
+# rxe2-fault kill-peer | restart-peer [SECONDS] | cut [SECONDS] | restore: ask the host for a fault (cargo xtask rxe2).
 # Returns once the host has done it: exit 0 and prints "ok applied_at_ns=N" (the host's wall clock when
 # it did it), or exit 1 with the host's reason, 124 without an answer in 30 s.
 id=$$.$(date +%s%N)
@@ -202,6 +209,11 @@ pub struct PairReport {
     pub reports: [vm::Report; 2],
     /// Whether each side was killed on request (`rxe2-fault kill-peer`).
     pub killed: [bool; 2],
+    /// How many times each side was restarted on request (`rxe2-fault restart-peer`).
+    pub restarts: [u32; 2],
+    /// The pair step each side's last boot started at (0 unless it was restarted); its
+    /// [`vm::Report`] counts steps from there.
+    pub resumed_at: [usize; 2],
     /// From the start until both links were up, if they came up.
     pub boot: Option<Duration>,
     /// Datagrams relayed and dropped by the forwarder.
@@ -244,7 +256,16 @@ impl PairReport {
             let failed = !matches!(report.end, End::Completed) || report.results.iter().any(|r| r.timed_out);
             if failed {
                 eprintln!("xtask: {}----", side.tag());
-                report.explain(&side_steps[i]);
+                let first = self.resumed_at[i];
+                if first == 0 {
+                    report.explain(&side_steps[i]);
+                } else {
+                    // The restarted boot: the link setup, then the steps from the one it resumed.
+                    let steps = &side_steps[i];
+                    let mut resumed = steps[..1].to_vec();
+                    resumed.extend_from_slice(steps.get(1 + first..).unwrap_or(&[]));
+                    report.explain(&resumed);
+                }
             }
         }
     }
@@ -297,6 +318,9 @@ pub enum Fault {
     Cut(Option<Duration>),
     /// Relay datagrams again.
     Restore,
+    /// SIGKILL the other guest's QEMU, then boot that guest again (it resumes the step it was in),
+    /// after this long (at once if `None`): the survivor can see the peer gone before it returns.
+    RestartPeer(Option<Duration>),
 }
 
 impl Fault {
@@ -305,20 +329,26 @@ impl Fault {
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
             ["kill-peer"] => Ok(Fault::KillPeer),
+            ["restart-peer"] => Ok(Fault::RestartPeer(None)),
+            ["restart-peer", secs] => Ok(Fault::RestartPeer(Some(seconds(secs)?))),
             ["restore"] => Ok(Fault::Restore),
             ["cut"] => Ok(Fault::Cut(None)),
-            ["cut", secs] => {
-                let secs = secs.strip_suffix('s').unwrap_or(secs);
-                let secs: f64 = secs
-                    .parse()
-                    .ok()
-                    .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s <= 3600.0)
-                    .ok_or(format!("bad duration `{secs}` (seconds, up to 3600)"))?;
-                Ok(Fault::Cut(Some(Duration::from_secs_f64(secs))))
-            }
-            _ => Err(format!("unknown fault `{line}` (kill-peer | cut [SECONDS] | restore)")),
+            ["cut", secs] => Ok(Fault::Cut(Some(seconds(secs)?))),
+            _ => Err(format!(
+                "unknown fault `{line}` (kill-peer | restart-peer [SECONDS] | cut [SECONDS] | restore)"
+            )),
         }
     }
+}
+
+/// A fault's duration: seconds (`3`, `0.5`, `3s`), more than 0 and up to an hour.
+fn seconds(word: &str) -> Result<Duration, String> {
+    let secs = word.strip_suffix('s').unwrap_or(word);
+    secs.parse()
+        .ok()
+        .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s <= 3600.0)
+        .map(Duration::from_secs_f64)
+        .ok_or(format!("bad duration `{secs}` (seconds, up to 3600)"))
 }
 
 /// The link's state, shared by the forwarder and the control thread.
@@ -434,6 +464,14 @@ struct Shared {
     done: [AtomicBool; 2],
     /// The side was killed on request.
     killed: [AtomicBool; 2],
+    /// The side was killed to be booted again; its VM thread boots it (and clears this).
+    restarting: [AtomicBool; 2],
+    /// How long the VM thread waits before that boot, in milliseconds.
+    restart_delay_ms: [AtomicU64; 2],
+    /// Pair steps each side has finished (the step a restarted side resumes).
+    finished: [AtomicUsize; 2],
+    /// Restarts of each side.
+    restarts: [AtomicU32; 2],
 }
 
 /// The control thread: barriers and fault requests of both guests (see the module documentation).
@@ -511,13 +549,21 @@ impl Control {
     /// Does `fault`, asked for by `side`.
     fn apply(&self, side: Side, fault: &Fault) -> Result<(), String> {
         match fault {
-            Fault::KillPeer => {
+            Fault::KillPeer | Fault::RestartPeer(_) => {
                 let peer = 1 - side.index();
                 let pid = self.shared.pids[peer].load(Ordering::SeqCst);
                 if pid == 0 {
                     return Err("the peer guest is not running".into());
                 }
-                self.shared.killed[peer].store(true, Ordering::SeqCst);
+                let flag = match fault {
+                    Fault::RestartPeer(delay) => {
+                        let ms = delay.map_or(0, |d| d.as_millis() as u64);
+                        self.shared.restart_delay_ms[peer].store(ms, Ordering::SeqCst);
+                        &self.shared.restarting[peer]
+                    }
+                    _ => &self.shared.killed[peer],
+                };
+                flag.store(true, Ordering::SeqCst);
                 signals::send(pid, libc::SIGKILL);
                 // Answer once it is dead: its QEMU is our child, reaped by its VM thread.
                 let deadline = Instant::now() + Duration::from_secs(10);
@@ -563,18 +609,29 @@ fn side_env(side: Side, mtu: u32) -> Vec<(String, String)> {
 
 /// The steps one side runs: the link setup, then each pair step's script after a barrier.
 fn side_steps(steps: &[PairStep], side: Side) -> Vec<Step> {
+    side_steps_from(steps, side, 0)
+}
+
+/// [`side_steps`] of a guest restarted in pair step `first`: the link setup, then the pair steps from
+/// `first` on, where step `first` (the one it was killed in) starts without its barrier (the other side
+/// is past it). `first == 0` is a first boot.
+fn side_steps_from(steps: &[PairStep], side: Side, first: usize) -> Vec<Step> {
     let mut out = vec![Step {
         label: "link setup".into(),
         script: SETUP_SCRIPT.as_bytes().to_vec(),
         timeout: SETUP_TIMEOUT,
         output: Output::Captured,
     }];
-    for (n, step) in steps.iter().enumerate() {
-        let mut script = format!(
-            "rxe2-barrier step-{n} {} || {{ echo 'xtask: the other guest did not start this step' >&2; exit 125; }}\n",
-            step.timeout.as_secs().max(1)
-        )
-        .into_bytes();
+    for (n, step) in steps.iter().enumerate().skip(first) {
+        let mut script = if first > 0 && n == first {
+            Vec::new()
+        } else {
+            format!(
+                "rxe2-barrier step-{n} {} || {{ echo 'xtask: the other guest did not start this step' >&2; exit 125; }}\n",
+                step.timeout.as_secs().max(1)
+            )
+            .into_bytes()
+        };
         script.extend_from_slice(if side == Side::A { &step.a } else { &step.b });
         out.push(Step { label: step.label.clone(), script, timeout: step.timeout, output: step.output });
     }
@@ -624,7 +681,6 @@ pub fn run(
         shared: Arc::clone(&shared),
         link: Arc::clone(&link),
     };
-    let per_side = [side_steps(steps, Side::A), side_steps(steps, Side::B)];
     let start = Instant::now();
     let ready: Mutex<[Option<Instant>; 2]> = Mutex::new([None, None]);
     let results: Mutex<Vec<[Option<StepResult>; 2]>> = Mutex::new(vec![[None, None]; steps.len()]);
@@ -633,7 +689,7 @@ pub fn run(
     let on_result = Mutex::new(on_result);
     let backend = Backend::Vm { mtu: 1500 };
 
-    let reports = thread::scope(|s| -> Result<[vm::Report; 2], String> {
+    let reports = thread::scope(|s| -> Result<[(vm::Report, usize); 2], String> {
         let control_thread = s.spawn(|| control.run(&stop_control));
         let mut handles = Vec::new();
         for side in [Side::A, Side::B] {
@@ -661,35 +717,75 @@ pub fn run(
                 smp: opts.smp,
                 console_suffix: if side == Side::A { "-a" } else { "-b" },
             };
-            let (steps_here, shared, ready, results, reported, on_result, backend) =
-                (&per_side[i], &shared, &ready, &results, &reported, &on_result, &backend);
+            let (shared, ready, results, reported, on_result, backend) =
+                (&shared, &ready, &results, &reported, &on_result, &backend);
+            let mut extras = extras;
             handles.push(s.spawn(move || {
-                let report = vm::run_with(steps_here, backend, &extras, &mut |n, r| {
-                    if n == 0 {
-                        if r.code != 0 {
-                            eprintln!("xtask: {}link setup failed ({}):", side.tag(), r.code);
-                            eprint!("{}", String::from_utf8_lossy(&r.stdout));
-                            eprint!("{}", String::from_utf8_lossy(&r.stderr));
+                // The pair step this boot starts at (0, or the step a restarted guest resumes).
+                let mut first = 0;
+                loop {
+                    let steps_now = side_steps_from(steps, side, first);
+                    let report = vm::run_with(&steps_now, backend, &extras, &mut |n, r| {
+                        if n == 0 {
+                            if r.code != 0 {
+                                eprintln!("xtask: {}link setup failed ({}):", side.tag(), r.code);
+                                eprint!("{}", String::from_utf8_lossy(&r.stdout));
+                                eprint!("{}", String::from_utf8_lossy(&r.stderr));
+                            }
+                            if first > 0 {
+                                eprintln!(
+                                    "xtask: {}restarted guest up, link and rxe0 ready after {:.1} s",
+                                    side.tag(),
+                                    r.elapsed.as_secs_f64()
+                                );
+                                return;
+                            }
+                            let mut ready = ready.lock().unwrap_or_else(|e| e.into_inner());
+                            ready[i] = Some(Instant::now());
+                            if let [Some(a), Some(b)] = *ready {
+                                let t = a.max(b) - start;
+                                eprintln!(
+                                    "xtask: both guests up, link and rxe0 ready after {:.1} s",
+                                    t.as_secs_f64()
+                                );
+                            }
+                            return;
                         }
-                        let mut ready = ready.lock().unwrap_or_else(|e| e.into_inner());
-                        ready[i] = Some(Instant::now());
-                        if let [Some(a), Some(b)] = *ready {
-                            let t = a.max(b) - start;
-                            eprintln!(
-                                "xtask: both guests up, link and rxe0 ready after {:.1} s",
-                                t.as_secs_f64()
-                            );
-                        }
-                        return;
+                        let k = first + n - 1;
+                        shared.finished[i].store(k + 1, Ordering::SeqCst);
+                        let mut all = results.lock().unwrap_or_else(|e| e.into_inner());
+                        all[k][i] = Some(r.clone());
+                        flush_results(&all, &shared.killed, &shared.done, reported, on_result);
+                    });
+                    if !shared.restarting[i].swap(false, Ordering::SeqCst) {
+                        shared.done[i].store(true, Ordering::SeqCst);
+                        let all = results.lock().unwrap_or_else(|e| e.into_inner());
+                        flush_results(&all, &shared.killed, &shared.done, reported, on_result);
+                        break report.map(|r| (r, first));
                     }
-                    let mut all = results.lock().unwrap_or_else(|e| e.into_inner());
-                    all[n - 1][i] = Some(r.clone());
-                    flush_results(&all, &shared.killed, &shared.done, reported, on_result);
-                });
-                shared.done[i].store(true, Ordering::SeqCst);
-                let all = results.lock().unwrap_or_else(|e| e.into_inner());
-                flush_results(&all, &shared.killed, &shared.done, reported, on_result);
-                report
+                    first = shared.finished[i].load(Ordering::SeqCst);
+                    shared.restarts[i].fetch_add(1, Ordering::SeqCst);
+                    let Some(step) = steps.get(first) else {
+                        // Killed after its last step: nothing to resume.
+                        shared.done[i].store(true, Ordering::SeqCst);
+                        break report.map(|r| (r, first));
+                    };
+                    let delay = Duration::from_millis(shared.restart_delay_ms[i].load(Ordering::SeqCst));
+                    eprintln!(
+                        "xtask: {}restarting the guest in {:.1} s (rxe2-fault restart-peer); it resumes `{}`",
+                        side.tag(),
+                        delay.as_secs_f64(),
+                        step.label
+                    );
+                    thread::sleep(delay);
+                    if let Err(e) = prepare_restart(job, sock_self) {
+                        shared.done[i].store(true, Ordering::SeqCst);
+                        break Err(e);
+                    }
+                    if !extras.env.iter().any(|(k, _)| k == "RXE2_RESTARTED") {
+                        extras.env.push(("RXE2_RESTARTED".into(), "1".into()));
+                    }
+                }
             }));
         }
         let mut out = Vec::new();
@@ -703,8 +799,10 @@ pub fn run(
         Ok([a, b])
     });
     forwarder.stop();
-    let reports = reports?;
+    let [(report_a, resumed_a), (report_b, resumed_b)] = reports?;
+    let reports = [report_a, report_b];
     let killed = [shared.killed[0].load(Ordering::SeqCst), shared.killed[1].load(Ordering::SeqCst)];
+    let restarts = [shared.restarts[0].load(Ordering::SeqCst), shared.restarts[1].load(Ordering::SeqCst)];
     let all = results.into_inner().unwrap_or_else(|e| e.into_inner());
     let results = all
         .into_iter()
@@ -720,10 +818,37 @@ pub fn run(
         results,
         reports,
         killed,
+        restarts,
+        resumed_at: [resumed_a, resumed_b],
         boot,
         relayed: link.relayed.load(Ordering::Relaxed),
         dropped: link.dropped.load(Ordering::Relaxed),
     })
+}
+
+/// Readies `job` and the guest's NIC socket for a restarted guest: the job folder keeps only `ctl/`
+/// and `bin/` (the steps, outputs and exit statuses of the killed boot would be read as the new
+/// boot's), and the killed QEMU's socket file is removed (the new QEMU binds the same path).
+fn prepare_restart(job: &Path, socket: &Path) -> Result<(), String> {
+    let entries = fs::read_dir(job).map_err(|e| format!("reading {}: {e}", job.display()))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("reading {}: {e}", job.display()))?;
+        let name = entry.file_name();
+        if name == "ctl" || name == "bin" {
+            continue;
+        }
+        let path = entry.path();
+        let gone = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
+        gone.map_err(|e| format!("removing {}: {e}", path.display()))?;
+    }
+    match fs::remove_file(socket) {
+        Err(e) if e.kind() != ErrorKind::NotFound => Err(format!("removing {}: {e}", socket.display())),
+        _ => Ok(()),
+    }
 }
 
 /// Calls `on_result` for the pair steps that are complete (both sides finished, or a side is gone), in
@@ -779,10 +904,12 @@ pub fn command(
     let report = run(&steps, opts, &mut |_, _| {})?;
     if let Some(boot) = report.boot {
         eprintln!(
-            "xtask: rxe2: boot {:.1} s; link relayed {} datagrams, dropped {}",
+            "xtask: rxe2: boot {:.1} s; link relayed {} datagrams, dropped {}; guests restarted: A {}, B {}",
             boot.as_secs_f64(),
             report.relayed,
-            report.dropped
+            report.dropped,
+            report.restarts[0],
+            report.restarts[1]
         );
     }
     report.explain(&side_steps_of(&steps));
@@ -826,11 +953,23 @@ mod tests {
     #[test]
     fn parses_faults() {
         assert_eq!(Fault::parse("kill-peer\n"), Ok(Fault::KillPeer));
+        assert_eq!(Fault::parse("restart-peer"), Ok(Fault::RestartPeer(None)));
+        assert_eq!(Fault::parse("restart-peer 2"), Ok(Fault::RestartPeer(Some(Duration::from_secs(2)))));
         assert_eq!(Fault::parse("restore"), Ok(Fault::Restore));
         assert_eq!(Fault::parse("cut"), Ok(Fault::Cut(None)));
         assert_eq!(Fault::parse("cut 3s"), Ok(Fault::Cut(Some(Duration::from_secs(3)))));
         assert_eq!(Fault::parse("cut 0.5"), Ok(Fault::Cut(Some(Duration::from_millis(500)))));
-        for bad in ["", "kill", "cut -1", "cut 0", "cut x", "cut 1 2", "kill-peer now"] {
+        for bad in [
+            "",
+            "kill",
+            "cut -1",
+            "cut 0",
+            "cut x",
+            "cut 1 2",
+            "kill-peer now",
+            "restart-peer x",
+            "restart-peer 1 2",
+        ] {
             assert!(Fault::parse(bad).is_err(), "{bad}");
         }
     }
@@ -935,6 +1074,54 @@ mod tests {
         });
         thread::sleep(Duration::from_millis(250));
         assert!(!control.link.is_cut(), "a timed cut ends");
+    }
+
+    /// A restarted guest resumes the step it was killed in without that step's barrier, then runs
+    /// the remaining steps with theirs.
+    #[test]
+    fn restarted_side_resumes_its_step_without_the_barrier() {
+        let step = |label: &str| PairStep {
+            label: label.into(),
+            a: b"echo a\n".to_vec(),
+            b: format!("echo {label}\n").into_bytes(),
+            timeout: Duration::from_secs(5),
+            output: Output::Captured,
+        };
+        let steps = [step("one"), step("two"), step("three")];
+        let first = side_steps(&steps, Side::B);
+        assert_eq!(first.len(), 4);
+        assert!(String::from_utf8_lossy(&first[1].script).starts_with("rxe2-barrier step-0 "));
+        let again = side_steps_from(&steps, Side::B, 1);
+        let labels: Vec<&str> = again.iter().map(|s| s.label.as_str()).collect();
+        assert_eq!(labels, ["link setup", "two", "three"]);
+        assert_eq!(again[1].script, b"echo two\n", "no barrier: A is past it");
+        assert!(String::from_utf8_lossy(&again[2].script).starts_with("rxe2-barrier step-2 "));
+    }
+
+    /// The job folder of a restarted guest keeps its control folders only, and the old NIC socket goes.
+    #[test]
+    fn restart_clears_the_job_but_its_control_folders() {
+        let dir = vm::TempDir::new().unwrap();
+        let job = dir.path.join("job");
+        for sub in ["ctl/barrier", "bin", "steps"] {
+            fs::create_dir_all(job.join(sub)).unwrap();
+        }
+        for f in ["ctl/barrier/x.arrived", "bin/rxe2-fault", "steps/0.sh", "0.rc", "0.out", "ready", "env"] {
+            fs::write(job.join(f), b"").unwrap();
+        }
+        let sock = dir.path.join("b.sock");
+        drop(UnixDatagram::bind(&sock).unwrap());
+        prepare_restart(&job, &sock).unwrap();
+        let mut left: Vec<String> = fs::read_dir(&job)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["bin", "ctl"]);
+        assert!(job.join("ctl/barrier/x.arrived").exists() && job.join("bin/rxe2-fault").exists());
+        assert!(!sock.exists());
+        UnixDatagram::bind(&sock).expect("the path is free for the new QEMU");
+        prepare_restart(&job, &dir.path.join("never-bound")).expect("no socket is no error");
     }
 
     #[test]

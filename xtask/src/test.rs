@@ -511,10 +511,12 @@ fn run_pair(
     report.explain(&side_steps);
     let boot = report.boot.map_or("-".into(), |b| format!("{:.1} s", b.as_secs_f64()));
     eprintln!(
-        "xtask: two-host stage {prefix}{:.0} s (boot {boot}); link relayed {} datagrams, dropped {}",
+        "xtask: two-host stage {prefix}{:.0} s (boot {boot}); link relayed {} datagrams, dropped {}; guests restarted: A {}, B {}",
         started.elapsed().as_secs_f64(),
         report.relayed,
-        report.dropped
+        report.dropped,
+        report.restarts[0],
+        report.restarts[1]
     );
     for (i, step) in steps.iter().enumerate() {
         match lines.get(i) {
