@@ -451,3 +451,48 @@ fn connect_accept_over_ipv6() {
     send_recv(&mut c, &mut s, &pattern(3000, 61));
     send_recv(&mut s, &mut c, &pattern(70, 62));
 }
+
+/// The two halves of `connect` and `accept` ([`cm::resolve`] + [`cm::establish`],
+/// [`Listener::request`] + [`cm::accept_request`]): queue pairs built by the caller, a receive
+/// posted before the connection exists, private data through; a queue pair that is not the id's
+/// is refused before anything is sent.
+#[test]
+fn split_setup_posts_a_receive_before_the_connection() {
+    let (l, a) = listener();
+    let server = thread::spawn(move || {
+        let (id, pdata) = l.request(wait()).unwrap();
+        let ctx = id.context().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16, None).unwrap();
+        let mut qp = pd.create_qp(&cq, ibverbs::QpType::RC).caps(caps()).build_on(&id).unwrap();
+        qp.post_recv(RecvRequest::new(Local::whole(pd.allocate(64).unwrap())).wr_id(5)).unwrap();
+        cm::accept_request(&id, &mut qp, &ConnParam::default(), wait()).unwrap();
+        assert_eq!(qp.state(), QpState::RTS);
+        let mut wc = poll_one(&mut cq);
+        assert_eq!(wc.status(), WcStatus::SUCCESS, "{wc:?}");
+        assert_eq!(wc.wr_id(), 5);
+        assert_eq!(&wc.take_region().unwrap()[..], &pattern(64, 3)[..]);
+        pdata
+    });
+    let id = cm::resolve(a, wait()).unwrap();
+    let ctx = id.context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut cq = ctx.create_cq(16, None).unwrap();
+    let mut stray = pd.create_qp(&cq, ibverbs::QpType::RC).caps(caps()).build().unwrap();
+    match cm::establish(&id, &mut stray, &ConnParam::default(), wait()) {
+        Err(Error::InvalidArgument { verb: "rdma_connect", .. }) => {}
+        other => panic!("a queue pair not created on the id: {other:?}"),
+    }
+    drop(stray);
+    let mut qp = pd.create_qp(&cq, ibverbs::QpType::RC).caps(caps()).build_on(&id).unwrap();
+    let param = ConnParam { private_data: b"split".to_vec(), ..ConnParam::default() };
+    cm::establish(&id, &mut qp, &param, wait()).unwrap();
+    assert_eq!(qp.state(), QpState::RTS);
+    let mut src = pd.allocate(64).unwrap();
+    src.copy_from_slice(&pattern(64, 3));
+    qp.post_send(SendRequest::send(Local::whole(src)).wr_id(6)).unwrap();
+    let wc = poll_one(&mut cq);
+    assert_eq!(wc.status(), WcStatus::SUCCESS, "{wc:?}");
+    let pdata = server.join().unwrap();
+    assert_eq!(&pdata[..5], b"split");
+}

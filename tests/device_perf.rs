@@ -161,14 +161,20 @@ fn result_row(stdout: &str, header: &str) -> Vec<f64> {
 /// Runs `name` as server and client with `args` (both sides; the client adds its level and the
 /// server's address) and checks both exit 0 and the client's row.
 fn run_ok(name: &str, args: &[&str], level: &str) {
+    run_ok_with(name, &[], args, level, "127.0.0.1");
+}
+
+/// [`run_ok`] with `both` given to both sides, and the client connecting to `host`.
+fn run_ok_with(name: &str, both: &[&str], args: &[&str], level: &str, host: &str) {
     let _serial = lock();
     let port = port().to_string();
     let mut common = device_args();
     common.extend(["-p".to_string(), port]);
+    common.extend(both.iter().map(|s| s.to_string()));
     let server = Proc::spawn(name, &common);
     let mut client_args = common.clone();
     client_args.extend(args.iter().map(|s| s.to_string()));
-    client_args.extend([level.to_string(), "127.0.0.1".to_string()]);
+    client_args.extend([level.to_string(), host.to_string()]);
     let client = Proc::spawn(name, &client_args);
     let (cs, cout, cerr) = client.finish(RUN_TIMEOUT);
     let (ss, sout, serr) = server.finish(Duration::from_secs(20));
@@ -278,4 +284,54 @@ fn write_bw_client_fails_when_the_server_vanishes() {
 #[test]
 fn write_lat_server_fails_when_the_client_vanishes() {
     vanishing_peer("write_lat", &["-s", "2", "-n", "2000000"], false, Duration::from_secs(15));
+}
+
+/// The address RDMA-CM reaches the test device at (the harness's `dummy0`; not 127.0.0.1).
+fn cm_host() -> String {
+    std::env::var("IBVERBS_TEST_IP").unwrap_or_else(|_| "192.0.2.1".into())
+}
+
+/// `-R`: every perf example with its queue pairs connected through RDMA-CM (several queue pairs
+/// for the bandwidth tests), at both levels.
+#[test]
+fn rdma_cm_connects_every_perf_example() {
+    let host = cm_host();
+    run_ok_with("write_bw", &["-R"], &["-s", "4096", "-n", "200", "-q", "2"], "--raw", &host);
+    run_ok_with("read_bw", &["-R"], &["-s", "65536", "-n", "50", "-t", "16"], "--safe", &host);
+    run_ok_with("send_bw", &["-R"], &["-s", "4096", "-n", "200", "-q", "3"], "--safe", &host);
+    run_ok_with("write_lat", &["-R"], &["-s", "2", "-n", "100"], "--raw", &host);
+    run_ok_with("send_lat", &["-R"], &["-s", "64", "-n", "100"], "--safe", &host);
+}
+
+/// `-R` on one side only: both sides fail with a message that says so, promptly.
+#[test]
+fn rdma_cm_on_one_side_only_is_refused_by_name() {
+    let host = cm_host();
+    for (server_cm, client_cm, says) in
+        [(true, false, "the server uses RDMA-CM (-R)"), (false, true, "the server does not use RDMA-CM")]
+    {
+        let _serial = lock();
+        let mut common = device_args();
+        common.extend(["-p".to_string(), port().to_string()]);
+        let mut server_args = common.clone();
+        if server_cm {
+            server_args.push("-R".into());
+        }
+        let server = Proc::spawn("write_bw", &server_args);
+        let mut client_args = common;
+        if client_cm {
+            client_args.push("-R".into());
+        }
+        client_args.extend(["-n".into(), "10".into(), host.clone()]);
+        let t = Instant::now();
+        let client = Proc::spawn("write_bw", &client_args);
+        let (cs, cout, cerr) = client.finish(RUN_TIMEOUT);
+        let (ss, sout, serr) = server.finish(Duration::from_secs(20));
+        let ctx = format!("server -R {server_cm}, client -R {client_cm}\n--- client:\n{cout}\n{cerr}\n--- server:\n{sout}\n{serr}");
+        assert!(cs.is_some_and(|s| !s.success()), "the client must fail: {ctx}");
+        assert!(ss.is_some_and(|s| !s.success()), "the server must fail: {ctx}");
+        assert!(cerr.contains(says), "the client says why: {ctx}");
+        assert!(serr.contains(says), "the server relays the client's reason: {ctx}");
+        assert!(t.elapsed() < Duration::from_secs(8), "took {:?}: {ctx}", t.elapsed());
+    }
 }

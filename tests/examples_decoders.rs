@@ -276,8 +276,18 @@ fn pingpong_done_decoder() {
 // ---------------------------------------------------------------------------------------------
 // The perf examples' frames
 
-const TAGS: [Tag; 9] =
-    [Tag::Hello, Tag::Setup, Tag::Run, Tag::Ready, Tag::Done, Tag::Ack, Tag::End, Tag::Alive, Tag::Error];
+const TAGS: [Tag; 10] = [
+    Tag::Hello,
+    Tag::Setup,
+    Tag::Run,
+    Tag::Ready,
+    Tag::Done,
+    Tag::Ack,
+    Tag::End,
+    Tag::Alive,
+    Tag::CmPort,
+    Tag::Error,
+];
 
 /// The payload lengths each tag allows, independently of `Tag::allows_len`.
 fn len_ok(tag_byte: u8, len: usize) -> bool {
@@ -286,6 +296,7 @@ fn len_ok(tag_byte: u8, len: usize) -> bool {
         2 => len > 0 && len % 50 == 0 && len / 50 <= 1024,
         3 => len == 16,
         4 | 7 | 8 => len == 0,
+        9 => len == 2,
         5 | 6 => len == 0 || len == 40,
         0xee => len <= 1024,
         _ => false,
@@ -302,7 +313,7 @@ fn frame_oracle(mut b: &[u8], expect: &[u8]) -> Option<(u8, Vec<u8>, usize)> {
         }
         let tag = b[0];
         let len = u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize;
-        let known = matches!(tag, 1..=8 | 0xee);
+        let known = matches!(tag, 1..=9 | 0xee);
         if !known
             || !(tag == 8 || tag == 0xee || expect.contains(&tag))
             || !len_ok(tag, len)
@@ -325,6 +336,7 @@ fn random_frame(rng: &mut Rng) -> Vec<u8> {
         Tag::Hello => 96,
         Tag::Setup => 50 * (1 + rng.below(4)),
         Tag::Run => 16,
+        Tag::CmPort => 2,
         Tag::Done | Tag::Ack => rng.pick(&[0, 40]),
         Tag::Error => rng.below(80),
         _ => 0,

@@ -43,6 +43,7 @@ pub mod report;
 pub mod selection;
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::ops::Range;
 use std::os::fd::RawFd;
 use std::process::ExitCode;
@@ -50,6 +51,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
+use ibverbs::cm::{self, CmId, ConnParam};
 use ibverbs::{
     AccessFlags, CompletionQueue, ConnectOptions, Context, Endpoint, LinkLayer, Local, MemoryRegion, Mtu,
     OwnedBuffer, PortAttr, ProtectionDomain, QpType, QueuePair, RemoteMemoryRegion, RemoteSlice, SendOps,
@@ -129,6 +131,12 @@ pub struct Args {
     /// ibv_create_cq_ex (polled with ibv_start_poll). Not negotiated: each side chooses.
     #[arg(long)]
     pub ex: bool,
+    /// Connect the queue pairs with RDMA-CM (perftest's -R) instead of exchanging their
+    /// addresses: the server listens on an RDMA-CM port it announces over the out-of-band
+    /// connection, and the client connects each queue pair to it (at the server's address: give
+    /// HOST as an address of the RDMA device's network interface). Both sides must use it.
+    #[arg(short = 'R', long = "rdma-cm", conflicts_with = "ex")]
+    pub rdma_cm: bool,
     /// Seconds without progress (no completion, no peer write, nothing at all from the peer)
     /// before giving up.
     #[arg(long, default_value_t = 10.0, value_name = "SECS")]
@@ -317,6 +325,22 @@ pub struct Rdma {
     pub inline: u32,
     /// RDMA Reads in flight (initiator and responder).
     pub rd_atomic: u8,
+    /// How the queue pairs are built.
+    spec: QpSpec,
+    /// With `-R`: the RDMA-CM id of each queue pair (the queue pairs are built on them when they
+    /// connect, in [`Session::exchange`]).
+    cm_ids: Vec<CmId>,
+}
+
+/// How [`Rdma`] builds its queue pairs.
+#[derive(Debug, Clone, Copy)]
+struct QpSpec {
+    tx_depth: u32,
+    rx_depth: u32,
+    inline: u32,
+    ex: bool,
+    /// Connected with RDMA-CM (`-R`): built on ids in [`Session::exchange`].
+    rdma_cm: bool,
 }
 
 /// The device side of a test, opened and checked before any peer is waited for.
@@ -364,12 +388,24 @@ impl Device {
         let retry_cnt = if target.retry_set { target.connect.retry_cnt } else { 6 };
         Ok(Device { ctx, port_num, port, gid_index, rd_atomic, timeout, retry_cnt })
     }
+
+    /// The same device opened through librdmacm (`-R`): a queue pair created on an RDMA-CM id
+    /// must use a protection domain and CQs of librdmacm's context of the device.
+    fn on_cm_context(mut self) -> Result<Device, String> {
+        let name = self.ctx.name().to_string();
+        self.ctx = cm::devices()
+            .map_err(|e| format!("RDMA-CM (librdmacm) devices: {e}"))?
+            .into_iter()
+            .find(|c| c.name() == name)
+            .ok_or_else(|| format!("RDMA-CM (librdmacm) does not list {name}"))?;
+        Ok(self)
+    }
 }
 
 impl Rdma {
     /// Creates the protection domain, completion queues and queue pairs of test `kind` with
     /// parameters `p`.
-    fn create(kind: TestKind, d: Device, p: &Params, ex: bool) -> Result<Rdma, String> {
+    fn create(kind: TestKind, d: Device, p: &Params, ex: bool, rdma_cm: bool) -> Result<Rdma, String> {
         let Device { ctx, port_num, port, gid_index, rd_atomic, timeout, retry_cnt } = d;
         let opts = ConnectOptions {
             port: port_num,
@@ -389,22 +425,56 @@ impl Rdma {
         let send_cq = cq(p.qps * p.tx_depth)?;
         let recv_cq = cq(p.qps * rx_depth)?;
         let inline = if kind.is_bw() { 0 } else { p.inline };
-        let mut qps = Vec::with_capacity(p.qps as usize);
-        for _ in 0..p.qps {
-            let mut b = pd
-                .create_qp(&send_cq, QpType::RC)
-                .recv_cq(&recv_cq)
-                .max_send_wr(p.tx_depth)
-                .max_recv_wr(rx_depth)
-                .max_inline_data(inline);
-            if ex {
-                b = b.send_ops(SendOps::ALL_SAFE);
+        let spec = QpSpec { tx_depth: p.tx_depth, rx_depth, inline, ex, rdma_cm };
+        let mut rdma = Rdma {
+            qps: Vec::with_capacity(p.qps as usize),
+            send_cq,
+            recv_cq,
+            pd,
+            ctx,
+            opts,
+            port,
+            gid_index,
+            inline,
+            rd_atomic,
+            spec,
+            cm_ids: Vec::new(),
+        };
+        if !rdma_cm {
+            for _ in 0..p.qps {
+                let qp = rdma.build_qp(None)?;
+                rdma.add_qp(qp);
             }
-            let qp = b.build().map_err(|e| format!("Couldn't create QP: {e}"))?;
-            qps.push(qp);
         }
-        let inline = qps.first().map_or(0, |q| q.caps().max_inline_data);
-        Ok(Rdma { qps, send_cq, recv_cq, pd, ctx, opts, port, gid_index, inline, rd_atomic })
+        Ok(rdma)
+    }
+
+    /// Builds one queue pair (on `id` with `-R`).
+    fn build_qp(&self, id: Option<&CmId>) -> Result<QueuePair, String> {
+        let s = self.spec;
+        let mut b = self
+            .pd
+            .create_qp(&self.send_cq, QpType::RC)
+            .recv_cq(&self.recv_cq)
+            .max_send_wr(s.tx_depth)
+            .max_recv_wr(s.rx_depth)
+            .max_inline_data(s.inline);
+        if s.ex {
+            b = b.send_ops(SendOps::ALL_SAFE);
+        }
+        match id {
+            Some(id) => b.build_on(id),
+            None => b.build(),
+        }
+        .map_err(|e| format!("Couldn't create QP: {e}"))
+    }
+
+    /// Adds a built queue pair; the first one tells the inline size the device grants.
+    fn add_qp(&mut self, qp: QueuePair) {
+        if self.qps.is_empty() {
+            self.inline = qp.caps().max_inline_data;
+        }
+        self.qps.push(qp);
     }
 }
 
@@ -554,6 +624,7 @@ impl Session {
             None => None,
         };
         let device = Device::open(kind, &args)?;
+        let device = if args.rdma_cm { device.on_cm_context()? } else { device };
         let clock = Clock::new();
         let (role, mut oob, params) = match (&args.host, client_params) {
             (Some(host), Some(params)) => {
@@ -581,7 +652,7 @@ impl Session {
                 }
             }
         };
-        let rdma = match Rdma::create(kind, device, &params, args.ex) {
+        let rdma = match Rdma::create(kind, device, &params, args.ex, args.rdma_cm) {
             Ok(r) => r,
             Err(e) => {
                 oob.fail(&e);
@@ -671,10 +742,11 @@ impl Session {
     /// the peer's buffer descriptors. The peer's setup may take up to `--setup-timeout` (it may
     /// register large buffers), as long as it stays alive.
     pub fn exchange(&mut self, local: &[RemoteSlice]) -> Result<Vec<RemoteSlice>, String> {
-        let n = self.rdma.qps.len();
+        let n = self.params.qps as usize;
         if local.len() != n {
             return Err(format!("{} buffer descriptors for {n} queue pairs", local.len()));
         }
+        self.cm_connect()?;
         let mut entries = Vec::with_capacity(n);
         for (qp, slice) in self.rdma.qps.iter().zip(local) {
             let ep =
@@ -690,20 +762,106 @@ impl Session {
                 self.oob.recv_one(Tag::Setup, &what, cap)?
             }
             Role::Client => {
-                let t = self.oob.recv_one(Tag::Setup, &what, cap)?;
+                // A CmPort instead: the server uses -R and this client does not.
+                let (tag, t) = self.oob.recv(&[Tag::Setup, Tag::CmPort], &what, cap)?;
+                if tag != Tag::Setup {
+                    return Err("the server uses RDMA-CM (-R): run both sides with -R, or neither".into());
+                }
                 self.oob.send(Tag::Setup, &mine)?;
                 t
             }
         };
         let remote = proto::decode_setup(&theirs, n, self.peer_buffer_need())
             .map_err(|e| format!("protocol error in {what}: {e}"))?;
-        for (qp, (ep, _)) in self.rdma.qps.iter_mut().zip(&remote) {
-            qp.connect(ep, &self.rdma.opts).map_err(|e| format!("Couldn't connect to the remote QP: {e}"))?;
+        if !self.rdma.spec.rdma_cm {
+            for (qp, (ep, _)) in self.rdma.qps.iter_mut().zip(&remote) {
+                qp.connect(ep, &self.rdma.opts)
+                    .map_err(|e| format!("Couldn't connect to the remote QP: {e}"))?;
+            }
         }
         let eps: Vec<Endpoint> = entries.iter().map(|e| e.0).collect();
         let (remote_eps, slices): (Vec<Endpoint>, Vec<RemoteSlice>) = remote.into_iter().unzip();
         self.print_header(&eps, local, &remote_eps, &slices);
         Ok(slices)
+    }
+
+    /// With `-R`: builds and connects the queue pairs through RDMA-CM. The server listens on a
+    /// port of its choosing and sends it (`CmPort`); the client connects one id per queue pair to
+    /// that port at the server's address. Every wait is bounded by `--setup-timeout`.
+    fn cm_connect(&mut self) -> Result<(), String> {
+        let t = self.setup_timeout;
+        if !self.rdma.spec.rdma_cm {
+            return Ok(());
+        }
+        let n = self.params.qps as usize;
+        let rd = self.rdma.rd_atomic;
+        let param = ConnParam {
+            responder_resources: rd,
+            initiator_depth: rd,
+            retry_count: self.rdma.opts.retry_cnt.min(7),
+            rnr_retry_count: self.rdma.opts.rnr_retry.min(7),
+            ..ConnParam::default()
+        };
+        match self.role {
+            Role::Server => {
+                let l = cm::Listener::bind(SocketAddr::from(([0, 0, 0, 0], 0)))
+                    .map_err(|e| format!("RDMA-CM: cannot listen: {e}"))?;
+                let port = l.local_addr().map(|a| a.port()).ok_or("RDMA-CM: the listener has no port")?;
+                self.oob.send(Tag::CmPort, &port.to_be_bytes())?;
+                let deadline = std::time::Instant::now() + t;
+                for _ in 0..n {
+                    // Waited for in slices: a client that fails meanwhile (e.g. it does not use
+                    // -R) says so over the out-of-band connection, or closes it.
+                    let id = loop {
+                        match l.request(Duration::from_millis(200)) {
+                            Ok((id, _)) => break id,
+                            Err(ibverbs::Error::Timeout { .. }) if std::time::Instant::now() < deadline => {
+                                let fd = self.oob.raw_fd();
+                                if oob::take_alive_frames(fd).1 > 0 {
+                                    // Not a heartbeat: the client's error (or a protocol error).
+                                    self.oob.recv(&[], "the client's RDMA-CM connection", Some(t))?;
+                                    return Err("the client sent a frame instead of connecting".into());
+                                }
+                                if oob::socket_closed(fd) {
+                                    return Err("the client left before connecting with RDMA-CM".into());
+                                }
+                            }
+                            Err(e) => {
+                                return Err(format!("RDMA-CM: no connection request from the client: {e}"))
+                            }
+                        }
+                    };
+                    let mut qp = match self.rdma.build_qp(Some(&id)) {
+                        Ok(qp) => qp,
+                        Err(e) => {
+                            let _ = id.reject(&[]);
+                            return Err(e);
+                        }
+                    };
+                    cm::accept_request(&id, &mut qp, &param, t)
+                        .map_err(|e| format!("RDMA-CM: accept: {e}"))?;
+                    self.rdma.add_qp(qp);
+                    self.rdma.cm_ids.push(id);
+                }
+            }
+            Role::Client => {
+                let what = "the server's RDMA-CM port";
+                let (tag, b) = self.oob.recv(&[Tag::CmPort, Tag::Setup], what, Some(t))?;
+                if tag != Tag::CmPort {
+                    return Err("the server does not use RDMA-CM: run both sides with -R, or neither".into());
+                }
+                let addr = SocketAddr::new(self.oob.peer_ip()?, u16::from_be_bytes([b[0], b[1]]));
+                for _ in 0..n {
+                    let id = cm::resolve(addr, t).map_err(|e| format!("RDMA-CM: resolving {addr}: {e}"))?;
+                    let mut qp = self.rdma.build_qp(Some(&id))?;
+                    cm::establish(&id, &mut qp, &param, t)
+                        .map_err(|e| format!("RDMA-CM: connecting to {addr}: {e}"))?;
+                    self.rdma.add_qp(qp);
+                    self.rdma.cm_ids.push(id);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn print_header(

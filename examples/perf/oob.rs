@@ -72,6 +72,11 @@ impl Oob {
         Ok(Oob { stream, writer, timeout, peer, beat_stop: Some(stop), beat: Some(beat) })
     }
 
+    /// The peer's IP address (the server's, for `-R`).
+    pub fn peer_ip(&self) -> Result<std::net::IpAddr, String> {
+        self.stream.peer_addr().map(|a| a.ip()).map_err(|e| format!("socket: {e}"))
+    }
+
     /// The peer: "server" or "client".
     pub fn peer(&self) -> &'static str {
         self.peer

@@ -31,6 +31,9 @@ pub enum Tag {
     /// each side, so that a silent peer, a dead host or a stopped process, is noticed within
     /// `--timeout` even when the other side is only waiting). Empty.
     Alive = 8,
+    /// Server → client, with `-R` only: the RDMA-CM port the server listens on (big-endian
+    /// `u16`), sent before `Setup`; the client connects each queue pair there.
+    CmPort = 9,
     /// Either way: the sender failed; the payload (text) says why.
     Error = 0xee,
 }
@@ -64,6 +67,7 @@ impl Tag {
             6 => Tag::Ack,
             7 => Tag::End,
             8 => Tag::Alive,
+            9 => Tag::CmPort,
             0xee => Tag::Error,
             _ => return None,
         })
@@ -76,6 +80,7 @@ impl Tag {
             Tag::Setup => len > 0 && len % SETUP_ENTRY_LEN == 0 && len / SETUP_ENTRY_LEN <= MAX_QPS as usize,
             Tag::Run => len == RUN_LEN,
             Tag::Ready | Tag::End | Tag::Alive => len == 0,
+            Tag::CmPort => len == 2,
             Tag::Done | Tag::Ack => len == 0 || len == REPORT_LEN,
             Tag::Error => len <= MAX_ERROR_LEN,
         }

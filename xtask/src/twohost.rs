@@ -4,7 +4,7 @@
 //! 1. interop across hosts: our `rc_pingpong` and `ud_pingpong` against rdma-core's
 //!    `ibv_rc_pingpong`/`ibv_ud_pingpong`, both roles each; our `write_bw` against itself; over
 //!    RDMA-CM, our `rping` and `rdma_server`/`rdma_client` against rdmacm-utils' in both roles;
-//!    `read_bw`, `send_bw` and `send_lat` ours against ours;
+//!    `read_bw`, `send_bw` and `send_lat` ours against ours; `write_bw -R` (RDMA-CM) ours against ours;
 //! 2. `write_bw`'s server when its client's host vanishes (the link is cut for good: no FIN, no
 //!    packet): it must exit non-zero within its `--timeout` plus slack;
 //! 3. the library tests of `tests/twohost_*.rs` in both guests (but `zz_*`);
@@ -199,6 +199,14 @@ pub fn steps(root: &Path, examples: &Path, bins: &[Artifact]) -> Vec<PairStep> {
             says,
         ));
     }
+    // perftest's -R: the queue pairs connected through RDMA-CM across hosts.
+    steps.push(served(
+        "write_bw -R (ours, A server) <- write_bw -R (ours, B client), 2 QPs over RDMA-CM",
+        &format!("{e}/write_bw -d rxe0 -R --timeout 20"),
+        &format!("{e}/write_bw -d rxe0 -R -q 2 -n 200 --connect-timeout 20 $RXE2_PEER"),
+        "",
+        "65536",
+    ));
     // write_bw's server when the client's host vanishes: the link is cut for good mid-transfer (a dead
     // host sends no FIN and no packet; a SIGKILLed guest is kept for the last step).
     let limit = 3;

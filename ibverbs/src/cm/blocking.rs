@@ -56,10 +56,60 @@ pub fn device_context(addr: SocketAddr, timeout: Duration) -> Result<Context> {
     id.context()
 }
 
+/// Resolves the address and the route to the listener at `addr` (`rdma_resolve_addr()` and
+/// `rdma_resolve_route()` on a new id with a channel of its own), both waits together bounded by
+/// `timeout`: the first half of [`connect`], for callers that create the queue pair themselves
+/// (e.g. to post receives before the connection exists) and then call [`establish`].
+/// [`CmId::context`] is the device's context for the protection domain and CQs.
+///
+/// # Errors
+/// [`Error::Timeout`] when a step does not finish in time (e.g. an address nobody answers for);
+/// [`Error::CmEvent`] for an address or route error event; [`Error::Verb`] when a request cannot
+/// be started.
+#[doc(alias = "rdma_resolve_route")]
+pub fn resolve(addr: SocketAddr, timeout: Duration) -> Result<CmId> {
+    let deadline = Instant::now() + timeout;
+    let id = EventChannel::new()?.create_id()?;
+    id.resolve_addr(None, addr, timeout)?;
+    expect(&id, "rdma_resolve_addr", CmEventKind::ADDR_RESOLVED, deadline, timeout)?;
+    id.resolve_route(deadline.saturating_duration_since(Instant::now()))?;
+    expect(&id, "rdma_resolve_route", CmEventKind::ROUTE_RESOLVED, deadline, timeout)?;
+    Ok(id)
+}
+
+/// Sends the connection request of `id` (resolved by [`resolve`]) with `param` and waits, bounded
+/// by `timeout`, until the connection is established; `qp` (created on `id` with
+/// [`QueuePairBuilder::build_on`](crate::QueuePairBuilder::build_on)) is then in RTS. The second
+/// half of [`connect`].
+///
+/// # Errors
+/// As [`connect`]'s, after resolution; [`Error::InvalidArgument`] when `qp` is not `id`'s.
+#[doc(alias = "rdma_connect")]
+pub fn establish(id: &CmId, qp: &mut QueuePair, param: &ConnParam, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    check_own_qp(id, qp)?;
+    id.connect(param)?;
+    expect(id, "rdma_connect", CmEventKind::ESTABLISHED, deadline, timeout)?;
+    qp.refresh_state().map(|_| ())
+}
+
+/// `qp` must be the queue pair created on `id`.
+fn check_own_qp(id: &CmId, qp: &QueuePair) -> Result<()> {
+    if id.owns_qp(qp.as_raw()) {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument {
+            verb: "rdma_connect",
+            reason: "the queue pair was not created on this id (QueuePairBuilder::build_on)",
+        })
+    }
+}
+
 /// Connects an RC queue pair to the listener at `addr`: resolves the address and route, creates
 /// the queue pair on the id (with `pd`, `cq` for both queues, and `caps`), sends the request with
 /// `param`, and waits for the connection to be established; every wait together is bounded by
-/// `timeout`. The queue pair is in RTS.
+/// `timeout`. The queue pair is in RTS. ([`resolve`] and [`establish`] are its two halves, for
+/// callers that build the queue pair themselves.)
 ///
 /// `pd` and `cq` must come from the RDMA-CM context of the device that reaches `addr` (see
 /// [`device_context`]).
@@ -81,15 +131,9 @@ pub fn connect(
     timeout: Duration,
 ) -> Result<(CmId, QueuePair)> {
     let deadline = Instant::now() + timeout;
-    let id = EventChannel::new()?.create_id()?;
-    id.resolve_addr(None, addr, timeout)?;
-    expect(&id, "rdma_resolve_addr", CmEventKind::ADDR_RESOLVED, deadline, timeout)?;
-    id.resolve_route(deadline.saturating_duration_since(Instant::now()))?;
-    expect(&id, "rdma_resolve_route", CmEventKind::ROUTE_RESOLVED, deadline, timeout)?;
+    let id = resolve(addr, timeout)?;
     let mut qp = pd.create_qp(cq, QpType::RC).caps(caps).build_on(&id)?;
-    id.connect(param)?;
-    expect(&id, "rdma_connect", CmEventKind::ESTABLISHED, deadline, timeout)?;
-    qp.refresh_state()?;
+    establish(&id, &mut qp, param, deadline.saturating_duration_since(Instant::now()))?;
     Ok((id, qp))
 }
 
@@ -132,7 +176,8 @@ impl Listener {
     /// the peer sent.
     ///
     /// A request that cannot be served (a queue pair that cannot be created, e.g. `pd` of
-    /// another device) is rejected and the error returned.
+    /// another device) is rejected and the error returned. ([`request`](Self::request) and
+    /// [`accept_request`] are its two halves, for callers that build the queue pair themselves.)
     ///
     /// # Errors
     /// [`Error::Timeout`] when no request arrives or the connection does not complete in time;
@@ -148,11 +193,7 @@ impl Listener {
         timeout: Duration,
     ) -> Result<(CmId, QueuePair, Vec<u8>)> {
         let deadline = Instant::now() + timeout;
-        let mut ev = expect(&self.id, "rdma_listen", CmEventKind::CONNECT_REQUEST, deadline, timeout)?;
-        let id = ev.take_new_id().ok_or(Error::InvalidArgument {
-            verb: "rdma_get_cm_event",
-            reason: "a connection request without a new id",
-        })?;
+        let (id, private_data) = self.request(timeout)?;
         let mut qp = match pd.create_qp(cq, QpType::RC).caps(caps).build_on(&id) {
             Ok(qp) => qp,
             Err(e) => {
@@ -160,9 +201,44 @@ impl Listener {
                 return Err(e);
             }
         };
-        id.accept(param)?;
-        expect(&id, "rdma_accept", CmEventKind::ESTABLISHED, deadline, timeout)?;
-        qp.refresh_state()?;
-        Ok((id, qp, ev.private_data().to_vec()))
+        accept_request(&id, &mut qp, param, deadline.saturating_duration_since(Instant::now()))?;
+        Ok((id, qp, private_data))
     }
+
+    /// Waits, bounded by `timeout`, for a connection request: the first half of
+    /// [`accept`](Self::accept). Returns the request's new id (owned by the caller: dropping it
+    /// without [`accept_request`] lets the peer's connect fail) and the private data the peer
+    /// sent. [`CmId::context`] of the new id is the device's context for its protection domain
+    /// and CQs.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when no request arrives in time; [`Error::CmEvent`] for another event.
+    #[doc(alias = "rdma_get_cm_event")]
+    pub fn request(&self, timeout: Duration) -> Result<(CmId, Vec<u8>)> {
+        let deadline = Instant::now() + timeout;
+        let mut ev = expect(&self.id, "rdma_listen", CmEventKind::CONNECT_REQUEST, deadline, timeout)?;
+        let id = ev.take_new_id().ok_or(Error::InvalidArgument {
+            verb: "rdma_get_cm_event",
+            reason: "a connection request without a new id",
+        })?;
+        Ok((id, ev.private_data().to_vec()))
+    }
+}
+
+/// Accepts the connection request of `id` (from [`Listener::request`]) with `param` and waits,
+/// bounded by `timeout`, until the connection is established; `qp` (created on `id` with
+/// [`QueuePairBuilder::build_on`](crate::QueuePairBuilder::build_on)) is then in RTS. The second
+/// half of [`Listener::accept`].
+///
+/// # Errors
+/// [`Error::Timeout`] when the connection does not complete in time; [`Error::CmEvent`] for an
+/// error event; [`Error::InvalidArgument`] when `qp` is not `id`'s; the errors of
+/// [`CmId::accept`].
+#[doc(alias = "rdma_accept")]
+pub fn accept_request(id: &CmId, qp: &mut QueuePair, param: &ConnParam, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    check_own_qp(id, qp)?;
+    id.accept(param)?;
+    expect(id, "rdma_accept", CmEventKind::ESTABLISHED, deadline, timeout)?;
+    qp.refresh_state().map(|_| ())
 }

@@ -143,6 +143,15 @@ impl CmId {
         cm_context(verbs)
     }
 
+    /// Whether `qp` is the queue pair created on this id (`id->qp`, read under the channel lock
+    /// that `rdma_create_qp` and our queue pair's destruction take too).
+    pub(crate) fn owns_qp(&self, qp: *mut ffi::ibv_qp) -> bool {
+        let _g = self.inner.channel.lock();
+        // SAFETY: a live id; its `qp` field is written only under the lock held here.
+        let own = unsafe { (*self.raw()).qp };
+        !own.is_null() && own == qp
+    }
+
     pub(crate) fn verbs(&self) -> Result<NonNull<ffi::ibv_context>> {
         let _g = self.inner.channel.lock();
         // SAFETY: valid id; its fields are written only under the lock we hold.

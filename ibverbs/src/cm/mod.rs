@@ -9,7 +9,9 @@
 //! | [`QueuePair`](crate::QueuePair) on an id | `ibv_qp` (`id->qp`) | [`QueuePairBuilder::build_on`](crate::QueuePairBuilder::build_on) | `ibv_destroy_qp`, then `id->qp = NULL` (what `rdma_destroy_qp` does) |
 //!
 //! The blocking helpers [`connect`] and [`Listener`] do the whole exchange with bounded waits;
-//! the event-level API ([`CmId`] + [`EventChannel::get_event`]) does it step by step.
+//! their halves ([`resolve`] + [`establish`], [`Listener::request`] + [`accept_request`]) let the
+//! caller build the queue pair on the id in between (e.g. to post receives before the connection
+//! exists); the event-level API ([`CmId`] + [`EventChannel::get_event`]) does it step by step.
 //!
 //! # Contexts
 //! librdmacm opens the devices itself: an id's device context (`id->verbs`, known once its
@@ -45,7 +47,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};
 
-pub use blocking::{connect, device_context, Listener};
+pub use blocking::{accept_request, connect, device_context, establish, resolve, Listener};
 pub use event::{CmEvent, CmEventKind, EventChannel};
 pub use id::{CmId, ConnParam};
 
