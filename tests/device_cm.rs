@@ -496,3 +496,64 @@ fn split_setup_posts_a_receive_before_the_connection() {
     let pdata = server.join().unwrap();
     assert_eq!(&pdata[..5], b"split");
 }
+
+/// What the child of [`a_peer_process_killed_after_establishment_disconnects_and_flushes`]
+/// connects to (set only in the child).
+const CHILD_CONNECT: &str = "DEVICE_CM_CHILD_CONNECT";
+
+/// A peer *process* killed after the connection is established: its kernel tears its id down
+/// and sends a disconnect request, so the survivor gets `DISCONNECTED` within the bound, its
+/// queue pair ends in the error state, and its outstanding receives flush with their buffers
+/// handed back.
+#[test]
+fn a_peer_process_killed_after_establishment_disconnects_and_flushes() {
+    const NAME: &str = "a_peer_process_killed_after_establishment_disconnects_and_flushes";
+    if let Ok(addr) = std::env::var(CHILD_CONNECT) {
+        // The child: connect, say so, and wait to be killed.
+        let c = side();
+        let param = ConnParam::default();
+        let _conn = cm::connect(addr.parse().unwrap(), &c.pd, &c.cq, caps(), &param, wait()).unwrap();
+        println!("child connected");
+        thread::sleep(scaled(Duration::from_secs(60)));
+        panic!("the child was not killed");
+    }
+    let (l, a) = listener();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+        .env(CHILD_CONNECT, a.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("starting the peer process");
+    let mut s = side();
+    let (id, mut qp, _) = l.accept(&s.pd, &s.cq, caps(), &ConnParam::default(), wait()).unwrap();
+    for k in 0..4u8 {
+        let mut mr = s.pd.allocate(128).unwrap();
+        mr.copy_from_slice(&pattern(128, k));
+        qp.post_recv(RecvRequest::new(Local::whole(mr)).wr_id(u64::from(k))).unwrap();
+    }
+    child.kill().unwrap();
+    let killed = Instant::now();
+    assert!(!child.wait().unwrap().success());
+    let deadline = killed + wait();
+    let ev = loop {
+        if let Some(ev) = id.channel().get_event(Some(Duration::from_millis(100))).unwrap() {
+            break ev;
+        }
+        assert!(Instant::now() < deadline, "no event within {:?} of the peer's death", wait());
+    };
+    assert_eq!(ev.kind(), CmEventKind::DISCONNECTED, "{ev:?}");
+    eprintln!("device_cm: peer process killed → DISCONNECTED after {:?}", killed.elapsed());
+    // librdmacm leaves a user-space queue pair as it is on DISCONNECTED: the survivor answers
+    // with its own disconnect, which moves the queue pair to the error state.
+    id.disconnect().expect("rdma_disconnect after DISCONNECTED");
+    let mut flushed = poll_n(&mut s.cq, 4);
+    flushed.sort_by_key(|c| c.wr_id());
+    for (k, wc) in flushed.iter_mut().enumerate() {
+        assert_eq!(wc.status(), WcStatus::WR_FLUSH_ERR, "{wc:?}");
+        assert_eq!(wc.wr_id(), k as u64);
+        assert_eq!(&wc.take_region().expect("the buffer comes back")[..], &pattern(128, k as u8)[..]);
+    }
+    assert_eq!(qp.refresh_state().unwrap(), QpState::ERR);
+    assert_eq!(qp.outstanding_recvs(), 0);
+}

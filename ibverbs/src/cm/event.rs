@@ -103,7 +103,10 @@ impl CmEventKind {
     pub const REJECTED: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_REJECTED.0);
     /// The connection is established: the queue pair is in RTS.
     pub const ESTABLISHED: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED.0);
-    /// The connection was disconnected (by either side).
+    /// The connection was disconnected (by either side, or by the peer's kernel when the
+    /// peer's process died). librdmacm does not touch a user-space queue pair on this event:
+    /// answer it with [`CmId::disconnect`](crate::cm::CmId::disconnect), which moves the queue
+    /// pair to the error state so that its outstanding requests flush and hand their buffers back.
     pub const DISCONNECTED: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED.0);
     /// The id's device was removed: destroy everything of it.
     pub const DEVICE_REMOVAL: CmEventKind =
