@@ -557,3 +557,23 @@ fn a_peer_process_killed_after_establishment_disconnects_and_flushes() {
     assert_eq!(qp.refresh_state().unwrap(), QpState::ERR);
     assert_eq!(qp.outstanding_recvs(), 0);
 }
+
+/// Events of an id destroyed before they were read are never delivered: two ids on one channel
+/// each resolve an address; the first is dropped with its `ADDR_RESOLVED` queued, and the
+/// channel then delivers the second id's event only.
+#[test]
+fn events_of_a_destroyed_id_are_never_delivered() {
+    let ch = EventChannel::new().unwrap();
+    let doomed = ch.create_id().unwrap();
+    let keeper = ch.create_id().unwrap();
+    doomed.resolve_addr(None, addr(7000), wait()).unwrap();
+    // A local address resolves at once: its event is queued by now.
+    thread::sleep(Duration::from_millis(300));
+    drop(doomed);
+    keeper.resolve_addr(None, addr(7001), wait()).unwrap();
+    let ev = ch.get_event(Some(wait())).unwrap().expect("the keeper's event");
+    assert!(ev.is_for(&keeper), "{ev:?}");
+    assert_eq!(ev.kind(), CmEventKind::ADDR_RESOLVED, "{ev:?}");
+    let more = ch.get_event(Some(Duration::from_millis(500))).unwrap();
+    assert!(more.is_none(), "an event after the keeper's: {more:?}");
+}
