@@ -33,12 +33,14 @@ mod demo;
 mod image;
 mod json;
 mod nightly;
+mod plot;
 mod prereq;
 mod process;
 mod publish;
 mod rxe2;
 mod shell;
 mod signals;
+mod sweep;
 mod test;
 mod twohost;
 mod vm;
@@ -89,12 +91,16 @@ Commands:
         TEST_ARGS go to each device test binary (e.g. a test name filter).
   demo [--vm] [--mtu N] [--timeout S]
         Show the device at work: our devinfo, rc_pingpong and write_bw examples (one VM boot).
-  bench [--vm] [--mtu N] [--timeout S] [--twohost]
+  bench [--vm] [--mtu N] [--timeout S] [--twohost | --sweep]
         Benchmarks in one VM boot: our write_bw, read_bw, send_bw, write_lat, send_lat against
         perftest's ib_* tools (alternating, medians and ratios), then the post/poll micro-benchmark
         (safe level vs unsafe level vs raw ffi). Release build.
         --twohost: instead, the same comparison across the two guests of rxe2 (servers in A,
         clients in B; examples/perf/compare_twohost.sh, PAIRS=3 by default), as a table.
+        --sweep: instead, the size sweep (2 B - 1 MiB) of the five tests and the scaling sweep
+        (write_bw, 1-64 QPs), ours at both posting levels vs perftest (examples/perf/sweep.sh;
+        PAIRS, SIZES, TESTS, QPS from the environment), as tables, target/xtask-bench/sweep.json
+        and SVG plots in docs/bench/.
   deps [--dry-run] [--allow-remove PKG]...
         Install the Debian packages of every command (xtask/packages.txt; .ci/run uses this) as
         root, never removing an installed package (checked by simulation first); otherwise, or
@@ -139,6 +145,8 @@ struct Options {
     publish: bool,
     /// `test --twohost`.
     twohost: bool,
+    /// `bench --sweep`.
+    sweep: bool,
     /// `deps --dry-run`.
     dry_run: bool,
     /// `rxe2 --mtu-b N`.
@@ -160,6 +168,7 @@ impl Default for Options {
             miri: false,
             publish: false,
             twohost: false,
+            sweep: false,
             dry_run: false,
             mtu_b: None,
             smp: None,
@@ -247,6 +256,7 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
             "--miri" if flag && command == "test" => opts.miri = true,
             "--publish" if flag && command == "test" => opts.publish = true,
             "--twohost" if flag && (command == "test" || command == "bench") => opts.twohost = true,
+            "--sweep" if flag && command == "bench" => opts.sweep = true,
             "--dry-run" if flag && command == "deps" => opts.dry_run = true,
             "--allow-remove" if command == "deps" => {
                 let v = value()?;
@@ -288,6 +298,9 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
         }
         "test" => Ok(Cli::Test(opts, tail)),
         _ if !tail.is_empty() => Err(format!("{command} takes no arguments")),
+        "bench" if opts.twohost && opts.sweep => {
+            Err("--twohost and --sweep are separate benchmarks: choose one".into())
+        }
         "bench" => Ok(Cli::Bench(opts)),
         "deps" => Ok(Cli::Deps(opts)),
         _ => Ok(Cli::Demo(opts)),
@@ -414,6 +427,9 @@ fn main() -> ExitCode {
         }
         Cli::Bench(opts) if opts.twohost => prereq::ensure(&[prereq::Group::Build, prereq::Group::Vm])
             .and_then(|()| demo::bench_twohost(opts.timeout)),
+        Cli::Bench(opts) if opts.sweep => {
+            backend(opts, &[prereq::Group::Build]).and_then(|backend| sweep::run(&backend, opts.timeout))
+        }
         Cli::Bench(opts) => {
             backend(opts, &[prereq::Group::Build]).and_then(|backend| demo::bench(&backend, opts.timeout))
         }
@@ -520,6 +536,12 @@ mod tests {
             parse_args(&os(&["bench", "--timeout", "900"])),
             Ok(Cli::Bench(Options { timeout: secs(900), ..Options::default() }))
         );
+        assert_eq!(
+            parse_args(&os(&["bench", "--sweep"])),
+            Ok(Cli::Bench(Options { sweep: true, ..Options::default() }))
+        );
+        assert!(parse_args(&os(&["bench", "--sweep", "--twohost"])).is_err());
+        assert!(parse_args(&os(&["test", "--sweep"])).is_err());
         assert_eq!(
             parse_args(&os(&["test", "--valgrind", "--tsan", "--", "x"])),
             Ok(Cli::Test(Options { valgrind: true, tsan: true, ..Options::default() }, os(&["x"])))

@@ -1,0 +1,135 @@
+#!/bin/sh
+# Size and scaling sweeps of our perftest-style examples at both posting levels against
+# perftest's C tools on one RDMA device, alternating the three (safe, raw, perftest) within each
+# pair so that drifts of the machine hit all alike. Prints one machine-readable line per run;
+# `cargo xtask bench --sweep` turns them into tables, a JSON file and plots.
+#
+# Usage: sweep.sh EXAMPLES_DIR
+#   EXAMPLES_DIR  where write_bw, write_lat, read_bw, send_bw and send_lat are (release build).
+# Environment (all optional):
+#   IBVERBS_TEST_DEVICE (rxe0), IBVERBS_TEST_GID_INDEX (1)  device and GID index (-d, -x)
+#   PAIRS (3)        rounds (each runs safe, raw and perftest once) per point
+#   SIZES ("2 64 1024 4096 65536 1048576")   message sizes of the size sweep
+#   TESTS ("write_bw read_bw send_bw write_lat send_lat")   tests of the size sweep
+#   QPS ("1 2 4 8 16 32 64")   queue pair counts of the scaling sweep (write_bw, 64 B messages)
+#   RUN_TIMEOUT (120)  seconds one client or server may run
+#
+# Output lines (values: bandwidth tests the client's "BW average[MB/sec]", latency tests its
+# "t_typical[usec]", the scaling sweep the client's "MsgRate[Mpps]"):
+#   SWEEP TEST KIND SIZE ROUND rc=RC VALUE      KIND: safe | raw | perftest
+#   SCALE write_bw KIND QPS ROUND rc=RC VALUE
+# Run it where a device exists, e.g.
+#   cargo xtask rxe --timeout 3600 -- sh examples/perf/sweep.sh target/release/examples
+set -u
+
+dir=${1:?usage: sweep.sh EXAMPLES_DIR}
+dev=${IBVERBS_TEST_DEVICE:-rxe0}
+gid=${IBVERBS_TEST_GID_INDEX:-1}
+pairs=${PAIRS:-3}
+sizes=${SIZES:-2 64 1024 4096 65536 1048576}
+tests=${TESTS:-write_bw read_bw send_bw write_lat send_lat}
+qps_list=${QPS:-1 2 4 8 16 32 64}
+run_timeout=${RUN_TIMEOUT:-120}
+
+for t in $tests write_bw; do
+    [ -x "$dir/$t" ] || { echo "sweep.sh: $dir/$t not found (cargo build --release --examples)" >&2; exit 2; }
+    command -v "ib_$t" >/dev/null || { echo "sweep.sh: ib_$t (perftest) not found" >&2; exit 2; }
+done
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+port=20000
+failed=0
+
+# metric TEST COLUMN FILE: a column of the first row after the client's result table header.
+metric() {
+    awk -v c="$2" '/#bytes/ { if (getline > 0) { print $c; exit } }' "$3"
+}
+
+# iters TEST SIZE: iterations per run, so that a point takes about the same time at every size
+# (at least the send queue depth, 128, for bandwidth tests: perftest requires it).
+iters() {
+    case $1 in
+    *_bw) n=$((33554432 / $2)); [ $n -gt 2000 ] && n=2000; [ $n -lt 128 ] && n=128 ;;
+    *) n=$((16777216 / $2)); [ $n -gt 1000 ] && n=1000; [ $n -lt 50 ] && n=50 ;;
+    esac
+    echo $n
+}
+
+# run KIND TEST COLUMN ARGS...: one server + client run; sets res to "rc=RC VALUE" (VALUE "-" on
+# failure). Called in this shell (not a subshell), so that the port and the failure mark persist.
+run() {
+    kind=$1 t=$2 col=$3
+    shift 3
+    port=$((port + 1))
+    case $kind in
+    safe) bin="$dir/$t" extra=--safe ;;
+    raw) bin="$dir/$t" extra=--raw ;;
+    *) bin="ib_$t" extra= ;;
+    esac
+    # shellcheck disable=SC2086 # $extra is one flag or none
+    timeout "$run_timeout" "$bin" -d "$dev" -x "$gid" -p "$port" $extra "$@" >"$work/server" 2>&1 &
+    spid=$!
+    tries=0
+    while :; do
+        # Ours retry connecting by themselves; perftest's clients need the server listening.
+        # shellcheck disable=SC2086
+        timeout "$run_timeout" "$bin" -d "$dev" -x "$gid" -p "$port" $extra "$@" 127.0.0.1 >"$work/client" 2>&1
+        rc=$?
+        if [ $rc -ne 0 ] && [ "$kind" = perftest ] && [ $tries -lt 40 ] \
+            && grep -q "Couldn't connect\|Unable to init the socket" "$work/client"; then
+            tries=$((tries + 1))
+            sleep 0.5
+            continue
+        fi
+        break
+    done
+    [ $rc -eq 0 ] || kill "$spid" 2>/dev/null
+    wait "$spid"
+    src=$?
+    [ $rc -eq 0 ] && rc=$src
+    v=-
+    if [ $rc -eq 0 ]; then
+        v=$(metric "$t" "$col" "$work/client")
+        [ -n "$v" ] || { v=-; rc=1; }
+    fi
+    if [ $rc -ne 0 ]; then
+        {
+            echo "sweep.sh: $kind $t $* failed (exit $rc)"
+            tail -3 "$work/client"
+            tail -3 "$work/server"
+        } >&2
+        failed=1
+    fi
+    res="rc=$rc $v"
+}
+
+for t in $tests; do
+    case $t in
+    *_bw) col=4 ;;
+    *) col=5 ;;
+    esac
+    for size in $sizes; do
+        n=$(iters "$t" "$size")
+        i=1
+        while [ "$i" -le "$pairs" ]; do
+            for kind in safe raw perftest; do
+                run "$kind" "$t" "$col" -s "$size" -n "$n"
+                echo "SWEEP $t $kind $size $i $res"
+            done
+            i=$((i + 1))
+        done
+    done
+done
+
+for q in $qps_list; do
+    i=1
+    while [ "$i" -le "$pairs" ]; do
+        for kind in safe raw perftest; do
+            run "$kind" write_bw 5 -s 64 -n 1000 -q "$q"
+            echo "SCALE write_bw $kind $q $i $res"
+        done
+        i=$((i + 1))
+    done
+done
+exit $failed
