@@ -577,3 +577,30 @@ fn events_of_a_destroyed_id_are_never_delivered() {
     let more = ch.get_event(Some(Duration::from_millis(500))).unwrap();
     assert!(more.is_none(), "an event after the keeper's: {more:?}");
 }
+
+/// The channel's `AsFd` descriptor is readable exactly when an event waits, and reading it
+/// consumes nothing: the event is still there for `get_event`.
+#[test]
+fn the_channels_asfd_is_readable_when_an_event_waits_and_consumes_none() {
+    use std::os::fd::{AsFd, AsRawFd};
+    let readable = |fd: i32, ms: i32| {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for the call.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        n == 1 && p.revents & libc::POLLIN != 0
+    };
+    let ch = EventChannel::new().unwrap();
+    let fd = ch.as_fd().as_raw_fd();
+    assert_ne!(fd, ch.as_raw_fd(), "a descriptor of its own");
+    assert!(!readable(fd, 0), "no event yet");
+    let id = ch.create_id().unwrap();
+    id.resolve_addr(None, addr(7002), wait()).unwrap();
+    assert!(readable(fd, wait().as_millis() as i32), "the ADDR_RESOLVED event makes it readable");
+    let mut buf = [0u8; 64];
+    // SAFETY: reads into a valid local buffer.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n < 0, "an epoll descriptor cannot be read: the event stays");
+    let ev = ch.get_event(Some(Duration::ZERO)).unwrap().expect("the event, still there");
+    assert_eq!(ev.kind(), CmEventKind::ADDR_RESOLVED, "{ev:?}");
+    assert!(!readable(fd, 0), "nothing left");
+}

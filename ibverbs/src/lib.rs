@@ -326,8 +326,9 @@
 //! bytes its `u8` length allows) and acknowledges it at once, so `rdma_destroy_id` never blocks
 //! on an unacknowledged event, whatever the caller does with events (`mem::forget` included).
 //! librdmacm reads and writes an id's fields when it processes the id's events: every call on an
-//! id, every event read and a CM QP's destruction hold the channel's lock. The channel's
-//! descriptor is `AsRawFd` only, as for completion channels. librdmacm opens its own device
+//! id, every event read and a CM QP's destruction hold the channel's lock. For reactors the channel is
+//! `AsFd` through a private epoll descriptor that cannot consume an event, as for completion
+//! channels; its own descriptor is only `AsRawFd`. librdmacm opens its own device
 //! contexts; [`cm::CmId::context`] hands them out as [`Context`]s (one per device, kept open by an
 //! `rdma_get_devices()` reference), and a QP on an id is refused unless its PD and CQs belong to
 //! the id's context. RDMA-CM drives a CM QP's state: [`QueuePair::connect`],

@@ -88,10 +88,7 @@ impl Axis {
                 let span = (self.hi - self.lo) as i64;
                 // At most about 12 labels: every k-th power.
                 let k = (span / 12 + 1).max(1);
-                (self.lo as i64..=self.hi as i64)
-                    .filter(|e| e % k == 0)
-                    .map(|e| b.powi(e as i32))
-                    .collect()
+                (self.lo as i64..=self.hi as i64).filter(|e| e % k == 0).map(|e| b.powi(e as i32)).collect()
             }
             None => {
                 let step = nice_step((self.hi - self.lo) / 5.0);

@@ -1,13 +1,14 @@
 //! RDMA-CM event channels and events.
 
 use std::fmt;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::cm::id::{CmId, CmIdInner};
 use crate::error::{cvt, cvt_p, Error, Result};
+use crate::fd::ReadinessFd;
 use crate::ffi;
 
 pub(crate) struct ChannelInner {
@@ -15,6 +16,8 @@ pub(crate) struct ChannelInner {
     /// Held by every librdmacm call on an id of this channel and while an event is processed:
     /// librdmacm reads and writes the id's fields (`qp`, `route`...) in both.
     lock: Mutex<()>,
+    /// The epoll instance handed out as `AsFd`.
+    ready: ReadinessFd,
 }
 
 // SAFETY: an event channel is a descriptor; librdmacm's calls on it are thread-safe, and the
@@ -44,12 +47,13 @@ impl Drop for ChannelInner {
 /// An RDMA-CM event channel (`struct rdma_event_channel`): the descriptor through which
 /// librdmacm reports the events of the ids created on it.
 ///
-/// [`get_event`](Self::get_event) waits with a bound, copies the event and acknowledges it. The
-/// channel implements [`AsRawFd`] for reactors to watch for readability, but not `AsFd`: safe
-/// code could otherwise read an event that is never acknowledged, after which
-/// `rdma_destroy_id` would block forever. (A [`CompletionChannel`](crate::CompletionChannel)
-/// hands out an unreadable epoll descriptor as `AsFd` instead; the same could be done here.)
-/// Cloning is cheap (an `Arc`).
+/// [`get_event`](Self::get_event) waits with a bound, copies the event and acknowledges it. For
+/// reactors, the channel implements [`AsFd`] with a private epoll descriptor that is readable
+/// exactly when the channel is (one more descriptor per channel), and which nothing can read an
+/// event from: safe code holding the channel's own descriptor could read an event that is never
+/// acknowledged, after which `rdma_destroy_id` would block forever, so that one is only
+/// [`AsRawFd`] (to watch, never to read). When the `AsFd` descriptor is readable, call
+/// `get_event(Some(Duration::ZERO))`. Cloning is cheap (an `Arc`).
 #[derive(Clone)]
 pub struct EventChannel {
     pub(crate) inner: Arc<ChannelInner>,
@@ -58,6 +62,13 @@ pub struct EventChannel {
 impl fmt::Debug for EventChannel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EventChannel").field("fd", &self.as_raw_fd()).finish()
+    }
+}
+
+impl AsFd for EventChannel {
+    /// A private epoll descriptor, readable exactly when an event waits (see the type's docs).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.ready.as_fd()
     }
 }
 
@@ -224,11 +235,23 @@ impl EventChannel {
     pub fn new() -> Result<EventChannel> {
         // SAFETY: no arguments; destroyed once in ChannelInner::drop.
         let raw = cvt_p("rdma_create_event_channel", unsafe { ffi::rdma_create_event_channel() })?;
-        let ch = EventChannel { inner: Arc::new(ChannelInner { raw, lock: Mutex::new(()) }) };
+        // SAFETY: the channel is valid; `fd` is a plain field written at creation.
+        let fd = unsafe { (*raw.as_ptr()).fd };
         // Non-blocking: a reader that loses a race for an event returns instead of blocking
         // (librdmacm supports this, see rdma_get_cm_event(3)).
-        crate::fd::set_nonblocking(ch.as_raw_fd()).map_err(|source| Error::Verb { verb: "fcntl", source })?;
-        Ok(ch)
+        let ready = crate::fd::set_nonblocking(fd)
+            .map_err(|source| Error::Verb { verb: "fcntl", source })
+            .and_then(|()| ReadinessFd::new(fd).map_err(|source| Error::Verb { verb: "epoll_ctl", source }));
+        match ready {
+            Ok(ready) => {
+                Ok(EventChannel { inner: Arc::new(ChannelInner { raw, lock: Mutex::new(()), ready }) })
+            }
+            Err(e) => {
+                // SAFETY: created above and owned by nothing else; destroyed once.
+                unsafe { ffi::rdma_destroy_event_channel(raw.as_ptr()) };
+                Err(e)
+            }
+        }
     }
 
     /// Creates an id for RC connections (port space `RDMA_PS_TCP`) on this channel
