@@ -18,6 +18,7 @@
 # "t_typical[usec]", the scaling sweep the client's "MsgRate[Mpps]"):
 #   SWEEP TEST KIND SIZE ROUND rc=RC VALUE      KIND: safe | raw | perftest
 #   SCALE write_bw KIND QPS ROUND rc=RC VALUE
+#   RETRY KIND TEST rc=RC -                     (a failed run, run once more)
 # Run it where a device exists, e.g.
 #   cargo xtask rxe --timeout 3600 -- sh examples/perf/sweep.sh target/release/examples
 set -u
@@ -99,9 +100,22 @@ run() {
             tail -3 "$work/client"
             tail -3 "$work/server"
         } >&2
-        failed=1
     fi
     res="rc=$rc $v"
+}
+
+# run_retry ARGS...: run, and once more if that failed (either tool fails now and then on a
+# loaded SoftRoCE host); a RETRY line records the first failure.
+run_retry() {
+    run "$@"
+    case $res in
+    rc=0*) ;;
+    *)
+        echo "RETRY $1 $2 $res"
+        run "$@"
+        case $res in rc=0*) ;; *) failed=1 ;; esac
+        ;;
+    esac
 }
 
 for t in $tests; do
@@ -114,7 +128,7 @@ for t in $tests; do
         i=1
         while [ "$i" -le "$pairs" ]; do
             for kind in safe raw perftest; do
-                run "$kind" "$t" "$col" -s "$size" -n "$n"
+                run_retry "$kind" "$t" "$col" -s "$size" -n "$n"
                 echo "SWEEP $t $kind $size $i $res"
             done
             i=$((i + 1))
@@ -126,7 +140,7 @@ for q in $qps_list; do
     i=1
     while [ "$i" -le "$pairs" ]; do
         for kind in safe raw perftest; do
-            run "$kind" write_bw 5 -s 64 -n 1000 -q "$q"
+            run_retry "$kind" write_bw 5 -s 64 -n 1000 -q "$q"
             echo "SCALE write_bw $kind $q $i $res"
         done
         i=$((i + 1))

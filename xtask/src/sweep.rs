@@ -85,6 +85,7 @@ impl Results {
     fn xs(&self, sweep: &str, test: &str) -> Vec<u64> {
         let mut xs: Vec<u64> =
             self.values.keys().filter(|k| k.0 == sweep && k.1 == test).map(|k| k.3).collect();
+        xs.sort_unstable();
         xs.dedup();
         xs
     }
@@ -138,12 +139,13 @@ impl Results {
         if !qs.is_empty() {
             let _ = writeln!(
                 o,
-                "\nwrite_bw, 64 B messages, message rate in Mpps by queue pairs (higher is better):\n"
+                "\nwrite_bw, 64 B messages, thousand messages/s by queue pairs (higher is better):\n"
             );
             let _ = writeln!(o, "| QPs | safe | raw | perftest | safe/perftest | raw/perftest |");
             let _ = writeln!(o, "|---|---|---|---|---|---|");
             for q in qs {
-                let [s, r, p] = KINDS.map(|k| self.median("SCALE", "write_bw", k, q));
+                // perftest's MsgRate column is in Mpps.
+                let [s, r, p] = KINDS.map(|k| self.median("SCALE", "write_bw", k, q).map(|v| v * 1000.0));
                 let _ = writeln!(
                     o,
                     "| {q} | {} | {} | {} | {} | {} |",
@@ -178,7 +180,7 @@ impl Results {
 
     /// The charts: one per test of the size sweep, and the scaling sweep.
     pub fn charts(&self) -> Vec<(String, Chart)> {
-        let series = |sweep: &str, test: &str| -> Vec<Series> {
+        let series = |sweep: &str, test: &str, scale: f64| -> Vec<Series> {
             KINDS
                 .iter()
                 .zip(KIND_NAMES)
@@ -187,7 +189,7 @@ impl Results {
                     points: self
                         .xs(sweep, test)
                         .into_iter()
-                        .filter_map(|x| self.median(sweep, test, k, x).map(|v| (x as f64, v)))
+                        .filter_map(|x| self.median(sweep, test, k, x).map(|v| (x as f64, v * scale)))
                         .collect(),
                 })
                 .collect()
@@ -208,7 +210,7 @@ impl Results {
                     y_label: unit.into(),
                     x_log2: true,
                     y_log10: !higher,
-                    series: series("SWEEP", test),
+                    series: series("SWEEP", test, 1.0),
                 },
             ));
         }
@@ -218,10 +220,10 @@ impl Results {
                 Chart {
                     title: "write_bw, 64 B messages: message rate by queue pairs".into(),
                     x_label: "queue pairs".into(),
-                    y_label: "million messages/s".into(),
+                    y_label: "thousand messages/s".into(),
                     x_log2: true,
                     y_log10: false,
-                    series: series("SCALE", "write_bw"),
+                    series: series("SCALE", "write_bw", 1000.0),
                 },
             ));
         }
@@ -331,7 +333,8 @@ mod tests {
         assert!(t.contains("| 4 KiB | 30.00 | 31.00 | 31.00 | 0.97 | 1.00 | missed |"), "{t}");
         // 10.6 / 10.0 = 1.06 latency: missed; raw not measured.
         assert!(t.contains("| 2 B | 10.60 | - | 10.00 | 1.06 | - | missed |"), "{t}");
-        assert!(t.contains("| 4 | 0.21 | - | 0.20 | 1.05 | - |"), "{t}");
+        assert!(t.contains("| 4 | 210.00 | - | 200.00 | 1.05 | - |"), "{t}");
+        assert_eq!(t.matches("| 4 KiB |").count(), 1, "one row per size: {t}");
     }
 
     #[test]
