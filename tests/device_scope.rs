@@ -37,8 +37,7 @@ fn sends_writes_reads_and_receives_move_data_between_borrowed_slices() {
     let mut src = p.pd.allocate(256).unwrap();
     src.copy_from_slice(&pattern(256, 3));
     let mut dst = p.pd.allocate(256).unwrap();
-    let target =
-        p.pd.allocate_remote(256, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ).unwrap();
+    let target = p.pd.allocate_remote(256, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ).unwrap();
     let remote = target.remote();
 
     // A Send from a shared borrow into a receive of an exclusive borrow (a scope on each side).
@@ -65,10 +64,14 @@ fn sends_writes_reads_and_receives_move_data_between_borrowed_slices() {
     p.a.scope(&mut p.cq_a, |s| {
         let w = ScopedSend::write(s.local(&src, 16..80).unwrap(), remote.slice(8, 64).unwrap()).wr_id(2);
         s.post_send(w).unwrap();
-        let r = ScopedSend::read(s.local_mut(&mut dst, 100..164).unwrap(), remote.slice(8, 64).unwrap()).wr_id(3);
+        let r =
+            ScopedSend::read(s.local_mut(&mut dst, 100..164).unwrap(), remote.slice(8, 64).unwrap()).wr_id(3);
         s.post_send(r.fence()).unwrap();
         let c = scope_poll_n(s, 2);
-        assert_eq!(c.iter().map(|c| (c.0, c.1)).collect::<Vec<_>>(), [(2, WcStatus::SUCCESS), (3, WcStatus::SUCCESS)]);
+        assert_eq!(
+            c.iter().map(|c| (c.0, c.1)).collect::<Vec<_>>(),
+            [(2, WcStatus::SUCCESS), (3, WcStatus::SUCCESS)]
+        );
         assert_eq!(c[1].2, WcOpcode::RDMA_READ);
     })
     .unwrap();
@@ -188,7 +191,9 @@ fn shared_pairs(depth: u32) -> Shared {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(8 * depth, None).unwrap();
     let cq_b = ctx.create_cq(8 * depth, None).unwrap();
-    let build = |cq: &CompletionQueue| pd.create_qp(cq, QpType::RC).max_send_wr(depth).max_recv_wr(depth).build().unwrap();
+    let build = |cq: &CompletionQueue| {
+        pd.create_qp(cq, QpType::RC).max_send_wr(depth).max_recv_wr(depth).build().unwrap()
+    };
     let (mut a1, mut a2, mut b1, mut b2) = (build(&cq), build(&cq), build(&cq_b), build(&cq_b));
     let o = opts();
     for (x, y) in [(&mut a1, &mut b1), (&mut a2, &mut b2)] {
@@ -284,7 +289,8 @@ fn a_scope_left_by_a_panic_waits_for_the_read_landing_in_its_buffer_then_fails_t
     p.a.connect(&eb, &o).unwrap();
     p.b.connect(&ea, &o).unwrap();
     p.a.scope(&mut p.cq_a, |s| {
-        let r = ScopedSend::read(s.local_mut(&mut dst, 0..64).unwrap(), source.remote().slice(64, 64).unwrap());
+        let r =
+            ScopedSend::read(s.local_mut(&mut dst, 0..64).unwrap(), source.remote().slice(64, 64).unwrap());
         s.post_send(r.wr_id(10)).unwrap();
     })
     .unwrap();
@@ -381,8 +387,11 @@ fn bad_scopes_and_requests_are_refused_with_typed_errors() {
 fn split_completion_queues_are_polled_and_drained_both() {
     let ctx = context();
     let pd = ctx.alloc_pd().unwrap();
-    let (mut scq, mut rcq, mut cq_b) =
-        (ctx.create_cq(16, None).unwrap(), ctx.create_cq(16, None).unwrap(), ctx.create_cq(32, None).unwrap());
+    let (mut scq, mut rcq, mut cq_b) = (
+        ctx.create_cq(16, None).unwrap(),
+        ctx.create_cq(16, None).unwrap(),
+        ctx.create_cq(32, None).unwrap(),
+    );
     let mut a = pd.create_qp(&scq, QpType::RC).recv_cq(&rcq).max_send_wr(4).max_recv_wr(4).build().unwrap();
     let mut b = pd.create_qp(&cq_b, QpType::RC).max_send_wr(4).max_recv_wr(4).build().unwrap();
     let o = opts();

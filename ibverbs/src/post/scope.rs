@@ -68,7 +68,12 @@ impl<'b> ScopedLocal<'b> {
             reason: "a scatter/gather entry is at most 4 GiB - 1",
         })?;
         let addr = mr.device_addr(start).wrapping_add(offset as u64);
-        Ok(ScopedLocal { sge: ffi::ibv_sge { addr, length, lkey: mr.lkey() }, mr, writable, _bytes: PhantomData })
+        Ok(ScopedLocal {
+            sge: ffi::ibv_sge { addr, length, lkey: mr.lkey() },
+            mr,
+            writable,
+            _bytes: PhantomData,
+        })
     }
 
     /// Length in bytes.
@@ -217,7 +222,9 @@ impl<'b> ScopedSend<'b> {
                 *s = Some(local);
                 Ok(self)
             }
-            None => Err(Error::InvalidArgument { verb: "ibv_post_send", reason: "more than MAX_SGE entries" }),
+            None => {
+                Err(Error::InvalidArgument { verb: "ibv_post_send", reason: "more than MAX_SGE entries" })
+            }
         }
     }
 
@@ -337,7 +344,9 @@ impl<'b> ScopedRecv<'b> {
                 *s = Some(local);
                 Ok(self)
             }
-            None => Err(Error::InvalidArgument { verb: "ibv_post_recv", reason: "more than MAX_SGE entries" }),
+            None => {
+                Err(Error::InvalidArgument { verb: "ibv_post_recv", reason: "more than MAX_SGE entries" })
+            }
         }
     }
 
@@ -474,7 +483,11 @@ impl<'s, 'env> Scope<'s, 'env> {
     ///
     /// # Errors
     /// As [`local`](Self::local).
-    pub fn local_chunk<'b>(&self, chunk: &'b Chunk, range: impl RangeBounds<usize>) -> Result<ScopedLocal<'b>> {
+    pub fn local_chunk<'b>(
+        &self,
+        chunk: &'b Chunk,
+        range: impl RangeBounds<usize>,
+    ) -> Result<ScopedLocal<'b>> {
         ScopedLocal::new(&chunk.mr, chunk.addr(), chunk.len(), range, false)
     }
 
@@ -561,10 +574,7 @@ impl<'s, 'env> Scope<'s, 'env> {
     /// As [`QueuePair::post_recv`].
     #[doc(alias = "ibv_post_recv")]
     #[allow(clippy::result_large_err)]
-    pub fn post_recv_owned(
-        &mut self,
-        wr: crate::RecvRequest,
-    ) -> Result<(), PostError<crate::RecvRequest>> {
+    pub fn post_recv_owned(&mut self, wr: crate::RecvRequest) -> Result<(), PostError<crate::RecvRequest>> {
         self.qp.post_recv(wr)
     }
 

@@ -115,9 +115,13 @@ impl QueuePair {
         self.check_send_fit(&wr.wr, count)?;
         match &self.ex {
             None => post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, wr)?,
-            Some(ex) => {
-                ex::post_batch(ex, &self.send, &mut self.chain, &mut self.chain_sges, std::slice::from_mut(wr))?
-            }
+            Some(ex) => ex::post_batch(
+                ex,
+                &self.send,
+                &mut self.chain,
+                &mut self.chain_sges,
+                std::slice::from_mut(wr),
+            )?,
         }
         Ok(self.send.producer_state().0)
     }

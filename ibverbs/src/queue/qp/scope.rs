@@ -33,7 +33,11 @@ impl QueuePair {
     fn check_scope_cqs(&self, send_cq: &Arc<CqInner>, recv_cq: &Arc<CqInner>, split: bool) -> Result<()> {
         let bad = |reason| Err(Error::InvalidArgument { verb: "QueuePair::scope", reason });
         if self.state == QpState::UNUSABLE {
-            return Err(Error::QpState { verb: "QueuePair::scope", state: self.state, expected: "not UNUSABLE" });
+            return Err(Error::QpState {
+                verb: "QueuePair::scope",
+                state: self.state,
+                expected: "not UNUSABLE",
+            });
         }
         if self.has_send && !Arc::ptr_eq(&self.send_cq, send_cq) {
             return bad("the completion queue given is not the queue pair's send CQ");
