@@ -98,19 +98,13 @@ impl<'b> ScopedLocal<'b> {
     /// # Errors
     /// [`Error::OutOfBounds`] when `mid` is beyond the range.
     pub fn split_at(self, mid: u32) -> Result<(Self, Self)> {
-        if mid > self.sge.length {
+        let Some((head, tail)) = split_sge(self.sge, mid) else {
             return Err(Error::OutOfBounds {
                 verb: "ScopedLocal::split_at",
                 offset: u64::from(mid),
                 len: 0,
                 size: u64::from(self.sge.length),
             });
-        }
-        let head = ffi::ibv_sge { length: mid, ..self.sge };
-        let tail = ffi::ibv_sge {
-            addr: self.sge.addr.wrapping_add(u64::from(mid)),
-            length: self.sge.length - mid,
-            lkey: self.sge.lkey,
         };
         let piece = |sge| ScopedLocal { sge, mr: self.mr, writable: self.writable, _bytes: PhantomData };
         Ok((piece(head), piece(tail)))
@@ -135,6 +129,15 @@ impl<'b> ScopedLocal<'b> {
             }
         })
     }
+}
+
+/// Bytes `..mid` and `mid..` of `sge` (disjoint, covering it), or `None` when `mid` is beyond
+/// its length.
+fn split_sge(sge: ffi::ibv_sge, mid: u32) -> Option<(ffi::ibv_sge, ffi::ibv_sge)> {
+    let rest = sge.length.checked_sub(mid)?;
+    let head = ffi::ibv_sge { length: mid, ..sge };
+    let tail = ffi::ibv_sge { addr: sge.addr.wrapping_add(u64::from(mid)), length: rest, lkey: sge.lkey };
+    Some((head, tail))
 }
 
 /// Counts a request's borrowed entries for the checks the owned level runs.
@@ -623,5 +626,25 @@ impl<'s, 'env> Scope<'s, 'env> {
     /// 10 s). See [`QueuePair::scope`].
     pub fn set_drain_timeouts(&mut self, complete: Duration, flush: Duration) {
         self.bounds = DrainBounds { complete, flush };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splitting_an_entry_gives_disjoint_pieces_that_cover_it() {
+        let sge = ffi::ibv_sge { addr: 0x1000, length: 100, lkey: 7 };
+        let (a, b) = split_sge(sge, 30).unwrap();
+        assert_eq!((a.addr, a.length, a.lkey), (0x1000, 30, 7));
+        assert_eq!((b.addr, b.length, b.lkey), (0x1000 + 30, 70, 7));
+        let (a, b) = split_sge(sge, 100).unwrap();
+        assert_eq!((a.length, b.length, b.addr), (100, 0, 0x1000 + 100));
+        assert_eq!(split_sge(sge, 0).map(|(a, b)| (a.length, b.length)), Some((0, 100)));
+        assert!(split_sge(sge, 101).is_none());
+        // At the top of the address space the tail's address wraps instead of overflowing.
+        let top = ffi::ibv_sge { addr: u64::MAX - 9, length: 10, lkey: 1 };
+        assert_eq!(split_sge(top, 10).map(|(_, b)| b.addr), Some(0));
     }
 }

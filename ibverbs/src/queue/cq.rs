@@ -351,16 +351,7 @@ impl CompletionQueue {
     /// returns how many.
     #[cold]
     fn take_kept(&mut self, out: &mut [Completion]) -> usize {
-        let n = out.len().min(self.kept.len());
-        for c in &mut out[..n] {
-            c.clear();
-        }
-        for c in &mut out[..n] {
-            if let Some(k) = self.kept.pop_front() {
-                *c = k;
-            }
-        }
-        n
+        take_kept(&mut self.kept, out)
     }
 
     /// [`poll`](Self::poll) of the device itself, past the kept completions: returns how many
@@ -484,6 +475,22 @@ fn wait_loop(
     }
 }
 
+/// Moves completions from `kept` into `out`, oldest first; what the entries of `out` held is
+/// dropped first (if a buffer's drop panics, no kept completion has been taken yet). Returns how
+/// many.
+fn take_kept(kept: &mut VecDeque<Completion>, out: &mut [Completion]) -> usize {
+    let n = out.len().min(kept.len());
+    for c in &mut out[..n] {
+        c.clear();
+    }
+    for c in &mut out[..n] {
+        if let Some(k) = kept.pop_front() {
+            *c = k;
+        }
+    }
+    n
+}
+
 /// Completions fetched from the device per provider call of [`CompletionQueue::poll`].
 const POLL_BATCH: usize = 16;
 
@@ -593,6 +600,30 @@ mod tests {
     use super::*;
     use crate::post::ring::{RECV, TAG};
     use crate::queue::completion::{WcOpcode, WcStatus};
+
+    #[test]
+    fn kept_completions_come_back_oldest_first_in_as_many_calls_as_needed() {
+        let mut kept: VecDeque<Completion> = (0..5u64)
+            .map(|i| {
+                let mut c = Completion::default();
+                c.set_wr_id(100 + i);
+                c
+            })
+            .collect();
+        let mut out: [Completion; 2] = Default::default();
+        out[0].set_wr_id(9);
+        let mut seen = Vec::new();
+        loop {
+            let n = take_kept(&mut kept, &mut out);
+            if n == 0 {
+                break;
+            }
+            seen.extend(out[..n].iter().map(Completion::wr_id));
+        }
+        assert_eq!(seen, [100, 101, 102, 103, 104]);
+        assert!(kept.is_empty());
+        assert_eq!(take_kept(&mut kept, &mut out[..0]), 0);
+    }
 
     /// Writes a completion the way mlx5 does for a successful Send/RDMA Write: wr_id, status,
     /// opcode, qp_num and wc_flags only.
