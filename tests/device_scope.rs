@@ -416,3 +416,58 @@ fn split_completion_queues_are_polled_and_drained_both() {
     assert_eq!(rbuf[..], sbuf[..]);
     assert_eq!((scq.kept(), rcq.kept()), (0, 0));
 }
+
+#[test]
+fn the_extended_data_path_posts_scoped_requests_and_atomics_land_in_borrowed_memory() {
+    use ibverbs::{SendOps, WcFlags};
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut cq_a = ctx.create_cq_ex(16, None, WcFlags::STANDARD).unwrap();
+    let cq_b = ctx.create_cq(16, None).unwrap();
+    let mut a = pd
+        .create_qp(&cq_a, QpType::RC)
+        .max_send_wr(4)
+        .max_recv_wr(4)
+        .max_send_sge(2)
+        .send_ops(SendOps::ALL_SAFE)
+        .build()
+        .unwrap();
+    let mut b = pd.create_qp(&cq_b, QpType::RC).max_send_wr(4).max_recv_wr(4).build().unwrap();
+    let o = opts();
+    let (ea, eb) = (a.endpoint(&o).unwrap(), b.endpoint(&o).unwrap());
+    a.connect(&eb, &o).unwrap();
+    b.connect(&ea, &o).unwrap();
+    let target = pd
+        .allocate_remote(
+            64,
+            AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
+        )
+        .unwrap();
+    target.write(0, &5u64.to_ne_bytes()).unwrap();
+    let mut src = pd.allocate(32).unwrap();
+    src.copy_from_slice(&pattern(32, 4));
+    let mut old = pd.allocate(8).unwrap();
+    let remote = target.remote();
+    a.scope(&mut cq_a, |s| {
+        // Two gathered pieces of one shared borrow, written with one request.
+        let w = ScopedSend::write(s.local(&src, 0..16).unwrap(), remote.slice(8, 32).unwrap())
+            .gather(s.local(&src, 16..32).unwrap())
+            .unwrap()
+            .wr_id(1);
+        s.post_send(w).unwrap();
+        let f = ScopedSend::fetch_add(s.local_mut(&mut old, ..).unwrap(), remote.slice(0, 8).unwrap(), 3)
+            .wr_id(2);
+        s.post_send(f).unwrap();
+        let c = scope_poll_n(s, 2);
+        assert_eq!(
+            c.iter().map(|c| (c.0, c.1)).collect::<Vec<_>>(),
+            [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)]
+        );
+    })
+    .unwrap();
+    assert_eq!(old[..], 5u64.to_ne_bytes(), "the old value landed in the borrowed buffer");
+    let now = target.to_vec();
+    assert_eq!(now[..8], 8u64.to_ne_bytes());
+    assert_eq!(now[8..40], src[..]);
+    drop(b);
+}

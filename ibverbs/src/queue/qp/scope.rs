@@ -175,7 +175,13 @@ where
     F: for<'x> FnOnce(&mut Scope<'x, 'env>) -> R,
 {
     let out = catch_unwind(AssertUnwindSafe(|| f(&mut scope)));
-    let (drained, late_panic) = scope.drain(out.is_err());
+    let panicked = out.is_err();
+    // The drain catches the panics it can meet (a buffer's drop); should anything else in it
+    // unwind, returning would end the borrows early: abort instead.
+    let Ok((drained, late_panic)) = catch_unwind(AssertUnwindSafe(|| scope.drain(panicked))) else {
+        let _ = writeln!(std::io::stderr(), "ibverbs: QueuePair::scope: the drain panicked; aborting");
+        std::process::abort()
+    };
     match out {
         Err(payload) => {
             // A second panic (from a buffer's drop while draining) is leaked: dropping its
