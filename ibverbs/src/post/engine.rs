@@ -237,6 +237,7 @@ pub(crate) fn post_chain<R: Request>(
     Err(Error::from_ret(R::VERB, ret))
 }
 
+#[inline]
 fn take_bufs(sges: &mut [Option<Local>; MAX_SGE]) -> [Option<LocalBuf>; MAX_SGE] {
     // Compact, in SGE order: slot entry i is the buffer of `ibv_sge` i.
     let mut out: [Option<LocalBuf>; MAX_SGE] = Default::default();

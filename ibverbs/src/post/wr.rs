@@ -547,8 +547,10 @@ impl<'a> SendRequest<'a> {
     }
 
     /// The checks of [`validate`](Self::validate), given what its entries are (owned ones, or a
-    /// scope's borrowed ones); returns the entry count.
-    #[inline]
+    /// scope's borrowed ones); returns the entry count. Always inlined: one instance per
+    /// caller keeps the owned post's code as it was before the scoped level shared it (17
+    /// instructions per post under callgrind otherwise).
+    #[inline(always)]
     pub(crate) fn check_entries(&self, f: EntryFacts, pd: &Arc<PdInner>) -> Result<usize> {
         let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_post_send", reason });
         let EntryFacts { count, len: sge_len, read_only, owned, foreign, window } = f;
@@ -617,7 +619,10 @@ impl<'a> SendRequest<'a> {
         Ok(count)
     }
 
-    /// Fills `wr` and `sges` (the caller links `next`).
+    /// Fills `wr` and `sges` (the caller links `next`). Always inlined: the owned post, the
+    /// scoped post and `prepare_send` each get their own instance (shared, it cost the owned
+    /// post 30 instructions under callgrind).
+    #[inline(always)]
     pub(crate) fn fill(
         &self,
         wr: &mut ffi::ibv_send_wr,

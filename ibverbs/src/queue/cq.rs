@@ -332,7 +332,20 @@ impl CompletionQueue {
             let n = self.take_kept(out);
             return Ok(&mut out[..n]);
         }
-        let n = self.poll_device(out)?;
+        let inner = &*self.inner;
+        // The classic call is spelled out here (not shared with poll_wait_with or the scope's
+        // poll_device through a helper): one instance of poll_into per caller, as before the
+        // extended path existed, keeps the classic poll's code as it was (a shared instance cost
+        // 11 instructions per released slot under callgrind).
+        let n = match &inner.ex {
+            // SAFETY: &mut self makes us the registry's only consumer; the provider's poll_cq on
+            // this live CQ.
+            None => unsafe {
+                poll_into(&inner.registry, out, |n, wcs| (inner.poll_fn)(inner.raw.as_ptr(), n, wcs))
+            }?,
+            // SAFETY: as above; the poll table of this live CQ.
+            Some(ex) => unsafe { poll_into_ex(ex, &inner.registry, out) }?,
+        };
         Ok(&mut out[..n])
     }
 
@@ -350,19 +363,16 @@ impl CompletionQueue {
     /// Moves kept completions into `out` (what its entries held is dropped first, as in `poll`);
     /// returns how many.
     #[cold]
+    #[inline(never)]
     fn take_kept(&mut self, out: &mut [Completion]) -> usize {
         take_kept(&mut self.kept, out)
     }
 
-    /// [`poll`](Self::poll) of the device itself, past the kept completions: returns how many
-    /// entries of `out` it filled.
-    #[inline]
+    /// [`poll`](Self::poll) of the device itself, past the kept completions (a scope's drain):
+    /// returns how many entries of `out` it filled.
+    #[inline(never)]
     pub(crate) fn poll_device(&mut self, out: &mut [Completion]) -> Result<usize> {
         let inner = &*self.inner;
-        // The classic call is spelled out here (not shared with poll_wait_with through a helper):
-        // one instance of poll_into per caller, as before the extended path existed, keeps the
-        // classic poll's code as it was (a shared instance cost 11 instructions per released
-        // slot under callgrind).
         let n = match &inner.ex {
             // SAFETY: &mut self makes us the registry's only consumer; the provider's poll_cq on
             // this live CQ.

@@ -50,6 +50,7 @@ impl QueuePair {
     }
 
     /// The checks of a send request against this QP's type and capacities, given its entry count.
+    #[inline]
     fn check_send_fit(&self, wr: &SendRequest<'_>, count: usize) -> Result<()> {
         let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_post_send", reason });
         if wr.ud.as_ref().is_some_and(|(ah, _, _)| !Arc::ptr_eq(&ah.inner.pd, &self.pd)) {
