@@ -570,10 +570,10 @@
 //! # }
 //! ```
 //! Scopes do not nest on one queue pair:
-//! ```compile_fail,E0499
+//! ```compile_fail,E0500
 //! # fn f(qp: &mut ibverbs::QueuePair, cq: &mut ibverbs::CompletionQueue, cq2: &mut ibverbs::CompletionQueue) {
 //! qp.scope(cq, |_| {
-//!     qp.scope(cq2, |_| ()).unwrap(); // error: cannot borrow `*qp` as mutable more than once
+//!     qp.scope(cq2, |_| ()).unwrap(); // error: closure requires unique access to `*qp` but it is already borrowed
 //! }).unwrap();
 //! # }
 //! ```
