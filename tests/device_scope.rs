@@ -471,3 +471,34 @@ fn the_extended_data_path_posts_scoped_requests_and_atomics_land_in_borrowed_mem
     assert_eq!(now[8..40], src[..]);
     drop(b);
 }
+
+#[test]
+fn a_chain_of_scoped_writes_posts_with_one_doorbell() {
+    let mut p = rc_pair(32);
+    let mut src = p.pd.allocate(16 * 64).unwrap();
+    src.copy_from_slice(&pattern(16 * 64, 21));
+    let target = p.pd.allocate_remote(16 * 64, AccessFlags::REMOTE_WRITE).unwrap();
+    let remote = target.remote();
+    let mut chain = Vec::with_capacity(16);
+    p.a.scope(&mut p.cq_a, |s| {
+        for (i, piece) in s.local(&src, ..).unwrap().chunks(64).enumerate() {
+            let to = remote.slice(64 * i as u64, 64).unwrap();
+            let w = ScopedSend::write(piece, to).wr_id(i as u64);
+            // Only the last one signaled: its completion finishes the others.
+            chain.push(if i < 15 { w.unsignaled() } else { w });
+        }
+        s.post_send_chain(&mut chain).unwrap();
+        assert!(chain.is_empty());
+        let c = scope_poll_n(s, 1);
+        assert_eq!((c[0].0, c[0].1), (15, WcStatus::SUCCESS));
+        assert!(!s.in_flight(), "the signaled completion released the unsignaled ones");
+        // A chain the QP refuses as a whole (a read into a shared borrow) posts nothing.
+        chain.push(ScopedSend::read(s.local(&src, ..8).unwrap(), remote.slice(0, 8).unwrap()));
+        assert!(matches!(s.post_send_chain(&mut chain), Err(Error::InvalidArgument { .. })));
+        assert_eq!(chain.len(), 1);
+        assert!(!s.in_flight());
+        chain.clear();
+    })
+    .unwrap();
+    assert_eq!(target.to_vec(), src[..]);
+}

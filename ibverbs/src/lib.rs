@@ -246,7 +246,8 @@
 //! checked; 32 receives over one split borrow; owned and scoped requests mixed; a shared CQ whose
 //! other completions the drain keeps; a panic while a 4 MiB RDMA Read lands in the borrowed
 //! buffer: every byte landed, the QP is in ERR; a peer that is gone: the drain fails the QP and
-//! the flush completes both requests) and the `compile_fail` tests below.
+//! the flush completes both requests; a chain of unsignaled scoped writes; the extended data
+//! path) and the `compile_fail` tests below.
 //!
 //! ## Memory that others write
 //! A peer may write a region registered with [`AccessFlags::REMOTE_WRITE`] or

@@ -541,6 +541,25 @@ impl<'s, 'env> Scope<'s, 'env> {
         }
     }
 
+    /// Posts a chain of send requests over borrowed memory with one `ibv_post_send()` (one
+    /// doorbell; on an extended queue pair one `ibv_wr_start` ... `ibv_wr_complete` batch), with
+    /// the checks of [`QueuePair::post_send_chain`]. On success `wrs` is empty; on error it holds
+    /// the requests not posted (those before the one the provider refused are posted, and the
+    /// drain waits for them). `wrs` keeps its capacity: reused (it may be declared outside the
+    /// closure, holding borrows that outlive the scope), it allocates nothing.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send_chain`].
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_send_chain<'b: 's>(&mut self, wrs: &mut Vec<ScopedSend<'b>>) -> Result<()> {
+        let (end, r) = self.qp.post_scoped_send_chain(wrs);
+        if let Some(end) = end {
+            // Every request of the chain that reached the device is before `end`.
+            self.send_end = Some(end);
+        }
+        r
+    }
+
     /// Posts a receive request over borrowed memory (`ibv_post_recv()`), with the checks of
     /// [`QueuePair::post_recv`]. The scope will not return before its completion (or the queue
     /// pair's failure). No allocation, no lock.

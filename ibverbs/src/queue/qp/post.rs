@@ -127,6 +127,31 @@ impl QueuePair {
         Ok(self.send.producer_state().0)
     }
 
+    /// Posts a chain of a scope's send requests with one doorbell (see
+    /// [`Scope::post_send_chain`](crate::Scope::post_send_chain)); returns the send ring's
+    /// position after the last request posted if any was (also when an error left others
+    /// unposted), and the outcome.
+    pub(crate) fn post_scoped_send_chain(
+        &mut self,
+        wrs: &mut Vec<ScopedSend<'_>>,
+    ) -> (Option<u32>, Result<()>) {
+        let before = self.send.producer_state().0;
+        let checked = wrs.iter().try_for_each(|wr| {
+            self.check_send_state()?;
+            let count = wr.validate(&self.pd)?;
+            self.check_send_fit(&wr.wr, count)
+        });
+        let r = checked.and_then(|()| match &self.ex {
+            Some(ex) => ex::post_chain(ex, &self.send, &mut self.chain, &mut self.chain_sges, wrs),
+            None => {
+                let qp = self.raw.as_ptr();
+                post_chain(qp, &self.send, self.post_send_fn, &mut self.chain, &mut self.chain_sges, wrs)
+            }
+        });
+        let after = self.send.producer_state().0;
+        ((after != before).then_some(after), r)
+    }
+
     /// Posts a scope's receive request (see [`Scope::post_recv`](crate::Scope::post_recv)) with
     /// the checks of [`post_recv`](Self::post_recv); returns the receive ring's position after it.
     pub(crate) fn post_scoped_recv(&mut self, wr: &mut ScopedRecv<'_>) -> Result<u32> {
