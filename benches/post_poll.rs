@@ -12,6 +12,10 @@
 //!   (`ibv_wr_start`, `ibv_wr_rdma_write`, `ibv_wr_set_inline_data`, `ibv_wr_complete` and
 //!   `ibv_start_poll`/`ibv_end_poll` through the C shim on `qp_ex_raw`/`cq_ex_raw`).
 //!
+//! Two more levels run only in counting mode (`POST_POLL_ONLY=Owned` or `Scoped`, single
+//! requests): a non-inline Write of a shared registered buffer at the owned level, and the same
+//! Write from a slice borrowed for a `QueuePair::scope` (`Scope::post_send` + `Scope::poll`).
+//!
 //! The operation is an 8-byte inline RDMA Write on a loopback RC pair, the cheapest operation that
 //! still goes through the whole device path, so that the software cost shows as much as it can.
 //! Only the last request of a chain is signaled. Each figure is the median of several runs; the
@@ -70,6 +74,12 @@ enum Level {
     ExSafe,
     /// The C builders and poll calls on the extended pair, through the shim.
     ExFfi,
+    /// Counting only: an owned (non-inline) RDMA Write of a shared registered buffer
+    /// (`post_send` of an `Arc` clone + `poll`), the owned level's twin of `Scoped`.
+    Owned,
+    /// Counting only: the same Write from a slice borrowed for a scope (`Scope::post_send` +
+    /// `Scope::poll`, all iterations in one `QueuePair::scope`).
+    Scoped,
 }
 
 impl Level {
@@ -81,6 +91,8 @@ impl Level {
             Level::Ffi => "ffi     ibv_post_send + ibv_poll_cq",
             Level::ExSafe => "ex safe post_send(_chain) + poll",
             Level::ExFfi => "ex ffi  ibv_wr_* + ibv_start_poll",
+            Level::Owned => "owned   post_send(Arc region) + poll",
+            Level::Scoped => "scoped  Scope::post_send + Scope::poll",
         }
     }
 }
@@ -100,6 +112,8 @@ struct Bench {
     remote: RemoteSlice,
     data: [u8; 8],
     prepared: ibverbs::PreparedSend,
+    /// The registered source of the prepared, owned and scoped Writes.
+    src: Arc<ibverbs::MemoryRegion>,
     /// The extended pair: QP (send_ops RDMA Write) and CQ (create_cq_ex).
     ex_qp: QueuePair,
     ex_cq: CompletionQueue,
@@ -151,10 +165,12 @@ fn setup() -> Result<Bench, String> {
     let target = Arc::new(pd.allocate_remote(4096, AccessFlags::REMOTE_WRITE).map_err(|e| e.to_string())?);
     let remote = target.remote().slice(0, 8).map_err(|e| e.to_string())?;
     let src = Arc::new(pd.allocate(8).map_err(|e| e.to_string())?);
-    let prepared =
-        qp.prepare_send(SendRequest::write(ibverbs::Local::whole(src), remote)).map_err(|e| e.to_string())?;
+    let prepared = qp
+        .prepare_send(SendRequest::write(ibverbs::Local::whole(src.clone()), remote))
+        .map_err(|e| e.to_string())?;
     Ok(Bench {
         prepared,
+        src,
         qp,
         cq,
         ex_qp,
@@ -243,6 +259,55 @@ fn run(b: &mut Bench, level: Level, n: usize, iters: usize) -> Result<(u64, u64,
     Ok((total, post_ticks, start.elapsed()))
 }
 
+/// The scoped level, counting only: `iters` single Writes from a borrowed slice, each polled,
+/// in one scope.
+fn run_scoped(b: &mut Bench, iters: usize) -> Result<(), String> {
+    let (src, remote) = (b.src.clone(), b.remote);
+    let r = b.qp.scope(&mut b.cq, |s| -> Result<(), String> {
+        let mut comps = [Completion::default()];
+        for _ in 0..iters {
+            post_scoped(s, &src, remote)?;
+            std::thread::sleep(Duration::from_millis(2));
+            let deadline = Instant::now() + POLL_TIMEOUT;
+            loop {
+                let got = poll_scoped(s, &mut comps)?;
+                POLLS.fetch_add(1, Ordering::Relaxed);
+                if got == 0 {
+                    EMPTY_POLLS.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(format!("no completion within {POLL_TIMEOUT:?} at the scoped level"));
+                }
+            }
+        }
+        Ok(())
+    });
+    r.map_err(|e| e.to_string())?
+}
+
+/// One scoped post (a function of its own for callgrind).
+#[inline(never)]
+fn post_scoped<'s>(
+    s: &mut ibverbs::Scope<'s, '_>,
+    src: &'s ibverbs::MemoryRegion,
+    remote: RemoteSlice,
+) -> Result<(), String> {
+    let local = s.local(src, ..).map_err(|e| e.to_string())?;
+    s.post_send(ibverbs::ScopedSend::write(local, remote)).map_err(|e| e.to_string())
+}
+
+/// One poll through the scope (a function of its own for callgrind).
+#[inline(never)]
+fn poll_scoped(s: &mut ibverbs::Scope<'_, '_>, comps: &mut [Completion]) -> Result<usize, String> {
+    let got = s.poll(comps).map_err(|e| e.to_string())?;
+    if got.first().is_some_and(|c| !c.is_ok()) {
+        return Err("completion error at the scoped level".into());
+    }
+    Ok(got.len())
+}
+
 /// Posts one iteration's `n` requests at `level` (a function of its own, so that callgrind
 /// reports its cost apart).
 #[inline(never)]
@@ -299,6 +364,11 @@ fn post<'a>(
         Level::Prepared => {
             b.qp.post_prepared(&b.prepared, 0, 0, 8, 0).map_err(|e| e.to_string())?;
         }
+        Level::Owned => {
+            let wr = SendRequest::write(ibverbs::Local::whole(b.src.clone()), remote);
+            b.qp.post_send(wr).map_err(|e| e.to_string())?;
+        }
+        Level::Scoped => return Err("the scoped level runs in run_scoped".into()),
         Level::Unsafe => {
             let mut bad = ptr::null_mut();
             // SAFETY: a valid NULL-terminated chain of inline writes (data copied during the
@@ -326,7 +396,7 @@ fn poll(
     wcs: &mut [WorkCompletion],
 ) -> Result<(usize, bool), String> {
     let r = match level {
-        Level::Safe | Level::Prepared => {
+        Level::Safe | Level::Prepared | Level::Owned => {
             let got = b.cq.poll(comps).map_err(|e| e.to_string())?;
             (got.len(), got.first().map_or(true, |c| c.is_ok()))
         }
@@ -355,6 +425,7 @@ fn poll(
                 }
             }
         }
+        Level::Scoped => return Err("the scoped level runs in run_scoped".into()),
         Level::Ffi => {
             // SAFETY: valid CQ; room for one ibv_wc (WorkCompletion is transparent).
             let ret = unsafe { ffi::ibv_poll_cq(b.cq.as_raw(), 1, wcs.as_mut_ptr().cast()) };
@@ -404,16 +475,30 @@ fn main() {
         let spec = std::env::var("POST_POLL_ONLY").unwrap_or_default();
         let (name, chain) = spec.split_once(':').unwrap_or((&spec, ""));
         let chain: Option<usize> = chain.parse().ok();
-        let all = [Level::Safe, Level::Prepared, Level::Unsafe, Level::Ffi, Level::ExSafe, Level::ExFfi];
+        let all = [
+            Level::Safe,
+            Level::Prepared,
+            Level::Unsafe,
+            Level::Ffi,
+            Level::ExSafe,
+            Level::ExFfi,
+            Level::Owned,
+            Level::Scoped,
+        ];
         let Some(&level) = all.iter().find(|l| format!("{l:?}") == name) else {
             eprintln!("post_poll: POST_POLL_ONLY={name}: not one of {all:?}");
             std::process::exit(2);
         };
         for (n, iters) in [(1usize, 200usize), (CHAIN, 20)] {
-            if chain.is_some_and(|c| c != n) {
+            if chain.is_some_and(|c| c != n) || (n > 1 && matches!(level, Level::Owned | Level::Scoped)) {
                 continue;
             }
-            if let Err(e) = run(&mut b, level, n, iters) {
+            let r = if level == Level::Scoped {
+                run_scoped(&mut b, iters)
+            } else {
+                run(&mut b, level, n, iters).map(drop)
+            };
+            if let Err(e) = r {
                 eprintln!("post_poll: {e}");
                 std::process::exit(1);
             }

@@ -56,7 +56,7 @@
 //! # Safety model
 //!
 //! Posting a work request hands memory to the device until a completion says it is done. The
-//! crate offers two levels:
+//! crate offers three levels:
 //!
 //! 1. **Safe, owned buffers** ([`QueuePair::post_send`], [`post_recv`](QueuePair::post_recv),
 //!    [`post_send_chain`](QueuePair::post_send_chain)): a request *moves* its buffers in — an owned
@@ -70,6 +70,9 @@
 //!    [`CompletionQueue::poll_raw`], and for the extended path [`QueuePair::qp_ex_raw`] and
 //!    [`CompletionQueue::cq_ex_raw`]): raw `ibv_send_wr` chains (or `ibv_wr_*` builder calls) at
 //!    exactly C's cost. The `# Safety` sections state what must stay valid until completion.
+//! 3. **Safe, borrowed buffers** ([`QueuePair::scope`]): requests over slices of registered
+//!    regions *borrowed* for a scope that does not return before the device is done with them
+//!    (see *Scoped borrowed buffers* below).
 //!
 //! What the crate guarantees, and what a user of the `unsafe` level must guarantee, class by
 //! class:
@@ -181,6 +184,70 @@
 //! value is still dropped at most once; values not reached yet are released later or leaked,
 //! never dropped twice. `poll` drops what the caller left in its array *before* taking
 //! completions from the device, so a panic there loses no completion.
+//!
+//! ## Scoped borrowed buffers
+//! [`QueuePair::scope`] (and [`scope_split`](QueuePair::scope_split) for a QP with two CQs) runs
+//! a closure with a [`Scope`], in the style of `std::thread::scope`. The answers to the hard
+//! cases:
+//! - **Shape.** `qp.scope(&mut cq, |s| ...)`: the scope holds `&mut` of the QP (scopes cannot
+//!   nest on one QP; they may on different ones) and of the CQ(s) both work queues complete into
+//!   (checked before the closure runs: [`Error::InvalidArgument`]). The closure is generic over
+//!   the scope's lifetime `'s` (invariant; `'env: 's`); [`Scope::post_send`] and
+//!   [`post_recv`](Scope::post_recv) take [`ScopedSend<'s>`]/[`ScopedRecv<'s>`], so only memory
+//!   borrowed from outside the closure can be posted, and the borrow checker keeps it borrowed
+//!   until `scope` returns — after the drain.
+//! - **Borrows.** [`Scope::local`] takes `&'b MemoryRegion` (the device only reads it: Send and
+//!   Write sources; the caller may keep reading it), [`Scope::local_mut`] `&'b mut MemoryRegion`
+//!   (the device may write it: receives, RDMA Read and atomic targets; nothing else can touch the
+//!   region until the scope returns), with the same for a [`Chunk`]. A request whose device
+//!   writes a shared borrow is refused at post ([`Error::InvalidArgument`]), as at the owned
+//!   level. A [`RemoteMemoryRegion`] is borrowed shared and may still be device-written
+//!   ([`Scope::local_remote`]): it only ever gives copies, so the remote-writable rules above
+//!   hold unchanged; no scope hands out `&[u8]` of anything. A borrowed region cannot be dropped
+//!   (deregistered) while borrowed. A request may be posted on any scope whose QP shares the
+//!   region's PD (checked at post): whichever scope posts it drains it, and only a borrow that
+//!   outlives that scope's call compiles.
+//! - **Engine.** A scoped request goes through the owned level's engine (checks, a slot of the
+//!   ring, the `wr_id` naming it, the CQ's registry); its slot holds no buffer. Posting costs no
+//!   allocation and no lock (pinned by `tests/device_alloc.rs`).
+//! - **Counting.** After each scoped post the scope records the ring position that follows it.
+//!   Work queues complete in order, so once the ring has released every position before it (its
+//!   completion, or a later one of the same queue, polled), the device is done with every scoped
+//!   request of that queue. The count lives in the scope's own frame, not in anything the
+//!   closure owns: `mem::forget` of a request, a [`PostError`] or the `&mut Scope` leaks nothing
+//!   the drain needs. The position test is exact while anything before it is outstanding
+//!   (Miri-run unit tests cover the wrap of `u32` positions).
+//! - **Completions.** [`Scope::poll`] polls the CQ(s) through [`CompletionQueue::poll`]:
+//!   scoped completions carry the caller's `wr_id` and no buffer; owned ones hand theirs back;
+//!   other QPs' on a shared CQ come as always. The drain polls the device itself and **keeps**
+//!   every completion it polls in the CQ ([`CompletionQueue::kept`]), which its next `poll` (or
+//!   `poll_wait`) returns first, in order: nothing is lost, whoever it belongs to.
+//! - **Drain.** When the closure returns or panics (caught with `catch_unwind`), the scope waits
+//!   for its requests with a bound ([`Scope::set_drain_timeouts`], 10 s by default), then moves
+//!   the QP to ERR (`ibv_modify_qp`) so the device flushes the rest, and waits again (10 s); if
+//!   the device has still not given everything back it resets the QP (`ibv_modify_qp` to RESET:
+//!   the device forgets every request, the rule the owned level relies on for
+//!   [`QueuePair::reset`]), and if even that fails it **aborts the process**: blocking forever is
+//!   the only other sound choice, and returning would hand back memory the device may write. A
+//!   panic while draining (a dropped buffer's free callback) is caught and resumed after the
+//!   drain. A drain that had to fail the QP returns [`Error::Timeout`]; a panicking scope leaves
+//!   the QP in ERR (the closure's protocol stopped in the middle) and then resumes the panic.
+//!   Either way the QP needs [`QueuePair::reset`] and a new connection.
+//! - **Unsignaled requests.** A scoped request posted unsignaled is finished by the next signaled
+//!   completion of its queue; if none follows, the drain cannot see it finish and ends by failing
+//!   the QP.
+//! - **What the caller must not do.** Nothing in safe code can end a scope early. *Raw users:*
+//!   consuming a scope's completions behind its back (`ibv_poll_cq` through
+//!   [`CompletionQueue::as_raw`] during a scope) only makes its drain wait for the bound and fail
+//!   the QP; resetting or destroying the QP through [`QueuePair::as_raw`] during a scope is
+//!   forbidden like every destroy of an object the crate owns.
+//!
+//! Pinned by `tests/device_scope.rs` (borrowed sends, writes, reads and receives with their data
+//! checked; 32 receives over one split borrow; owned and scoped requests mixed; a shared CQ whose
+//! other completions the drain keeps; a panic while a 4 MiB RDMA Read lands in the borrowed
+//! buffer: every byte landed, the QP is in ERR; a peer that is gone: the drain fails the QP and
+//! the flush completes both requests; a chain of unsignaled scoped writes; the extended data
+//! path) and the `compile_fail` tests below.
 //!
 //! ## Memory that others write
 //! A peer may write a region registered with [`AccessFlags::REMOTE_WRITE`] or
@@ -455,6 +522,74 @@
 //! # }
 //! ```
 //!
+//! A buffer borrowed exclusively by a scoped RDMA Read (or receive) can be neither read nor
+//! written until the scope returns:
+//! ```compile_fail,E0502
+//! # fn f(qp: &mut ibverbs::QueuePair, cq: &mut ibverbs::CompletionQueue,
+//! #      mut buf: ibverbs::MemoryRegion, peer: ibverbs::RemoteSlice) {
+//! use ibverbs::ScopedSend;
+//! qp.scope(cq, |s| {
+//!     s.post_send(ScopedSend::read(s.local_mut(&mut buf, ..).unwrap(), peer)).unwrap();
+//!     println!("{}", buf[0]); // error: cannot borrow `buf` as immutable (borrowed as mutable)
+//! }).unwrap();
+//! # }
+//! ```
+//! ```compile_fail,E0499
+//! # fn f(qp: &mut ibverbs::QueuePair, cq: &mut ibverbs::CompletionQueue, mut buf: ibverbs::MemoryRegion) {
+//! use ibverbs::ScopedRecv;
+//! qp.scope(cq, |s| {
+//!     s.post_recv(ScopedRecv::new(s.local_mut(&mut buf, ..).unwrap())).unwrap();
+//!     buf[0] = 1; // error: cannot borrow `buf` as mutable more than once
+//! }).unwrap();
+//! # }
+//! ```
+//! A buffer a scoped send reads cannot be written meanwhile:
+//! ```compile_fail,E0502
+//! # fn f(qp: &mut ibverbs::QueuePair, cq: &mut ibverbs::CompletionQueue, mut buf: ibverbs::MemoryRegion) {
+//! use ibverbs::ScopedSend;
+//! qp.scope(cq, |s| {
+//!     s.post_send(ScopedSend::send(s.local(&buf, ..).unwrap())).unwrap();
+//!     buf[0] = 1; // error: cannot borrow `buf` as mutable (borrowed as immutable)
+//! }).unwrap();
+//! # }
+//! ```
+//! Only memory that outlives the scope can be posted in it (a buffer of the closure's own would
+//! be freed before the drain):
+//! ```compile_fail,E0597
+//! # fn f(qp: &mut ibverbs::QueuePair, cq: &mut ibverbs::CompletionQueue, pd: &ibverbs::ProtectionDomain) {
+//! use ibverbs::ScopedRecv;
+//! qp.scope(cq, |s| {
+//!     let mut buf = pd.allocate(64).unwrap();
+//!     s.post_recv(ScopedRecv::new(s.local_mut(&mut buf, ..).unwrap())).unwrap(); // error: `buf` does not live long enough
+//! }).unwrap();
+//! # }
+//! ```
+//! The scope cannot escape its closure:
+//! ```compile_fail,E0521
+//! # fn f(qp: &mut ibverbs::QueuePair, cq: &mut ibverbs::CompletionQueue) {
+//! let mut kept = None;
+//! qp.scope(cq, |s| kept = Some(s)).unwrap(); // error: borrowed data escapes outside of closure
+//! # }
+//! ```
+//! Scopes do not nest on one queue pair:
+//! ```compile_fail,E0500
+//! # fn f(qp: &mut ibverbs::QueuePair, cq: &mut ibverbs::CompletionQueue, cq2: &mut ibverbs::CompletionQueue) {
+//! qp.scope(cq, |_| {
+//!     qp.scope(cq2, |_| ()).unwrap(); // error: closure requires unique access to `*qp` but it is already borrowed
+//! }).unwrap();
+//! # }
+//! ```
+//! A scoped request cannot be posted at the owned level (on a queue pair no scope drains):
+//! ```compile_fail,E0308
+//! # fn f(qp: &mut ibverbs::QueuePair, other: &mut ibverbs::QueuePair,
+//! #      cq: &mut ibverbs::CompletionQueue, buf: ibverbs::MemoryRegion) {
+//! use ibverbs::ScopedSend;
+//! qp.scope(cq, |s| {
+//!     other.post_send(ScopedSend::send(s.local(&buf, ..).unwrap())).unwrap(); // error: mismatched types
+//! }).unwrap();
+//! # }
+//! ```
+//!
 //! And these that must:
 //! ```
 //! fn assert_static_send_sync<T: 'static + Send + Sync>() {}
@@ -475,6 +610,24 @@
 //! assert_copy::<ibverbs::CqId>();
 //! // Handles can live in the caller's own structs, without lifetimes.
 //! struct Endpoint { _qp: ibverbs::QueuePair, _cq: ibverbs::CompletionQueue, _pd: ibverbs::ProtectionDomain }
+//! ```
+//! A buffer is the caller's again once the scope has returned, and a scope may post a buffer
+//! borrowed outside an enclosing scope's closure (it drains it itself):
+//! ```
+//! # fn f(a: &mut ibverbs::QueuePair, cq_a: &mut ibverbs::CompletionQueue,
+//! #      b: &mut ibverbs::QueuePair, cq_b: &mut ibverbs::CompletionQueue,
+//! #      mut buf: ibverbs::MemoryRegion, pd: &ibverbs::ProtectionDomain) {
+//! use ibverbs::{ScopedRecv, ScopedSend};
+//! a.scope(cq_a, |s| {
+//!     s.post_recv(ScopedRecv::new(s.local_mut(&mut buf, ..).unwrap())).unwrap();
+//!     let mut inner = pd.allocate(64).unwrap();
+//!     b.scope(cq_b, |t| {
+//!         t.post_recv(ScopedRecv::new(t.local_mut(&mut inner, ..).unwrap())).unwrap();
+//!     }).unwrap();
+//!     inner[0] = 1;
+//! }).unwrap();
+//! buf[0] = 1;
+//! # }
 //! ```
 #![warn(missing_docs)]
 
@@ -521,7 +674,10 @@ pub use memory::{
 pub use pd::ProtectionDomain;
 pub use pool::ReceivePool;
 pub use post::raw;
-pub use post::{Local, LocalBuf, PreparedSend, RecvRequest, SendOps, SendRequest, MAX_SGE};
+pub use post::{
+    Local, LocalBuf, PreparedSend, RecvRequest, Scope, ScopedLocal, ScopedRecv, ScopedSend, SendOps,
+    SendRequest, MAX_SGE,
+};
 pub use queue::{
     Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpState, QpType, QueuePair,
     QueuePairBuilder, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,

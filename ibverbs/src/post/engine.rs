@@ -150,7 +150,9 @@ pub(crate) fn post_one<R: Request>(
     let mut bad = std::ptr::null_mut();
     let ret = match post {
         // SAFETY: valid QP; `raw` and `sges` describe registered memory of the QP's PD held by the
-        // slot until its completion (or inline data borrowed by `wr`, copied during this call).
+        // slot until its completion (or inline data borrowed by `wr`, copied during this call; or,
+        // for a scope's request, memory its borrow keeps until the scope's drain saw this position
+        // released).
         Some(f) => unsafe { f(qp, &mut raw, &mut bad) },
         None => libc::ENOSYS,
     };
@@ -235,6 +237,7 @@ pub(crate) fn post_chain<R: Request>(
     Err(Error::from_ret(R::VERB, ret))
 }
 
+#[inline]
 fn take_bufs(sges: &mut [Option<Local>; MAX_SGE]) -> [Option<LocalBuf>; MAX_SGE] {
     // Compact, in SGE order: slot entry i is the buffer of `ibv_sge` i.
     let mut out: [Option<LocalBuf>; MAX_SGE] = Default::default();

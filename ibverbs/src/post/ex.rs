@@ -276,7 +276,8 @@ pub(crate) fn post_batch<R: Request<Raw = ffi::ibv_send_wr>>(
         let raw = &mut scratch[i];
         raw.sg_list = scratch_sges[i].as_mut_ptr();
         // SAFETY: between wr_start and wr_complete; checked in pass 1; the SGEs name memory of
-        // buffers about to move into the slot (the move does not move the memory).
+        // buffers about to move into the slot (the move does not move the memory), or memory a
+        // scope's borrow keeps until its drain saw the slot's position released.
         unsafe { ex.build(raw) };
         // SAFETY: producer; positions head..head + n are free (n <= free).
         unsafe { ring.write(head.wrapping_add(i as u32), wr.take_slot()) };

@@ -12,6 +12,10 @@
 //!    CQs (per-slot CAS state and generation instead of a ring's in-order positions); each CQ's
 //!    registry also knows the SRQs attached to it.
 //!
+//! 5. [`scope`]: the third level, requests over memory *borrowed* for a
+//!    [`QueuePair::scope`](crate::QueuePair::scope): same slots (holding no buffer) and `wr_id`s,
+//!    the borrow ending only after the scope's drain saw every position released.
+//!
 //! [`ex`] is the second hand-over to the provider, for queue pairs created with
 //! [`SendOps`]: the same requests, slots and `wr_id`s, replayed as `ibv_wr_*` builder calls with
 //! one `ibv_wr_complete` per batch.
@@ -22,10 +26,12 @@ pub(crate) mod prepared;
 pub mod raw;
 pub(crate) mod registry;
 pub(crate) mod ring;
+pub(crate) mod scope;
 pub(crate) mod table;
 pub(crate) mod wr;
 
 pub(crate) use engine::Slot;
 pub use ex::SendOps;
 pub use prepared::PreparedSend;
+pub use scope::{Scope, ScopedLocal, ScopedRecv, ScopedSend};
 pub use wr::{Local, LocalBuf, RecvRequest, SendRequest, MAX_SGE};

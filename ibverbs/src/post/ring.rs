@@ -94,6 +94,17 @@ impl<T> Ring<T> {
         self.head.load(Ordering::Acquire).wrapping_sub(self.tail.load(Ordering::Acquire))
     }
 
+    /// Whether a position before `end` is still outstanding, where `end` is a value `head` had
+    /// (a scope's position after its last request). Never `false` while one is: such a
+    /// position `p` has `tail <= p < end <= head`, so `head - end < head - tail <= cap` without
+    /// wrapping. (After 2^32 more posts a stale `end` may read as pending while nothing before it
+    /// is: a longer wait, never an early end.)
+    pub(crate) fn pending_before(&self, end: u32) -> bool {
+        let head = self.head.load(Ordering::Acquire);
+        let tail = self.tail.load(Ordering::Acquire);
+        head.wrapping_sub(tail) > head.wrapping_sub(end)
+    }
+
     /// Producer: the position the next push gets, and how many slots are free.
     pub(crate) fn producer_state(&self) -> (u32, u32) {
         let head = self.head.load(Ordering::Relaxed);
@@ -265,6 +276,50 @@ mod tests {
             // SAFETY: single consumer.
             assert_eq!(unsafe { ring.complete(start.wrapping_add(k)) }, Some(u64::from(k)));
         }
+    }
+
+    #[test]
+    fn pending_before_tracks_the_positions_a_scope_posted_across_the_wrap() {
+        for start in [0u32, u32::MAX - 2] {
+            let ring = Ring::<u64>::new(4, 0);
+            ring.head.store(start, Ordering::Relaxed);
+            ring.tail.store(start, Ordering::Relaxed);
+            assert!(!ring.pending_before(start), "nothing posted");
+            for k in 0..3u32 {
+                // SAFETY: producer, free positions.
+                unsafe { ring.write(start.wrapping_add(k), u64::from(k)) };
+            }
+            ring.set_head(start.wrapping_add(3));
+            // A scope posted position start + 1 (end = start + 2); 0 and 2 are someone else's.
+            let end = start.wrapping_add(2);
+            assert!(ring.pending_before(end));
+            // SAFETY: single consumer.
+            unsafe {
+                assert_eq!(ring.complete(start), Some(0));
+                assert!(ring.pending_before(end), "position start + 1 is still out");
+                assert_eq!(ring.complete(start.wrapping_add(1)), Some(1));
+            }
+            assert!(!ring.pending_before(end), "released, though a later position is out");
+            assert!(ring.pending_before(start.wrapping_add(3)));
+            // SAFETY: single consumer.
+            assert_eq!(unsafe { ring.complete(start.wrapping_add(2)) }, Some(2));
+            assert!(!ring.pending_before(start.wrapping_add(3)));
+        }
+    }
+
+    #[test]
+    fn a_later_completion_releases_a_scoped_position_before_it() {
+        // Unsignaled requests: a completion at p releases every earlier position.
+        let ring = Ring::<u64>::new(8, 0);
+        for k in 0..5u32 {
+            // SAFETY: producer, free positions.
+            unsafe { ring.write(k, u64::from(k)) };
+        }
+        ring.set_head(5);
+        assert!(ring.pending_before(2));
+        // SAFETY: single consumer.
+        assert_eq!(unsafe { ring.complete(4) }, Some(4));
+        assert!(!ring.pending_before(2) && !ring.pending_before(5));
     }
 
     thread_local! {

@@ -1,5 +1,6 @@
 //! Completion queues and polling.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
@@ -68,6 +69,9 @@ impl Drop for CqInner {
 /// Shared by any number of queue pairs, and by both queues of a QP.
 pub struct CompletionQueue {
     pub(crate) inner: Arc<CqInner>,
+    /// Completions a scope's drain polled (see [`QueuePair::scope`](crate::QueuePair::scope)):
+    /// the next polls return them first. Empty (and unallocated) unless a drain found some.
+    kept: VecDeque<Completion>,
 }
 
 impl fmt::Debug for CompletionQueue {
@@ -166,6 +170,7 @@ impl CompletionQueue {
                 events,
                 ctx: ctx.inner.clone(),
             }),
+            kept: VecDeque::new(),
         })
     }
 
@@ -258,6 +263,10 @@ impl CompletionQueue {
         timeout: Duration,
         solicited_only: bool,
     ) -> Result<&'c mut [Completion]> {
+        if !self.kept.is_empty() {
+            let n = self.take_kept(out);
+            return Ok(&mut out[..n]);
+        }
         let inner = self.inner.clone();
         // SAFETY: &mut self makes us the registry's only consumer.
         let n = wait_loop(&inner, timeout, solicited_only, || unsafe {
@@ -293,6 +302,10 @@ impl CompletionQueue {
     /// same queue are released at the same time. Buffers of queue pairs dropped (or reset) with
     /// work outstanding are released here too. Allocates nothing, takes no lock.
     ///
+    /// Completions kept by a scope's drain ([`kept`](Self::kept), see
+    /// [`QueuePair::scope`](crate::QueuePair::scope)) come first: a call that returns kept ones
+    /// does not poll the device.
+    ///
     /// Whatever the entries of `out` still held (buffers not taken from earlier completions) is
     /// dropped first. A call that returns fewer completions than `out` has room for has seen the
     /// CQ empty: only then do the registry index and CQ room of dropped or reset queue pairs
@@ -315,11 +328,15 @@ impl CompletionQueue {
     #[doc(alias = "ibv_next_poll")]
     #[doc(alias = "ibv_end_poll")]
     pub fn poll<'c>(&mut self, out: &'c mut [Completion]) -> Result<&'c mut [Completion]> {
+        if !self.kept.is_empty() {
+            let n = self.take_kept(out);
+            return Ok(&mut out[..n]);
+        }
         let inner = &*self.inner;
-        // The classic call is spelled out here (not shared with poll_wait_with through a helper):
-        // one instance of poll_into per caller, as before the extended path existed, keeps the
-        // classic poll's code as it was (a shared instance cost 11 instructions per released
-        // slot under callgrind).
+        // The classic call is spelled out here (not shared with poll_wait_with or the scope's
+        // poll_device through a helper): one instance of poll_into per caller, as before the
+        // extended path existed, keeps the classic poll's code as it was (a shared instance cost
+        // 11 instructions per released slot under callgrind).
         let n = match &inner.ex {
             // SAFETY: &mut self makes us the registry's only consumer; the provider's poll_cq on
             // this live CQ.
@@ -330,6 +347,42 @@ impl CompletionQueue {
             Some(ex) => unsafe { poll_into_ex(ex, &inner.registry, out) }?,
         };
         Ok(&mut out[..n])
+    }
+
+    /// Completions a scope's drain polled and kept for the caller, not returned by
+    /// [`poll`](Self::poll) yet (see [`QueuePair::scope`](crate::QueuePair::scope)).
+    pub fn kept(&self) -> usize {
+        self.kept.len()
+    }
+
+    /// Keeps a completion polled by a scope's drain for the next polls.
+    pub(crate) fn keep(&mut self, c: Completion) {
+        self.kept.push_back(c);
+    }
+
+    /// Moves kept completions into `out` (what its entries held is dropped first, as in `poll`);
+    /// returns how many.
+    #[cold]
+    #[inline(never)]
+    fn take_kept(&mut self, out: &mut [Completion]) -> usize {
+        take_kept(&mut self.kept, out)
+    }
+
+    /// [`poll`](Self::poll) of the device itself, past the kept completions (a scope's drain):
+    /// returns how many entries of `out` it filled.
+    #[inline(never)]
+    pub(crate) fn poll_device(&mut self, out: &mut [Completion]) -> Result<usize> {
+        let inner = &*self.inner;
+        let n = match &inner.ex {
+            // SAFETY: &mut self makes us the registry's only consumer; the provider's poll_cq on
+            // this live CQ.
+            None => unsafe {
+                poll_into(&inner.registry, out, |n, wcs| (inner.poll_fn)(inner.raw.as_ptr(), n, wcs))
+            }?,
+            // SAFETY: as above; the poll table of this live CQ.
+            Some(ex) => unsafe { poll_into_ex(ex, &inner.registry, out) }?,
+        };
+        Ok(n)
     }
 
     /// Polls completions as the device reports them (`ibv_poll_cq()`), at exactly C's cost: no
@@ -430,6 +483,22 @@ fn wait_loop(
             return Ok(n);
         }
     }
+}
+
+/// Moves completions from `kept` into `out`, oldest first; what the entries of `out` held is
+/// dropped first (if a buffer's drop panics, no kept completion has been taken yet). Returns how
+/// many.
+fn take_kept(kept: &mut VecDeque<Completion>, out: &mut [Completion]) -> usize {
+    let n = out.len().min(kept.len());
+    for c in &mut out[..n] {
+        c.clear();
+    }
+    for c in &mut out[..n] {
+        if let Some(k) = kept.pop_front() {
+            *c = k;
+        }
+    }
+    n
 }
 
 /// Completions fetched from the device per provider call of [`CompletionQueue::poll`].
@@ -541,6 +610,30 @@ mod tests {
     use super::*;
     use crate::post::ring::{RECV, TAG};
     use crate::queue::completion::{WcOpcode, WcStatus};
+
+    #[test]
+    fn kept_completions_come_back_oldest_first_in_as_many_calls_as_needed() {
+        let mut kept: VecDeque<Completion> = (0..5u64)
+            .map(|i| {
+                let mut c = Completion::default();
+                c.set_wr_id(100 + i);
+                c
+            })
+            .collect();
+        let mut out: [Completion; 2] = Default::default();
+        out[0].set_wr_id(9);
+        let mut seen = Vec::new();
+        loop {
+            let n = take_kept(&mut kept, &mut out);
+            if n == 0 {
+                break;
+            }
+            seen.extend(out[..n].iter().map(Completion::wr_id));
+        }
+        assert_eq!(seen, [100, 101, 102, 103, 104]);
+        assert!(kept.is_empty());
+        assert_eq!(take_kept(&mut kept, &mut out[..0]), 0);
+    }
 
     /// Writes a completion the way mlx5 does for a successful Send/RDMA Write: wr_id, status,
     /// opcode, qp_num and wc_flags only.

@@ -2,6 +2,7 @@
 //! in [`state`], posting in [`post`].
 
 mod post;
+mod scope;
 mod state;
 
 use std::fmt;

@@ -9,7 +9,7 @@ use crate::post::engine::{post_chain, post_one, RawPost, Request};
 use crate::post::ex;
 use crate::post::prepared::{PreparedPost, PreparedSend};
 use crate::post::wr::Op;
-use crate::post::{RecvRequest, SendRequest};
+use crate::post::{RecvRequest, ScopedRecv, ScopedSend, SendRequest};
 use crate::queue::qp::{PostError, QpState, QpType, QueuePair};
 
 impl QueuePair {
@@ -46,6 +46,12 @@ impl QueuePair {
     /// Everything about a send request but the QP's state.
     fn check_send_request(&self, wr: &SendRequest<'_>) -> Result<()> {
         let count = wr.validate(&self.pd)?;
+        self.check_send_fit(wr, count)
+    }
+
+    /// The checks of a send request against this QP's type and capacities, given its entry count.
+    #[inline]
+    fn check_send_fit(&self, wr: &SendRequest<'_>, count: usize) -> Result<()> {
         let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_post_send", reason });
         if wr.ud.as_ref().is_some_and(|(ah, _, _)| !Arc::ptr_eq(&ah.inner.pd, &self.pd)) {
             return bad("the address handle belongs to another protection domain");
@@ -75,6 +81,17 @@ impl QueuePair {
     }
 
     fn check_recv(&self, wr: &RecvRequest) -> Result<()> {
+        self.check_recv_state()?;
+        if wr.validate(&self.pd)? > self.caps.max_recv_sge as usize {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_post_recv",
+                reason: "more scatter/gather entries than the QP's max_recv_sge",
+            });
+        }
+        Ok(())
+    }
+
+    fn check_recv_state(&self) -> Result<()> {
         if !self.has_recv {
             return Err(Error::InvalidArgument {
                 verb: "ibv_post_recv",
@@ -88,13 +105,65 @@ impl QueuePair {
                 expected: "INIT, RTR or RTS",
             });
         }
+        Ok(())
+    }
+
+    /// Posts a scope's send request (see [`Scope::post_send`](crate::Scope::post_send)) with the
+    /// checks of [`post_send`](Self::post_send); returns the send ring's position after it.
+    pub(crate) fn post_scoped_send(&mut self, wr: &mut ScopedSend<'_>) -> Result<u32> {
+        self.check_send_state()?;
+        let count = wr.validate(&self.pd)?;
+        self.check_send_fit(&wr.wr, count)?;
+        match &self.ex {
+            None => post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, wr)?,
+            Some(ex) => ex::post_batch(
+                ex,
+                &self.send,
+                &mut self.chain,
+                &mut self.chain_sges,
+                std::slice::from_mut(wr),
+            )?,
+        }
+        Ok(self.send.producer_state().0)
+    }
+
+    /// Posts a chain of a scope's send requests with one doorbell (see
+    /// [`Scope::post_send_chain`](crate::Scope::post_send_chain)); returns the send ring's
+    /// position after the last request posted if any was (also when an error left others
+    /// unposted), and the outcome.
+    pub(crate) fn post_scoped_send_chain(
+        &mut self,
+        wrs: &mut Vec<ScopedSend<'_>>,
+    ) -> (Option<u32>, Result<()>) {
+        let before = self.send.producer_state().0;
+        let checked = wrs.iter().try_for_each(|wr| {
+            self.check_send_state()?;
+            let count = wr.validate(&self.pd)?;
+            self.check_send_fit(&wr.wr, count)
+        });
+        let r = checked.and_then(|()| match &self.ex {
+            Some(ex) => ex::post_chain(ex, &self.send, &mut self.chain, &mut self.chain_sges, wrs),
+            None => {
+                let qp = self.raw.as_ptr();
+                post_chain(qp, &self.send, self.post_send_fn, &mut self.chain, &mut self.chain_sges, wrs)
+            }
+        });
+        let after = self.send.producer_state().0;
+        ((after != before).then_some(after), r)
+    }
+
+    /// Posts a scope's receive request (see [`Scope::post_recv`](crate::Scope::post_recv)) with
+    /// the checks of [`post_recv`](Self::post_recv); returns the receive ring's position after it.
+    pub(crate) fn post_scoped_recv(&mut self, wr: &mut ScopedRecv<'_>) -> Result<u32> {
+        self.check_recv_state()?;
         if wr.validate(&self.pd)? > self.caps.max_recv_sge as usize {
             return Err(Error::InvalidArgument {
                 verb: "ibv_post_recv",
                 reason: "more scatter/gather entries than the QP's max_recv_sge",
             });
         }
-        Ok(())
+        post_one(self.raw.as_ptr(), &self.recv, self.post_recv_fn, wr)?;
+        Ok(self.recv.producer_state().0)
     }
 
     /// Posts one send-queue work request (`ibv_post_send()`), safely: the QP keeps the request's

@@ -232,6 +232,13 @@ impl QueuePair {
     #[doc(alias = "ibv_modify_qp")]
     pub fn reset(&mut self) -> Result<()> {
         self.check_not_cm()?;
+        self.reset_unchecked()
+    }
+
+    /// [`reset`](Self::reset) without the RDMA-CM check (a scope's last resort: see
+    /// [`QueuePair::scope`]). Once it returns with the QP in RESET or UNUSABLE, the device has
+    /// forgotten every request.
+    pub(crate) fn reset_unchecked(&mut self) -> Result<()> {
         let mut attr = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_RESET, ..Default::default() };
         self.modify(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE)?;
         // The device has forgotten every request: retire the rings (their buffers go at the next
