@@ -520,7 +520,10 @@ pub use memory::{
 pub use pd::ProtectionDomain;
 pub use pool::ReceivePool;
 pub use post::raw;
-pub use post::{Local, LocalBuf, PreparedSend, RecvRequest, SendOps, SendRequest, MAX_SGE};
+pub use post::{
+    Local, LocalBuf, PreparedChainError, PreparedPost, PreparedSend, RecvRequest, SendOps, SendRequest,
+    MAX_SGE,
+};
 pub use queue::{
     Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpState, QpType, QueuePair,
     QueuePairBuilder, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,

@@ -28,6 +28,7 @@
 //! - **Logs**: the whole console of the last VM is kept in `~/.cache/ibverbs-xtask/last-console.log`;
 //!   its tail is printed when a boot fails, the VM dies or a command times out.
 
+mod callgrind;
 mod cargo;
 mod demo;
 mod image;
@@ -87,10 +88,13 @@ Commands:
         TEST_ARGS go to each device test binary (e.g. a test name filter).
   demo [--vm] [--mtu N] [--timeout S]
         Show the device at work: our devinfo, rc_pingpong and write_bw examples (one VM boot).
-  bench [--vm] [--mtu N] [--timeout S] [--twohost]
+  bench [--vm] [--mtu N] [--timeout S] [--twohost | --callgrind]
         Benchmarks in one VM boot: our write_bw, read_bw, send_bw, write_lat, send_lat against
         perftest's ib_* tools (alternating, medians and ratios), then the post/poll micro-benchmark
-        (safe level vs unsafe level vs raw ffi). Release build.
+        (safe level vs unsafe level vs raw ffi), then its instruction counts under callgrind
+        (per WR, post and poll, ours and the provider's; a table, and
+        target/xtask-bench/callgrind.json). Release build.
+        --callgrind: only the instruction counts.
         --twohost: instead, the same comparison across the two guests of rxe2 (servers in A,
         clients in B; examples/perf/compare_twohost.sh, PAIRS=3 by default), as a table.
   deps [--dry-run] [--allow-remove PKG]...
@@ -137,6 +141,8 @@ struct Options {
     publish: bool,
     /// `test --twohost`.
     twohost: bool,
+    /// `bench --callgrind`.
+    callgrind: bool,
     /// `deps --dry-run`.
     dry_run: bool,
     /// `rxe2 --mtu-b N`.
@@ -158,6 +164,7 @@ impl Default for Options {
             miri: false,
             publish: false,
             twohost: false,
+            callgrind: false,
             dry_run: false,
             mtu_b: None,
             smp: None,
@@ -245,6 +252,7 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
             "--miri" if flag && command == "test" => opts.miri = true,
             "--publish" if flag && command == "test" => opts.publish = true,
             "--twohost" if flag && (command == "test" || command == "bench") => opts.twohost = true,
+            "--callgrind" if flag && command == "bench" => opts.callgrind = true,
             "--dry-run" if flag && command == "deps" => opts.dry_run = true,
             "--allow-remove" if command == "deps" => {
                 let v = value()?;
@@ -286,6 +294,9 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
         }
         "test" => Ok(Cli::Test(opts, tail)),
         _ if !tail.is_empty() => Err(format!("{command} takes no arguments")),
+        "bench" if opts.twohost && opts.callgrind => {
+            Err("bench takes --twohost or --callgrind, not both".into())
+        }
         "bench" => Ok(Cli::Bench(opts)),
         "deps" => Ok(Cli::Deps(opts)),
         _ => Ok(Cli::Demo(opts)),
@@ -412,9 +423,8 @@ fn main() -> ExitCode {
         }
         Cli::Bench(opts) if opts.twohost => prereq::ensure(&[prereq::Group::Build, prereq::Group::Vm])
             .and_then(|()| demo::bench_twohost(opts.timeout)),
-        Cli::Bench(opts) => {
-            backend(opts, &[prereq::Group::Build]).and_then(|backend| demo::bench(&backend, opts.timeout))
-        }
+        Cli::Bench(opts) => backend(opts, &[prereq::Group::Build])
+            .and_then(|backend| demo::bench(&backend, opts.timeout, opts.callgrind)),
         Cli::Deps(opts) => {
             prereq::ensure_packages(&prereq::packages(&prereq::Group::ALL), opts.dry_run, &opts.allow_remove)
                 .map(|()| 0)
@@ -518,6 +528,11 @@ mod tests {
             parse_args(&os(&["bench", "--timeout", "900"])),
             Ok(Cli::Bench(Options { timeout: secs(900), ..Options::default() }))
         );
+        assert_eq!(
+            parse_args(&os(&["bench", "--callgrind"])),
+            Ok(Cli::Bench(Options { callgrind: true, ..Options::default() }))
+        );
+        assert!(parse_args(&os(&["test", "--callgrind"])).is_err());
         assert_eq!(
             parse_args(&os(&["test", "--valgrind", "--tsan", "--", "x"])),
             Ok(Cli::Test(Options { valgrind: true, tsan: true, ..Options::default() }, os(&["x"])))

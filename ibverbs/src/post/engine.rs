@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::ah::AhInner;
 use crate::error::{Error, Result};
 use crate::ffi;
+use crate::post::prepared::{PreparedChainError, PreparedPost};
 use crate::post::registry::{RegisterError, Registry};
 use crate::post::ring::Ring;
 use crate::post::wr::{Local, LocalBuf, RecvRequest, SendRequest, MAX_SGE};
@@ -233,6 +234,61 @@ pub(crate) fn post_chain<R: Request>(
     }
     wrs.drain(..posted);
     Err(Error::from_ret(R::VERB, ret))
+}
+
+/// Posts prepared requests as one chain (one doorbell), built in the QP's `scratch` arrays; see
+/// `QueuePair::post_prepared_chain`. Each post was checked by the caller. On error, the number
+/// of posts that reached the device comes with it.
+pub(crate) fn post_prepared_chain(
+    qp: *mut ffi::ibv_qp,
+    ring: &Ring<Slot>,
+    post: Option<RawPost<ffi::ibv_send_wr>>,
+    scratch: &mut [ffi::ibv_send_wr],
+    scratch_sges: &mut [[ffi::ibv_sge; MAX_SGE]],
+    posts: &[PreparedPost<'_>],
+) -> std::result::Result<(), PreparedChainError> {
+    let n = posts.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let verb = "ibv_post_send";
+    let head = batch_head(ring, n, scratch.len().min(scratch_sges.len()), verb)
+        .map_err(|error| PreparedChainError { posted: 0, error })?;
+    // As in `post_chain`: every access to the scratch arrays goes through these two pointers.
+    let base = scratch.as_mut_ptr();
+    let sge_base = scratch_sges.as_mut_ptr();
+    for (i, p) in posts.iter().enumerate() {
+        let pos = head.wrapping_add(i as u32);
+        // SAFETY: i < n <= both lengths; each element is borrowed only for this iteration.
+        let (raw, sges) = unsafe { (&mut *base.add(i), &mut *sge_base.add(i)) };
+        p.fill_raw(raw, sges, ring.device_wr_id(pos));
+        if i + 1 < n {
+            // SAFETY: i + 1 < n <= scratch.len().
+            raw.next = unsafe { base.add(i + 1) };
+        }
+        // SAFETY: producer; positions head..head + n are free (n <= free).
+        unsafe { ring.write(pos, p.slot()) };
+    }
+    ring.set_head(head.wrapping_add(n as u32));
+    let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+    let ret = match post {
+        // SAFETY: a valid NULL-terminated chain of n requests in QP-owned scratch, describing
+        // memory held by the slots (shared buffers, checked ranges).
+        Some(f) => unsafe { f(qp, base, &mut bad) },
+        None => libc::ENOSYS,
+    };
+    if ret == 0 {
+        return Ok(());
+    }
+    let offset = (bad as usize).wrapping_sub(base as usize);
+    let size = std::mem::size_of::<ffi::ibv_send_wr>();
+    let posted = if !bad.is_null() && offset % size == 0 && offset / size < n { offset / size } else { 0 };
+    ring.set_head(head.wrapping_add(posted as u32));
+    for i in posted..n {
+        // SAFETY: withdrawn positions, never seen by the device or the consumer.
+        drop(unsafe { ring.take_back(head.wrapping_add(i as u32)) });
+    }
+    Err(PreparedChainError { posted, error: Error::from_ret(verb, ret) })
 }
 
 fn take_bufs(sges: &mut [Option<Local>; MAX_SGE]) -> [Option<LocalBuf>; MAX_SGE] {

@@ -27,5 +27,5 @@ pub(crate) mod wr;
 
 pub(crate) use engine::Slot;
 pub use ex::SendOps;
-pub use prepared::PreparedSend;
+pub use prepared::{PreparedChainError, PreparedPost, PreparedSend};
 pub use wr::{Local, LocalBuf, RecvRequest, SendRequest, MAX_SGE};

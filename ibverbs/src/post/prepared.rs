@@ -131,13 +131,85 @@ impl PreparedSend {
     }
 }
 
-/// One post of a prepared request (what the posting engine needs of it).
-pub(crate) struct PreparedPost<'p> {
+/// One post of a [`PreparedSend`] in a chain: the request, its `wr_id`, its local range
+/// `offset..offset + len` and (RDMA Write/Read, atomics) its remote offset; built with
+/// [`PreparedSend::at`], posted with
+/// [`QueuePair::post_prepared_chain`](crate::QueuePair::post_prepared_chain).
+#[derive(Clone, Copy)]
+pub struct PreparedPost<'p> {
     pub(crate) prepared: &'p PreparedSend,
     pub(crate) wr_id: u64,
     pub(crate) offset: usize,
     pub(crate) len: u32,
     pub(crate) remote_offset: u64,
+    /// `send_flags` of the template with `IBV_SEND_SIGNALED` cleared when the post is
+    /// unsignaled.
+    pub(crate) flags: u32,
+}
+
+impl fmt::Debug for PreparedPost<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreparedPost")
+            .field("wr_id", &self.wr_id)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .field("remote_offset", &self.remote_offset)
+            .field("signaled", &(self.flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0))
+            .finish_non_exhaustive()
+    }
+}
+
+impl PreparedSend {
+    /// One post of this request with `wr_id`, local bytes `offset..offset + len` and remote
+    /// bytes `remote_offset..remote_offset + len`, for
+    /// [`QueuePair::post_prepared_chain`](crate::QueuePair::post_prepared_chain) (the ranges
+    /// are checked when it is posted). Signaled as the request was prepared.
+    pub fn at(&self, wr_id: u64, offset: usize, len: u32, remote_offset: u64) -> PreparedPost<'_> {
+        PreparedPost { prepared: self, wr_id, offset, len, remote_offset, flags: self.template.send_flags }
+    }
+}
+
+impl PreparedPost<'_> {
+    /// Clears `IBV_SEND_SIGNALED`: the post produces no completion of its own; its slot is
+    /// released by the next signaled completion of the queue pair (a prepared request holds
+    /// only shared buffers, so that is always allowed).
+    pub fn unsignaled(mut self) -> Self {
+        self.flags &= !ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        self
+    }
+}
+
+/// A chain of prepared posts stopped short:
+/// [`QueuePair::post_prepared_chain`](crate::QueuePair::post_prepared_chain) posted the first
+/// `posted` of them (their completions come as usual) and not the rest.
+#[derive(Debug)]
+pub struct PreparedChainError {
+    /// How many posts, from the first, reached the device.
+    pub posted: usize,
+    /// Why the rest did not.
+    pub error: Error,
+}
+
+impl fmt::Display for PreparedChainError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (after {} posted)", self.error, self.posted)
+    }
+}
+
+impl std::error::Error for PreparedChainError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl PreparedPost<'_> {
+    /// What the slot keeps alive: one more handle to the shared buffer (and the UD address).
+    #[inline]
+    pub(crate) fn slot(&self) -> Slot {
+        let p = self.prepared;
+        let buf = p.buf.clone_shared();
+        Slot { wr_id: self.wr_id, bufs: [buf, None, None, None], _ah: p.ah.clone() }
+    }
 }
 
 impl Request for PreparedPost<'_> {
@@ -149,6 +221,7 @@ impl Request for PreparedPost<'_> {
         let p = self.prepared;
         *raw = p.template;
         raw.wr_id = device_wr_id;
+        raw.send_flags = self.flags;
         sges[0] =
             ffi::ibv_sge { addr: p.base.wrapping_add(self.offset as u64), length: self.len, lkey: p.lkey };
         raw.sg_list = sges.as_mut_ptr();
@@ -172,9 +245,7 @@ impl Request for PreparedPost<'_> {
 
     #[inline]
     fn take_slot(&mut self) -> Slot {
-        let p = self.prepared;
-        let buf = p.buf.clone_shared();
-        Slot { wr_id: self.wr_id, bufs: [buf, None, None, None], _ah: p.ah.clone() }
+        self.slot()
     }
 
     fn give_back(&mut self, slot: Slot, _sges: &[ffi::ibv_sge; MAX_SGE]) {
