@@ -219,9 +219,17 @@ impl Request for PreparedPost<'_> {
     #[inline]
     fn fill_raw(&self, raw: &mut Self::Raw, sges: &mut [ffi::ibv_sge; MAX_SGE], device_wr_id: u64) {
         let p = self.prepared;
-        *raw = p.template;
+        let t = &p.template;
+        // Field by field rather than `*raw = *t`: a whole-struct copy of this size becomes a
+        // `memcpy` call on the post path. Every field of `ibv_send_wr` is written.
         raw.wr_id = device_wr_id;
+        raw.next = std::ptr::null_mut();
+        raw.opcode = t.opcode;
         raw.send_flags = self.flags;
+        raw.__bindgen_anon_1 = t.__bindgen_anon_1;
+        raw.wr = t.wr;
+        raw.qp_type = t.qp_type;
+        raw.__bindgen_anon_2 = t.__bindgen_anon_2;
         sges[0] =
             ffi::ibv_sge { addr: p.base.wrapping_add(self.offset as u64), length: self.len, lkey: p.lkey };
         raw.sg_list = sges.as_mut_ptr();

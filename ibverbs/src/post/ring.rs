@@ -151,6 +151,29 @@ impl<T> Ring<T> {
         value
     }
 
+    /// Consumer: drops the oldest outstanding slot where it lies (no move out of the ring) and
+    /// then releases its position. If the drop unwinds, the position is released all the same
+    /// (the value counts as dropped: it is never dropped again).
+    ///
+    /// # Safety
+    /// Called only by the consumer, with `tail != head`.
+    #[inline]
+    unsafe fn drop_oldest(&self, tail: u32) {
+        /// Releases the position when dropped, on return or on unwind: until then the producer
+        /// cannot reuse the slot (it writes only positions below `tail + cap`).
+        struct Release<'a>(&'a AtomicU32, u32);
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                self.0.store(self.1.wrapping_add(1), Ordering::Release);
+            }
+        }
+        let _release = Release(&self.tail, tail);
+        // SAFETY: tail is in [tail, head): published and unreleased, ours to drop (contract);
+        // the guard releases the position only after the drop, so nobody else touches it
+        // meanwhile.
+        unsafe { (*self.slot(tail)).assume_init_drop() };
+    }
+
     /// Consumer: releases every position up to and including `pos`, returning the slot of `pos`
     /// and dropping the earlier ones (unsignaled requests completed by this one). Returns `None`
     /// (and releases nothing) when `pos` is not outstanding: a stale or foreign `wr_id`.
@@ -170,7 +193,7 @@ impl<T> Ring<T> {
         }
         while tail != pos {
             // SAFETY: consumer (contract); tail != pos and pos is outstanding, so tail != head.
-            drop(unsafe { self.pop(tail) });
+            unsafe { self.drop_oldest(tail) };
             tail = tail.wrapping_add(1);
         }
         // SAFETY: as above; pos is outstanding.

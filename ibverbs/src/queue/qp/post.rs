@@ -349,7 +349,7 @@ impl QueuePair {
     ) -> Result<()> {
         let f = self
             .post_send_fn
-            .ok_or(Error::InvalidArgument { verb: "ibv_post_send", reason: "no post_send" })?;
+            .ok_or_else(|| Error::InvalidArgument { verb: "ibv_post_send", reason: "no post_send" })?;
         // SAFETY: the caller's contract.
         cvt("ibv_post_send", unsafe { f(self.raw.as_ptr(), wr, bad_wr) })
     }
@@ -374,7 +374,7 @@ impl QueuePair {
     ) -> Result<()> {
         let f = self
             .post_recv_fn
-            .ok_or(Error::InvalidArgument { verb: "ibv_post_recv", reason: "no post_recv" })?;
+            .ok_or_else(|| Error::InvalidArgument { verb: "ibv_post_recv", reason: "no post_recv" })?;
         // SAFETY: the caller's contract.
         cvt("ibv_post_recv", unsafe { f(self.raw.as_ptr(), wr, bad_wr) })
     }
