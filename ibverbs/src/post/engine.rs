@@ -79,6 +79,15 @@ pub(crate) trait Request {
     fn link(raw: &mut Self::Raw, next: *mut Self::Raw);
     /// Moves what must live until the completion into a slot.
     fn take_slot(&mut self) -> Slot;
+    /// [`take_slot`](Self::take_slot) straight into the ring's slot at `pos`.
+    ///
+    /// # Safety
+    /// As [`Ring::write`]: the producer, for a free position.
+    #[inline]
+    unsafe fn write_slot(&mut self, ring: &Ring<Slot>, pos: u32) {
+        // SAFETY: the caller's contract.
+        unsafe { ring.write(pos, self.take_slot()) };
+    }
     /// Takes back a withdrawn slot (a request that was not posted after all), whose SGEs were
     /// `sges`.
     fn give_back(&mut self, slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]);
@@ -101,6 +110,43 @@ impl Request for SendRequest<'_> {
             bufs[0] = Some(LocalBuf::Window(Box::new(w)));
         }
         Slot { wr_id: self.wr_id, bufs, _ah: ah }
+    }
+    #[inline]
+    unsafe fn write_slot(&mut self, ring: &Ring<Slot>, pos: u32) {
+        // What take_slot does, written into the slot where it lies.
+        let ah = self.ud.as_ref().map(|(ah, _, _)| ah.inner.clone());
+        let window = self.window.take().map(|w| LocalBuf::Window(Box::new(w)));
+        let (wr_id, sges) = (self.wr_id, &mut self.sges);
+        let init = |slot: *mut Slot| {
+            // SAFETY: `slot` points to the free slot (uninitialised, ours alone); every field
+            // and every buffer entry is written exactly once (k counts the entries written).
+            unsafe {
+                std::ptr::addr_of_mut!((*slot).wr_id).write(wr_id);
+                std::ptr::addr_of_mut!((*slot)._ah).write(ah);
+                let bufs = std::ptr::addr_of_mut!((*slot).bufs).cast::<Option<LocalBuf>>();
+                let mut k = 0;
+                // A window request has no SGEs: its window takes entry 0.
+                if let Some(w) = window {
+                    bufs.write(Some(w));
+                    k = 1;
+                }
+                // Compact, in SGE order: slot entry i is the buffer of `ibv_sge` i.
+                for s in sges.iter_mut() {
+                    if let Some(l) = s.take() {
+                        if k < MAX_SGE {
+                            bufs.add(k).write(Some(l.into_buf()));
+                            k += 1;
+                        }
+                    }
+                }
+                while k < MAX_SGE {
+                    bufs.add(k).write(None);
+                    k += 1;
+                }
+            }
+        };
+        // SAFETY: the caller's contract; `init` initialises the whole slot.
+        unsafe { ring.write_in_place(pos, init) };
     }
     fn give_back(&mut self, mut slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]) {
         if matches!(slot.bufs[0], Some(LocalBuf::Window(_))) {
@@ -146,7 +192,7 @@ pub(crate) fn post_one<R: Request>(
     wr.fill_raw(&mut raw, &mut sges, ring.device_wr_id(head));
     // Publish the slot before posting: the completion may be polled before the post returns.
     // SAFETY: we are the producer (the caller holds &mut QueuePair) and `head` is free.
-    unsafe { ring.write(head, wr.take_slot()) };
+    unsafe { wr.write_slot(ring, head) };
     ring.set_head(head.wrapping_add(1));
     let mut bad = std::ptr::null_mut();
     let ret = match post {
@@ -207,7 +253,7 @@ pub(crate) fn post_chain<R: Request>(
             R::link(raw, unsafe { base.add(i + 1) });
         }
         // SAFETY: producer; positions head..head + n are free (n <= free).
-        unsafe { ring.write(pos, wr.take_slot()) };
+        unsafe { wr.write_slot(ring, pos) };
     }
     ring.set_head(head.wrapping_add(n as u32));
     let mut bad: *mut R::Raw = std::ptr::null_mut();
@@ -267,7 +313,7 @@ pub(crate) fn post_prepared_chain(
             raw.next = unsafe { base.add(i + 1) };
         }
         // SAFETY: producer; positions head..head + n are free (n <= free).
-        unsafe { ring.write(pos, p.slot()) };
+        unsafe { p.write_slot_at(ring, pos) };
     }
     ring.set_head(head.wrapping_add(n as u32));
     let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();

@@ -3,6 +3,7 @@
 //! only the `wr_id`, the local range and the remote offset changing, checked cheaply.
 
 use std::fmt;
+use std::ptr::addr_of_mut;
 use std::sync::Arc;
 
 use crate::ah::AhInner;
@@ -10,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::ffi;
 use crate::memory::RemoteSlice;
 use crate::post::engine::{Request, Slot};
+use crate::post::ring::Ring;
 use crate::post::wr::{LocalBuf, Op, SendRequest, MAX_SGE};
 
 /// A send-queue request prepared for one queue pair by
@@ -210,6 +212,31 @@ impl PreparedPost<'_> {
         let buf = p.buf.clone_shared();
         Slot { wr_id: self.wr_id, bufs: [buf, None, None, None], _ah: p.ah.clone() }
     }
+
+    /// [`slot`](Self::slot), written field by field into the ring's slot at `pos`.
+    ///
+    /// # Safety
+    /// As [`Ring::write`]: the producer, for a free position.
+    #[inline]
+    pub(crate) unsafe fn write_slot_at(&self, ring: &Ring<Slot>, pos: u32) {
+        let p = self.prepared;
+        let (buf, ah) = (p.buf.clone_shared(), p.ah.clone());
+        let init = |slot: *mut Slot| {
+            // SAFETY: `slot` points to the free slot (uninitialised, ours alone); every field
+            // is written once, so the whole value is initialised on return.
+            unsafe {
+                addr_of_mut!((*slot).wr_id).write(self.wr_id);
+                let bufs = addr_of_mut!((*slot).bufs).cast::<Option<LocalBuf>>();
+                bufs.write(buf);
+                for k in 1..MAX_SGE {
+                    bufs.add(k).write(None);
+                }
+                addr_of_mut!((*slot)._ah).write(ah);
+            }
+        };
+        // SAFETY: the caller's contract; `init` initialises the whole slot.
+        unsafe { ring.write_in_place(pos, init) };
+    }
 }
 
 impl Request for PreparedPost<'_> {
@@ -254,6 +281,12 @@ impl Request for PreparedPost<'_> {
     #[inline]
     fn take_slot(&mut self) -> Slot {
         self.slot()
+    }
+
+    #[inline]
+    unsafe fn write_slot(&mut self, ring: &Ring<Slot>, pos: u32) {
+        // SAFETY: the caller's contract.
+        unsafe { self.write_slot_at(ring, pos) };
     }
 
     fn give_back(&mut self, slot: Slot, _sges: &[ffi::ibv_sge; MAX_SGE]) {
