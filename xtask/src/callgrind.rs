@@ -113,15 +113,15 @@ pub fn parse_dump(text: &str) -> (u32, Count) {
             cob = Some(resolve(v));
         } else if line.starts_with("calls=") {
             in_call = true;
-        } else if line.starts_with(|c: char| c.is_ascii_digit() || c == '+' || c == '-' || c == '*') {
-            if in_call {
-                let callee = cob.take().unwrap_or_else(|| ob.clone());
-                let cost: u64 = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or(0);
-                if is_provider(&callee) && !is_provider(&ob) {
-                    count.provider += cost;
-                }
-                in_call = false;
+        } else if in_call
+            && line.starts_with(|c: char| c.is_ascii_digit() || c == '+' || c == '-' || c == '*')
+        {
+            let callee = cob.take().unwrap_or_else(|| ob.clone());
+            let cost: u64 = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or(0);
+            if is_provider(&callee) && !is_provider(&ob) {
+                count.provider += cost;
             }
+            in_call = false;
         }
     }
     (part, count)
@@ -261,9 +261,9 @@ pub fn json(rows: &[Row], commit: &str, date: &str) -> String {
         "  \"method\": \"callgrind Ir in the VM, benches/post_poll.rs (8-byte RDMA Writes on a loopback RC pair; inline except the prepared level), post and poll toggled apart; provider = inclusive cost of calls into the provider library; ours = total - provider\",\n  \"rows\": [\n",
     );
     for (i, r) in rows.iter().enumerate() {
-        let _ = write!(
+        let _ = writeln!(
             out,
-            "    {{\"level\": \"{}\", \"wrs_per_post\": {}, \"iterations\": {}, \"post_total\": {}, \"post_provider\": {}, \"poll_total\": {}, \"poll_provider\": {}, \"polls\": {}, \"empty_polls\": {}, \"per_wr\": {{\"post_total\": {:.1}, \"post_ours\": {:.1}, \"poll_total\": {:.1}, \"poll_ours\": {:.1}}}}}{}\n",
+            "    {{\"level\": \"{}\", \"wrs_per_post\": {}, \"iterations\": {}, \"post_total\": {}, \"post_provider\": {}, \"poll_total\": {}, \"poll_provider\": {}, \"polls\": {}, \"empty_polls\": {}, \"per_wr\": {{\"post_total\": {:.1}, \"post_ours\": {:.1}, \"poll_total\": {:.1}, \"poll_ours\": {:.1}}}}}{}",
             r.level,
             r.wrs,
             r.iterations,
