@@ -177,6 +177,7 @@ impl Request for RecvRequest {
 
 /// Posts one checked request on `ring`'s work queue of `qp`; on error the request keeps its
 /// buffers (taken by reference: the request is not moved again on the post path).
+#[inline]
 pub(crate) fn post_one<R: Request>(
     qp: *mut ffi::ibv_qp,
     ring: &Ring<Slot>,
