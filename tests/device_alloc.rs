@@ -148,6 +148,26 @@ fn prepared_posts_do_not_allocate() {
             assert_eq!(allocs, 0, "prepared posts allocated {allocs} times");
         }
     }
+    // Chains of 8 (7 unsignaled, the last signaled), as post_poll's Prepared level posts them.
+    for round in 0..2 {
+        let before = ALLOCS.load(Ordering::Relaxed);
+        for i in 0..40u64 {
+            let posts: [ibverbs::PreparedPost<'_>; 8] = std::array::from_fn(|k| {
+                let post = prepared.at(i * 8 + k as u64, k, 8, 8 * k as u64);
+                if k < 7 {
+                    post.unsignaled()
+                } else {
+                    post
+                }
+            });
+            p.a.post_prepared_chain(&posts).unwrap();
+            drain(&mut p.cq_a, &mut out, 1);
+        }
+        let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+        if round == 1 {
+            assert_eq!(allocs, 0, "prepared chains allocated {allocs} times");
+        }
+    }
 }
 
 #[test]

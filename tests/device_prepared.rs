@@ -100,3 +100,50 @@ fn a_prepared_request_is_checked_once_and_cheaply_after() {
     assert_eq!(fresh.state(), QpState::RESET);
     assert!(matches!(fresh.post_prepared(&early, 0, 0, 8, 0), Err(Error::QpState { .. })));
 }
+
+#[test]
+fn prepared_chains_post_with_one_call_and_hand_every_buffer_back() {
+    let mut p = rc_pair(32);
+    let mut src = p.pd.allocate(4096).unwrap();
+    src.copy_from_slice(&pattern(4096, 3));
+    let src = Arc::new(src);
+    let target = Arc::new(p.pd.allocate_remote(8192, AccessFlags::REMOTE_WRITE).unwrap());
+    let prepared = p.a.prepare_send(SendRequest::write(Local::whole(src.clone()), target.remote())).unwrap();
+    let mut expect = vec![0u8; 8192];
+    for round in 0..20u64 {
+        // 16 writes, only the last signaled: its completion releases all 16 slots.
+        let posts: Vec<ibverbs::PreparedPost<'_>> = (0..16u64)
+            .map(|k| {
+                let i = round * 16 + k;
+                let (off, len, roff) = ((i * 131) as usize % 4000, 1 + (i * 7) as u32 % 96, (i * 257) % 8000);
+                expect[roff as usize..roff as usize + len as usize]
+                    .copy_from_slice(&src[off..off + len as usize]);
+                let post = prepared.at(i, off, len, roff);
+                if k < 15 {
+                    post.unsignaled()
+                } else {
+                    post
+                }
+            })
+            .collect();
+        p.a.post_prepared_chain(&posts).unwrap();
+        let c = poll_one(&mut p.cq_a);
+        assert!(c.is_ok() && c.is_tracked() && c.wr_id() == round * 16 + 15, "{c:?}");
+    }
+    assert_eq!(target.to_vec(), expect);
+    assert_eq!(Arc::strong_count(&src), 2, "every slot's clone was released (one left in `prepared`)");
+
+    // Checked before anything is posted: a bad range anywhere refuses the whole chain.
+    let posts = [prepared.at(1, 0, 8, 0), prepared.at(2, 4090, 8, 0)];
+    let e = p.a.post_prepared_chain(&posts).unwrap_err();
+    assert!(matches!(e.error, Error::OutOfBounds { .. }) && e.posted == 0, "{e:?}");
+    // Longer than the send queue: refused whole.
+    let posts: Vec<_> = (0..33).map(|i| prepared.at(i, 0, 8, 0).unsignaled()).collect();
+    let e = p.a.post_prepared_chain(&posts).unwrap_err();
+    assert!(matches!(e.error, Error::QueueFull { .. }) && e.posted == 0, "{e:?}");
+    // Another queue pair's request.
+    let e = p.b.post_prepared_chain(&[prepared.at(0, 0, 8, 0)]).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }) && e.posted == 0, "{e:?}");
+    assert!(p.a.post_prepared_chain(&[]).is_ok());
+    assert_eq!(Arc::strong_count(&src), 2, "refused chains keep nothing");
+}

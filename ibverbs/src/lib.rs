@@ -675,8 +675,8 @@ pub use pd::ProtectionDomain;
 pub use pool::ReceivePool;
 pub use post::raw;
 pub use post::{
-    Local, LocalBuf, PreparedSend, RecvRequest, Scope, ScopedLocal, ScopedRecv, ScopedSend, SendOps,
-    SendRequest, MAX_SGE,
+    Local, LocalBuf, PreparedChainError, PreparedPost, PreparedSend, RecvRequest, Scope, ScopedLocal,
+    ScopedRecv, ScopedSend, SendOps, SendRequest, MAX_SGE,
 };
 pub use queue::{
     Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpState, QpType, QueuePair,

@@ -113,12 +113,67 @@ pub fn run(backend: &vm::Backend, timeout: Option<Duration>) -> Result<u8, Strin
     run_lines(backend, DEMO, timeout.unwrap_or(TIMEOUT), "demo")
 }
 
-/// Runs the benchmarks (release build), each command limited to `timeout` (default 20 min).
-pub fn bench(backend: &vm::Backend, timeout: Option<Duration>) -> Result<u8, String> {
+/// Runs the benchmarks (release build), each command limited to `timeout` (default 20 min), then
+/// the instruction counts ([`crate::callgrind`]); with `callgrind_only`, only those.
+pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: bool) -> Result<u8, String> {
     let root = crate::workspace_root();
-    cargo::run(&root, &["build", "--release", "--examples"])?;
+    if !callgrind_only {
+        cargo::run(&root, &["build", "--release", "--examples"])?;
+    }
     cargo::run(&root, &["bench", "--no-run", "--bench", "post_poll"])?;
-    run_lines(backend, BENCH, timeout.unwrap_or(BENCH_TIMEOUT), "bench")
+    let lines = if callgrind_only { &[][..] } else { BENCH };
+    let timeout = timeout.unwrap_or(BENCH_TIMEOUT);
+    let callgrind = (
+        "instructions per WR under callgrind: ffi, unsafe, safe one-shot, safe prepared",
+        crate::callgrind::SCRIPT,
+    );
+    let (code, results) = run_lines_with(backend, lines, Some(callgrind), timeout, "bench")?;
+    let Some(out) = results.last().filter(|_| results.len() == lines.len() + 1) else {
+        eprintln!("xtask: the callgrind step did not run");
+        return Ok(code.max(1));
+    };
+    let (rows, problems) = crate::callgrind::parse_output(&String::from_utf8_lossy(&out.stdout));
+    for p in &problems {
+        eprintln!("xtask: callgrind: {p}");
+    }
+    if out.code != 0 || !problems.is_empty() {
+        eprintln!("xtask: the callgrind step's output:\n{}", String::from_utf8_lossy(&out.stdout));
+    }
+    println!("\nuser-space instructions per WR (callgrind, benches/post_poll.rs; \"ours\" = all but the provider library's share):\n");
+    println!("{}", crate::callgrind::table(&rows));
+    let commit = git_commit(&root);
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let dir = cargo::target_dir(&root)?.join("xtask-bench");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let file = dir.join("callgrind.json");
+    std::fs::write(&file, crate::callgrind::json(&rows, &commit, &date))
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    eprintln!("xtask: wrote {}", file.display());
+    Ok(if problems.is_empty() && out.code == 0 { code } else { code.max(1) })
+}
+
+/// The workspace's commit (`git rev-parse --short HEAD`, with `-dirty` for local changes).
+fn git_commit(root: &std::path::Path) -> String {
+    let run = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let head = run(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty = run(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty {
+        format!("{head}-dirty")
+    } else {
+        head
+    }
 }
 
 /// `cargo xtask bench --twohost`: `examples/perf/compare_twohost.sh` in both guests of a pair
@@ -214,11 +269,23 @@ fn run_lines(
     timeout: Duration,
     what: &str,
 ) -> Result<u8, String> {
+    run_lines_with(backend, lines, None, timeout, what).map(|(code, _)| code)
+}
+
+/// [`run_lines`], then `captured` (title, line) if given, whose output is only kept (the caller
+/// reads it from the results); returns the exit status of `lines` and every step's result.
+fn run_lines_with(
+    backend: &vm::Backend,
+    lines: &[(&str, &str)],
+    captured: Option<(&str, &str)>,
+    timeout: Duration,
+    what: &str,
+) -> Result<(u8, Vec<vm::StepResult>), String> {
     let root = crate::workspace_root();
     let mut target_dir = b"TARGET_DIR=".to_vec();
     target_dir.extend_from_slice(&shell::quote(cargo::target_dir(&root)?.as_os_str().as_bytes()));
     target_dir.push(b'\n');
-    let steps: Vec<Step> = lines
+    let mut steps: Vec<Step> = lines
         .iter()
         .map(|(title, line)| Step {
             label: (*title).to_string(),
@@ -227,22 +294,37 @@ fn run_lines(
             output: Output::Live,
         })
         .collect();
+    if let Some((title, line)) = captured {
+        eprintln!("xtask: then (output kept for the table): {title}");
+        steps.push(Step {
+            label: title.to_string(),
+            script: shell::in_dir(&root, &[&target_dir[..], line.as_bytes()].concat()),
+            timeout,
+            output: Output::Captured,
+        });
+    }
     let mut failed = 0;
     let report = vm::run(&steps, backend, &mut |i, r| {
+        if i >= lines.len() {
+            return; // the captured step: judged by the caller
+        }
         if r.code != 0 {
             failed += 1;
             eprintln!("xtask: `{}` FAILED (exit {})", steps[i].label, r.code);
         }
     })?;
     report.explain(&steps);
-    Ok(match report.end {
+    let code = match report.end {
         vm::End::Completed if failed == 0 => {
-            eprintln!("xtask: {what} done: {} commands succeeded", steps.len());
+            if !lines.is_empty() {
+                eprintln!("xtask: {what} done: {} commands succeeded", lines.len());
+            }
             0
         }
         vm::End::Completed => 1,
         _ => report.single_step_exit_code().max(1),
-    })
+    };
+    Ok((code, report.results))
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@
 //! - **Logs**: the whole console of the last VM is kept in `~/.cache/ibverbs-xtask/last-console.log`;
 //!   its tail is printed when a boot fails, the VM dies or a command times out.
 
+mod callgrind;
 mod cargo;
 mod demo;
 mod image;
@@ -91,10 +92,13 @@ Commands:
         TEST_ARGS go to each device test binary (e.g. a test name filter).
   demo [--vm] [--mtu N] [--timeout S]
         Show the device at work: our devinfo, rc_pingpong and write_bw examples (one VM boot).
-  bench [--vm] [--mtu N] [--timeout S] [--twohost | --sweep]
+  bench [--vm] [--mtu N] [--timeout S] [--twohost | --sweep | --callgrind]
         Benchmarks in one VM boot: our write_bw, read_bw, send_bw, write_lat, send_lat against
         perftest's ib_* tools (alternating, medians and ratios), then the post/poll micro-benchmark
-        (safe level vs unsafe level vs raw ffi). Release build.
+        (safe level vs unsafe level vs raw ffi), then its instruction counts under callgrind
+        (per WR, post and poll, ours and the provider's; a table, and
+        target/xtask-bench/callgrind.json). Release build.
+        --callgrind: only the instruction counts.
         --twohost: instead, the same comparison across the two guests of rxe2 (servers in A,
         clients in B; examples/perf/compare_twohost.sh, PAIRS=3 by default), as a table.
         --sweep: instead, the size sweep (2 B - 1 MiB) of the five tests and the scaling sweep
@@ -147,6 +151,8 @@ struct Options {
     twohost: bool,
     /// `bench --sweep`.
     sweep: bool,
+    /// `bench --callgrind`.
+    callgrind: bool,
     /// `deps --dry-run`.
     dry_run: bool,
     /// `rxe2 --mtu-b N`.
@@ -169,6 +175,7 @@ impl Default for Options {
             publish: false,
             twohost: false,
             sweep: false,
+            callgrind: false,
             dry_run: false,
             mtu_b: None,
             smp: None,
@@ -257,6 +264,7 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
             "--publish" if flag && command == "test" => opts.publish = true,
             "--twohost" if flag && (command == "test" || command == "bench") => opts.twohost = true,
             "--sweep" if flag && command == "bench" => opts.sweep = true,
+            "--callgrind" if flag && command == "bench" => opts.callgrind = true,
             "--dry-run" if flag && command == "deps" => opts.dry_run = true,
             "--allow-remove" if command == "deps" => {
                 let v = value()?;
@@ -298,8 +306,8 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
         }
         "test" => Ok(Cli::Test(opts, tail)),
         _ if !tail.is_empty() => Err(format!("{command} takes no arguments")),
-        "bench" if opts.twohost && opts.sweep => {
-            Err("--twohost and --sweep are separate benchmarks: choose one".into())
+        "bench" if [opts.twohost, opts.sweep, opts.callgrind].iter().filter(|&&b| b).count() > 1 => {
+            Err("bench takes one of --twohost, --sweep and --callgrind".into())
         }
         "bench" => Ok(Cli::Bench(opts)),
         "deps" => Ok(Cli::Deps(opts)),
@@ -430,9 +438,8 @@ fn main() -> ExitCode {
         Cli::Bench(opts) if opts.sweep => {
             backend(opts, &[prereq::Group::Build]).and_then(|backend| sweep::run(&backend, opts.timeout))
         }
-        Cli::Bench(opts) => {
-            backend(opts, &[prereq::Group::Build]).and_then(|backend| demo::bench(&backend, opts.timeout))
-        }
+        Cli::Bench(opts) => backend(opts, &[prereq::Group::Build])
+            .and_then(|backend| demo::bench(&backend, opts.timeout, opts.callgrind)),
         Cli::Deps(opts) => {
             prereq::ensure_packages(&prereq::packages(&prereq::Group::ALL), opts.dry_run, &opts.allow_remove)
                 .map(|()| 0)
@@ -542,6 +549,12 @@ mod tests {
         );
         assert!(parse_args(&os(&["bench", "--sweep", "--twohost"])).is_err());
         assert!(parse_args(&os(&["test", "--sweep"])).is_err());
+        assert!(parse_args(&os(&["bench", "--sweep", "--callgrind"])).is_err());
+        assert_eq!(
+            parse_args(&os(&["bench", "--callgrind"])),
+            Ok(Cli::Bench(Options { callgrind: true, ..Options::default() }))
+        );
+        assert!(parse_args(&os(&["test", "--callgrind"])).is_err());
         assert_eq!(
             parse_args(&os(&["test", "--valgrind", "--tsan", "--", "x"])),
             Ok(Cli::Test(Options { valgrind: true, tsan: true, ..Options::default() }, os(&["x"])))

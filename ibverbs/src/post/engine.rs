@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::ah::AhInner;
 use crate::error::{Error, Result};
 use crate::ffi;
+use crate::post::prepared::{PreparedChainError, PreparedPost};
 use crate::post::registry::{RegisterError, Registry};
 use crate::post::ring::Ring;
 use crate::post::wr::{Local, LocalBuf, RecvRequest, SendRequest, MAX_SGE};
@@ -78,6 +79,15 @@ pub(crate) trait Request {
     fn link(raw: &mut Self::Raw, next: *mut Self::Raw);
     /// Moves what must live until the completion into a slot.
     fn take_slot(&mut self) -> Slot;
+    /// [`take_slot`](Self::take_slot) straight into the ring's slot at `pos`.
+    ///
+    /// # Safety
+    /// As [`Ring::write`]: the producer, for a free position.
+    #[inline]
+    unsafe fn write_slot(&mut self, ring: &Ring<Slot>, pos: u32) {
+        // SAFETY: the caller's contract.
+        unsafe { ring.write(pos, self.take_slot()) };
+    }
     /// Takes back a withdrawn slot (a request that was not posted after all), whose SGEs were
     /// `sges`.
     fn give_back(&mut self, slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]);
@@ -100,6 +110,43 @@ impl Request for SendRequest<'_> {
             bufs[0] = Some(LocalBuf::Window(Box::new(w)));
         }
         Slot { wr_id: self.wr_id, bufs, _ah: ah }
+    }
+    #[inline]
+    unsafe fn write_slot(&mut self, ring: &Ring<Slot>, pos: u32) {
+        // What take_slot does, written into the slot where it lies.
+        let ah = self.ud.as_ref().map(|(ah, _, _)| ah.inner.clone());
+        let window = self.window.take().map(|w| LocalBuf::Window(Box::new(w)));
+        let (wr_id, sges) = (self.wr_id, &mut self.sges);
+        let init = |slot: *mut Slot| {
+            // SAFETY: `slot` points to the free slot (uninitialised, ours alone); every field
+            // and every buffer entry is written exactly once (k counts the entries written).
+            unsafe {
+                std::ptr::addr_of_mut!((*slot).wr_id).write(wr_id);
+                std::ptr::addr_of_mut!((*slot)._ah).write(ah);
+                let bufs = std::ptr::addr_of_mut!((*slot).bufs).cast::<Option<LocalBuf>>();
+                let mut k = 0;
+                // A window request has no SGEs: its window takes entry 0.
+                if let Some(w) = window {
+                    bufs.write(Some(w));
+                    k = 1;
+                }
+                // Compact, in SGE order: slot entry i is the buffer of `ibv_sge` i.
+                for s in sges.iter_mut() {
+                    if let Some(l) = s.take() {
+                        if k < MAX_SGE {
+                            bufs.add(k).write(Some(l.into_buf()));
+                            k += 1;
+                        }
+                    }
+                }
+                while k < MAX_SGE {
+                    bufs.add(k).write(None);
+                    k += 1;
+                }
+            }
+        };
+        // SAFETY: the caller's contract; `init` initialises the whole slot.
+        unsafe { ring.write_in_place(pos, init) };
     }
     fn give_back(&mut self, mut slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]) {
         if matches!(slot.bufs[0], Some(LocalBuf::Window(_))) {
@@ -130,6 +177,7 @@ impl Request for RecvRequest {
 
 /// Posts one checked request on `ring`'s work queue of `qp`; on error the request keeps its
 /// buffers (taken by reference: the request is not moved again on the post path).
+#[inline]
 pub(crate) fn post_one<R: Request>(
     qp: *mut ffi::ibv_qp,
     ring: &Ring<Slot>,
@@ -145,7 +193,7 @@ pub(crate) fn post_one<R: Request>(
     wr.fill_raw(&mut raw, &mut sges, ring.device_wr_id(head));
     // Publish the slot before posting: the completion may be polled before the post returns.
     // SAFETY: we are the producer (the caller holds &mut QueuePair) and `head` is free.
-    unsafe { ring.write(head, wr.take_slot()) };
+    unsafe { wr.write_slot(ring, head) };
     ring.set_head(head.wrapping_add(1));
     let mut bad = std::ptr::null_mut();
     let ret = match post {
@@ -208,7 +256,7 @@ pub(crate) fn post_chain<R: Request>(
             R::link(raw, unsafe { base.add(i + 1) });
         }
         // SAFETY: producer; positions head..head + n are free (n <= free).
-        unsafe { ring.write(pos, wr.take_slot()) };
+        unsafe { wr.write_slot(ring, pos) };
     }
     ring.set_head(head.wrapping_add(n as u32));
     let mut bad: *mut R::Raw = std::ptr::null_mut();
@@ -235,6 +283,61 @@ pub(crate) fn post_chain<R: Request>(
     }
     wrs.drain(..posted);
     Err(Error::from_ret(R::VERB, ret))
+}
+
+/// Posts prepared requests as one chain (one doorbell), built in the QP's `scratch` arrays; see
+/// `QueuePair::post_prepared_chain`. Each post was checked by the caller. On error, the number
+/// of posts that reached the device comes with it.
+pub(crate) fn post_prepared_chain(
+    qp: *mut ffi::ibv_qp,
+    ring: &Ring<Slot>,
+    post: Option<RawPost<ffi::ibv_send_wr>>,
+    scratch: &mut [ffi::ibv_send_wr],
+    scratch_sges: &mut [[ffi::ibv_sge; MAX_SGE]],
+    posts: &[PreparedPost<'_>],
+) -> std::result::Result<(), PreparedChainError> {
+    let n = posts.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let verb = "ibv_post_send";
+    let head = batch_head(ring, n, scratch.len().min(scratch_sges.len()), verb)
+        .map_err(|error| PreparedChainError { posted: 0, error })?;
+    // As in `post_chain`: every access to the scratch arrays goes through these two pointers.
+    let base = scratch.as_mut_ptr();
+    let sge_base = scratch_sges.as_mut_ptr();
+    for (i, p) in posts.iter().enumerate() {
+        let pos = head.wrapping_add(i as u32);
+        // SAFETY: i < n <= both lengths; each element is borrowed only for this iteration.
+        let (raw, sges) = unsafe { (&mut *base.add(i), &mut *sge_base.add(i)) };
+        p.fill_raw(raw, sges, ring.device_wr_id(pos));
+        if i + 1 < n {
+            // SAFETY: i + 1 < n <= scratch.len().
+            raw.next = unsafe { base.add(i + 1) };
+        }
+        // SAFETY: producer; positions head..head + n are free (n <= free).
+        unsafe { p.write_slot_at(ring, pos) };
+    }
+    ring.set_head(head.wrapping_add(n as u32));
+    let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+    let ret = match post {
+        // SAFETY: a valid NULL-terminated chain of n requests in QP-owned scratch, describing
+        // memory held by the slots (shared buffers, checked ranges).
+        Some(f) => unsafe { f(qp, base, &mut bad) },
+        None => libc::ENOSYS,
+    };
+    if ret == 0 {
+        return Ok(());
+    }
+    let offset = (bad as usize).wrapping_sub(base as usize);
+    let size = std::mem::size_of::<ffi::ibv_send_wr>();
+    let posted = if !bad.is_null() && offset % size == 0 && offset / size < n { offset / size } else { 0 };
+    ring.set_head(head.wrapping_add(posted as u32));
+    for i in posted..n {
+        // SAFETY: withdrawn positions, never seen by the device or the consumer.
+        drop(unsafe { ring.take_back(head.wrapping_add(i as u32)) });
+    }
+    Err(PreparedChainError { posted, error: Error::from_ret(verb, ret) })
 }
 
 #[inline]

@@ -280,7 +280,7 @@ pub(crate) fn post_batch<R: Request<Raw = ffi::ibv_send_wr>>(
         // scope's borrow keeps until its drain saw the slot's position released.
         unsafe { ex.build(raw) };
         // SAFETY: producer; positions head..head + n are free (n <= free).
-        unsafe { ring.write(head.wrapping_add(i as u32), wr.take_slot()) };
+        unsafe { wr.write_slot(ring, head.wrapping_add(i as u32)) };
     }
     // Published before the doorbell: a completion may be polled before wr_complete returns.
     ring.set_head(head.wrapping_add(n as u32));

@@ -3,6 +3,7 @@
 //! only the `wr_id`, the local range and the remote offset changing, checked cheaply.
 
 use std::fmt;
+use std::ptr::addr_of_mut;
 use std::sync::Arc;
 
 use crate::ah::AhInner;
@@ -10,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::ffi;
 use crate::memory::RemoteSlice;
 use crate::post::engine::{Request, Slot};
+use crate::post::ring::Ring;
 use crate::post::wr::{LocalBuf, Op, SendRequest, MAX_SGE};
 
 /// A send-queue request prepared for one queue pair by
@@ -131,13 +133,110 @@ impl PreparedSend {
     }
 }
 
-/// One post of a prepared request (what the posting engine needs of it).
-pub(crate) struct PreparedPost<'p> {
+/// One post of a [`PreparedSend`] in a chain: the request, its `wr_id`, its local range
+/// `offset..offset + len` and (RDMA Write/Read, atomics) its remote offset; built with
+/// [`PreparedSend::at`], posted with
+/// [`QueuePair::post_prepared_chain`](crate::QueuePair::post_prepared_chain).
+#[derive(Clone, Copy)]
+pub struct PreparedPost<'p> {
     pub(crate) prepared: &'p PreparedSend,
     pub(crate) wr_id: u64,
     pub(crate) offset: usize,
     pub(crate) len: u32,
     pub(crate) remote_offset: u64,
+    /// `send_flags` of the template with `IBV_SEND_SIGNALED` cleared when the post is
+    /// unsignaled.
+    pub(crate) flags: u32,
+}
+
+impl fmt::Debug for PreparedPost<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreparedPost")
+            .field("wr_id", &self.wr_id)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .field("remote_offset", &self.remote_offset)
+            .field("signaled", &(self.flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0))
+            .finish_non_exhaustive()
+    }
+}
+
+impl PreparedSend {
+    /// One post of this request with `wr_id`, local bytes `offset..offset + len` and remote
+    /// bytes `remote_offset..remote_offset + len`, for
+    /// [`QueuePair::post_prepared_chain`](crate::QueuePair::post_prepared_chain) (the ranges
+    /// are checked when it is posted). Signaled as the request was prepared.
+    pub fn at(&self, wr_id: u64, offset: usize, len: u32, remote_offset: u64) -> PreparedPost<'_> {
+        PreparedPost { prepared: self, wr_id, offset, len, remote_offset, flags: self.template.send_flags }
+    }
+}
+
+impl PreparedPost<'_> {
+    /// Clears `IBV_SEND_SIGNALED`: the post produces no completion of its own; its slot is
+    /// released by the next signaled completion of the queue pair (a prepared request holds
+    /// only shared buffers, so that is always allowed).
+    pub fn unsignaled(mut self) -> Self {
+        self.flags &= !ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        self
+    }
+}
+
+/// A chain of prepared posts stopped short:
+/// [`QueuePair::post_prepared_chain`](crate::QueuePair::post_prepared_chain) posted the first
+/// `posted` of them (their completions come as usual) and not the rest.
+#[derive(Debug)]
+pub struct PreparedChainError {
+    /// How many posts, from the first, reached the device.
+    pub posted: usize,
+    /// Why the rest did not.
+    pub error: Error,
+}
+
+impl fmt::Display for PreparedChainError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (after {} posted)", self.error, self.posted)
+    }
+}
+
+impl std::error::Error for PreparedChainError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl PreparedPost<'_> {
+    /// What the slot keeps alive: one more handle to the shared buffer (and the UD address).
+    #[inline]
+    pub(crate) fn slot(&self) -> Slot {
+        let p = self.prepared;
+        let buf = p.buf.clone_shared();
+        Slot { wr_id: self.wr_id, bufs: [buf, None, None, None], _ah: p.ah.clone() }
+    }
+
+    /// [`slot`](Self::slot), written field by field into the ring's slot at `pos`.
+    ///
+    /// # Safety
+    /// As [`Ring::write`]: the producer, for a free position.
+    #[inline]
+    pub(crate) unsafe fn write_slot_at(&self, ring: &Ring<Slot>, pos: u32) {
+        let p = self.prepared;
+        let (buf, ah) = (p.buf.clone_shared(), p.ah.clone());
+        let init = |slot: *mut Slot| {
+            // SAFETY: `slot` points to the free slot (uninitialised, ours alone); every field
+            // is written once, so the whole value is initialised on return.
+            unsafe {
+                addr_of_mut!((*slot).wr_id).write(self.wr_id);
+                let bufs = addr_of_mut!((*slot).bufs).cast::<Option<LocalBuf>>();
+                bufs.write(buf);
+                for k in 1..MAX_SGE {
+                    bufs.add(k).write(None);
+                }
+                addr_of_mut!((*slot)._ah).write(ah);
+            }
+        };
+        // SAFETY: the caller's contract; `init` initialises the whole slot.
+        unsafe { ring.write_in_place(pos, init) };
+    }
 }
 
 impl Request for PreparedPost<'_> {
@@ -147,8 +246,17 @@ impl Request for PreparedPost<'_> {
     #[inline]
     fn fill_raw(&self, raw: &mut Self::Raw, sges: &mut [ffi::ibv_sge; MAX_SGE], device_wr_id: u64) {
         let p = self.prepared;
-        *raw = p.template;
+        let t = &p.template;
+        // Field by field rather than `*raw = *t`: a whole-struct copy of this size becomes a
+        // `memcpy` call on the post path. Every field of `ibv_send_wr` is written.
         raw.wr_id = device_wr_id;
+        raw.next = std::ptr::null_mut();
+        raw.opcode = t.opcode;
+        raw.send_flags = self.flags;
+        raw.__bindgen_anon_1 = t.__bindgen_anon_1;
+        raw.wr = t.wr;
+        raw.qp_type = t.qp_type;
+        raw.__bindgen_anon_2 = t.__bindgen_anon_2;
         sges[0] =
             ffi::ibv_sge { addr: p.base.wrapping_add(self.offset as u64), length: self.len, lkey: p.lkey };
         raw.sg_list = sges.as_mut_ptr();
@@ -172,9 +280,13 @@ impl Request for PreparedPost<'_> {
 
     #[inline]
     fn take_slot(&mut self) -> Slot {
-        let p = self.prepared;
-        let buf = p.buf.clone_shared();
-        Slot { wr_id: self.wr_id, bufs: [buf, None, None, None], _ah: p.ah.clone() }
+        self.slot()
+    }
+
+    #[inline]
+    unsafe fn write_slot(&mut self, ring: &Ring<Slot>, pos: u32) {
+        // SAFETY: the caller's contract.
+        unsafe { self.write_slot_at(ring, pos) };
     }
 
     fn give_back(&mut self, slot: Slot, _sges: &[ffi::ibv_sge; MAX_SGE]) {

@@ -32,6 +32,17 @@ pub(crate) const DRAINING: u8 = 2;
 /// table at its next poll.
 pub(crate) const UNUSED: u8 = 3;
 
+/// Releases position `.1` of a ring (stores `tail = .1 + 1`) when dropped, on return or on
+/// unwind: until then the producer cannot reuse the slot (it writes only positions below
+/// `tail + cap`).
+struct Release<'a>(&'a AtomicU32, u32);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.store(self.1.wrapping_add(1), Ordering::Release);
+    }
+}
+
 pub(crate) struct Ring<T> {
     /// A power of two at least `cap` long, so a position maps to its slot with a mask.
     slots: Box<[UnsafeCell<MaybeUninit<T>>]>,
@@ -132,6 +143,18 @@ impl<T> Ring<T> {
         unsafe { (*self.slot(pos)).write(value) };
     }
 
+    /// Producer: fills the slot at `pos` where it lies: `init` gets a pointer to the
+    /// uninitialised slot (a large value built elsewhere and moved in is a `memcpy` call).
+    ///
+    /// # Safety
+    /// As [`write`](Self::write); `init` initialises the whole value and does not keep the
+    /// pointer.
+    #[inline]
+    pub(crate) unsafe fn write_in_place(&self, pos: u32, init: impl FnOnce(*mut T)) {
+        // The slot is free (contract) so nobody else accesses it.
+        init(self.slot(pos).cast::<T>());
+    }
+
     /// Producer: takes back the slot at `pos` (a request that was not posted after all).
     ///
     /// # Safety
@@ -162,7 +185,23 @@ impl<T> Ring<T> {
         value
     }
 
-    /// Consumer: releases every position up to and including `pos`, returning the slot of `pos`
+    /// Consumer: drops the oldest outstanding slot where it lies (no move out of the ring) and
+    /// then releases its position. If the drop unwinds, the position is released all the same
+    /// (the value counts as dropped: it is never dropped again).
+    ///
+    /// # Safety
+    /// Called only by the consumer, with `tail != head`.
+    #[inline]
+    unsafe fn drop_oldest(&self, tail: u32) {
+        let _release = Release(&self.tail, tail);
+        // SAFETY: tail is in [tail, head): published and unreleased, ours to drop (contract);
+        // the guard releases the position only after the drop, so nobody else touches it
+        // meanwhile.
+        unsafe { (*self.slot(tail)).assume_init_drop() };
+    }
+
+    /// Consumer (the tests' form of [`complete_in_place`](Self::complete_in_place), moving the
+    /// slot out whole): releases every position up to and including `pos`, returning the slot of `pos`
     /// and dropping the earlier ones (unsignaled requests completed by this one). Returns `None`
     /// (and releases nothing) when `pos` is not outstanding: a stale or foreign `wr_id`.
     ///
@@ -172,8 +211,22 @@ impl<T> Ring<T> {
     ///
     /// # Safety
     /// Called only by the consumer of this ring.
-    #[inline]
+    #[cfg(test)]
     pub(crate) unsafe fn complete(&self, pos: u32) -> Option<T> {
+        // SAFETY: consumer (contract); the value is moved out whole.
+        unsafe { self.complete_in_place(pos, |slot| slot.read()) }
+    }
+
+    /// Consumer: [`complete`](Self::complete), but the slot of `pos` is handed to `take` where
+    /// it lies, as a pointer to the initialised value, instead of being moved out whole (a move
+    /// of a large slot is a `memcpy` call); its position is released once `take` returns (or
+    /// unwinds: what `take` left unread is then leaked, never dropped twice).
+    ///
+    /// # Safety
+    /// Called only by the consumer of this ring; `take` moves out (reads once) every field
+    /// that needs dropping and does not keep the pointer.
+    #[inline]
+    pub(crate) unsafe fn complete_in_place<R>(&self, pos: u32, take: impl FnOnce(*mut T) -> R) -> Option<R> {
         let mut tail = self.tail.load(Ordering::Relaxed);
         let head = self.head.load(Ordering::Acquire);
         if pos.wrapping_sub(tail) >= head.wrapping_sub(tail) {
@@ -181,11 +234,12 @@ impl<T> Ring<T> {
         }
         while tail != pos {
             // SAFETY: consumer (contract); tail != pos and pos is outstanding, so tail != head.
-            drop(unsafe { self.pop(tail) });
+            unsafe { self.drop_oldest(tail) };
             tail = tail.wrapping_add(1);
         }
-        // SAFETY: as above; pos is outstanding.
-        Some(unsafe { self.pop(pos) })
+        let _release = Release(&self.tail, pos);
+        // The slot is outstanding and unreleased until the guard drops: ours alone.
+        Some(take(self.slot(pos).cast::<T>()))
     }
 
     /// Consumer (or last owner): drops every outstanding slot. Panic-safe like

@@ -211,19 +211,36 @@ impl Completion {
         if wc.wr_id & TAG == 0 {
             return;
         }
-        let slot = if wc.wr_id & SRQ != 0 {
+        if wc.wr_id & SRQ != 0 {
             // A shared receive queue's request: any order, any of its CQs (see post/table.rs).
             // SAFETY: the consumer (contract).
-            unsafe { registry.lookup_srq(wc.wr_id) }.and_then(|table| table.complete(wc.wr_id))
-        } else {
-            // SAFETY: the consumer (contract).
-            unsafe { registry.lookup(wc.wr_id).and_then(|ring| ring.complete(wc.wr_id as u32)) }
+            let slot = unsafe { registry.lookup_srq(wc.wr_id) }.and_then(|table| table.complete(wc.wr_id));
+            if let Some(slot) = slot {
+                self.wc.0.wr_id = slot.wr_id;
+                // The entry was cleared: the buffers replaced are all `None`, nothing to drop.
+                std::mem::forget(std::mem::replace(&mut self.bufs, slot.bufs));
+                self.tracked = true;
+            }
+            return;
+        }
+        let (wc_out, bufs) = (&mut self.wc, &mut self.bufs);
+        // SAFETY: the consumer (contract).
+        let Some(ring) = (unsafe { registry.lookup(wc.wr_id) }) else { return };
+        let take = |slot: *mut Slot| {
+            // SAFETY: `slot` points to the initialised slot, ours until we return; each field
+            // is read once (moved out): `wr_id` is Copy, the buffers move into the entry, which
+            // was cleared (all `None`: overwriting drops nothing), the address handle comes back.
+            unsafe {
+                wc_out.0.wr_id = (*slot).wr_id;
+                std::ptr::copy_nonoverlapping(std::ptr::addr_of!((*slot).bufs), bufs, 1);
+                std::ptr::read(std::ptr::addr_of!((*slot)._ah))
+            }
         };
-        if let Some(slot) = slot {
-            self.wc.0.wr_id = slot.wr_id;
-            // The entry was cleared: the buffers replaced are all `None`, nothing to drop.
-            std::mem::forget(std::mem::replace(&mut self.bufs, slot.bufs));
+        // SAFETY: the consumer (contract); `take` moves every field out.
+        if let Some(ah) = unsafe { ring.complete_in_place(wc.wr_id as u32, take) } {
             self.tracked = true;
+            // Dropped after the position is released: a UD send's address handle.
+            drop(ah);
         }
     }
 

@@ -425,7 +425,10 @@ impl SharedReceiveQueue {
         wr: *mut ffi::ibv_recv_wr,
         bad_wr: &mut *mut ffi::ibv_recv_wr,
     ) -> Result<()> {
-        let f = self.post_fn.ok_or(Error::InvalidArgument { verb: POST, reason: "no post_srq_recv" })?;
+        // Not `ok_or(Error::...)`: that builds (and drops) the error on every call.
+        let Some(f) = self.post_fn else {
+            return Err(Error::InvalidArgument { verb: POST, reason: "no post_srq_recv" });
+        };
         // SAFETY: the caller's contract.
         cvt(POST, unsafe { f(self.as_raw(), wr, bad_wr) })
     }
