@@ -524,4 +524,5 @@ pub use post::{Local, LocalBuf, PreparedSend, RecvRequest, SendOps, SendRequest,
 pub use queue::{
     Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpState, QpType, QueuePair,
     QueuePairBuilder, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
+    IWARP_MANUAL_CONNECT,
 };

@@ -4,6 +4,8 @@
 mod post;
 mod state;
 
+pub use state::IWARP_MANUAL_CONNECT;
+
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
