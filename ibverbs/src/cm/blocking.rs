@@ -89,7 +89,7 @@ pub fn connect(
     let mut qp = pd.create_qp(cq, QpType::RC).caps(caps).build_on(&id)?;
     id.connect(param)?;
     expect(&id, "rdma_connect", CmEventKind::ESTABLISHED, deadline, timeout)?;
-    qp.refresh_state()?;
+    qp.cm_established()?;
     Ok((id, qp))
 }
 
@@ -162,7 +162,7 @@ impl Listener {
         };
         id.accept(param)?;
         expect(&id, "rdma_accept", CmEventKind::ESTABLISHED, deadline, timeout)?;
-        qp.refresh_state()?;
+        qp.cm_established()?;
         Ok((id, qp, ev.private_data().to_vec()))
     }
 }

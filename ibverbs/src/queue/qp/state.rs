@@ -18,8 +18,11 @@ impl QueuePair {
     /// This QP's connection details for a peer, on `opts.port` with `opts`' GID choice.
     ///
     /// # Errors
-    /// [`Error::Verb`] for a bad port or GID index (from `ibv_query_port()`/`ibv_query_gid_ex()`).
+    /// [`Error::Verb`] for a bad port or GID index (from `ibv_query_port()`/`ibv_query_gid_ex()`);
+    /// [`Error::Unsupported`] (capability [`IWARP_MANUAL_CONNECT`]) on an iWARP device, whose
+    /// queue pairs connect through RDMA-CM ([`crate::cm`]), not by exchanging endpoints.
     pub fn endpoint(&self, opts: &ConnectOptions) -> Result<Endpoint> {
+        self.check_not_iwarp()?;
         let ctx = self.context();
         let port = ctx.query_port(opts.port)?;
         let gid = match gid_index(&ctx, opts, port.link_layer())? {
