@@ -420,7 +420,13 @@ fn main() -> ExitCode {
         Cli::Rxe(opts, argv) => rxe(opts, argv),
         Cli::Rxe2(opts, a, b) => rxe2_command(opts, a, b),
         Cli::Test(opts, test_args) => {
-            let passes = test::Passes::only(opts.valgrind, opts.tsan, opts.miri, opts.twohost, opts.publish);
+            let mut passes =
+                test::Passes::only(opts.valgrind, opts.tsan, opts.miri, opts.twohost, opts.publish);
+            match opts.device {
+                Some(vm::VmDevice::Siw) => passes = test::Passes::SIW_ONLY,
+                Some(vm::VmDevice::Rxe) => passes.siw = false,
+                None => {}
+            }
             backend(opts, &test_groups(passes)).and_then(|backend| {
                 test::run(&test::TestOptions {
                     backend,
