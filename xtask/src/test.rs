@@ -926,12 +926,15 @@ fn device_runs(
     runs
 }
 
-/// The device test binaries of the siw stage (soft-iWARP, `siw0`): the core verbs, RDMA-CM, and
-/// the CM examples against rdmacm-utils (rping at 1/4096/65536 bytes, rdma_server/client, ours and
-/// C's in both roles). They connect through RDMA-CM on iWARP (`tests/common::pair`) and report
-/// what iWARP lacks (`IBVERBS-UNSUPPORTED:`). The other binaries connect queue pairs by hand and
-/// have not been ported to iWARP yet; plain runs only (no valgrind pass on siw).
-pub const SIW_BINARIES: [&str; 3] = ["device_core", "device_cm", "device_cm_examples"];
+/// The device test binaries of the siw stage (soft-iWARP, `siw0`): the core verbs, RDMA-CM, the
+/// CM examples against rdmacm-utils (rping at 1/4096/65536 bytes, rdma_server/client, ours and
+/// C's in both roles), receive pools and the allocation-free hot path. They connect through
+/// RDMA-CM on iWARP (`tests/common::pair`) and report what iWARP lacks (`IBVERBS-UNSUPPORTED:`).
+/// The other binaries connect queue pairs by hand (or need extended CQs, memory windows, UD) and
+/// have not been ported to iWARP yet; plain runs only (no valgrind pass on siw). Whole stage with
+/// its boot: about 1 min.
+pub const SIW_BINARIES: [&str; 5] =
+    ["device_core", "device_cm", "device_cm_examples", "device_pool", "device_alloc"];
 
 /// The siw stage: [`SIW_BINARIES`] in one boot of a VM with `siw0` instead of `rxe0`.
 fn run_siw_stage(opts: &TestOptions, root: &Path, device: &[Artifact], summary: &mut Summary) {
