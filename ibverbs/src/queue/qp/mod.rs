@@ -788,14 +788,14 @@ impl QueuePair {
     /// Reads the state from the device (`ibv_query_qp()`) into [`state`](Self::state), e.g.
     /// after an RDMA-CM event moved it (a QP left [`QpState::UNUSABLE`] stays so).
     ///
-    /// # Errors
-    /// [`Error::Verb`] when the verb fails.
-    #[doc(alias = "ibv_query_qp")]
-    ///
     /// On an iWARP device a queue pair on an RDMA-CM id keeps its known state when the device
     /// answers RESET: siw's `ibv_query_qp()` does not report the state (it always reads RESET),
     /// and such a queue pair is never in RESET (librdmacm moves it to INIT when it creates it).
     /// After the `ESTABLISHED` event use [`cm_established`](Self::cm_established).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the verb fails.
+    #[doc(alias = "ibv_query_qp")]
     pub fn refresh_state(&mut self) -> Result<QpState> {
         let s = self.query_state()?;
         if self.state != QpState::UNUSABLE && !self.unreported(s) {
