@@ -82,7 +82,7 @@ fn run(args: &Args) -> Result<(), String> {
         Some(ev) if ev.kind() == CmEventKind::ESTABLISHED => {}
         other => return Err(format!("wait for ESTABLISHED: {other:?}")),
     }
-    qp.refresh_state().map_err(e("ibv_query_qp"))?;
+    qp.cm_established().map_err(e("ibv_query_qp"))?;
     let got = wait_one(&mut cq, timeout)?;
     if got.byte_len() != 16 {
         return Err(format!("received {} bytes, expected 16", got.byte_len()));

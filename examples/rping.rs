@@ -279,7 +279,7 @@ fn serve(args: &Args, id: CmId, timeout: Duration) -> Res<()> {
     if ev != CmEventKind::ESTABLISHED {
         return Err(format!("wait for ESTABLISHED: got {ev:?}"));
     }
-    c.qp.refresh_state().map_err(err("ibv_query_qp"))?;
+    c.qp.cm_established().map_err(err("ibv_query_qp"))?;
     let mut rdma_buf = Some(pd.allocate(size).map_err(err("ibv_reg_mr"))?);
     let mut send_buf = Some(pd.allocate(INFO_LEN).map_err(err("ibv_reg_mr"))?);
     // The client's source buffer: RDMA Read it.

@@ -58,7 +58,7 @@ fn write(
 
 #[test]
 fn type2_window_takes_writes_until_locally_invalidated_then_the_region_reads_in_place() {
-    let Pair { pd, mut a, mut b, mut cq_a, mut cq_b, .. } = rc_pair(16);
+    let Pair { pd, mut a, mut b, mut cq_a, mut cq_b, cm: _cm, .. } = rc_pair(16);
     let region = exposed(&pd);
     let w = bind2(&pd, &mut b, &mut cq_b, &region, 512);
     let remote = w.remote();
@@ -111,7 +111,7 @@ fn type2_window_takes_writes_until_locally_invalidated_then_the_region_reads_in_
 
 #[test]
 fn type1_window_takes_writes_until_unbound() {
-    let Pair { pd, mut a, mut b, mut cq_a, mut cq_b, .. } = rc_pair(16);
+    let Pair { pd, mut a, mut b, mut cq_a, mut cq_b, cm: _cm, .. } = rc_pair(16);
     let region = exposed(&pd);
     let mw = pd.alloc_mw(MwType::Type1).unwrap();
     let before = mw.rkey();
@@ -142,7 +142,7 @@ fn type1_window_takes_writes_until_unbound() {
 
 #[test]
 fn remote_invalidation_by_send_with_invalidate_returns_the_window() {
-    let Pair { pd, mut a, mut b, mut cq_a, mut cq_b, .. } = rc_pair(16);
+    let Pair { pd, mut a, mut b, mut cq_a, mut cq_b, cm: _cm, .. } = rc_pair(16);
     let region = exposed(&pd);
     let w = bind2(&pd, &mut b, &mut cq_b, &region, 0);
     let remote = w.remote();
@@ -329,7 +329,7 @@ fn deallocation_unbinds_forget_only_leaks_and_a_destroyed_qp_changes_nothing() {
 
 #[test]
 fn a_posted_bind_and_a_bound_window_keep_the_memory_registered_after_the_region_is_dropped() {
-    let Pair { pd, mut a, mut b, mut cq_a, mut cq_b, .. } = rc_pair(16);
+    let Pair { pd, mut a, mut b, mut cq_a, mut cq_b, cm: _cm, .. } = rc_pair(16);
     let region = exposed(&pd);
     let mw = pd.alloc_mw(MwType::Type2).unwrap();
     let wr = SendRequest::bind_window(mw, &region, 0..WIN, AccessFlags::REMOTE_WRITE).unwrap();
@@ -365,7 +365,7 @@ fn a_posted_bind_and_a_bound_window_keep_the_memory_registered_after_the_region_
 
 #[test]
 fn a_peer_writing_while_the_window_is_invalidated_is_cut_off() {
-    let Pair { pd, mut a, mut b, mut cq_a, mut cq_b, .. } = rc_pair(16);
+    let Pair { pd, mut a, mut b, mut cq_a, mut cq_b, cm: _cm, .. } = rc_pair(16);
     const N: usize = 256 << 10;
     let region = pd.allocate_windowed(N, AccessFlags::LOCAL_WRITE).unwrap().expose();
     let mw = pd.alloc_mw(MwType::Type2).unwrap();

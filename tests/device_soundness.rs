@@ -215,7 +215,7 @@ fn region_freed_by(pd: &ProtectionDomain, calls: Arc<AtomicU32>, panics: bool) -
 #[test]
 fn a_panicking_buffer_free_is_contained_and_nothing_is_freed_twice() {
     let p = rc_pair(8);
-    let Pair { pd, mut cq_a, cq_b: _cq_b, mut a, b: _b, ctx: _ctx } = p;
+    let Pair { pd, mut cq_a, cq_b: _cq_b, mut a, b: _b, ctx: _ctx, cm: _cm } = p;
     let target = Arc::new(pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap());
     let calls: Vec<Arc<AtomicU32>> = (0..3).map(|_| Arc::new(AtomicU32::new(0))).collect();
     for (i, c) in calls.iter().enumerate() {

@@ -17,7 +17,7 @@ use ibverbs::{AccessFlags, Completion, Local, QpType, RecvRequest, SendRequest};
 // while the device RDMA-writes into it.
 #[test]
 fn remote_region_copies_race_between_threads_and_the_device() {
-    let Pair { pd, mut cq_a, cq_b: _cq_b, mut a, b: _b, ctx: _ctx } = rc_pair(16);
+    let Pair { pd, mut cq_a, cq_b: _cq_b, mut a, b: _b, ctx: _ctx, cm: _cm } = rc_pair(16);
     let region = Arc::new(pd.allocate_remote(4096 + 3, AccessFlags::REMOTE_WRITE).unwrap());
     let stop = Arc::new(AtomicBool::new(false));
     let copiers: Vec<_> = (0..3u8)
@@ -66,7 +66,7 @@ fn remote_region_copies_race_between_threads_and_the_device() {
 #[test]
 fn posting_and_polling_on_different_threads() {
     let n: u64 = if time_scale() > 1 { 200 } else { 2000 };
-    let Pair { pd, cq_a, mut cq_b, mut a, mut b, ctx: _ctx } = rc_pair(32);
+    let Pair { pd, cq_a, mut cq_b, mut a, mut b, ctx: _ctx, cm: _cm } = rc_pair(32);
     let received = Arc::new(AtomicU64::new(0));
     let receiver = {
         let received = received.clone();

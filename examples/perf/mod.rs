@@ -749,8 +749,19 @@ impl Session {
         self.cm_connect()?;
         let mut entries = Vec::with_capacity(n);
         for (qp, slice) in self.rdma.qps.iter().zip(local) {
-            let ep =
-                qp.endpoint(&self.rdma.opts).map_err(|e| format!("Couldn't get the local address: {e}"))?;
+            let ep = if self.rdma.spec.rdma_cm {
+                // Connected already: the endpoint is for the header only (and iWARP devices,
+                // which connect through RDMA-CM alone, have no endpoint to give).
+                Endpoint {
+                    qpn: qp.qp_num(),
+                    psn: 0,
+                    lid: 0,
+                    gid: ibverbs::Gid([0; 16]),
+                    mtu: self.rdma.port.active_mtu(),
+                }
+            } else {
+                qp.endpoint(&self.rdma.opts).map_err(|e| format!("Couldn't get the local address: {e}"))?
+            };
             entries.push((ep, *slice));
         }
         let mine = proto::encode_setup(&entries);

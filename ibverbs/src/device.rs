@@ -311,6 +311,28 @@ impl Context {
         &self.inner.name
     }
 
+    /// The device's node type (`ibv_context->device->node_type`): [`NodeType::RNIC`] for an
+    /// iWARP device such as siw.
+    pub fn node_type(&self) -> NodeType {
+        // SAFETY: a valid context points at its device, which libibverbs keeps until the context
+        // is closed; node_type is a plain field written at discovery.
+        NodeType(unsafe { (*(*self.as_raw()).device).node_type.0 })
+    }
+
+    /// The transport the device speaks (`ibv_context->device->transport_type`). On
+    /// [`TransportType::IWARP`] queue pairs connect only through RDMA-CM ([`crate::cm`]):
+    /// [`QueuePair::connect`](crate::QueuePair::connect) refuses them.
+    pub fn transport_type(&self) -> TransportType {
+        // SAFETY: as in node_type.
+        TransportType(unsafe { (*(*self.as_raw()).device).transport_type.0 })
+    }
+
+    /// Whether the device is iWARP ([`transport_type`](Self::transport_type) is
+    /// [`TransportType::IWARP`]): its queue pairs connect only through RDMA-CM ([`crate::cm`]).
+    pub fn is_iwarp(&self) -> bool {
+        self.transport_type() == TransportType::IWARP
+    }
+
     /// The raw `struct ibv_context *`, for use with [`ffi`](crate::ffi). It stays valid while
     /// this context (or any object created from it) lives.
     pub fn as_raw(&self) -> *mut ffi::ibv_context {

@@ -168,7 +168,7 @@ pub enum Error {
         /// The step that was answered with the rejection.
         verb: &'static str,
         /// The transport's reject reason (InfiniBand/RoCE: 28 = rejected by the peer's
-        /// application, 8 = nothing listens on that port).
+        /// application, 8 = nothing listens on that port; iWARP: `-ECONNREFUSED`).
         status: i32,
         /// The private data the peer sent with the rejection (padded by the transport).
         private_data: Vec<u8>,
@@ -223,6 +223,7 @@ fn reject_reason(status: i32) -> &'static str {
     match status {
         8 => ": invalid service ID, nothing listens on that port",
         28 => ": rejected by the peer's application",
+        -111 => ": connection refused (iWARP: nothing listens on that port, or the peer rejected)",
         _ => "",
     }
 }

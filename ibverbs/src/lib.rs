@@ -403,6 +403,24 @@
 //! [`reset`](QueuePair::reset) refuse it ([`Error::CmManaged`]). Private data longer than the
 //! transport carries is [`Error::PrivateDataTooLong`] before anything is sent.
 //!
+//! ### iWARP (soft-iWARP, Chelsio, Intel...) connects through [`cm`] only
+//! An iWARP device ([`Context::is_iwarp`]: transport [`TransportType::IWARP`], node type
+//! [`NodeType::RNIC`]) runs RDMA over a TCP connection that the kernel makes for RDMA-CM, so its
+//! queue pairs reach RTR and RTS only through [`cm::connect`] / [`cm::Listener::accept`] (or
+//! [`cm::CmId::connect`] / [`accept`](cm::CmId::accept) with
+//! [`QueuePair::cm_established`] after `ESTABLISHED`). [`QueuePair::connect`] and
+//! [`QueuePair::endpoint`] refuse it with [`Error::Unsupported`] naming [`IWARP_MANUAL_CONNECT`];
+//! nothing is changed. iWARP has RC queue pairs only (no UC, UD or address handles), no
+//! immediate data, no RNR retry (a send that finds no receive posted ends the connection) and, on
+//! siw, no atomics or memory windows. An RDMA Write completes once the data is handed to TCP: a
+//! responder's access error ends the connection (a `DISCONNECTED` event) instead of a
+//! `REM_ACCESS_ERR` completion. Measured on siw (Linux 6.1): `ibv_query_qp` reports no state
+//! (always RESET; [`QueuePair::refresh_state`] then keeps the known state), `rdma_connect` to an
+//! address that does not answer blocks in the kernel's TCP connect for about 131 s whatever
+//! timeout [`cm::connect`] was given, a 255-byte connect private data is reset by the peer's
+//! siw, and a request posted after the connection broke never completes (not even flushed): watch
+//! the id's events and stop posting on `DISCONNECTED`.
+//!
 //! ## Striped connections (several queue pairs per connection)
 //! [`striped::StripedConnection`] spreads one connection over N RC queue pairs
 //! (`NCCL_IB_QPS_PER_CONNECTION`), splitting large RDMA Writes and Reads into aligned, equal
@@ -681,4 +699,5 @@ pub use post::{
 pub use queue::{
     Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpState, QpType, QueuePair,
     QueuePairBuilder, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
+    IWARP_MANUAL_CONNECT,
 };

@@ -4,7 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use ibverbs::{Completion, CompletionQueue, ConnectOptions, Context, ProtectionDomain, QpType, QueuePair};
+use ibverbs::cm::{self, CmId, ConnParam, Listener};
+use ibverbs::{
+    Completion, CompletionQueue, ConnectOptions, Context, Endpoint, Error, Gid, Mtu, ProtectionDomain,
+    QpCaps, QpState, QpType, QueuePair, IWARP_MANUAL_CONNECT,
+};
 
 /// Opens the test device: `IBVERBS_TEST_DEVICE` (set by the harness) or the first one.
 pub fn context() -> Context {
@@ -82,6 +86,9 @@ pub struct Pair {
     pub cq_b: CompletionQueue,
     pub a: QueuePair,
     pub b: QueuePair,
+    /// On iWARP, the RDMA-CM ids of `a` and `b`: they hold the connection (dropping one
+    /// disconnects it), so a test that takes the pair apart keeps them (`cm: _cm`).
+    pub cm: Option<[CmId; 2]>,
 }
 
 /// Creates and connects an RC pair with `depth` work requests per queue.
@@ -89,8 +96,61 @@ pub fn rc_pair(depth: u32) -> Pair {
     pair(QpType::RC, depth, 1, 0)
 }
 
-/// Creates and connects a pair of `qp_type` (RC or UC).
+/// The IPv4 address of the test device's netdev, for RDMA-CM (`IBVERBS_TEST_IP`, set by the
+/// harness; 192.0.2.1, the VM's `dummy0`, when unset).
+pub fn test_ip() -> std::net::IpAddr {
+    std::env::var("IBVERBS_TEST_IP").ok().and_then(|v| v.parse().ok()).unwrap_or([192, 0, 2, 1].into())
+}
+
+/// Whether the test device is iWARP (siw): its queue pairs connect only through RDMA-CM, RC only.
+pub fn is_iwarp() -> bool {
+    static IWARP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *IWARP.get_or_init(|| context().is_iwarp())
+}
+
+/// For a test that needs what an iWARP device cannot do by its nature (`feature`: connecting queue
+/// pairs by hand, UC or UD queue pairs, reusing a QP after a reset...): on an iWARP device, checks the
+/// typed error the crate gives for a hand-made connection, reports the test as unsupported (see
+/// [`unsupported`]) and returns `true`; the test then returns. `false` on any other device.
+pub fn iwarp_lacks(feature: &str, why: &str) -> bool {
+    if !is_iwarp() {
+        return false;
+    }
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4, None).unwrap();
+    let mut qp = pd.create_qp(&cq, QpType::RC).max_send_wr(1).max_recv_wr(1).build().unwrap();
+    let o = opts();
+    let e = qp.endpoint(&o).unwrap_err();
+    assert!(
+        matches!(e, Error::Unsupported { capability, .. } if capability == IWARP_MANUAL_CONNECT),
+        "QueuePair::endpoint on iWARP: {e:?}"
+    );
+    let peer = Endpoint { qpn: qp.qp_num(), psn: 0, lid: 0, gid: Gid::default(), mtu: Mtu::MTU_1024 };
+    let e = qp.connect(&peer, &o).unwrap_err();
+    assert!(
+        matches!(e, Error::Unsupported { capability, .. } if capability == IWARP_MANUAL_CONNECT),
+        "QueuePair::connect on iWARP: {e:?}"
+    );
+    assert_eq!(qp.state(), QpState::RESET, "a refused connect changes nothing");
+    unsupported(&ctx, feature, format!("iWARP: {why}"));
+    true
+}
+
+/// Creates and connects a pair of `qp_type` (RC or UC). On an iWARP device (RC only) the pair
+/// connects through RDMA-CM (a listener on [`test_ip`] and a connect to it), both queue pairs on one
+/// protection domain of the RDMA-CM context of the device.
 pub fn pair(qp_type: QpType, depth: u32, sge: u32, inline: u32) -> Pair {
+    if is_iwarp() {
+        assert_eq!(qp_type, QpType::RC, "iWARP has RC only: check common::iwarp_lacks first");
+        return cm_pair(QpCaps {
+            max_send_wr: depth,
+            max_recv_wr: depth,
+            max_send_sge: sge,
+            max_recv_sge: sge,
+            max_inline_data: inline,
+        });
+    }
     let ctx = context();
     let pd = ctx.alloc_pd().unwrap();
     let cq_a = ctx.create_cq(2 * depth, None).unwrap();
@@ -112,7 +172,111 @@ pub fn pair(qp_type: QpType, depth: u32, sge: u32, inline: u32) -> Pair {
     let eb = b.endpoint(&o).unwrap();
     a.connect(&eb, &o).unwrap();
     b.connect(&ea, &o).unwrap();
-    Pair { ctx, pd, cq_a, cq_b, a, b }
+    Pair { ctx, pd, cq_a, cq_b, a, b, cm: None }
+}
+
+/// The context to build connected queue pairs on: on iWARP the RDMA-CM context of the device
+/// that owns [`test_ip`] (queue pairs on RDMA-CM ids need their PD and CQs from it), elsewhere
+/// [`context`].
+pub fn pair_context() -> Context {
+    if is_iwarp() {
+        cm::device_context((test_ip(), 0).into(), scaled(Duration::from_secs(10)))
+            .expect("rdma_resolve_addr of the test address")
+    } else {
+        context()
+    }
+}
+
+/// An RC pair connected through RDMA-CM: `b` accepts on an ephemeral port of [`test_ip`], `a`
+/// connects to it. Reads and atomics outstanding: as many as the device allows (up to 16), as
+/// [`QueuePair::connect`] does.
+pub fn cm_pair(caps: QpCaps) -> Pair {
+    let ctx = pair_context();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq_a = ctx.create_cq(2 * caps.max_send_wr.max(caps.max_recv_wr), None).unwrap();
+    let cq_b = ctx.create_cq(2 * caps.max_send_wr.max(caps.max_recv_wr), None).unwrap();
+    let (a, b, ids) = cm_connect_qps(&pd, &cq_a, &cq_b, caps);
+    Pair { ctx, pd, cq_a, cq_b, a, b, cm: Some(ids) }
+}
+
+/// Two RC queue pairs of `pd` (a on `cq_a`, b on `cq_b`) connected to each other: by hand
+/// ([`QueuePair::connect`] with [`opts`]), or on iWARP through RDMA-CM (then `pd` must come from
+/// [`pair_context`], and the ids must be kept as long as the queue pairs are used).
+pub fn connect_qps(
+    pd: &ProtectionDomain,
+    cq_a: &CompletionQueue,
+    cq_b: &CompletionQueue,
+    caps: QpCaps,
+) -> (QueuePair, QueuePair, Option<[CmId; 2]>) {
+    if is_iwarp() {
+        let (a, b, ids) = cm_connect_qps(pd, cq_a, cq_b, caps);
+        return (a, b, Some(ids));
+    }
+    let mut a = pd.create_qp(cq_a, QpType::RC).caps(caps).build().unwrap();
+    let mut b = pd.create_qp(cq_b, QpType::RC).caps(caps).build().unwrap();
+    let o = opts();
+    let (ea, eb) = (a.endpoint(&o).unwrap(), b.endpoint(&o).unwrap());
+    a.connect(&eb, &o).unwrap();
+    b.connect(&ea, &o).unwrap();
+    (a, b, None)
+}
+
+/// [`connect_qps`] through RDMA-CM.
+fn cm_connect_qps(
+    pd: &ProtectionDomain,
+    cq_a: &CompletionQueue,
+    cq_b: &CompletionQueue,
+    caps: QpCaps,
+) -> (QueuePair, QueuePair, [CmId; 2]) {
+    let wait = scaled(Duration::from_secs(10));
+    let listener = Listener::bind((test_ip(), 0).into()).expect("rdma_listen on the test address");
+    let addr = listener.local_addr().unwrap();
+    let dev = pd.context().query_device().unwrap();
+    let rd = u8::try_from(dev.max_qp_rd_atom().min(dev.max_qp_init_rd_atom()).clamp(1, 16)).unwrap_or(16);
+    let param = ConnParam { responder_resources: rd, initiator_depth: rd, ..ConnParam::default() };
+    std::thread::scope(|s| {
+        let server = s.spawn(|| listener.accept(pd, cq_b, caps, &param, wait));
+        let (id_a, a) = cm::connect(addr, pd, cq_a, caps, &param, wait).expect("rdma_connect");
+        let (id_b, b, _) = server.join().unwrap().expect("rdma_accept");
+        (a, b, [id_a, id_b])
+    })
+}
+
+/// Waits (up to 10 s, scaled) for `id`'s `DISCONNECTED` event, skipping other events; panics
+/// when none comes.
+pub fn wait_disconnected(id: &CmId) {
+    let deadline = Instant::now() + scaled(Duration::from_secs(10));
+    let ch = id.channel();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "no DISCONNECTED event within 10 s");
+        if let Some(ev) = ch.get_event(Some(left)).unwrap() {
+            if ev.is_for(id) && ev.kind() == ibverbs::cm::CmEventKind::DISCONNECTED {
+                return;
+            }
+        }
+    }
+}
+
+/// Whether the device does atomics (`atomic_cap` is not `IBV_ATOMIC_NONE`); when it does not,
+/// reports `test`'s need of them (see [`unsupported`]) and returns `false`.
+pub fn has_atomics(ctx: &Context) -> bool {
+    let cap = ctx.query_device().unwrap().atomic_cap();
+    if cap == ibverbs::ffi::ibv_atomic_cap::IBV_ATOMIC_NONE {
+        unsupported(ctx, "atomics", "atomic_cap is IBV_ATOMIC_NONE");
+        return false;
+    }
+    true
+}
+
+/// Whether the device carries immediate data (send/RDMA Write with immediate); iWARP (RFC 5040)
+/// has none and siw refuses the opcodes. When it does not, reports it and returns `false`.
+pub fn has_immediate(ctx: &Context) -> bool {
+    if ctx.is_iwarp() {
+        unsupported(ctx, "immediate data", "iWARP transport: no send/RDMA Write with immediate");
+        return false;
+    }
+    true
 }
 
 /// A deterministic byte pattern.

@@ -5,7 +5,9 @@
 # 2. mounts the host's / (9p share `hostroot`, read-only) under a tmpfs overlay at /newroot, so host-built
 #    binaries run unchanged at their host paths and every write stays in the VM;
 # 3. mounts the job folder (9p share `xtask`, read-write) at /newroot$JOB, reads $JOB/vm.conf;
-# 4. creates dummy0 (192.0.2.1/24) and rxe0 over it, waits for its port to be ACTIVE;
+# 4. creates dummy0 (192.0.2.1/24) and rxe0 over it (or, with DEVICE=siw0 in vm.conf, loads the siw
+#    module xtask built, SIW_MODULE, after its dependencies SIW_DEPENDS, and creates siw0 over dummy0:
+#    siw does not work over lo), waits for its port to be ACTIVE;
 # 5. touches $JOB/ready and runs $JOB/run.sh chrooted into /newroot, which runs the job's steps;
 # 6. reboots, which ends QEMU (-no-reboot).
 # Anything that goes wrong before step 5 is written to $JOB/setup-failed for the host to report.
@@ -68,15 +70,26 @@ host ip link add dummy0 type dummy || fail "ip link add dummy0 type dummy"
 host ip link set dummy0 mtu "${MTU:-1500}" || fail "ip link set dummy0 mtu ${MTU:-1500}"
 host ip addr add 192.0.2.1/24 dev dummy0 || fail "ip addr add 192.0.2.1/24 dev dummy0"
 host ip link set dummy0 up || fail "ip link set dummy0 up"
-host rdma link add rxe0 type rxe netdev dummy0 || fail "rdma link add rxe0 type rxe netdev dummy0"
+DEV=${DEVICE:-rxe0}
+case "$DEV" in
+rxe0) host rdma link add rxe0 type rxe netdev dummy0 || fail "rdma link add rxe0 type rxe netdev dummy0" ;;
+siw0)
+	for dep in $SIW_DEPENDS; do
+		[ -d "/sys/module/$dep" ] || host modprobe "$dep" || fail "modprobe $dep (a dependency of siw)"
+	done
+	insmod "$R$SIW_MODULE" || fail "insmod $SIW_MODULE"
+	host rdma link add siw0 type siw netdev dummy0 || fail "rdma link add siw0 type siw netdev dummy0"
+	;;
+*) fail "unknown DEVICE=$DEV in vm.conf" ;;
+esac
 n=0
-until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null; do
+until grep -q ACTIVE "/sys/class/infiniband/$DEV/ports/1/state" 2>/dev/null; do
 	n=$((n + 1))
-	[ "$n" -le 100 ] || fail "rxe0 port 1 not ACTIVE after 10 s: $(cat /sys/class/infiniband/rxe0/ports/1/state)"
+	[ "$n" -le 100 ] || fail "$DEV port 1 not ACTIVE after 10 s: $(cat "/sys/class/infiniband/$DEV/ports/1/state")"
 	sleep 0.1
 done
 
-log "rxe0 ACTIVE (netdev dummy0, MTU ${MTU:-1500}); running the job"
+log "$DEV ACTIVE (netdev dummy0, MTU ${MTU:-1500}); running the job"
 : >"$S/ready"
 chroot "$R" /usr/bin/env -i /bin/sh "$JOB/run.sh" "$JOB"
 log "job finished (run.sh exit $?)"

@@ -108,6 +108,140 @@ pub fn prepare() -> Result<Image, String> {
     Ok(image)
 }
 
+/// Bump to rebuild every cached siw module after a change of how it is built.
+const SIW_LAYOUT_VERSION: u32 = 1;
+
+/// The soft-iWARP module built for the VM's kernel (Debian's kernel ships without it).
+#[derive(Debug, Clone)]
+pub struct SiwModule {
+    /// `siw.ko`, in the cache folder of the kernel (next to `kernel` and `initramfs.cpio`).
+    pub path: PathBuf,
+    /// The modules it needs loaded first (`modinfo -F depends`), e.g. `ib_core`, `libcrc32c`.
+    pub depends: Vec<String>,
+}
+
+/// The kernel source tarball Debian's `linux-source-X.Y` ships for kernel `version` ("6.1.0-57-amd64"
+/// → `/usr/src/linux-source-6.1.tar.xz`), and the folder name inside it.
+pub fn kernel_source(version: &str) -> (PathBuf, String) {
+    let mut parts = version.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next().unwrap_or("");
+    let minor = parts.next().unwrap_or("");
+    let name = format!("linux-source-{major}.{minor}");
+    (PathBuf::from(format!("/usr/src/{name}.tar.xz")), name)
+}
+
+/// Returns the cached `siw.ko` for kernel `version`, building it first when missing or stale: the
+/// module's sources are extracted from Debian's `linux-source` tarball (only
+/// `drivers/infiniband/sw/siw/`) and built out of tree against `linux-headers-<version>`
+/// (`make -C /lib/modules/<version>/build M=<dir> CONFIG_RDMA_SIW=m modules`). The packages are
+/// installed first if missing (as root; otherwise the `apt-get install` line is printed).
+///
+/// The cache (`siw.ko`, `siw.depends`, `siw.stamp` in the kernel's cache folder) is keyed on the
+/// source tarball, the headers (`Module.symvers`, `.config`), the kernel's modules and image, so a new
+/// kernel or source package rebuilds it. The boot files' own stamp is not involved.
+pub fn prepare_siw(version: &str) -> Result<SiwModule, String> {
+    let dir = cache_root().join(version);
+    let path = dir.join("siw.ko");
+    let depends_file = dir.join("siw.depends");
+    let stamp_file = dir.join("siw.stamp");
+    let parse_depends = |text: &str| {
+        text.split([',', ' ', '\n']).filter(|s| !s.is_empty()).map(String::from).collect::<Vec<_>>()
+    };
+    if let Ok(stamp) = siw_stamp(version) {
+        if path.is_file() && fs::read_to_string(&stamp_file).is_ok_and(|s| s == stamp) {
+            if let Ok(depends) = fs::read_to_string(&depends_file) {
+                return Ok(SiwModule { path, depends: parse_depends(&depends) });
+            }
+        }
+    }
+    crate::prereq::ensure_packages(&crate::prereq::siw_packages(version), false, &[])?;
+    let stamp = siw_stamp(version)?;
+    let (tarball, top) = kernel_source(version);
+    eprintln!("xtask: building the siw module for kernel {version} from {}", tarball.display());
+    fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let work = dir.join(format!("siw-build.tmp{}", std::process::id()));
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work).map_err(|e| format!("creating {}: {e}", work.display()))?;
+    let result = build_siw(version, &tarball, &top, &work);
+    let built = result.and_then(|ko| {
+        let out = Command::new("modinfo")
+            .args(["-F", "depends"])
+            .arg(&ko)
+            .output()
+            .map_err(|e| format!("running modinfo (is kmod installed?): {e}"))?;
+        if !out.status.success() {
+            return Err(format!("modinfo -F depends {} failed", ko.display()));
+        }
+        let depends = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let data = fs::read(&ko).map_err(|e| format!("reading {}: {e}", ko.display()))?;
+        write_atomic(&path, &data)?;
+        write_atomic(&depends_file, depends.as_bytes())?;
+        write_atomic(&stamp_file, stamp.as_bytes())?;
+        Ok(parse_depends(&depends))
+    });
+    let _ = fs::remove_dir_all(&work);
+    Ok(SiwModule { path, depends: built? })
+}
+
+/// Extracts siw's sources into `work` and builds them; returns the built `siw.ko`.
+fn build_siw(version: &str, tarball: &Path, top: &str, work: &Path) -> Result<PathBuf, String> {
+    let sub = "drivers/infiniband/sw/siw";
+    let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
+        let out = cmd.output().map_err(|e| format!("running {what}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what} failed ({}):\n{}{}",
+                out.status,
+                last_lines(&String::from_utf8_lossy(&out.stdout)),
+                last_lines(&String::from_utf8_lossy(&out.stderr))
+            ))
+        }
+    };
+    run(
+        Command::new("tar").arg("-xJf").arg(tarball).arg("-C").arg(work).arg(format!("{top}/{sub}")),
+        &format!("tar -xJf {} {top}/{sub}", tarball.display()),
+    )?;
+    let src = work.join(top).join(sub);
+    run(
+        Command::new("make")
+            .arg("-C")
+            .arg(format!("/lib/modules/{version}/build"))
+            .arg(format!("M={}", src.display()))
+            .args(["CONFIG_RDMA_SIW=m", "modules"]),
+        &format!("make -C /lib/modules/{version}/build M={} CONFIG_RDMA_SIW=m modules", src.display()),
+    )?;
+    Ok(src.join("siw.ko"))
+}
+
+/// The last lines of a build's output, for an error message.
+fn last_lines(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = lines[lines.len().saturating_sub(20)..].join("\n");
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    out
+}
+
+/// What a cached siw module was built from.
+fn siw_stamp(version: &str) -> Result<String, String> {
+    let meta = |p: &Path| -> Result<String, String> {
+        let m = fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        Ok(format!("{} size={} mtime={}", p.display(), m.len(), m.mtime()))
+    };
+    let build = format!("/lib/modules/{version}/build");
+    Ok(format!(
+        "siw-layout={SIW_LAYOUT_VERSION}\nsource={}\nsymvers={}\nconfig={}\nmodules={}\nkernel={}\n",
+        meta(&kernel_source(version).0)?,
+        meta(Path::new(&format!("{build}/Module.symvers")))?,
+        meta(Path::new(&format!("{build}/.config")))?,
+        meta(Path::new(&format!("/lib/modules/{version}/modules.dep")))?,
+        meta(Path::new(&format!("/boot/vmlinuz-{version}")))?,
+    ))
+}
+
 /// What the cached files were built from; a different stamp means they are stale.
 fn cache_stamp(vmlinuz: &Path, version: &str) -> Result<String, String> {
     let meta = |p: &Path| -> Result<String, String> {
@@ -376,6 +510,15 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn finds_the_kernel_source_of_a_version() {
+        assert_eq!(
+            kernel_source("6.1.0-57-amd64"),
+            (PathBuf::from("/usr/src/linux-source-6.1.tar.xz"), "linux-source-6.1".to_string())
+        );
+        assert_eq!(kernel_source("6.12.9+bpo-amd64").1, "linux-source-6.12");
     }
 
     #[test]

@@ -57,7 +57,7 @@ const USAGE: &str = "\
 Usage: cargo xtask <command> [options]
 
 Commands:
-  rxe [--vm] [--mtu N] [--timeout S] [--] CMD [ARGS...]
+  rxe [--vm] [--device rxe|siw] [--mtu N] [--timeout S] [--] CMD [ARGS...]
         Run CMD where an RDMA device exists and exit with its exit status: in a QEMU VM with
         SoftRoCE (rxe0 over dummy0, 192.0.2.1), or directly on this host if it has an ACTIVE RDMA
         port. CMD runs in the current directory with IBVERBS_TEST_DEVICE, IBVERBS_TEST_GID_INDEX and
@@ -78,7 +78,7 @@ Commands:
         Exit status: the worse of the two (a side killed with rxe2-fault does not count), 124 on
         timeout, 125 when a guest failed. --mtu sets both NICs' MTU (default 1500), --mtu-b B's;
         --smp the vCPUs per guest (default 1).
-  test [--vm] [--mtu N] [--timeout S] [--valgrind] [--tsan] [--miri] [--twohost] [--publish] [-- TEST_ARGS...]
+  test [--vm] [--device rxe|siw] [--mtu N] [--timeout S] [--valgrind] [--tsan] [--miri] [--twohost] [--publish] [-- TEST_ARGS...]
         The whole test suite: builds, host tests, doc tests; with a nightly toolchain (installed
         with rustup if missing): doc tests under nightly rustdoc (checks compile_fail error codes),
         Miri over the library's unit tests, the ThreadSanitizer build of tests/device_threads*.rs;
@@ -86,8 +86,9 @@ Commands:
         ThreadSanitizer binaries, the harness's self-tests and a leak check; the two-host stage:
         one pair of guests (as rxe2) for interop with rdma-core's pingpongs across hosts,
         write_bw, its server's bound when the client's host vanishes, and the library's
-        tests/twohost_*.rs in both roles (link cuts, a process killed, a guest restarted); the publish checks (MSRV,
-        docs without rdma-core, cargo publish --dry-run); a summary.
+        tests/twohost_*.rs in both roles (link cuts, a process killed, a guest restarted); the
+        publish checks (MSRV, docs without rdma-core, cargo publish --dry-run); in a second VM
+        boot the siw pass (the device tests of test::SIW_BINARIES on siw0, plain only); a summary.
         --valgrind, --tsan, --miri, --twohost, --publish: run only these passes (any combination).
         TEST_ARGS go to each device test binary (e.g. a test name filter).
   demo [--vm] [--mtu N] [--timeout S]
@@ -113,6 +114,10 @@ Commands:
 
 Options:
   --vm          Use the VM even if this host has an RDMA device.
+  --device D    The VM's device (implies the VM): rxe (SoftRoCE, rxe0, GID index 1) or siw
+                (soft-iWARP, siw0 over the same dummy0, GID index 0; its module is built from
+                linux-source against the kernel's headers and cached, see image::prepare_siw).
+                `test --device siw` runs only the siw pass, `test --device rxe` all but it.
   --mtu N       MTU of the VM's dummy0 (default 1500: rxe active MTU 1024; 9000 gives 4096).
   --timeout S   Seconds CMD (rxe; default 600), each device test binary (test; default 600) or each
                 demo command (demo; default 120) may run, once the VM is up (boot: 120 s at most).
@@ -161,6 +166,8 @@ struct Options {
     smp: Option<u32>,
     /// `deps --allow-remove PKG`: installed packages the install may remove (repeatable).
     allow_remove: Vec<String>,
+    /// `rxe|test --device rxe|siw`: the VM's device (implies the VM); `test` without it runs both.
+    device: Option<vm::VmDevice>,
 }
 
 impl Default for Options {
@@ -180,6 +187,7 @@ impl Default for Options {
             mtu_b: None,
             smp: None,
             allow_remove: Vec::new(),
+            device: None,
         }
     }
 }
@@ -266,6 +274,11 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
             "--sweep" if flag && command == "bench" => opts.sweep = true,
             "--callgrind" if flag && command == "bench" => opts.callgrind = true,
             "--dry-run" if flag && command == "deps" => opts.dry_run = true,
+            "--device" if command == "rxe" || command == "test" => {
+                let v = value()?;
+                opts.device =
+                    Some(vm::VmDevice::parse(&v).ok_or(format!("bad --device `{v}` (rxe or siw)"))?);
+            }
             "--allow-remove" if command == "deps" => {
                 let v = value()?;
                 if v.is_empty() || v.starts_with('-') {
@@ -324,7 +337,7 @@ pub fn workspace_root() -> PathBuf {
 /// Picks where to run (the host's device, or the VM) and makes sure the packages of `extra` and of
 /// that place are installed (see [`prereq::ensure`]).
 fn backend(opts: &Options, extra: &[prereq::Group]) -> Result<vm::Backend, String> {
-    let host = if opts.vm { None } else { prereq::host_device() };
+    let host = if opts.vm || opts.device.is_some() { None } else { prereq::host_device() };
     let mut groups = extra.to_vec();
     let backend = match host {
         Some(device) => {
@@ -336,11 +349,21 @@ fn backend(opts: &Options, extra: &[prereq::Group]) -> Result<vm::Backend, Strin
                 return Err("the rxe VM boots the host's x86_64 root: it needs an x86_64 host".into());
             }
             groups.push(prereq::Group::Vm);
-            vm::Backend::Vm { mtu: opts.mtu }
+            vm::Backend::Vm { mtu: opts.mtu, device: opts.device.unwrap_or_default() }
         }
     };
     prereq::ensure(&groups)?;
     Ok(backend)
+}
+
+/// Every package of `packages.txt`, plus the headers of the VM's kernel for siw when that kernel is
+/// installed already (on a fresh machine the siw stage asks for them once the kernel is there).
+fn deps_packages() -> Vec<String> {
+    let mut list = prereq::packages(&prereq::Group::ALL);
+    if let Ok((_, version)) = image::find_kernel() {
+        list.extend(prereq::siw_packages(&version).into_iter().filter(|p| p.starts_with("linux-headers-")));
+    }
+    list
 }
 
 /// The packages `cargo xtask test` needs besides its backend's.
@@ -420,7 +443,13 @@ fn main() -> ExitCode {
         Cli::Rxe(opts, argv) => rxe(opts, argv),
         Cli::Rxe2(opts, a, b) => rxe2_command(opts, a, b),
         Cli::Test(opts, test_args) => {
-            let passes = test::Passes::only(opts.valgrind, opts.tsan, opts.miri, opts.twohost, opts.publish);
+            let mut passes =
+                test::Passes::only(opts.valgrind, opts.tsan, opts.miri, opts.twohost, opts.publish);
+            match opts.device {
+                Some(vm::VmDevice::Siw) => passes = test::Passes::SIW_ONLY,
+                Some(vm::VmDevice::Rxe) => passes.siw = false,
+                None => {}
+            }
             backend(opts, &test_groups(passes)).and_then(|backend| {
                 test::run(&test::TestOptions {
                     backend,
@@ -441,8 +470,7 @@ fn main() -> ExitCode {
         Cli::Bench(opts) => backend(opts, &[prereq::Group::Build])
             .and_then(|backend| demo::bench(&backend, opts.timeout, opts.callgrind)),
         Cli::Deps(opts) => {
-            prereq::ensure_packages(&prereq::packages(&prereq::Group::ALL), opts.dry_run, &opts.allow_remove)
-                .map(|()| 0)
+            prereq::ensure_packages(&deps_packages(), opts.dry_run, &opts.allow_remove).map(|()| 0)
         }
     };
     let code = match result {

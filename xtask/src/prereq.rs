@@ -36,11 +36,13 @@ pub enum Group {
     Device,
     /// The valgrind pass of `cargo xtask test`.
     Valgrind,
+    /// Building the soft-iWARP module (`--device siw`); see [`siw_packages`].
+    Siw,
 }
 
 impl Group {
     /// Every group.
-    pub const ALL: [Group; 4] = [Group::Build, Group::Vm, Group::Device, Group::Valgrind];
+    pub const ALL: [Group; 5] = [Group::Build, Group::Vm, Group::Device, Group::Valgrind, Group::Siw];
 
     /// Its name in `packages.txt`.
     pub fn name(self) -> &'static str {
@@ -49,6 +51,7 @@ impl Group {
             Group::Vm => "vm",
             Group::Device => "device",
             Group::Valgrind => "valgrind",
+            Group::Siw => "siw",
         }
     }
 }
@@ -81,6 +84,14 @@ pub fn parse_packages(text: &str) -> Result<Vec<(String, Vec<Group>)>, String> {
 pub fn packages(groups: &[Group]) -> Vec<String> {
     let all = parse_packages(PACKAGES_TXT).expect("xtask/packages.txt is valid (a unit test checks it)");
     all.into_iter().filter(|(_, g)| g.iter().any(|g| groups.contains(g))).map(|(p, _)| p).collect()
+}
+
+/// The packages that building siw for kernel `version` needs: the `siw` group of `packages.txt`
+/// (the kernel's source) and the headers of that very kernel, `linux-headers-<version>`.
+pub fn siw_packages(version: &str) -> Vec<String> {
+    let mut list = packages(&[Group::Siw]);
+    list.push(format!("linux-headers-{version}"));
+    list
 }
 
 /// Makes sure the packages of `groups` are installed (see [`ensure_packages`]).

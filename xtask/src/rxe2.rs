@@ -687,7 +687,7 @@ pub fn run(
     let reported: Mutex<usize> = Mutex::new(0);
     let stop_control = AtomicBool::new(false);
     let on_result = Mutex::new(on_result);
-    let backend = Backend::Vm { mtu: 1500 };
+    let backend = Backend::Vm { mtu: 1500, device: crate::vm::VmDevice::Rxe };
 
     let reports = thread::scope(|s| -> Result<[(vm::Report, usize); 2], String> {
         let control_thread = s.spawn(|| control.run(&stop_control));

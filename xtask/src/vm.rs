@@ -36,6 +36,49 @@ pub const RXE_GID_INDEX: u32 = 1;
 /// The IPv4 address of the VM's `dummy0`, under rxe0 (for RDMA-CM).
 pub const RXE_IP: &str = "192.0.2.1";
 
+/// The soft-iWARP device the VM creates with `--device siw`, over the same `dummy0`.
+pub const SIW_DEVICE: &str = "siw0";
+/// siw's only GID (index 0), made from `dummy0`'s MAC address.
+pub const SIW_GID_INDEX: u32 = 0;
+
+/// The software RDMA device of the VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VmDevice {
+    /// SoftRoCE (`rdma_rxe`): `rxe0`, RoCE v2, GID index 1.
+    #[default]
+    Rxe,
+    /// Soft-iWARP (`siw`, built by [`image::prepare_siw`]): `siw0`, iWARP over TCP, GID index 0;
+    /// queue pairs connect only through RDMA-CM.
+    Siw,
+}
+
+impl VmDevice {
+    /// Its name on the command line (`--device rxe|siw`).
+    pub fn parse(name: &str) -> Option<VmDevice> {
+        match name {
+            "rxe" => Some(VmDevice::Rxe),
+            "siw" => Some(VmDevice::Siw),
+            _ => None,
+        }
+    }
+
+    /// The device the VM creates (`rxe0`, `siw0`).
+    pub fn name(self) -> &'static str {
+        match self {
+            VmDevice::Rxe => RXE_DEVICE,
+            VmDevice::Siw => SIW_DEVICE,
+        }
+    }
+
+    /// The GID index the tests use on it.
+    pub fn gid_index(self) -> u32 {
+        match self {
+            VmDevice::Rxe => RXE_GID_INDEX,
+            VmDevice::Siw => SIW_GID_INDEX,
+        }
+    }
+}
+
 /// How long the VM may take from QEMU's start to rxe0 being ACTIVE.
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long after a step's own timeout (enforced in the VM) the host gives up on the VM.
@@ -51,10 +94,12 @@ const RUN_SCRIPT: &str = include_str!("../guest/run.sh");
 /// Where a job runs.
 #[derive(Debug, Clone)]
 pub enum Backend {
-    /// In a QEMU VM with rxe0 over a dummy netdev of this MTU.
+    /// In a QEMU VM with rxe0 (or siw0) over a dummy netdev of this MTU.
     Vm {
         /// MTU of `dummy0` (rxe's active MTU follows it: 1500 → 1024, 9000 → 4096).
         mtu: u32,
+        /// The device created over `dummy0`.
+        device: VmDevice,
     },
     /// On this host, which has an active RDMA device.
     Local(crate::prereq::HostDevice),
@@ -179,9 +224,9 @@ impl Report {
 /// The variables every step sees besides the forwarded host ones: the device to test.
 pub fn device_env(backend: &Backend) -> Vec<(String, String)> {
     match backend {
-        Backend::Vm { .. } => vec![
-            ("IBVERBS_TEST_DEVICE".into(), RXE_DEVICE.into()),
-            ("IBVERBS_TEST_GID_INDEX".into(), RXE_GID_INDEX.to_string()),
+        Backend::Vm { device, .. } => vec![
+            ("IBVERBS_TEST_DEVICE".into(), device.name().into()),
+            ("IBVERBS_TEST_GID_INDEX".into(), device.gid_index().to_string()),
             ("IBVERBS_TEST_IP".into(), RXE_IP.into()),
         ],
         Backend::Local(dev) => {
@@ -236,17 +281,36 @@ pub fn run_with(
 ) -> Result<Report, String> {
     let tmp = TempDir::new()?;
     let job = extras.job.clone().unwrap_or_else(|| tmp.path.join("job"));
-    write_job(&job, steps, backend, &extras.env)?;
+    let image = match backend {
+        Backend::Vm { device, .. } => {
+            let image = image::prepare()?;
+            let siw = match device {
+                VmDevice::Siw => Some(image::prepare_siw(&image.version)?),
+                VmDevice::Rxe => None,
+            };
+            Some((image, siw))
+        }
+        Backend::Local(_) => None,
+    };
+    let vm_conf = match (backend, &image) {
+        (Backend::Vm { mtu, device }, Some((_, siw))) => Some(vm_conf(*mtu, *device, siw.as_ref())),
+        _ => None,
+    };
+    write_job(&job, steps, backend, &extras.env, vm_conf.as_deref())?;
     let console = tmp.path.join("console.log");
     let qemu_log = tmp.path.join("qemu.log");
     let tag = extras.tag.unwrap_or("");
-    let (mut child, ready_at_start) = match backend {
-        Backend::Vm { .. } => {
-            let image = image::prepare()?;
-            eprintln!("xtask: {tag}booting the VM (kernel {}, QEMU TCG: no KVM)", image.version);
-            (spawn_qemu(&image, &job, &console, &qemu_log, extras)?, false)
+    let (mut child, ready_at_start) = match (backend, &image) {
+        (Backend::Vm { device, .. }, Some((image, _))) => {
+            eprintln!(
+                "xtask: {tag}booting the VM (kernel {}, {}, QEMU TCG: no KVM)",
+                image.version,
+                device.name()
+            );
+            (spawn_qemu(image, &job, &console, &qemu_log, extras)?, false)
         }
-        Backend::Local(dev) => {
+        (Backend::Vm { .. }, None) => unreachable!("a VM backend has its image"),
+        (Backend::Local(dev), _) => {
             eprintln!("xtask: running on this host's RDMA device {} (no VM; --vm forces one)", dev.name);
             (spawn_local(&job)?, true)
         }
@@ -255,7 +319,11 @@ pub fn run_with(
         pid.store(child.id(), Ordering::SeqCst);
     }
     let guard = KillOnDrop(&mut child);
-    let (results, end) = follow(steps, &job, guard.0, ready_at_start, extras.tag, on_result);
+    let device = match backend {
+        Backend::Vm { device, .. } => device.name(),
+        Backend::Local(dev) => dev.name.as_str(),
+    };
+    let (results, end) = follow(steps, &job, guard.0, ready_at_start, extras.tag, device, on_result);
     if let Some(pid) = &extras.pid {
         pid.store(0, Ordering::SeqCst);
     }
@@ -267,12 +335,28 @@ pub fn run_with(
     Ok(Report { results, end, console_tail, console_log })
 }
 
+/// The VM init's `vm.conf`: `MTU`, `DEVICE` (`rxe0` or `siw0`), and for siw the module to load
+/// (`SIW_MODULE`, a host path the guest sees under its root) and its dependencies (`SIW_DEPENDS`,
+/// loaded first with the host's modprobe).
+pub fn vm_conf(mtu: u32, device: VmDevice, siw: Option<&image::SiwModule>) -> String {
+    let mut conf = format!("MTU={mtu}\nDEVICE={}\n", device.name());
+    if let Some(siw) = siw {
+        conf.push_str(&format!(
+            "SIW_MODULE={}\nSIW_DEPENDS='{}'\n",
+            String::from_utf8_lossy(&shell::quote(siw.path.as_os_str().as_bytes())),
+            siw.depends.join(" ")
+        ));
+    }
+    conf
+}
+
 /// Writes the job folder.
 fn write_job(
     job: &Path,
     steps: &[Step],
     backend: &Backend,
     extra_env: &[(String, String)],
+    vm_conf: Option<&str>,
 ) -> Result<(), String> {
     let io = |e: std::io::Error| format!("writing the job folder {}: {e}", job.display());
     fs::create_dir_all(job.join("steps")).map_err(io)?;
@@ -285,8 +369,8 @@ fn write_job(
         Backend::Local(_) => shell::env_file(&vars),
     };
     fs::write(job.join("env"), env).map_err(io)?;
-    if let Backend::Vm { mtu } = backend {
-        fs::write(job.join("vm.conf"), format!("MTU={mtu}\n")).map_err(io)?;
+    if let Some(conf) = vm_conf {
+        fs::write(job.join("vm.conf"), conf).map_err(io)?;
     }
     for (i, step) in steps.iter().enumerate() {
         fs::write(job.join(format!("steps/{i}.sh")), &step.script).map_err(io)?;
@@ -516,6 +600,7 @@ fn follow(
     child: &mut Child,
     mut ready: bool,
     tag: Option<&str>,
+    device: &str,
     on_result: &mut dyn FnMut(usize, &StepResult),
 ) -> (Vec<StepResult>, End) {
     let t = tag.unwrap_or("");
@@ -531,11 +616,7 @@ fn follow(
         if !ready {
             if job.join("ready").exists() {
                 ready = true;
-                eprintln!(
-                    "xtask: {t}VM ready ({} up) after {:.1} s",
-                    RXE_DEVICE,
-                    start.elapsed().as_secs_f64()
-                );
+                eprintln!("xtask: {t}VM ready ({} up) after {:.1} s", device, start.elapsed().as_secs_f64());
             } else if let Ok(reason) = fs::read_to_string(job.join("setup-failed")) {
                 return (results, End::BootFailed(reason.trim().to_string()));
             } else if let Some(status) = exited {

@@ -90,7 +90,7 @@ pub fn establish(id: &CmId, qp: &mut QueuePair, param: &ConnParam, timeout: Dura
     check_own_qp(id, qp)?;
     id.connect(param)?;
     expect(id, "rdma_connect", CmEventKind::ESTABLISHED, deadline, timeout)?;
-    qp.refresh_state().map(|_| ())
+    qp.cm_established().map(|_| ())
 }
 
 /// `qp` must be the queue pair created on `id`.
@@ -240,5 +240,5 @@ pub fn accept_request(id: &CmId, qp: &mut QueuePair, param: &ConnParam, timeout:
     check_own_qp(id, qp)?;
     id.accept(param)?;
     expect(id, "rdma_accept", CmEventKind::ESTABLISHED, deadline, timeout)?;
-    qp.refresh_state().map(|_| ())
+    qp.cm_established().map(|_| ())
 }

@@ -234,11 +234,17 @@ impl CmId {
 
     /// Sends a connection request (`rdma_connect()`), after route resolution; the outcome is an
     /// [`ESTABLISHED`](crate::cm::CmEventKind::ESTABLISHED) event (the id's queue pair is then in
-    /// RTS), [`REJECTED`](crate::cm::CmEventKind::REJECTED), `UNREACHABLE` or `CONNECT_ERROR`.
+    /// RTS: record it with [`QueuePair::cm_established`](crate::QueuePair::cm_established)), [`REJECTED`](crate::cm::CmEventKind::REJECTED), `UNREACHABLE` or `CONNECT_ERROR`.
+    ///
+    /// On iWARP the TCP connection is made inside `rdma_connect()`: a port nobody listens on
+    /// fails there, not with a `REJECTED` event.
     ///
     /// # Errors
     /// [`Error::PrivateDataTooLong`] before anything is sent; [`Error::InvalidArgument`] for
-    /// retry counts above 7 or an unresolved id; [`Error::Verb`] from `rdma_connect()`.
+    /// retry counts above 7 or an unresolved id; [`Error::Rejected`] (status `-ECONNREFUSED`, as
+    /// iWARP's `REJECTED` events carry, no private data) when `rdma_connect()` itself fails with
+    /// `ECONNREFUSED` (iWARP: nobody listens on the port); [`Error::Verb`] for any other failure
+    /// of `rdma_connect()` (on iWARP e.g. `ETIMEDOUT` when the peer's address does not answer).
     #[doc(alias = "rdma_connect")]
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
         let max = self.max_private_data("rdma_connect", Message::Connect)?;
@@ -246,7 +252,14 @@ impl CmId {
         let _g = self.inner.channel.lock();
         // SAFETY: valid id; `raw` points at `param`'s private data, which outlives the call
         // (librdmacm copies it).
-        cvt("rdma_connect", unsafe { ffi::rdma_connect(self.raw(), &mut raw) })
+        match cvt("rdma_connect", unsafe { ffi::rdma_connect(self.raw(), &mut raw) }) {
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => Err(Error::Rejected {
+                verb: "rdma_connect",
+                status: -libc::ECONNREFUSED,
+                private_data: Vec::new(),
+            }),
+            r => r,
+        }
     }
 
     /// Accepts a connection request (`rdma_accept()`) on its new id, which moves the id's queue

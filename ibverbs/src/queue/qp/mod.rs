@@ -5,6 +5,8 @@ mod post;
 mod scope;
 mod state;
 
+pub use state::IWARP_MANUAL_CONNECT;
+
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -338,7 +340,7 @@ impl<'a> QueuePairBuilder<'a> {
     ///
     /// Its [`state`](QueuePair::state) is read from the device at creation (INIT); RDMA-CM moves
     /// it to RTS when the connection is established, so call
-    /// [`refresh_state`](QueuePair::refresh_state) after the `ESTABLISHED` event before posting
+    /// [`cm_established`](QueuePair::cm_established) after the `ESTABLISHED` event before posting
     /// sends ([`cm::connect`](crate::cm::connect) and [`Listener::accept`](crate::cm::Listener::accept)
     /// do).
     ///
@@ -377,7 +379,9 @@ impl<'a> QueuePairBuilder<'a> {
             // SAFETY: valid id; `qp` was just written under our lock.
             cvt_p("rdma_create_qp", unsafe { (*cm.raw.as_ptr()).qp })
         })?;
-        qp.refresh_state()?;
+        let s = qp.query_state()?;
+        // rdma_create_qp moved it to INIT; siw does not report states (see refresh_state).
+        qp.state = if qp.unreported(s) { QpState::INIT } else { s };
         Ok(qp)
     }
 
@@ -785,15 +789,50 @@ impl QueuePair {
     /// Reads the state from the device (`ibv_query_qp()`) into [`state`](Self::state), e.g.
     /// after an RDMA-CM event moved it (a QP left [`QpState::UNUSABLE`] stays so).
     ///
+    /// On an iWARP device a queue pair on an RDMA-CM id keeps its known state when the device
+    /// answers RESET: siw's `ibv_query_qp()` does not report the state (it always reads RESET),
+    /// and such a queue pair is never in RESET (librdmacm moves it to INIT when it creates it).
+    /// After the `ESTABLISHED` event use [`cm_established`](Self::cm_established).
+    ///
     /// # Errors
     /// [`Error::Verb`] when the verb fails.
     #[doc(alias = "ibv_query_qp")]
     pub fn refresh_state(&mut self) -> Result<QpState> {
         let s = self.query_state()?;
-        if self.state != QpState::UNUSABLE {
+        if self.state != QpState::UNUSABLE && !self.unreported(s) {
             self.state = s;
         }
         Ok(self.state)
+    }
+
+    /// Records that the connection of this queue pair's RDMA-CM id is established (after its
+    /// `ESTABLISHED` event), which moved the queue pair to RTS: reads the state from the device
+    /// (`ibv_query_qp()`), and where the device does not report it (siw: RESET, see
+    /// [`refresh_state`](Self::refresh_state)) takes RTS. [`cm::connect`](crate::cm::connect)
+    /// and [`Listener::accept`](crate::cm::Listener::accept) call it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a queue pair not created on an RDMA-CM id; [`Error::Verb`]
+    /// when the query fails.
+    #[doc(alias = "ibv_query_qp")]
+    pub fn cm_established(&mut self) -> Result<QpState> {
+        if self.cm.is_none() {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_query_qp",
+                reason: "cm_established is for queue pairs created on an RDMA-CM id",
+            });
+        }
+        let s = self.query_state()?;
+        if self.state != QpState::UNUSABLE {
+            self.state = if self.unreported(s) { QpState::RTS } else { s };
+        }
+        Ok(self.state)
+    }
+
+    /// Whether `queried` is siw's non-answer: RESET for a queue pair on an RDMA-CM id (never in
+    /// RESET) of an iWARP device.
+    fn unreported(&self, queried: QpState) -> bool {
+        queried == QpState::RESET && self.cm.is_some() && self.context().is_iwarp()
     }
 
     /// Refuses a state transition of this crate's on a queue pair RDMA-CM drives.

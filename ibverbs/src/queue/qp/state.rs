@@ -9,12 +9,20 @@ use crate::memory::AccessFlags;
 use crate::post::engine::{register_rings, register_send_ring};
 use crate::queue::qp::{random_psn, QpState, QpType, QueuePair};
 
+/// The capability [`QueuePair::connect`] names in [`Error::Unsupported`] on an iWARP device: a
+/// queue pair moved to RTR/RTS by hand (`ibv_modify_qp()`); iWARP connects through RDMA-CM
+/// ([`crate::cm`]).
+pub const IWARP_MANUAL_CONNECT: &str = "manual RTR/RTS on iWARP (connect through RDMA-CM: ibverbs::cm)";
+
 impl QueuePair {
     /// This QP's connection details for a peer, on `opts.port` with `opts`' GID choice.
     ///
     /// # Errors
-    /// [`Error::Verb`] for a bad port or GID index (from `ibv_query_port()`/`ibv_query_gid_ex()`).
+    /// [`Error::Verb`] for a bad port or GID index (from `ibv_query_port()`/`ibv_query_gid_ex()`);
+    /// [`Error::Unsupported`] (capability [`IWARP_MANUAL_CONNECT`]) on an iWARP device, whose
+    /// queue pairs connect through RDMA-CM ([`crate::cm`]), not by exchanging endpoints.
     pub fn endpoint(&self, opts: &ConnectOptions) -> Result<Endpoint> {
+        self.check_not_iwarp()?;
         let ctx = self.context();
         let port = ctx.query_port(opts.port)?;
         let gid = match gid_index(&ctx, opts, port.link_layer())? {
@@ -34,6 +42,16 @@ impl QueuePair {
     /// The first send PSN for `opts`: theirs, or this QP's.
     fn send_psn(&self, opts: &ConnectOptions) -> u32 {
         opts.psn.unwrap_or(self.psn) & 0x00ff_ffff
+    }
+
+    /// Refuses a hand-driven connection on an iWARP device: iWARP queue pairs reach RTR/RTS only
+    /// through RDMA-CM (the kernel ties them to a TCP connection), and siw would fail late or
+    /// leave the QP half-moved.
+    fn check_not_iwarp(&self) -> Result<()> {
+        if self.context().is_iwarp() {
+            return Err(Error::Unsupported { verb: "ibv_modify_qp", capability: IWARP_MANUAL_CONNECT });
+        }
+        Ok(())
     }
 
     /// Brings a QP in RESET to INIT; refuses any state but RESET and INIT.
@@ -93,12 +111,17 @@ impl QueuePair {
     /// [`Error::QpState`] unless the QP is in RESET or INIT; [`Error::InvalidArgument`] for a UD
     /// QP or out-of-range options (including a `max_rd_atomic` above the device's limits);
     /// [`Error::Verb`] for a bad port or GID index, or when the device rejects a transition;
-    /// [`Error::CmManaged`] for a queue pair created on an RDMA-CM id. Options are checked before
+    /// [`Error::CmManaged`] for a queue pair created on an RDMA-CM id;
+    /// [`Error::Unsupported`] (capability [`IWARP_MANUAL_CONNECT`]) on an iWARP device (siw,
+    /// see [`Context::is_iwarp`](crate::Context::is_iwarp)), whose queue pairs reach RTR and RTS
+    /// only through RDMA-CM: create the QP on a [`CmId`](crate::cm::CmId) instead
+    /// ([`crate::cm`]); nothing is changed. Options are checked before
     /// any transition, but if the device still refuses RTS after accepting RTR, the QP stays in
     /// RTR, where `connect` refuses to run again: [`reset`](Self::reset) it first.
     #[doc(alias = "ibv_modify_qp")]
     pub fn connect(&mut self, remote: &Endpoint, opts: &ConnectOptions) -> Result<()> {
         self.check_not_cm()?;
+        self.check_not_iwarp()?;
         let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_modify_qp", reason });
         if self.qp_type == QpType::UD {
             return bad("UD queue pairs are not connected: use activate_ud and address handles");
