@@ -443,21 +443,33 @@ fn events_read_in_another_thread_while_the_queue_pair_and_id_go() {
 /// The IPv6 address the IPv6 test gives the test device's netdev (a documentation prefix).
 const HOST_V6: &str = "2001:db8::1";
 
-/// Gives the test device's netdev `HOST_V6` (without duplicate address detection, so it is usable
-/// at once; "exists" from an earlier run is fine) and waits until the device lists its RoCE v2 GID.
+/// Gives the test device's netdev (the one holding `HOST`) `HOST_V6` (without duplicate address
+/// detection, so it is usable at once; "exists" from an earlier run is fine) and, on RoCE, waits
+/// until the device lists its RoCE v2 GID (iWARP devices have no IP-based GIDs).
 fn add_ipv6_address() {
-    let dev = context().name().to_string();
-    let nd = netdev(&dev);
+    let ctx = context();
+    let dev = ctx.name().to_string();
     let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
         .into_iter()
         .find(|p| std::path::Path::new(p).exists())
         .expect("no `ip` command");
+    let shown =
+        std::process::Command::new(ip).args(["-o", "-4", "addr", "show", "to", HOST]).output().unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    let nd = shown
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_else(|| panic!("no netdev holds {HOST}: {shown}"))
+        .to_string();
     let out = std::process::Command::new(ip)
         .args(["-6", "addr", "add", &format!("{HOST_V6}/64"), "dev", &nd, "nodad"])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() || err.contains("exists"), "ip -6 addr add {HOST_V6} dev {nd}: {err}");
+    if ctx.is_iwarp() {
+        return;
+    }
     let want = "2001:0db8:0000:0000:0000:0000:0000:0001";
     let deadline = Instant::now() + wait();
     loop {
@@ -608,7 +620,10 @@ fn a_peer_process_killed_after_establishment_disconnects_and_flushes() {
         assert_eq!(wc.wr_id(), k as u64);
         assert_eq!(&wc.take_region().expect("the buffer comes back")[..], &pattern(128, k as u8)[..]);
     }
-    assert_eq!(qp.refresh_state().unwrap(), QpState::ERR);
+    if !s.pd.context().is_iwarp() {
+        // (siw's ibv_query_qp does not report the state: only the flushes above tell.)
+        assert_eq!(qp.refresh_state().unwrap(), QpState::ERR);
+    }
     assert_eq!(qp.outstanding_recvs(), 0);
 }
 
