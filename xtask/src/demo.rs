@@ -8,6 +8,7 @@
 use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
+use crate::sweep::median;
 use crate::vm::{self, Output, Step};
 use crate::{cargo, shell};
 
@@ -205,17 +206,6 @@ pub fn bench_twohost(timeout: Option<Duration>) -> Result<u8, String> {
     Ok(if code == 0 && !complete { 1 } else { code })
 }
 
-/// The median of `v` (mean of the middle two for an even count); `None` when empty.
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
-}
-
 /// The Markdown table of `RESULT test kind pairN rc=R value` lines: per test, the medians of ours
 /// and perftest's successful runs and their ratio (ours / perftest). Also whether every run
 /// succeeded.
@@ -247,7 +237,7 @@ pub fn twohost_table(b_stdout: &str) -> (String, bool) {
         "| test | size | ours (median) | perftest (median) | ratio ours/perftest |\n|---|---|---|---|---|\n",
     );
     for (test, unit, size) in TESTS {
-        let m = |kind: &str| runs.get(&(test.to_string(), kind.to_string())).cloned().and_then(median);
+        let m = |kind: &str| runs.get(&(test.to_string(), kind.to_string())).and_then(|v| median(v));
         let (ours, theirs) = (m("ours"), m("perftest"));
         let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
         let ratio = match (ours, theirs) {
@@ -342,7 +332,8 @@ mod tests {
         assert!(!complete, "four tests have no figures");
         assert!(!twohost_table("RESULT write_lat ours pair1 rc=1 FAILED\n").1);
         assert!(!twohost_table("").1);
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(median(vec![]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
     }
 }

@@ -975,13 +975,7 @@ fn run_siw_stage(opts: &TestOptions, root: &Path, device: &[Artifact], summary: 
         }
     };
     report.explain(&steps);
-    let vm_note = match &report.end {
-        End::Completed => String::new(),
-        End::BootFailed(why) => format!("not run: the VM did not boot: {why}"),
-        End::Died(why) => format!("not run: {why}"),
-        End::Stuck(i) => format!("not run: `{}` hung the VM", steps[*i].label),
-        End::Interrupted(signal) => format!("not run: interrupted by signal {signal}"),
-    };
+    let vm_note = vm_note(&report.end, &steps);
     for (i, bin) in bins.iter().enumerate() {
         let what = format!("{} (siw0, in the VM)", bin.name);
         match report.results.get(i) {
@@ -1188,13 +1182,7 @@ fn run_device_job(
     eprintln!("xtask: {} steps in one boot: {:.1} s", steps.len(), started.elapsed().as_secs_f64());
     report.explain(&steps);
     let results = &report.results;
-    let vm_note = match &report.end {
-        End::Completed => String::new(),
-        End::BootFailed(why) => format!("not run: the VM did not boot: {why}"),
-        End::Died(why) => format!("not run: {why}"),
-        End::Stuck(i) => format!("not run: `{}` hung the VM", steps[*i].label),
-        End::Interrupted(signal) => format!("not run: interrupted by signal {signal}"),
-    };
+    let vm_note = vm_note(&report.end, &steps);
     if let Some(r) = results.first().filter(|r| r.code != 0) {
         summary.check("rdma resource baseline", Err(String::from_utf8_lossy(&r.stderr).trim().to_string()));
     }
@@ -1416,6 +1404,17 @@ fn run_program_self_tests(backend: &Backend, summary: &mut Summary) {
                 Ok(())
             }),
         );
+    }
+}
+
+/// Why the steps a VM did not finish were not run ("" when it completed them all).
+fn vm_note(end: &End, steps: &[Step]) -> String {
+    match end {
+        End::Completed => String::new(),
+        End::BootFailed(why) => format!("not run: the VM did not boot: {why}"),
+        End::Died(why) => format!("not run: {why}"),
+        End::Stuck(i) => format!("not run: `{}` hung the VM", steps[*i].label),
+        End::Interrupted(signal) => format!("not run: interrupted by signal {signal}"),
     }
 }
 
