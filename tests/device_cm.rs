@@ -673,3 +673,32 @@ fn the_channels_asfd_is_readable_when_an_event_waits_and_consumes_none() {
     assert_eq!(ev.kind(), CmEventKind::ADDR_RESOLVED, "{ev:?}");
     assert!(!readable(fd, 0), "nothing left");
 }
+
+/// `CmId::migrate` (`rdma_migrate_id`): the id's events arrive on the new channel, none on the
+/// old; an id with a queue pair on it is refused.
+#[test]
+fn a_migrated_id_reports_to_its_new_channel() {
+    use std::os::fd::AsRawFd;
+    let old = EventChannel::new().unwrap();
+    let new = EventChannel::new().unwrap();
+    let mut id = old.create_id().unwrap();
+    id.migrate(&new).unwrap();
+    drop(old);
+    id.resolve_addr(None, addr(7003), wait()).unwrap();
+    let ev = new.get_event(Some(wait())).unwrap().expect("the event on the new channel");
+    assert!(ev.is_for(&id), "{ev:?}");
+    assert_eq!(ev.kind(), CmEventKind::ADDR_RESOLVED, "{ev:?}");
+    assert!(id.channel().as_raw_fd() == new.as_raw_fd(), "channel() is the new one");
+    // With a queue pair on the id: refused, the id untouched.
+    let ctx = id.context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None).unwrap();
+    let qp = pd.create_qp(&cq, ibverbs::QpType::RC).caps(caps()).build_on(&id).unwrap();
+    let third = EventChannel::new().unwrap();
+    match id.migrate(&third) {
+        Err(Error::InvalidArgument { verb: "rdma_migrate_id", .. }) => {}
+        other => panic!("migrating an id with a queue pair: {other:?}"),
+    }
+    drop(qp);
+    id.migrate(&third).expect("without its queue pair the id migrates");
+}

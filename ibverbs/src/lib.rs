@@ -523,15 +523,6 @@
 //! let _: ibverbs::CompletionQueue = second; // error: mismatched types (`&CompletionQueue`)
 //! # }
 //! ```
-//! An RDMA-CM event channel's descriptor cannot be borrowed as an `OwnedFd`-convertible
-//! `BorrowedFd` (safe code could read and lose events; a completion channel's `AsFd` is a
-//! private epoll descriptor instead, which cannot be read):
-//! ```compile_fail,E0599
-//! # fn f(ch: &ibverbs::cm::EventChannel) {
-//! use std::os::fd::AsFd;
-//! let fd = ch.as_fd(); // error: no method named `as_fd`
-//! # }
-//! ```
 //! Inline data must outlive the request that borrows it:
 //! ```compile_fail,E0597
 //! # fn f(qp: &mut ibverbs::QueuePair) {

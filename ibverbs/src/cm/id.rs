@@ -295,6 +295,41 @@ impl CmId {
         cvt("rdma_reject", unsafe { ffi::rdma_reject(self.raw(), ptr, private_data.len() as u8) })
     }
 
+    /// Moves the id to `channel` (`rdma_migrate_id()`): its later events, and those not read
+    /// yet, arrive there. Every event this crate read was acknowledged at once, so the call does
+    /// not wait.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] while a queue pair created on the id (which keeps a handle to
+    /// it) exists: migrate before [`build_on`](crate::QueuePairBuilder::build_on);
+    /// [`Error::Verb`] from `rdma_migrate_id()`.
+    #[doc(alias = "rdma_migrate_id")]
+    pub fn migrate(&mut self, channel: &EventChannel) -> Result<()> {
+        let inner = Arc::get_mut(&mut self.inner).ok_or(Error::InvalidArgument {
+            verb: "rdma_migrate_id",
+            reason: "a queue pair created on the id still uses it: migrate before build_on",
+        })?;
+        if Arc::ptr_eq(&inner.channel, &channel.inner) {
+            return Ok(());
+        }
+        {
+            // Both channels' locks (librdmacm touches the id's fields while processing events of
+            // either), taken in address order so that two migrations in opposite directions
+            // cannot deadlock.
+            let (a, b) = (&inner.channel, &channel.inner);
+            let (first, second) = if Arc::as_ptr(a) < Arc::as_ptr(b) { (a, b) } else { (b, a) };
+            let _g1 = first.lock();
+            let _g2 = second.lock();
+            // SAFETY: a live id we hold exclusively (no QP, no other handle) and a live channel;
+            // every event of the id was acknowledged when it was read, so the call does not wait.
+            let ret = unsafe { ffi::rdma_migrate_id(inner.raw.as_ptr(), channel.inner.raw()) };
+            cvt("rdma_migrate_id", ret)?;
+        }
+        // The id now reports to `channel`, which it keeps alive (the old one may go).
+        inner.channel = channel.inner.clone();
+        Ok(())
+    }
+
     /// Disconnects (`rdma_disconnect()`): the id's queue pair goes to the error state (its
     /// outstanding requests are flushed) and both sides get a
     /// [`DISCONNECTED`](crate::cm::CmEventKind::DISCONNECTED) event.
