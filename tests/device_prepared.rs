@@ -147,3 +147,74 @@ fn prepared_chains_post_with_one_call_and_hand_every_buffer_back() {
     assert!(p.a.post_prepared_chain(&[]).is_ok());
     assert_eq!(Arc::strong_count(&src), 2, "refused chains keep nothing");
 }
+
+// A chain's scratch entry keeps the template last posted there (the request's opcode, keys,
+// immediate data) and rewrites it only when another request comes to that index: chains that
+// mix three requests, each at a different index every round, must still post each as prepared.
+#[test]
+fn chains_mixing_prepared_requests_post_each_with_its_own_template() {
+    let mut p = rc_pair(32);
+    let mut src = p.pd.allocate(4096).unwrap();
+    src.copy_from_slice(&pattern(4096, 5));
+    let src = Arc::new(src);
+    let t1 = Arc::new(p.pd.allocate_remote(4096, AccessFlags::REMOTE_WRITE).unwrap());
+    let t2 = Arc::new(p.pd.allocate_remote(4096, AccessFlags::REMOTE_WRITE).unwrap());
+    let w1 = p.a.prepare_send(SendRequest::write(Local::whole(src.clone()), t1.remote())).unwrap();
+    let w2 = p.a.prepare_send(SendRequest::write(Local::whole(src.clone()), t2.remote()).imm(77)).unwrap();
+    let send = p.a.prepare_send(SendRequest::send(Local::whole(src.clone())).imm(5)).unwrap();
+    let (mut e1, mut e2) = (vec![0u8; 4096], vec![0u8; 4096]);
+    let mut received = Vec::new();
+    for round in 0..12u64 {
+        // Round r puts request (r + k) % 3 at index k: every index sees every request.
+        let mut posts = Vec::new();
+        let mut imms = 0;
+        for k in 0..6u64 {
+            let i = round * 6 + k;
+            let (off, len, roff) = ((i * 97) as usize % 4000, 1 + (i * 13) as u32 % 64, (i * 61) % 4000);
+            let post = match (round + k) % 3 {
+                0 => {
+                    e1[roff as usize..][..len as usize].copy_from_slice(&src[off..][..len as usize]);
+                    w1.at(i, off, len, roff)
+                }
+                1 => {
+                    e2[roff as usize..][..len as usize].copy_from_slice(&src[off..][..len as usize]);
+                    imms += 1;
+                    w2.at(i, off, len, roff)
+                }
+                _ => {
+                    received.push((src[off..][..len as usize].to_vec(), 5));
+                    imms += 1;
+                    send.at(i, off, len, 0)
+                }
+            };
+            posts.push(if k < 5 { post.unsignaled() } else { post });
+        }
+        // Write-with-immediate and Send each take a receive on b.
+        for _ in 0..imms {
+            p.b.post_recv(ibverbs::RecvRequest::new(Local::whole(p.pd.allocate(64).unwrap()))).unwrap();
+        }
+        p.a.post_prepared_chain(&posts).unwrap();
+        let c = poll_one(&mut p.cq_a);
+        assert!(c.is_ok() && c.wr_id() == round * 6 + 5, "{c:?}");
+        for _ in 0..imms {
+            let mut r = poll_one(&mut p.cq_b);
+            assert!(r.is_ok(), "{r:?}");
+            if r.opcode() == ibverbs::WcOpcode::RECV_RDMA_WITH_IMM {
+                assert_eq!(r.imm_data(), Some(77));
+            } else {
+                let (bytes, imm) = received.remove(0);
+                assert_eq!(r.imm_data(), Some(imm));
+                assert_eq!(&r.take_region().unwrap()[..bytes.len()], &bytes[..]);
+            }
+        }
+        // A single post between chains (its own request, not the scratch) changes nothing.
+        p.a.post_prepared(&w1, 1000 + round, 0, 8, 4088).unwrap();
+        assert!(poll_one(&mut p.cq_a).is_ok());
+        e1[4088..].copy_from_slice(&src[..8]);
+    }
+    assert!(received.is_empty());
+    assert_eq!(t1.to_vec(), e1);
+    assert_eq!(t2.to_vec(), e2);
+    drop((w1, w2, send));
+    assert_eq!(Arc::strong_count(&src), 1, "every clone came back");
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::ah::AhInner;
 use crate::error::{Error, Result};
 use crate::ffi;
-use crate::post::prepared::{PreparedChainError, PreparedPost};
+use crate::post::prepared::{PreparedChainError, PreparedPost, PreparedScratch, PreparedSend};
 use crate::post::registry::{RegisterError, Registry};
 use crate::post::ring::Ring;
 use crate::post::wr::{Local, LocalBuf, RecvRequest, SendRequest, MAX_SGE};
@@ -285,15 +285,17 @@ pub(crate) fn post_chain<R: Request>(
     Err(Error::from_ret(R::VERB, ret))
 }
 
-/// Posts prepared requests as one chain (one doorbell), built in the QP's `scratch` arrays; see
-/// `QueuePair::post_prepared_chain`. Each post was checked by the caller. On error, the number
-/// of posts that reached the device comes with it.
+/// Posts prepared requests as one chain (one doorbell; a single post is a chain of one) from the
+/// QP's [`PreparedScratch`], checking each (prepared for `qp_id`, ranges in bounds) as it is
+/// written: a failed check withdraws the ones written before it, so nothing is posted. On a
+/// provider error, the number of posts that reached the device comes with it. See
+/// `QueuePair::post_prepared_chain`.
 pub(crate) fn post_prepared_chain(
     qp: *mut ffi::ibv_qp,
+    qp_id: u64,
     ring: &Ring<Slot>,
     post: Option<RawPost<ffi::ibv_send_wr>>,
-    scratch: &mut [ffi::ibv_send_wr],
-    scratch_sges: &mut [[ffi::ibv_sge; MAX_SGE]],
+    scratch: &mut PreparedScratch,
     posts: &[PreparedPost<'_>],
 ) -> std::result::Result<(), PreparedChainError> {
     let n = posts.len();
@@ -301,35 +303,45 @@ pub(crate) fn post_prepared_chain(
         return Ok(());
     }
     let verb = "ibv_post_send";
-    let head = batch_head(ring, n, scratch.len().min(scratch_sges.len()), verb)
-        .map_err(|error| PreparedChainError { posted: 0, error })?;
-    // As in `post_chain`: every access to the scratch arrays goes through these two pointers.
-    let base = scratch.as_mut_ptr();
-    let sge_base = scratch_sges.as_mut_ptr();
+    let head =
+        batch_head(ring, n, scratch.len(), verb).map_err(|error| PreparedChainError { posted: 0, error })?;
+    let wr_id_base = ring.wr_id_base();
+    let mut checked: *const PreparedSend = std::ptr::null();
     for (i, p) in posts.iter().enumerate() {
-        let pos = head.wrapping_add(i as u32);
-        // SAFETY: i < n <= both lengths; each element is borrowed only for this iteration.
-        let (raw, sges) = unsafe { (&mut *base.add(i), &mut *sge_base.add(i)) };
-        p.fill_raw(raw, sges, ring.device_wr_id(pos));
-        if i + 1 < n {
-            // SAFETY: i + 1 < n <= scratch.len().
-            raw.next = unsafe { base.add(i + 1) };
+        let pr = p.prepared;
+        // The queue pair is checked once per run of posts of one request.
+        if (!std::ptr::eq(pr, checked) && pr.qp != qp_id) || !pr.limits.fits(p.offset, p.len, p.remote_offset)
+        {
+            return Err(refuse_prepared(ring, head, i, p, qp_id));
         }
-        // SAFETY: producer; positions head..head + n are free (n <= free).
-        unsafe { p.write_slot_at(ring, pos) };
+        checked = pr;
+        let pos = head.wrapping_add(i as u32);
+        // SAFETY: i < n <= scratch.len(); the entries are used only within this call.
+        let entry = unsafe { scratch.entry(i) };
+        // SAFETY: one entry's pointers; its `next` is one past it (at most one past the end of
+        // the array, never followed: the last one's is set to NULL below); producer, and
+        // positions head..head + n are free (n <= free).
+        unsafe {
+            p.fill_entry(entry, wr_id_base | u64::from(pos), entry.0.add(1));
+            p.write_slot_at(ring, pos);
+        }
     }
+    // SAFETY: entry n - 1 exists (1 <= n <= scratch.len()).
+    unsafe { (*scratch.entry(n - 1).0).next = std::ptr::null_mut() };
     ring.set_head(head.wrapping_add(n as u32));
+    // SAFETY: entry 0 exists (n >= 1).
+    let first = unsafe { scratch.entry(0).0 };
     let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
     let ret = match post {
         // SAFETY: a valid NULL-terminated chain of n requests in QP-owned scratch, describing
         // memory held by the slots (shared buffers, checked ranges).
-        Some(f) => unsafe { f(qp, base, &mut bad) },
+        Some(f) => unsafe { f(qp, first, &mut bad) },
         None => libc::ENOSYS,
     };
     if ret == 0 {
         return Ok(());
     }
-    let offset = (bad as usize).wrapping_sub(base as usize);
+    let offset = (bad as usize).wrapping_sub(first as usize);
     let size = std::mem::size_of::<ffi::ibv_send_wr>();
     let posted = if !bad.is_null() && offset % size == 0 && offset / size < n { offset / size } else { 0 };
     ring.set_head(head.wrapping_add(posted as u32));
@@ -338,6 +350,24 @@ pub(crate) fn post_prepared_chain(
         drop(unsafe { ring.take_back(head.wrapping_add(i as u32)) });
     }
     Err(PreparedChainError { posted, error: Error::from_ret(verb, ret) })
+}
+
+/// A prepared chain's post `i` failed its check: withdraws the slots written for the posts
+/// before it (never published) and returns the error.
+#[cold]
+#[inline(never)]
+fn refuse_prepared(
+    ring: &Ring<Slot>,
+    head: u32,
+    i: usize,
+    p: &PreparedPost<'_>,
+    qp_id: u64,
+) -> PreparedChainError {
+    for k in 0..i {
+        // SAFETY: producer; written by the caller and never published (head not yet moved).
+        drop(unsafe { ring.take_back(head.wrapping_add(k as u32)) });
+    }
+    PreparedChainError { posted: 0, error: p.error(qp_id) }
 }
 
 #[inline]

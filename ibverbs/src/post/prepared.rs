@@ -3,13 +3,14 @@
 //! only the `wr_id`, the local range and the remote offset changing, checked cheaply.
 
 use std::fmt;
-use std::ptr::addr_of_mut;
+use std::ptr::{addr_of_mut, NonNull};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::ah::AhInner;
 use crate::error::{Error, Result};
 use crate::ffi;
-use crate::memory::RemoteSlice;
+use crate::memory::{MemoryRegion, RemoteMemoryRegion, RemoteSlice};
 use crate::post::engine::{Request, Slot};
 use crate::post::ring::Ring;
 use crate::post::wr::{LocalBuf, Op, SendRequest, MAX_SGE};
@@ -26,16 +27,17 @@ pub struct PreparedSend {
     /// The queue pair it was checked for (its process-unique id: an `ibv_qp` address could be
     /// reused by a queue pair of another type or PD once the first is gone).
     pub(crate) qp: u64,
+    /// Process-unique and never 0 (never reused): which template a [`PreparedScratch`] entry
+    /// holds.
+    id: u64,
     /// The work request with everything but `wr_id`, the SGE and the remote address filled in.
     template: ffi::ibv_send_wr,
     lkey: u32,
     /// Start address and length of the local buffer.
     base: u64,
-    buf_len: usize,
-    buf: LocalBuf,
-    /// The remote range of RDMA Write/Read and atomics.
-    remote: Option<RemoteSlice>,
-    atomic: bool,
+    buf: SharedBuf,
+    /// What the variable parts of a post must fit.
+    pub(crate) limits: Limits,
     ah: Option<Arc<AhInner>>,
 }
 
@@ -50,11 +52,32 @@ impl fmt::Debug for PreparedSend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PreparedSend")
             .field("opcode", &self.template.opcode.0)
-            .field("buf_len", &self.buf_len)
-            .field("remote", &self.remote)
+            .field("buf_len", &self.limits.buf_len)
+            .field("remote", &self.limits.remote)
             .finish_non_exhaustive()
     }
 }
+
+/// The buffer of a prepared request: shared, so that each post can hold one more handle.
+enum SharedBuf {
+    Local(Arc<MemoryRegion>),
+    Remote(Arc<RemoteMemoryRegion>),
+}
+
+impl SharedBuf {
+    /// One more handle, for a post's slot (two variants: a branch, not a jump table).
+    #[inline]
+    fn handle(&self) -> LocalBuf {
+        match self {
+            SharedBuf::Local(m) => LocalBuf::Shared(m.clone()),
+            SharedBuf::Remote(m) => LocalBuf::Remote(m.clone()),
+        }
+    }
+}
+
+/// Source of [`PreparedSend::id`] (starts at 1: 0 marks an empty scratch entry; 2^64 requests
+/// would take centuries).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl PreparedSend {
     /// Builds the template from a request the queue pair already checked. `None` unless it has
@@ -65,8 +88,12 @@ impl PreparedSend {
         if rest.is_some() || wr.inline.is_some() {
             return None;
         }
-        let buf = local.buf.clone_shared()?;
-        let (start, buf_len) = (buf.device_start(), buf.bounds().1);
+        let (start, buf_len) = (local.buf.device_start(), local.buf.bounds().1);
+        let buf = match &local.buf {
+            LocalBuf::Shared(m) => SharedBuf::Local(m.clone()),
+            LocalBuf::Remote(m) => SharedBuf::Remote(m.clone()),
+            LocalBuf::Owned(_) | LocalBuf::Chunk(_) | LocalBuf::Window(_) => return None,
+        };
         let mut template = ffi::ibv_send_wr::default();
         let mut sges = [ffi::ibv_sge::default(); MAX_SGE];
         wr.fill(&mut template, &mut sges, 0);
@@ -80,20 +107,49 @@ impl PreparedSend {
         };
         Some(PreparedSend {
             qp,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             template,
             lkey: sges[0].lkey,
             base: start,
-            buf_len,
             buf,
-            remote,
-            atomic,
+            limits: Limits { buf_len, remote, atomic },
             ah: wr.ud.as_ref().map(|(ah, _, _)| ah.inner.clone()),
         })
     }
 
     /// Length of the local buffer the request draws its ranges from.
     pub fn buffer_len(&self) -> usize {
-        self.buf_len
+        self.limits.buf_len
+    }
+}
+
+/// The bounds a prepared request's posts are checked against.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    /// Length of the local buffer.
+    pub(crate) buf_len: usize,
+    /// The remote range of RDMA Write/Read and atomics.
+    pub(crate) remote: Option<RemoteSlice>,
+    /// Whether the request is an atomic (8 bytes at an 8-byte aligned remote address).
+    pub(crate) atomic: bool,
+}
+
+impl Limits {
+    /// Whether one post's variable parts pass [`check`](Self::check): the same conditions,
+    /// as one expression without the error (the chain loop's fast path; a `false` goes to
+    /// `check` for the error).
+    #[inline]
+    pub(crate) fn fits(&self, offset: usize, len: u32, remote_offset: u64) -> bool {
+        let local = offset <= self.buf_len && len as usize <= self.buf_len - offset;
+        match self.remote {
+            None => local && remote_offset == 0,
+            Some(r) => {
+                local
+                    && remote_offset <= r.len
+                    && u64::from(len) <= r.len - remote_offset
+                    && (!self.atomic || (len == 8 && r.addr.wrapping_add(remote_offset) % 8 == 0))
+            }
+        }
     }
 
     /// Checks one post's variable parts.
@@ -117,7 +173,7 @@ impl PreparedSend {
                     size: r.len,
                 });
             }
-            if self.atomic && (len != 8 || (r.addr + remote_offset) % 8 != 0) {
+            if self.atomic && (len != 8 || r.addr.wrapping_add(remote_offset) % 8 != 0) {
                 return Err(Error::InvalidArgument {
                     verb: "ibv_post_send",
                     reason: "an atomic moves 8 bytes at an 8-byte aligned remote address",
@@ -209,7 +265,7 @@ impl PreparedPost<'_> {
     #[inline]
     pub(crate) fn slot(&self) -> Slot {
         let p = self.prepared;
-        let buf = p.buf.clone_shared();
+        let buf = Some(p.buf.handle());
         Slot { wr_id: self.wr_id, bufs: [buf, None, None, None], _ah: p.ah.clone() }
     }
 
@@ -220,7 +276,7 @@ impl PreparedPost<'_> {
     #[inline]
     pub(crate) unsafe fn write_slot_at(&self, ring: &Ring<Slot>, pos: u32) {
         let p = self.prepared;
-        let (buf, ah) = (p.buf.clone_shared(), p.ah.clone());
+        let (buf, ah) = (Some(p.buf.handle()), p.ah.clone());
         let init = |slot: *mut Slot| {
             // SAFETY: `slot` points to the free slot (uninitialised, ours alone); every field
             // is written once, so the whole value is initialised on return.
@@ -236,6 +292,141 @@ impl PreparedPost<'_> {
         };
         // SAFETY: the caller's contract; `init` initialises the whole slot.
         unsafe { ring.write_in_place(pos, init) };
+    }
+}
+
+/// A queue pair's scratch for posts of prepared requests (allocated at its first one): entry
+/// `i` keeps the template of the request last posted at index `i` of a chain (`ids[i]` names
+/// it), so that posting the same request there again writes only what changes per post.
+///
+/// The three arrays are allocated once and reached only through the pointers kept here: the
+/// provider follows `next` and `sg_list` pointers derived from them, which a reborrow of the
+/// allocation would invalidate (Stacked/Tree Borrows).
+pub(crate) struct PreparedScratch {
+    wrs: NonNull<ffi::ibv_send_wr>,
+    sges: NonNull<ffi::ibv_sge>,
+    ids: NonNull<u64>,
+    len: usize,
+}
+
+// SAFETY: the arrays are owned by this value alone (freed in Drop) and hold plain data; the
+// AH pointers a template may hold are only copied into posts of the request that keeps the AH
+// alive.
+unsafe impl Send for PreparedScratch {}
+// SAFETY: every access takes &mut self.
+unsafe impl Sync for PreparedScratch {}
+
+impl PreparedScratch {
+    /// Room for chains of `len` posts (at least 1).
+    pub(crate) fn new(len: usize) -> PreparedScratch {
+        let len = len.max(1);
+        PreparedScratch {
+            wrs: leak(vec![ffi::ibv_send_wr::default(); len]),
+            sges: leak(vec![ffi::ibv_sge::default(); len]),
+            ids: leak(vec![0u64; len]),
+            len,
+        }
+    }
+
+    /// How many posts a chain may have.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Entry `i`: its work request, its SGE and the id of the template it holds.
+    ///
+    /// # Safety
+    /// `i < len()`; the pointers are used only until the next call that takes `&mut self`.
+    #[inline]
+    pub(crate) unsafe fn entry(&mut self, i: usize) -> (*mut ffi::ibv_send_wr, *mut ffi::ibv_sge, *mut u64) {
+        // SAFETY: i < len (contract): in bounds of the three arrays.
+        unsafe { (self.wrs.as_ptr().add(i), self.sges.as_ptr().add(i), self.ids.as_ptr().add(i)) }
+    }
+}
+
+/// The first element of `v`'s allocation, given up (freed by [`PreparedScratch`]'s `Drop`).
+fn leak<T>(v: Vec<T>) -> NonNull<T> {
+    let ptr = Box::into_raw(v.into_boxed_slice()).cast::<T>();
+    // SAFETY: Box::into_raw never returns null.
+    unsafe { NonNull::new_unchecked(ptr) }
+}
+
+impl Drop for PreparedScratch {
+    fn drop(&mut self) {
+        let len = self.len;
+        // SAFETY: the three arrays came from boxed slices of `len` elements (new) and are freed
+        // only here.
+        unsafe {
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.wrs.as_ptr(), len)));
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.sges.as_ptr(), len)));
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ids.as_ptr(), len)));
+        }
+    }
+}
+
+impl PreparedPost<'_> {
+    /// The error of a post that failed [`PreparedSend::fits`] or was prepared for another
+    /// queue pair than `qp` (the chain loop's slow path).
+    #[cold]
+    pub(crate) fn error(&self, qp: u64) -> Error {
+        if self.prepared.qp != qp {
+            return Error::InvalidArgument {
+                verb: "ibv_post_send",
+                reason: "the request was prepared for another queue pair",
+            };
+        }
+        match self.prepared.limits.check(self.offset, self.len, self.remote_offset) {
+            Err(e) => e,
+            // `fits` and `check` test the same conditions (a unit test compares them).
+            Ok(()) => {
+                Error::InvalidArgument { verb: "ibv_post_send", reason: "the post does not fit its request" }
+            }
+        }
+    }
+
+    /// Fills scratch entry (`raw`, `sge`, `id`) for this post at device `wr_id`, linked to
+    /// `next`: the template's fields only when the entry holds another request's template.
+    ///
+    /// # Safety
+    /// The three pointers come from one [`PreparedScratch::entry`] call and are valid.
+    #[inline]
+    pub(crate) unsafe fn fill_entry(
+        &self,
+        (raw, sge, id): (*mut ffi::ibv_send_wr, *mut ffi::ibv_sge, *mut u64),
+        wr_id: u64,
+        next: *mut ffi::ibv_send_wr,
+    ) {
+        let p = self.prepared;
+        // SAFETY: valid, exclusive pointers (contract); plain data written field by field (a
+        // whole-struct copy is a `memcpy` call on the post path).
+        unsafe {
+            if *id != p.id {
+                let t = &p.template;
+                (*raw).opcode = t.opcode;
+                (*raw).__bindgen_anon_1 = t.__bindgen_anon_1;
+                (*raw).wr = t.wr;
+                (*raw).qp_type = t.qp_type;
+                (*raw).__bindgen_anon_2 = t.__bindgen_anon_2;
+                (*sge).lkey = p.lkey;
+                *id = p.id;
+            }
+            (*raw).wr_id = wr_id;
+            (*raw).next = next;
+            (*raw).sg_list = sge;
+            (*raw).num_sge = i32::from(self.len != 0);
+            (*raw).send_flags = self.flags;
+            (*sge).addr = p.base.wrapping_add(self.offset as u64);
+            (*sge).length = self.len;
+            if let Some(r) = p.limits.remote {
+                // Checked: remote_offset + len <= r.len (see fill_raw).
+                let addr = r.addr.wrapping_add(self.remote_offset);
+                if p.limits.atomic {
+                    (*raw).wr.atomic.remote_addr = addr;
+                } else {
+                    (*raw).wr.rdma.remote_addr = addr;
+                }
+            }
+        }
     }
 }
 
@@ -261,12 +452,12 @@ impl Request for PreparedPost<'_> {
             ffi::ibv_sge { addr: p.base.wrapping_add(self.offset as u64), length: self.len, lkey: p.lkey };
         raw.sg_list = sges.as_mut_ptr();
         raw.num_sge = i32::from(self.len != 0);
-        if let Some(r) = p.remote {
+        if let Some(r) = p.limits.remote {
             // Checked: remote_offset + len <= r.len, and r.addr + r.len does not wrap (a
             // RemoteSlice from decode or slice; a hand-made one at worst names a bad address,
             // which the peer refuses).
             let addr = r.addr.wrapping_add(self.remote_offset);
-            if p.atomic {
+            if p.limits.atomic {
                 raw.wr.atomic.remote_addr = addr;
             } else {
                 raw.wr.rdma.remote_addr = addr;
@@ -291,5 +482,42 @@ impl Request for PreparedPost<'_> {
 
     fn give_back(&mut self, slot: Slot, _sges: &[ffi::ibv_sge; MAX_SGE]) {
         drop(slot); // only clones of shared handles
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `fits` (the chain loop's fast path) and `check` agree, at and around every boundary,
+    /// including offsets near the top of their types and remote ranges that end at 2^64.
+    #[test]
+    fn fits_agrees_with_check() {
+        let remote = |addr, len| Some(RemoteSlice { addr, len, rkey: 7 });
+        let limits = [
+            Limits { buf_len: 64, remote: None, atomic: false },
+            Limits { buf_len: 0, remote: None, atomic: false },
+            Limits { buf_len: 64, remote: remote(0x1000, 64), atomic: false },
+            Limits { buf_len: 64, remote: remote(0x1004, 16), atomic: true },
+            Limits { buf_len: 64, remote: remote(u64::MAX - 15, 16), atomic: false },
+            Limits { buf_len: usize::MAX, remote: remote(0, u64::MAX), atomic: false },
+            Limits { buf_len: 8, remote: remote(u64::MAX - 7, 8), atomic: true },
+        ];
+        let offsets = [0, 1, 4, 7, 8, 56, 63, 64, 65, usize::MAX - 8, usize::MAX];
+        let lens = [0, 1, 4, 8, 9, 64, 65, u32::MAX];
+        let remote_offsets = [0, 1, 4, 8, 12, 16, 56, 64, 65, u64::MAX - 8, u64::MAX];
+        let mut accepted = 0;
+        for l in &limits {
+            for &o in &offsets {
+                for &n in &lens {
+                    for &r in &remote_offsets {
+                        let ok = l.check(o, n, r).is_ok();
+                        assert_eq!(l.fits(o, n, r), ok, "{l:?} offset {o} len {n} remote offset {r}");
+                        accepted += usize::from(ok);
+                    }
+                }
+            }
+        }
+        assert!(accepted > 100, "the inputs reach the accepting side too ({accepted})");
     }
 }

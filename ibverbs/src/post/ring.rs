@@ -131,7 +131,11 @@ impl<T> Ring<T> {
     fn slot(&self, pos: u32) -> *mut MaybeUninit<T> {
         // Positions in [tail, tail + cap) map to distinct slots: cap <= slots.len(), a power of two
         // that divides 2^32, so the mapping also survives the wrap-around of u32 positions.
-        self.slots[(pos & self.mask) as usize].get()
+        let i = (pos & self.mask) as usize;
+        debug_assert!(i < self.slots.len());
+        // SAFETY: slots.len() == mask + 1 (see new), so i <= mask is in bounds (unchecked: this
+        // is on every post and every release).
+        unsafe { self.slots.get_unchecked(i) }.get()
     }
 
     /// Producer: fills the slot at `pos`.

@@ -76,15 +76,6 @@ impl LocalBuf {
         }
     }
 
-    /// Another handle to a shared buffer (`Shared` or `Remote`); `None` for owned ones.
-    pub(crate) fn clone_shared(&self) -> Option<LocalBuf> {
-        match self {
-            LocalBuf::Shared(m) => Some(LocalBuf::Shared(m.clone())),
-            LocalBuf::Remote(m) => Some(LocalBuf::Remote(m.clone())),
-            LocalBuf::Owned(_) | LocalBuf::Chunk(_) | LocalBuf::Window(_) => None,
-        }
-    }
-
     /// The chunk back, if this is [`LocalBuf::Chunk`].
     pub fn into_chunk(self) -> Option<Chunk> {
         match self {

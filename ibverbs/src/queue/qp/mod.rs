@@ -535,6 +535,7 @@ impl<'a> QueuePairBuilder<'a> {
             chain_sges: vec![[ffi::ibv_sge::default(); MAX_SGE]; chain_len].into_boxed_slice(),
             recv_chain: vec![ffi::ibv_recv_wr::default(); recv_chain_len].into_boxed_slice(),
             recv_chain_sges: vec![[ffi::ibv_sge::default(); MAX_SGE]; recv_chain_len].into_boxed_slice(),
+            prepared: None,
             send_cq,
             recv_cq,
             pd: self.pd.inner.clone(),
@@ -578,6 +579,8 @@ pub struct QueuePair {
     chain_sges: Box<[[ffi::ibv_sge; MAX_SGE]]>,
     recv_chain: Box<[ffi::ibv_recv_wr]>,
     recv_chain_sges: Box<[[ffi::ibv_sge; MAX_SGE]]>,
+    /// Scratch of prepared posts, with the templates last posted (allocated at the first).
+    pub(crate) prepared: Option<crate::post::prepared::PreparedScratch>,
     send_cq: Arc<CqInner>,
     recv_cq: Arc<CqInner>,
     pd: Arc<PdInner>,

@@ -7,7 +7,7 @@ use crate::error::{cvt, Error, Result};
 use crate::ffi;
 use crate::post::engine::{post_chain, post_one, post_prepared_chain, RawPost, Request};
 use crate::post::ex;
-use crate::post::prepared::{PreparedChainError, PreparedPost, PreparedSend};
+use crate::post::prepared::{PreparedChainError, PreparedPost, PreparedScratch, PreparedSend};
 use crate::post::wr::Op;
 use crate::post::{RecvRequest, ScopedRecv, ScopedSend, SendRequest};
 use crate::queue::qp::{PostError, QpState, QpType, QueuePair};
@@ -321,14 +321,11 @@ impl QueuePair {
         remote_offset: u64,
     ) -> Result<()> {
         self.check_send_state()?;
-        if prepared.qp != self.id {
-            return Err(Error::InvalidArgument {
-                verb: "ibv_post_send",
-                reason: "the request was prepared for another queue pair",
-            });
-        }
-        prepared.check(offset, len, remote_offset)?;
         let mut post = prepared.at(wr_id, offset, len, remote_offset);
+        if prepared.qp != self.id || !prepared.limits.fits(offset, len, remote_offset) {
+            return Err(post.error(self.id));
+        }
+        // One post fills a stack request (post_one), cheaper than the chain's scratch set-up.
         match &self.ex {
             None => post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &mut post),
             Some(ex) => ex::post_batch(
@@ -366,17 +363,9 @@ impl QueuePair {
                 reason: "post_prepared_chain is for queue pairs posted through ibv_post_send (not send_ops)",
             }));
         }
-        for p in posts {
-            if p.prepared.qp != self.id {
-                return Err(refuse(Error::InvalidArgument {
-                    verb: "ibv_post_send",
-                    reason: "the request was prepared for another queue pair",
-                }));
-            }
-            p.prepared.check(p.offset, p.len, p.remote_offset).map_err(refuse)?;
-        }
-        let qp = self.raw.as_ptr();
-        post_prepared_chain(qp, &self.send, self.post_send_fn, &mut self.chain, &mut self.chain_sges, posts)
+        let len = self.chain.len();
+        let scratch = self.prepared.get_or_insert_with(|| PreparedScratch::new(len));
+        post_prepared_chain(self.raw.as_ptr(), self.id, &self.send, self.post_send_fn, scratch, posts)
     }
 
     /// Posts a raw chain of send requests (`ibv_post_send()`) at exactly C's cost: no checks, no
