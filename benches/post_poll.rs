@@ -16,6 +16,15 @@
 //! requests): a non-inline Write of a shared registered buffer at the owned level, and the same
 //! Write from a slice borrowed for a `QueuePair::scope` (`Scope::post_send` + `Scope::poll`).
 //!
+//! A second counting mode, `POST_POLL_BATCH=<level>` (`Ffi`, `Unsafe` or `Safe`), measures the
+//! poll cost per completion against the batch size B (1, 2, 4, 8, 16, 32; one call of `run_batch`
+//! per B, in that order): each of its iterations posts B *signaled* 8-byte RDMA Writes as one
+//! chain, sleeps 2 ms so that the device has finished them, then polls until all B completions
+//! are in, through `poll_batch`, which makes one poll call with room for B completions:
+//! `ibv_poll_cq` through `ibverbs::ffi` (`Ffi`; prebuilt inline chain, `post_send_unchecked`),
+//! `CompletionQueue::poll_raw` (`Unsafe`; the same chain) or `CompletionQueue::poll` of tracked
+//! completions (`Safe`; `post_prepared_chain` of B prepared posts, not inline).
+//!
 //! The operation is an 8-byte inline RDMA Write on a loopback RC pair, the cheapest operation that
 //! still goes through the whole device path, so that the software cost shows as much as it can.
 //! Only the last request of a chain is signaled. Each figure is the median of several runs; the
@@ -47,6 +56,10 @@ const CHAIN: usize = 32;
 const RUNS: usize = 11;
 /// Gives up on a completion after this long.
 const POLL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Batch sizes of the `POST_POLL_BATCH` mode, in the order of its `run_batch` calls.
+const BATCHES: [usize; 6] = [1, 2, 4, 8, 16, 32];
+/// Iterations per batch size in the `POST_POLL_BATCH` mode.
+const BATCH_ITERS: usize = 50;
 
 fn rdtsc() -> u64 {
     #[cfg(target_arch = "x86_64")]
@@ -452,6 +465,91 @@ fn poll(
     Ok(r)
 }
 
+/// `POST_POLL_BATCH` mode: `iters` iterations of `n` signaled requests posted as one chain,
+/// then polled until all `n` completions are in, `n` at most per poll call (a function of its
+/// own: the callgrind step dumps its counts after each call). Counts the poll calls in
+/// `POLLS`/`EMPTY_POLLS`; fails on any unsuccessful completion.
+#[inline(never)]
+fn run_batch(b: &mut Bench, level: Level, n: usize, iters: usize) -> Result<(), String> {
+    let mut sges = vec![ffi::ibv_sge::default(); n];
+    let mut wrs = vec![ffi::ibv_send_wr::default(); n];
+    raw_chain(b, &mut sges, &mut wrs);
+    for w in &mut wrs {
+        w.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+    }
+    let mut comps: Vec<Completion> = (0..n).map(|_| Completion::default()).collect();
+    let mut wcs = vec![WorkCompletion::default(); n];
+    for _ in 0..iters {
+        match level {
+            Level::Ffi | Level::Unsafe => {
+                let mut bad = ptr::null_mut();
+                // SAFETY: a valid NULL-terminated chain of inline writes (data copied during the
+                // call) into the registered target, which outlives the QP; wr_ids < 2^63; the
+                // send queue (depth 64) and the CQ (128) have room for the chain's n <= 32.
+                unsafe { b.qp.post_send_unchecked(wrs.as_mut_ptr(), &mut bad) }.map_err(|e| e.to_string())?;
+            }
+            Level::Safe => {
+                let p = &b.prepared;
+                let posts: [ibverbs::PreparedPost<'_>; CHAIN] =
+                    std::array::from_fn(|i| p.at(i as u64, 0, 8, 0));
+                b.qp.post_prepared_chain(&posts[..n]).map_err(|e| e.to_string())?;
+            }
+            _ => return Err(format!("POST_POLL_BATCH has no {level:?} level")),
+        }
+        // Let the device finish first, so that (nearly) every poll finds completions.
+        std::thread::sleep(Duration::from_millis(2));
+        let deadline = Instant::now() + POLL_TIMEOUT;
+        let mut left = n;
+        while left > 0 {
+            let got = poll_batch(b, level, &mut comps, &mut wcs)?;
+            POLLS.fetch_add(1, Ordering::Relaxed);
+            if got == 0 {
+                EMPTY_POLLS.fetch_add(1, Ordering::Relaxed);
+                if Instant::now() > deadline {
+                    return Err(format!("{left} of {n} completions missing after {POLL_TIMEOUT:?}"));
+                }
+                continue;
+            }
+            let ok = match level {
+                Level::Safe => comps[..got].iter().all(|c| c.is_ok()),
+                _ => wcs[..got].iter().all(|c| c.is_ok()),
+            };
+            if !ok {
+                return Err(format!("completion error at the {level:?} level, batch {n}"));
+            }
+            left = left
+                .checked_sub(got)
+                .ok_or_else(|| format!("{got} completions polled, {left} expected (batch {n})"))?;
+        }
+    }
+    Ok(())
+}
+
+/// One poll call at `level` with room for `comps.len()` (= `wcs.len()`) completions; returns how
+/// many it got (a function of its own: the callgrind step collects only inside it). Statuses are
+/// checked by the caller.
+#[inline(never)]
+fn poll_batch(
+    b: &mut Bench,
+    level: Level,
+    comps: &mut [Completion],
+    wcs: &mut [WorkCompletion],
+) -> Result<usize, String> {
+    match level {
+        Level::Safe => Ok(b.cq.poll(comps).map_err(|e| e.to_string())?.len()),
+        Level::Unsafe => Ok(b.cq.poll_raw(wcs).map_err(|e| e.to_string())?.len()),
+        _ => {
+            let want = wcs.len() as i32;
+            // SAFETY: valid CQ; room for `want` ibv_wc (WorkCompletion is transparent).
+            let ret = unsafe { ffi::ibv_poll_cq(b.cq.as_raw(), want, wcs.as_mut_ptr().cast()) };
+            if ret < 0 {
+                return Err("ibv_poll_cq failed".into());
+            }
+            Ok(ret as usize)
+        }
+    }
+}
+
 /// `POST_POLL_ONLY=<level>[:<n>]` (e.g. `Safe`, `ExSafe:32`): run that level alone, 200 single
 /// and/or 20 chained iterations (`n` 1 or 32), for instruction counting under callgrind (`post` and `poll` are functions
 /// of their own: read their inclusive costs).
@@ -485,6 +583,25 @@ fn main() {
             std::process::exit(1);
         }
     };
+    if let Some(name) = std::env::var_os("POST_POLL_BATCH") {
+        let name = name.to_string_lossy();
+        let all = [Level::Ffi, Level::Unsafe, Level::Safe];
+        let Some(&level) = all.iter().find(|l| format!("{l:?}") == name) else {
+            eprintln!("post_poll: POST_POLL_BATCH={name}: not one of {all:?}");
+            std::process::exit(2);
+        };
+        for n in BATCHES {
+            if let Err(e) = run_batch(&mut b, level, n, BATCH_ITERS) {
+                eprintln!("post_poll: {e}");
+                std::process::exit(1);
+            }
+            let (polls, empty) = (POLLS.swap(0, Ordering::Relaxed), EMPTY_POLLS.swap(0, Ordering::Relaxed));
+            println!(
+                "post_poll batch: {level:?}: {BATCH_ITERS} iterations of {n} completion(s), {polls} polls ({empty} empty)"
+            );
+        }
+        return;
+    }
     if counting() {
         let spec = std::env::var("POST_POLL_ONLY").unwrap_or_default();
         let (name, chain) = spec.split_once(':').unwrap_or((&spec, ""));

@@ -11,6 +11,15 @@
 //! provider's share (the inclusive cost of every call from outside the provider library into it:
 //! its `post_send`/`poll_cq` and whatever they call, e.g. the doorbell's `write`) and *ours* (the
 //! rest: the benchmark's own loop, this crate, the C shim, the `memcpy`s they call).
+//!
+//! Then the poll cost per completion against the batch size ([`BATCH_SCRIPT`]): each of three
+//! levels (`ffi`, `unsafe`, safe `poll` of tracked completions) runs once under callgrind
+//! (`POST_POLL_BATCH=<level>`: for B = 1, 2, 4 ... 32, 50 chains of B signaled Writes, each
+//! polled until its B completions are in, one poll call with room for B at a time), collecting
+//! only inside the benchmark's `poll_batch`, with a dump after each `run_batch` call: one dump per
+//! (level, B), split as above, divided by the completions (50 × B). A table
+//! ([`batch_table`]), the `poll_batch` rows of `callgrind.json`, and a plot ([`batch_chart`],
+//! `docs/bench/poll_batch.svg`).
 
 use std::fmt::Write as _;
 
@@ -45,6 +54,39 @@ for level in Ffi Unsafe Safe Prepared; do
     echo "@@end"
     rm -rf "$d"
   done
+done
+exit $rc
+"#;
+
+/// The levels of the batch run, as `POST_POLL_BATCH` names them, and how the table and the
+/// plot name them.
+pub const BATCH_LEVELS: [(&str, &str); 3] = [("Ffi", "ffi"), ("Unsafe", "unsafe"), ("Safe", "safe")];
+
+/// Batch sizes in the order of the batch run's `run_batch` calls (dumps), and its iterations
+/// per batch size, as `benches/post_poll.rs` runs them.
+pub const BATCHES: [u64; 6] = [1, 2, 4, 8, 16, 32];
+/// Iterations per batch size.
+pub const BATCH_ITERS: u64 = 50;
+
+/// The guest script of the batch run: every level of [`BATCH_LEVELS`] once under callgrind,
+/// collecting only inside `poll_batch`, one dump per batch size; printed between the markers of
+/// [`SCRIPT`] (`what=batch`).
+pub const BATCH_SCRIPT: &str = r#"b=$(ls -t "$TARGET_DIR"/release/deps/post_poll-* | grep -v '\.d$' | head -n 1)
+[ -x "$b" ] || { echo "no post_poll benchmark binary (cargo bench --no-run --bench post_poll)"; exit 1; }
+rc=0
+for level in Ffi Unsafe Safe; do
+  d=$(mktemp -d)
+  echo "@@cg level=$level what=batch"
+  (cd "$d" && POST_POLL_BATCH=$level valgrind -q --tool=callgrind --collect-atstart=no \
+    --toggle-collect=post_poll::poll_batch --dump-after=post_poll::run_batch \
+    --callgrind-out-file="$d/cg.%p" "$b") 2>&1 || { echo "@@failed"; rc=1; }
+  for f in "$d"/cg.*; do
+    [ -f "$f" ] || continue
+    echo "@@file"
+    cat "$f"
+  done
+  echo "@@end"
+  rm -rf "$d"
 done
 exit $rc
 "#;
@@ -252,8 +294,173 @@ pub fn table(rows: &[Row]) -> String {
     out
 }
 
-/// The rows as JSON (an object with the method and one entry per row, raw counts included).
-pub fn json(rows: &[Row], commit: &str, date: &str) -> String {
+/// One row of the batch run: a level and a batch size, the poll calls counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchRow {
+    /// `POST_POLL_BATCH` name of the level.
+    pub level: String,
+    /// Completions per batch (B), the room of each poll call.
+    pub batch: u64,
+    /// Batches posted and polled.
+    pub iterations: u64,
+    /// Inside the benchmark's `poll_batch`.
+    pub poll: Count,
+    /// Poll calls (the benchmark's own count).
+    pub polls: u64,
+    /// Poll calls that found nothing.
+    pub empty_polls: u64,
+}
+
+impl BatchRow {
+    /// Completions polled.
+    pub fn completions(&self) -> u64 {
+        self.iterations * self.batch
+    }
+
+    /// `v` per completion.
+    pub fn per_completion(&self, v: u64) -> f64 {
+        v as f64 / self.completions().max(1) as f64
+    }
+}
+
+/// Reads the batch script's output into rows ([`BATCH_LEVELS`] × [`BATCHES`], in that order);
+/// a (level, B) without a dump is missing. Also the problems: failed runs, missing or empty
+/// counts.
+pub fn parse_batch_output(out: &str) -> (Vec<BatchRow>, Vec<String>) {
+    let mut rows: Vec<BatchRow> = Vec::new();
+    let mut problems = Vec::new();
+    for section in out.split("@@cg ").skip(1) {
+        let header = section.lines().next().unwrap_or("");
+        let field =
+            |k: &str| header.split_whitespace().find_map(|f| f.strip_prefix(k)).unwrap_or("").to_string();
+        let level = field("level=");
+        if field("what=") != "batch" {
+            continue;
+        }
+        if section.lines().any(|l| l == "@@failed") {
+            problems.push(format!("{level} batch: callgrind run failed"));
+        }
+        // "post_poll batch: L: I iterations of B completion(s), P polls (E empty)".
+        let mut polls = std::collections::HashMap::new();
+        for l in section.lines().filter(|l| l.starts_with("post_poll batch: ")) {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let num = |i: usize| {
+                words.get(i).map(|w| w.trim_start_matches('(')).and_then(|w| w.parse::<u64>().ok())
+            };
+            if let (Some(b), Some(p), Some(e)) = (num(6), num(8), num(10)) {
+                polls.insert(b, (p, e));
+            }
+        }
+        let body = section.split("@@end").next().unwrap_or("");
+        for file in body.split("@@file").skip(1) {
+            let (part, count) = parse_dump(file);
+            let Some(&batch) = (part as usize).checked_sub(1).and_then(|i| BATCHES.get(i)) else {
+                continue;
+            };
+            let (p, e) = polls.get(&batch).copied().unwrap_or((0, 0));
+            rows.retain(|r| !(r.level == level && r.batch == batch));
+            rows.push(BatchRow {
+                level: level.clone(),
+                batch,
+                iterations: BATCH_ITERS,
+                poll: count,
+                polls: p,
+                empty_polls: e,
+            });
+        }
+    }
+    rows.sort_by_key(|r| {
+        (BATCH_LEVELS.iter().position(|(l, _)| *l == r.level).unwrap_or(BATCH_LEVELS.len()), r.batch)
+    });
+    for (level, _) in BATCH_LEVELS {
+        for batch in BATCHES {
+            match rows.iter().find(|r| r.level == level && r.batch == batch) {
+                None => problems.push(format!("{level}, batch {batch}: no counts")),
+                Some(r) if r.poll.total == 0 => {
+                    problems.push(format!("{level}, batch {batch}: counted nothing"))
+                }
+                Some(r) if r.polls == 0 => problems.push(format!("{level}, batch {batch}: no summary line")),
+                Some(_) => {}
+            }
+        }
+    }
+    (rows, problems)
+}
+
+/// The Markdown table "instructions per completion vs batch size": one row per B, per level
+/// the count incl. the provider and ours, then the empty polls of each level.
+pub fn batch_table(rows: &[BatchRow]) -> String {
+    let mut out = String::from("| B |");
+    let mut rule = String::from("|---|");
+    for (_, name) in BATCH_LEVELS {
+        let _ = write!(out, " {name}, incl. provider | {name}, ours |");
+        rule.push_str("---|---|");
+    }
+    let names: Vec<&str> = BATCH_LEVELS.iter().map(|(_, n)| *n).collect();
+    let _ = writeln!(out, " empty polls ({}) |", names.join(" / "));
+    rule.push_str("---|");
+    out.push_str(&rule);
+    out.push('\n');
+    let mut batches: Vec<u64> = rows.iter().map(|r| r.batch).collect();
+    batches.sort_unstable();
+    batches.dedup();
+    for b in batches {
+        let _ = write!(out, "| {b} |");
+        let mut empty = Vec::new();
+        for (level, _) in BATCH_LEVELS {
+            match rows.iter().find(|r| r.level == level && r.batch == b) {
+                Some(r) => {
+                    let _ = write!(
+                        out,
+                        " {:.1} | {:.1} |",
+                        r.per_completion(r.poll.total),
+                        r.per_completion(r.poll.ours())
+                    );
+                    empty.push(format!("{}/{}", r.empty_polls, r.polls));
+                }
+                None => {
+                    out.push_str(" - | - |");
+                    empty.push("-".into());
+                }
+            }
+        }
+        let _ = writeln!(out, " {} |", empty.join(" · "));
+    }
+    out
+}
+
+/// The plot of [`batch_table`]: instructions per completion by batch size (log2 x axis), one
+/// solid line per level of the total (incl. the provider) and a dashed one of ours in the same
+/// colour; the styles to pass to [`Chart::svg_styled`](crate::plot::Chart::svg_styled).
+pub fn batch_chart(rows: &[BatchRow]) -> (crate::plot::Chart, Vec<(usize, usize)>) {
+    let mut series = Vec::new();
+    let mut styles = Vec::new();
+    for (i, (level, name)) in BATCH_LEVELS.iter().enumerate() {
+        let of = |f: &dyn Fn(&BatchRow) -> u64| -> Vec<(f64, f64)> {
+            rows.iter()
+                .filter(|r| r.level == *level)
+                .map(|r| (r.batch as f64, r.per_completion(f(r))))
+                .collect()
+        };
+        series.push(crate::plot::Series { name: format!("{name}, total"), points: of(&|r| r.poll.total) });
+        styles.push((i, 0));
+        series.push(crate::plot::Series { name: format!("{name}, ours"), points: of(&|r| r.poll.ours()) });
+        styles.push((i, 1));
+    }
+    let chart = crate::plot::Chart {
+        title: "poll: instructions per completion by batch size (SoftRoCE)".into(),
+        x_label: "completions per poll call (B)".into(),
+        y_label: "user-space instructions per completion (callgrind Ir)".into(),
+        x_log2: true,
+        y_log10: false,
+        series,
+    };
+    (chart, styles)
+}
+
+/// The rows as JSON (an object with the method and one entry per row, raw counts included),
+/// with the batch run's rows as `poll_batch`.
+pub fn json(rows: &[Row], batch: &[BatchRow], commit: &str, date: &str) -> String {
     let mut out = String::from("{\n");
     let _ = writeln!(out, "  \"commit\": \"{}\",", commit.replace(['"', '\\'], ""));
     let _ = writeln!(out, "  \"date\": \"{}\",", date.replace(['"', '\\'], ""));
@@ -278,6 +485,28 @@ pub fn json(rows: &[Row], commit: &str, date: &str) -> String {
             r.per_wr(r.poll.total),
             r.per_wr(r.poll.ours()),
             if i + 1 < rows.len() { "," } else { "" }
+        );
+    }
+    out.push_str("  ],\n");
+    out.push_str(
+        "  \"poll_batch_method\": \"callgrind Ir in the VM, benches/post_poll.rs POST_POLL_BATCH: per batch size B, 50 chains of B signaled 8-byte RDMA Writes (ffi, unsafe: inline, post_send_unchecked; safe: post_prepared_chain, tracked), each polled after 2 ms until its B completions are in, one poll call with room for B at a time; collected inside poll_batch only; per_completion = count / (iterations * B)\",\n  \"poll_batch\": [\n",
+    );
+    for (i, r) in batch.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "    {{\"level\": \"{}\", \"batch\": {}, \"iterations\": {}, \"completions\": {}, \"poll_total\": {}, \"poll_provider\": {}, \"polls\": {}, \"empty_polls\": {}, \"per_completion\": {{\"total\": {:.1}, \"provider\": {:.1}, \"ours\": {:.1}}}}}{}",
+            r.level,
+            r.batch,
+            r.iterations,
+            r.completions(),
+            r.poll.total,
+            r.poll.provider,
+            r.polls,
+            r.empty_polls,
+            r.per_completion(r.poll.total),
+            r.per_completion(r.poll.provider),
+            r.per_completion(r.poll.ours()),
+            if i + 1 < batch.len() { "," } else { "" }
         );
     }
     out.push_str("  ]\n}\n");
@@ -337,11 +566,68 @@ fn=(3712)\n0 100\ncob=(24)\ncfi=(265)\ncfn=(3584)\ncalls=20 0 \n+2 580\n0 20\n\n
             t.contains("| raw ffi (ibv_post_send / ibv_poll_cq) | 1 | 5.0 | 2.1 | 5.0 | 2.1 | 4.2 | +0.0 |"),
             "{t}"
         );
-        let j = json(&rows, "abc", "2026-11-30");
+        let j = json(&rows, &[], "abc", "2026-11-30");
         assert!(crate::json::parse(&j).is_ok(), "{j}");
 
         let (_, problems) = parse_output("@@cg level=Safe what=post\n@@failed\n@@end\n");
         assert!(problems.iter().any(|p| p.contains("failed")), "{problems:?}");
         assert!(problems.iter().any(|p| p.contains("Ffi, 1 WR(s) per post: no counts")), "{problems:?}");
+    }
+
+    /// The batch script's output with `DUMP` (1000 total, 580 provider) as every dump.
+    fn batch_output() -> String {
+        let mut out = String::new();
+        for (level, _) in BATCH_LEVELS {
+            out.push_str(&format!("@@cg level={level} what=batch\n"));
+            for (i, b) in BATCHES.iter().enumerate() {
+                let empty = u64::from(level == "Safe");
+                out.push_str(&format!(
+                    "post_poll batch: {level}: 50 iterations of {b} completion(s), {} polls ({empty} empty)\n",
+                    50 + empty
+                ));
+                out.push_str(&format!("@@file\n{}", DUMP.replace("part: 2", &format!("part: {}", i + 1))));
+            }
+            // The dump at exit (no run_batch call): ignored.
+            out.push_str(&format!("@@file\n{}@@end\n", DUMP.replace("part: 2", "part: 7")));
+        }
+        out
+    }
+
+    #[test]
+    fn the_batch_output_becomes_rows_a_table_json_and_a_chart() {
+        let (rows, problems) = parse_batch_output(&batch_output());
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(rows.len(), 18);
+        assert_eq!((rows[0].level.as_str(), rows[0].batch, rows[0].polls), ("Ffi", 1, 50));
+        assert_eq!((rows[5].batch, rows[5].completions()), (32, 1600));
+        assert_eq!((rows[12].level.as_str(), rows[12].empty_polls, rows[12].polls), ("Safe", 1, 51));
+        let t = batch_table(&rows);
+        assert!(t.starts_with("| B | ffi, incl. provider | ffi, ours | unsafe, incl. provider |"), "{t}");
+        // 1000 total, 420 ours over 50 completions (B = 1) and over 400 (B = 8).
+        assert!(t.contains("| 1 | 20.0 | 8.4 | 20.0 | 8.4 | 20.0 | 8.4 | 0/50 · 0/50 · 1/51 |"), "{t}");
+        assert!(t.contains("| 8 | 2.5 | 1.1 | 2.5 | 1.1 | 2.5 | 1.1 |"), "{t}");
+        assert_eq!(t.lines().count(), 2 + 6);
+        let j = json(&[], &rows, "abc", "2026-11-30");
+        let v = crate::json::parse(&j).unwrap_or_else(|e| panic!("{e}: {j}"));
+        assert_eq!(v.get("rows").and_then(|r| r.as_array()).map(<[_]>::len), Some(0));
+        let batch = v.get("poll_batch").and_then(|r| r.as_array()).expect("poll_batch");
+        assert_eq!(batch.len(), 18);
+        assert!(
+            j.contains("\"level\": \"Unsafe\", \"batch\": 4, \"iterations\": 50, \"completions\": 200"),
+            "{j}"
+        );
+        let (chart, styles) = batch_chart(&rows);
+        assert_eq!(chart.series.len(), 6);
+        assert_eq!(styles, [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]);
+        assert_eq!(chart.series[1].name, "ffi, ours");
+        assert_eq!(chart.series[1].points[3], (8.0, 1.05));
+        let svg = chart.svg_styled(&styles);
+        assert_eq!(svg.matches("<polyline").count(), 6);
+        assert!(svg.contains(">32<"), "log2 x labels");
+
+        let (rows, problems) = parse_batch_output("@@cg level=Ffi what=batch\n@@failed\n@@end\n");
+        assert!(rows.is_empty());
+        assert!(problems.iter().any(|p| p.contains("Ffi batch: callgrind run failed")), "{problems:?}");
+        assert!(problems.iter().any(|p| p.contains("Safe, batch 32: no counts")), "{problems:?}");
     }
 }

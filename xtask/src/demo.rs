@@ -115,7 +115,9 @@ pub fn run(backend: &vm::Backend, timeout: Option<Duration>) -> Result<u8, Strin
 }
 
 /// Runs the benchmarks (release build), each command limited to `timeout` (default 20 min), then
-/// the instruction counts ([`crate::callgrind`]); with `callgrind_only`, only those.
+/// the instruction counts ([`crate::callgrind`]): per WR of post and poll, then per completion of
+/// poll against the batch size (also plotted to `docs/bench/poll_batch.svg`); with
+/// `callgrind_only`, only those.
 pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: bool) -> Result<u8, String> {
     let root = crate::workspace_root();
     if !callgrind_only {
@@ -124,15 +126,31 @@ pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: b
     cargo::run(&root, &["bench", "--no-run", "--bench", "post_poll"])?;
     let lines = if callgrind_only { &[][..] } else { BENCH };
     let timeout = timeout.unwrap_or(BENCH_TIMEOUT);
-    let callgrind = (
-        "instructions per WR under callgrind: ffi, unsafe, safe one-shot, safe prepared",
-        crate::callgrind::SCRIPT,
-    );
-    let (code, results) = run_lines_with(backend, lines, Some(callgrind), timeout, "bench")?;
-    let Some(out) = results.last().filter(|_| results.len() == lines.len() + 1) else {
+    let captured = [
+        (
+            "instructions per WR under callgrind: ffi, unsafe, safe one-shot, safe prepared",
+            crate::callgrind::SCRIPT,
+        ),
+        (
+            "poll instructions per completion by batch size under callgrind: ffi, unsafe, safe",
+            crate::callgrind::BATCH_SCRIPT,
+        ),
+    ];
+    let (code, results) = run_lines_with(backend, lines, &captured, timeout, "bench")?;
+    let outs = results.get(lines.len()..).unwrap_or(&[]);
+    let Some(out) = outs.first() else {
         eprintln!("xtask: the callgrind step did not run");
         return Ok(code.max(1));
     };
+    let (batch_stdout, batch_code) = match outs.get(1) {
+        Some(r) => (String::from_utf8_lossy(&r.stdout).into_owned(), r.code),
+        None => {
+            eprintln!("xtask: the batch callgrind step did not run");
+            (String::new(), 1)
+        }
+    };
+    let took: Vec<String> = outs.iter().map(|r| format!("{:.0} s", r.elapsed.as_secs_f64())).collect();
+    eprintln!("xtask: the callgrind steps took {}", took.join(" and "));
     let (rows, problems) = crate::callgrind::parse_output(&String::from_utf8_lossy(&out.stdout));
     for p in &problems {
         eprintln!("xtask: callgrind: {p}");
@@ -140,8 +158,17 @@ pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: b
     if out.code != 0 || !problems.is_empty() {
         eprintln!("xtask: the callgrind step's output:\n{}", String::from_utf8_lossy(&out.stdout));
     }
+    let (batch, batch_problems) = crate::callgrind::parse_batch_output(&batch_stdout);
+    for p in &batch_problems {
+        eprintln!("xtask: callgrind, batch: {p}");
+    }
+    if batch_code != 0 || !batch_problems.is_empty() {
+        eprintln!("xtask: the batch callgrind step's output:\n{batch_stdout}");
+    }
     println!("\nuser-space instructions per WR (callgrind, benches/post_poll.rs; \"ours\" = all but the provider library's share):\n");
     println!("{}", crate::callgrind::table(&rows));
+    println!("\npoll: user-space instructions per completion vs batch size B (callgrind, benches/post_poll.rs POST_POLL_BATCH; one poll call with room for B; empty polls / polls per level last):\n");
+    println!("{}", crate::callgrind::batch_table(&batch));
     let commit = git_commit(&root);
     let date = std::process::Command::new("date")
         .args(["-u", "+%Y-%m-%d %H:%M UTC"])
@@ -151,10 +178,21 @@ pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: b
     let dir = cargo::target_dir(&root)?.join("xtask-bench");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let file = dir.join("callgrind.json");
-    std::fs::write(&file, crate::callgrind::json(&rows, &commit, &date))
+    std::fs::write(&file, crate::callgrind::json(&rows, &batch, &commit, &date))
         .map_err(|e| format!("{}: {e}", file.display()))?;
     eprintln!("xtask: wrote {}", file.display());
-    Ok(if problems.is_empty() && out.code == 0 { code } else { code.max(1) })
+    if batch.is_empty() {
+        eprintln!("xtask: no batch counts: docs/bench/poll_batch.svg left as it was");
+    } else {
+        let plots = root.join("docs/bench");
+        std::fs::create_dir_all(&plots).map_err(|e| format!("{}: {e}", plots.display()))?;
+        let svg = plots.join("poll_batch.svg");
+        let (chart, styles) = crate::callgrind::batch_chart(&batch);
+        std::fs::write(&svg, chart.svg_styled(&styles)).map_err(|e| format!("{}: {e}", svg.display()))?;
+        eprintln!("xtask: wrote {}", svg.display());
+    }
+    let ok = problems.is_empty() && out.code == 0 && batch_problems.is_empty() && batch_code == 0;
+    Ok(if ok { code } else { code.max(1) })
 }
 
 /// The workspace's commit (`git rev-parse --short HEAD`, with `-dirty` for local changes).
@@ -259,15 +297,15 @@ fn run_lines(
     timeout: Duration,
     what: &str,
 ) -> Result<u8, String> {
-    run_lines_with(backend, lines, None, timeout, what).map(|(code, _)| code)
+    run_lines_with(backend, lines, &[], timeout, what).map(|(code, _)| code)
 }
 
-/// [`run_lines`], then `captured` (title, line) if given, whose output is only kept (the caller
+/// [`run_lines`], then the `captured` (title, line) steps, whose output is only kept (the caller
 /// reads it from the results); returns the exit status of `lines` and every step's result.
 fn run_lines_with(
     backend: &vm::Backend,
     lines: &[(&str, &str)],
-    captured: Option<(&str, &str)>,
+    captured: &[(&str, &str)],
     timeout: Duration,
     what: &str,
 ) -> Result<(u8, Vec<vm::StepResult>), String> {
@@ -284,7 +322,7 @@ fn run_lines_with(
             output: Output::Live,
         })
         .collect();
-    if let Some((title, line)) = captured {
+    for &(title, line) in captured {
         eprintln!("xtask: then (output kept for the table): {title}");
         steps.push(Step {
             label: title.to_string(),
@@ -296,7 +334,7 @@ fn run_lines_with(
     let mut failed = 0;
     let report = vm::run(&steps, backend, &mut |i, r| {
         if i >= lines.len() {
-            return; // the captured step: judged by the caller
+            return; // the captured steps: judged by the caller
         }
         if r.code != 0 {
             failed += 1;

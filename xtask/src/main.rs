@@ -98,7 +98,8 @@ Commands:
         perftest's ib_* tools (alternating, medians and ratios), then the post/poll micro-benchmark
         (safe level vs unsafe level vs raw ffi), then its instruction counts under callgrind
         (per WR, post and poll, ours and the provider's; a table, and
-        target/xtask-bench/callgrind.json). Release build.
+        target/xtask-bench/callgrind.json) and poll's per completion by batch size 1-32 (a table,
+        the same JSON, docs/bench/poll_batch.svg). Release build.
         --callgrind: only the instruction counts.
         --twohost: instead, the same comparison across the two guests of rxe2 (servers in A,
         clients in B; examples/perf/compare_twohost.sh, PAIRS=3 by default), as a table.

@@ -144,6 +144,14 @@ impl Chart {
 
     /// The chart as an SVG document.
     pub fn svg(&self) -> String {
+        self.svg_styled(&[])
+    }
+
+    /// [`svg`](Self::svg) with the style of series `i` given by `styles[i]`: (colour index,
+    /// dash index) into the chart's palettes (modulo their length), e.g. one colour per level
+    /// and one dash pattern per kind of line. Series past the end of `styles` are styled by
+    /// their index, as in `svg`.
+    pub fn svg_styled(&self, styles: &[(usize, usize)]) -> String {
         let pts = || self.series.iter().flat_map(|s| s.points.iter().copied()).filter(|&p| self.usable(p));
         let x = Axis::new(pts().map(|p| p.0), self.x_log2.then_some(2.0), LEFT, WIDTH - RIGHT, false);
         let y = Axis::new(pts().map(|p| p.1), self.y_log10.then_some(10.0), HEIGHT - BOTTOM, TOP, true);
@@ -200,8 +208,9 @@ impl Chart {
             esc(&self.y_label)
         );
         for (i, s) in self.series.iter().enumerate() {
-            let colour = COLOURS[i % COLOURS.len()];
-            let dash = DASHES[i % DASHES.len()];
+            let (c, d) = styles.get(i).copied().unwrap_or((i, i));
+            let colour = COLOURS[c % COLOURS.len()];
+            let dash = DASHES[d % DASHES.len()];
             let mut points: Vec<(f64, f64)> = s.points.iter().copied().filter(|&p| self.usable(p)).collect();
             points.sort_by(|a, b| a.0.total_cmp(&b.0));
             let path: Vec<String> =
@@ -299,6 +308,9 @@ mod tests {
         assert_eq!(label(2.0, true), "2");
         assert_eq!(label(2.5, false), "2.5");
         assert_eq!(label(0.25, false), "0.25");
+        let styled = chart(true, false).svg_styled(&[(2, 0), (2, 1)]);
+        assert_eq!(styled.matches(r##"stroke="#2ca02c""##).count(), 4, "both lines and legends in colour 2");
+        assert_eq!(styled.matches(r#"stroke-dasharray="6,4""#).count(), 2, "the second dashed");
         let empty = Chart { series: vec![], ..chart(false, false) };
         assert!(empty.svg().contains("</svg>"), "an empty chart still renders");
     }
