@@ -8,8 +8,8 @@ use std::ptr;
 use ibverbs::ffi;
 use ibverbs::raw::{self, RawSend};
 use ibverbs::{
-    AccessFlags, Completion, CompletionQueue, QueuePair, RecvRequest, RemoteSlice, SendRequest, WcStatus,
-    WorkCompletion,
+    AccessFlags, Completion, CompletionQueue, PreparedPost, PreparedSend, QueuePair, RecvRequest,
+    RemoteSlice, SendRequest, WcStatus, WorkCompletion,
 };
 
 use super::clock::ticks;
@@ -63,22 +63,48 @@ pub trait RecvPath {
     fn poll(&mut self, out: &mut [Done]) -> Result<usize, String>;
 }
 
-/// The safe level: `post_send`/`post_send_chain`/`post_recv` with requests holding `Arc`s of the
-/// buffers, `CompletionQueue::poll` handing them back.
+/// The safe level: one prepared request per queue pair (`prepare_send` once, then
+/// `post_prepared_chain` of `PreparedPost`s with only the `wr_id` and the ranges changing, as a
+/// server posting from a registered pool does); on an extended queue pair (`--ex`, where
+/// prepared chains are refused) one-shot requests holding `Arc`s of the buffers
+/// (`post_send`/`post_send_chain`); `post_recv` with such requests; `CompletionQueue::poll`
+/// handing the buffers back.
 pub struct SafePath<'a> {
     qps: &'a mut [QueuePair],
     cq: &'a mut CompletionQueue,
     local: &'a [Buf],
+    /// Per queue pair, the request of `op` over its whole local buffer and remote slice (empty on
+    /// the receiving side and on extended queue pairs).
+    prepared: Vec<PreparedSend>,
     remote: &'a [RemoteSlice],
     op: Op,
-    run: RunSpec,
+    /// One-shot requests of a chain (extended queue pairs).
     chain: Vec<SendRequest<'static>>,
+    run: RunSpec,
     comps: Vec<Completion>,
 }
 
+/// Posts of a chain built on the stack at a time (longer chains go in several calls).
+const CHAIN_BLOCK: usize = 32;
+
+/// Message `k` of queue pair `q` as a post of its prepared request `p` (signaled as `run` says).
+#[inline(always)]
+fn post_of<'p>(p: &'p PreparedSend, run: &RunSpec, op: Op, q: usize, k: u64) -> PreparedPost<'p> {
+    let range = run.range(k);
+    let (off, len) = (range.start, range.len() as u32);
+    // Write and Read use the same offset at both ends; a Send has no remote range.
+    let remote_off = if op == Op::Send { 0 } else { off as u64 };
+    let post = p.at(wr_id(q, k), off, len, remote_off);
+    if run.signaled(k) {
+        post
+    } else {
+        post.unsignaled()
+    }
+}
+
 impl<'a> SafePath<'a> {
-    /// A path over `qps` (one `local` buffer and, for Write and Read, one `remote` slice per queue
-    /// pair), polling `cq`.
+    /// A sending path over `qps` (one `local` buffer and, for Write and Read, one `remote` slice
+    /// per queue pair), polling `cq`: prepares one request per queue pair.
     pub fn new(
         qps: &'a mut [QueuePair],
         cq: &'a mut CompletionQueue,
@@ -86,33 +112,77 @@ impl<'a> SafePath<'a> {
         remote: &'a [RemoteSlice],
         op: Op,
         run: RunSpec,
+    ) -> Result<Self, String> {
+        let mut prepared = Vec::with_capacity(qps.len());
+        // Extended queue pairs (all or none of a run) post one-shot requests.
+        let classic = qps.iter().all(|qp| qp.send_ops().is_none());
+        for (q, qp) in qps.iter().enumerate().filter(|_| classic) {
+            let buf = local.get(q).ok_or("no local buffer for a queue pair")?;
+            let whole = buf.local(0..buf.len()).map_err(|e| e.to_string())?;
+            let wr = match op {
+                Op::Write => {
+                    SendRequest::write(whole, *remote.get(q).ok_or("no remote buffer for a queue pair")?)
+                }
+                Op::Read => {
+                    SendRequest::read(whole, *remote.get(q).ok_or("no remote buffer for a queue pair")?)
+                }
+                Op::Send => SendRequest::send(whole),
+            };
+            prepared.push(qp.prepare_send(wr).map_err(|e| format!("prepare_send: {}", e.error))?);
+        }
+        let comps = (0..POLL_BATCH).map(|_| Completion::default()).collect();
+        let chain = Vec::with_capacity(run.post_list as usize);
+        Ok(SafePath { qps, cq, local, prepared, remote, op, chain, run, comps })
+    }
+
+    /// A receiving path over `qps` (one `local` buffer per queue pair), polling `cq`.
+    pub fn receiver(
+        qps: &'a mut [QueuePair],
+        cq: &'a mut CompletionQueue,
+        local: &'a [Buf],
+        run: RunSpec,
     ) -> Self {
         SafePath {
             qps,
             cq,
             local,
-            remote,
-            op,
+            prepared: Vec::new(),
+            remote: &[],
+            op: Op::Send,
+            chain: Vec::new(),
             run,
-            chain: Vec::with_capacity(run.post_list as usize),
             comps: (0..POLL_BATCH).map(|_| Completion::default()).collect(),
         }
     }
 
-    #[inline(always)]
+    /// Message `k` of queue pair `q` as a one-shot request (extended queue pairs).
     fn request(&self, q: usize, k: u64) -> Result<SendRequest<'static>, String> {
         let range = self.run.range(k);
         let (off, len) = (range.start as u64, range.len() as u64);
         let local = self.local[q].local(range).map_err(|e| e.to_string())?;
+        let remote = || self.remote[q].slice(off, len).map_err(|e| e.to_string());
         let wr = match self.op {
-            Op::Write => {
-                SendRequest::write(local, self.remote[q].slice(off, len).map_err(|e| e.to_string())?)
-            }
-            Op::Read => SendRequest::read(local, self.remote[q].slice(off, len).map_err(|e| e.to_string())?),
+            Op::Write => SendRequest::write(local, remote()?),
+            Op::Read => SendRequest::read(local, remote()?),
             Op::Send => SendRequest::send(local),
         }
         .wr_id(wr_id(q, k));
         Ok(if self.run.signaled(k) { wr } else { wr.unsignaled() })
+    }
+
+    /// [`SendPath::post`] on an extended queue pair: one-shot requests.
+    fn post_one_shot(&mut self, q: usize, k: u64, n: usize) -> Result<(), String> {
+        if n == 1 {
+            let wr = self.request(q, k)?;
+            return self.qps[q].post_send(wr).map_err(|e| format!("post_send: {e}"));
+        }
+        for i in 0..n as u64 {
+            let wr = self.request(q, k + i)?;
+            self.chain.push(wr);
+        }
+        let r = self.qps[q].post_send_chain(&mut self.chain).map_err(|e| format!("post_send_chain: {e}"));
+        self.chain.clear();
+        r
     }
 
     fn poll_into(&mut self, out: &mut [Done]) -> Result<usize, String> {
@@ -129,17 +199,25 @@ impl<'a> SafePath<'a> {
 impl SendPath for SafePath<'_> {
     #[inline]
     fn post(&mut self, q: usize, k: u64, n: usize) -> Result<(), String> {
+        let Some(p) = self.prepared.get(q) else {
+            return self.post_one_shot(q, k, n);
+        };
+        let (run, op) = (&self.run, self.op);
+        let qp = &mut self.qps[q];
+        let err = |e| format!("post_prepared_chain: {e}");
         if n == 1 {
-            let wr = self.request(q, k)?;
-            return self.qps[q].post_send(wr).map_err(|e| format!("post_send: {e}"));
+            return qp.post_prepared_chain(&[post_of(p, run, op, q, k)]).map_err(err);
         }
-        for i in 0..n as u64 {
-            let wr = self.request(q, k + i)?;
-            self.chain.push(wr);
+        let mut i = 0;
+        while i < n {
+            let m = (n - i).min(CHAIN_BLOCK);
+            // Entries past `m` repeat the last post and are not posted.
+            let posts: [PreparedPost<'_>; CHAIN_BLOCK] =
+                std::array::from_fn(|j| post_of(p, run, op, q, k + (i + j.min(m - 1)) as u64));
+            qp.post_prepared_chain(&posts[..m]).map_err(err)?;
+            i += m;
         }
-        let r = self.qps[q].post_send_chain(&mut self.chain).map_err(|e| format!("post_send_chain: {e}"));
-        self.chain.clear();
-        r
+        Ok(())
     }
 
     #[inline]
@@ -477,7 +555,7 @@ pub fn send_and_report(
     let times = match spec.level {
         Level::Safe => {
             let r = &mut s.rdma;
-            let mut path = SafePath::new(&mut r.qps, &mut r.send_cq, bufs, remote, op, spec);
+            let mut path = SafePath::new(&mut r.qps, &mut r.send_cq, bufs, remote, op, spec)?;
             run_sender(&mut path, &spec, &mut guard)?
         }
         Level::Raw => {
