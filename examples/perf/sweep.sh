@@ -9,6 +9,8 @@
 # Environment (all optional):
 #   IBVERBS_TEST_DEVICE (rxe0), IBVERBS_TEST_GID_INDEX (1)  device and GID index (-d, -x)
 #   PAIRS (3)        rounds (each runs safe, raw and perftest once) per point
+#   TARGET_SIZES ("2 4096 65536"), TARGET_PAIRS (PAIRS)   sizes of the size sweep that get
+#                    TARGET_PAIRS rounds instead (the points of the safe level's targets)
 #   SIZES ("2 64 1024 4096 65536 1048576")   message sizes of the size sweep
 #   TESTS ("write_bw read_bw send_bw write_lat send_lat")   tests of the size sweep
 #   QPS ("1 2 4 8 16 32 64")   queue pair counts of the scaling sweep (write_bw, 64 B messages)
@@ -27,6 +29,8 @@ dir=${1:?usage: sweep.sh EXAMPLES_DIR}
 dev=${IBVERBS_TEST_DEVICE:-rxe0}
 gid=${IBVERBS_TEST_GID_INDEX:-1}
 pairs=${PAIRS:-3}
+target_sizes=${TARGET_SIZES:-2 4096 65536}
+target_pairs=${TARGET_PAIRS:-$pairs}
 sizes=${SIZES:-2 64 1024 4096 65536 1048576}
 tests=${TESTS:-write_bw read_bw send_bw write_lat send_lat}
 qps_list=${QPS:-1 2 4 8 16 32 64}
@@ -125,8 +129,10 @@ for t in $tests; do
     esac
     for size in $sizes; do
         n=$(iters "$t" "$size")
+        rounds=$pairs
+        case " $target_sizes " in *" $size "*) rounds=$target_pairs ;; esac
         i=1
-        while [ "$i" -le "$pairs" ]; do
+        while [ "$i" -le "$rounds" ]; do
             for kind in safe raw perftest; do
                 run_retry "$kind" "$t" "$col" -s "$size" -n "$n"
                 echo "SWEEP $t $kind $size $i $res"

@@ -87,15 +87,7 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 /// The benchmarks: (title, shell command line), run in the workspace root of a release build.
 pub const BENCH: &[(&str, &str)] = &[
     (
-        "ours vs perftest: write_bw, read_bw, send_bw, write_lat, send_lat (medians, ratio ours/perftest)",
-        r#"sh examples/perf/compare.sh "$TARGET_DIR/release/examples""#,
-    ),
-    (
-        "the same at the safe posting level (--safe): write_lat, send_lat, write_bw",
-        r#"OURS_ARGS=--safe PAIRS=3 TESTS="write_lat send_lat write_bw" sh examples/perf/compare.sh "$TARGET_DIR/release/examples""#,
-    ),
-    (
-        "the same on the extended data path (--safe --ex: ibv_wr_* posts, ibv_start_poll polls)",
+        "ours vs perftest on the extended data path (--safe --ex: ibv_wr_* posts, ibv_start_poll polls)",
         r#"OURS_ARGS="--safe --ex" PAIRS=3 TESTS="write_lat send_lat write_bw" sh examples/perf/compare.sh "$TARGET_DIR/release/examples""#,
     ),
     (
@@ -103,6 +95,10 @@ pub const BENCH: &[(&str, &str)] = &[
         r#"b=$(ls -t "$TARGET_DIR"/release/deps/post_poll-* | grep -v '\.d$' | head -n 1) && "$b""#,
     ),
 ];
+
+/// The sweep's settings in `cargo xtask bench` (the environment overrides them): 10 rounds at
+/// the target sizes (2 B, 4 KiB, 64 KiB), 2 elsewhere.
+pub const BENCH_SWEEP: &[(&str, &str)] = &[("PAIRS", "2"), ("TARGET_PAIRS", "10")];
 
 /// How long one benchmark command may run by default.
 const BENCH_TIMEOUT: Duration = Duration::from_secs(1200);
@@ -114,13 +110,18 @@ pub fn run(backend: &vm::Backend, timeout: Option<Duration>) -> Result<u8, Strin
     run_lines(backend, DEMO, timeout.unwrap_or(TIMEOUT), "demo")
 }
 
-/// Runs the benchmarks (release build), each command limited to `timeout` (default 20 min), then
+/// Runs the benchmarks (release build): the sweep ([`crate::sweep::run`] with [`BENCH_SWEEP`], in
+/// a boot of its own), then the other commands, each limited to `timeout` (default 20 min), then
 /// the instruction counts ([`crate::callgrind`]): per WR of post and poll, then per completion of
 /// poll against the batch size (also plotted to `docs/bench/poll_batch.svg`); with
 /// `callgrind_only`, only those.
 pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: bool) -> Result<u8, String> {
     let root = crate::workspace_root();
+    let mut sweep_code = 0;
     if !callgrind_only {
+        // The size and scaling sweeps (ours at both levels against perftest, with the targets'
+        // ratios), in a boot of their own.
+        sweep_code = crate::sweep::run(backend, None, BENCH_SWEEP)?;
         cargo::run(&root, &["build", "--release", "--examples"])?;
     }
     cargo::run(&root, &["bench", "--no-run", "--bench", "post_poll"])?;
@@ -192,7 +193,7 @@ pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: b
         eprintln!("xtask: wrote {}", svg.display());
     }
     let ok = problems.is_empty() && out.code == 0 && batch_problems.is_empty() && batch_code == 0;
-    Ok(if ok { code } else { code.max(1) })
+    Ok(if ok { code.max(sweep_code) } else { code.max(sweep_code).max(1) })
 }
 
 /// The workspace's commit (`git rev-parse --short HEAD`, with `-dirty` for local changes).

@@ -94,19 +94,19 @@ Commands:
   demo [--vm] [--mtu N] [--timeout S]
         Show the device at work: our devinfo, rc_pingpong and write_bw examples (one VM boot).
   bench [--vm] [--mtu N] [--timeout S] [--twohost | --sweep | --callgrind]
-        Benchmarks in one VM boot: our write_bw, read_bw, send_bw, write_lat, send_lat against
-        perftest's ib_* tools (alternating, medians and ratios), then the post/poll micro-benchmark
-        (safe level vs unsafe level vs raw ffi), then its instruction counts under callgrind
-        (per WR, post and poll, ours and the provider's; a table, and
-        target/xtask-bench/callgrind.json) and poll's per completion by batch size 1-32 (a table,
-        the same JSON, docs/bench/poll_batch.svg). Release build.
+        Benchmarks (release build), in two VM boots: the sweep below (10 rounds at 2 B, 4 KiB and
+        64 KiB, where the safe level's targets are; 2 elsewhere), then our --safe --ex write_lat,
+        send_lat and write_bw against perftest's, the post/poll micro-benchmark (safe level vs
+        unsafe level vs raw ffi), and its instruction counts under callgrind (per WR, post and
+        poll, ours and the provider's; a table, and target/xtask-bench/callgrind.json) and poll's
+        per completion by batch size 1-32 (a table, the same JSON, docs/bench/poll_batch.svg).
         --callgrind: only the instruction counts.
         --twohost: instead, the same comparison across the two guests of rxe2 (servers in A,
         clients in B; examples/perf/compare_twohost.sh, PAIRS=3 by default), as a table.
         --sweep: instead, the size sweep (2 B - 1 MiB) of the five tests and the scaling sweep
         (write_bw, 1-64 QPs), ours at both posting levels vs perftest (examples/perf/sweep.sh;
-        PAIRS, SIZES, TESTS, QPS from the environment), as tables, target/xtask-bench/sweep.json
-        and SVG plots in docs/bench/.
+        PAIRS, SIZES, TESTS, QPS, TARGET_SIZES, TARGET_PAIRS from the environment), as tables,
+        target/xtask-bench/sweep.json and SVG plots in docs/bench/.
   deps [--dry-run] [--allow-remove PKG]...
         Install the Debian packages of every command (xtask/packages.txt; .ci/run uses this) as
         root, never removing an installed package (checked by simulation first); otherwise, or
@@ -466,7 +466,7 @@ fn main() -> ExitCode {
         Cli::Bench(opts) if opts.twohost => prereq::ensure(&[prereq::Group::Build, prereq::Group::Vm])
             .and_then(|()| demo::bench_twohost(opts.timeout)),
         Cli::Bench(opts) if opts.sweep => {
-            backend(opts, &[prereq::Group::Build]).and_then(|backend| sweep::run(&backend, opts.timeout))
+            backend(opts, &[prereq::Group::Build]).and_then(|backend| sweep::run(&backend, opts.timeout, &[]))
         }
         Cli::Bench(opts) => backend(opts, &[prereq::Group::Build])
             .and_then(|backend| demo::bench(&backend, opts.timeout, opts.callgrind)),

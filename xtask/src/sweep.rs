@@ -240,17 +240,26 @@ fn size_label(x: u64) -> String {
     }
 }
 
-/// `cargo xtask bench --sweep`: runs the sweep, prints the tables, writes the JSON file and the
-/// plots. `PAIRS`, `SIZES`, `TESTS` and `QPS` in the environment go to `sweep.sh`.
-pub fn run(backend: &vm::Backend, timeout: Option<Duration>) -> Result<u8, String> {
+/// The environment variables of `sweep.sh` that `run` passes on.
+const VARS: [&str; 6] = ["PAIRS", "SIZES", "TESTS", "QPS", "TARGET_SIZES", "TARGET_PAIRS"];
+
+/// `cargo xtask bench --sweep` (and the first step of `cargo xtask bench`): runs the sweep,
+/// prints the tables, writes the JSON file and the plots. [`VARS`] in the environment go to
+/// `sweep.sh`; `defaults` gives values for those the environment does not set.
+pub fn run(
+    backend: &vm::Backend,
+    timeout: Option<Duration>,
+    defaults: &[(&str, &str)],
+) -> Result<u8, String> {
     let root = crate::workspace_root();
     cargo::run(&root, &["build", "--release", "--examples"])?;
     let target = cargo::target_dir(&root)?;
     let mut script = b"TARGET_DIR=".to_vec();
     script.extend_from_slice(&shell::quote(target.as_os_str().as_bytes()));
     script.push(b'\n');
-    for var in ["PAIRS", "SIZES", "TESTS", "QPS"] {
-        if let Some(v) = std::env::var_os(var) {
+    for var in VARS {
+        let default = defaults.iter().find(|(k, _)| *k == var).map(|(_, v)| std::ffi::OsString::from(v));
+        if let Some(v) = std::env::var_os(var).or(default) {
             script.extend_from_slice(format!("{var}=").as_bytes());
             script.extend_from_slice(&shell::quote(v.as_bytes()));
             script.extend_from_slice(format!("\nexport {var}\n").as_bytes());
