@@ -194,13 +194,25 @@ impl Row {
     }
 }
 
-/// Reads the guest script's output into rows (levels × shapes, in [`LEVELS`] order); a level
-/// whose run failed or printed no dump is missing. Also the failures' descriptions.
-pub fn parse_output(out: &str) -> (Vec<Row>, Vec<String>) {
-    let mut rows: Vec<Row> = Vec::new();
-    let mut problems = Vec::new();
-    let mut sections = out.split("@@cg ").skip(1);
-    for section in sections.by_ref() {
+/// One `@@cg` section of a guest script's output, read.
+struct Section {
+    /// `level=` of its header.
+    level: String,
+    /// `what=` of its header.
+    what: String,
+    /// The benchmark's counts from its summary lines: shape (WRs per post, or batch size) →
+    /// (poll calls, empty ones).
+    polls: std::collections::HashMap<u64, (u64, u64)>,
+    /// Its dumps: (part number, count).
+    dumps: Vec<(u32, Count)>,
+}
+
+/// Splits a guest script's output into its sections; a failed run is reported in `problems`.
+/// Summary lines start with `prefix`; `words` are the indices of the shape, the poll calls and
+/// the empty ones among their whitespace-separated words.
+fn sections(out: &str, prefix: &str, words: [usize; 3], problems: &mut Vec<String>) -> Vec<Section> {
+    let mut found = Vec::new();
+    for section in out.split("@@cg ").skip(1) {
         let header = section.lines().next().unwrap_or("");
         let field =
             |k: &str| header.split_whitespace().find_map(|f| f.strip_prefix(k)).unwrap_or("").to_string();
@@ -208,20 +220,30 @@ pub fn parse_output(out: &str) -> (Vec<Row>, Vec<String>) {
         if section.lines().any(|l| l == "@@failed") {
             problems.push(format!("{level} {what}: callgrind run failed"));
         }
-        // The benchmark's summary lines: "post_poll: L: I iterations of N request(s), P polls (E empty)".
         let mut polls = std::collections::HashMap::new();
-        for l in section.lines().filter(|l| l.starts_with("post_poll: ")) {
-            let words: Vec<&str> = l.split_whitespace().collect();
-            let num = |i: usize| {
-                words.get(i).map(|w| w.trim_start_matches('(')).and_then(|w| w.parse::<u64>().ok())
-            };
-            if let (Some(n), Some(p), Some(e)) = (num(5), num(7), num(9)) {
+        for l in section.lines().filter(|l| l.starts_with(prefix)) {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let num =
+                |i: usize| w.get(i).map(|w| w.trim_start_matches('(')).and_then(|w| w.parse::<u64>().ok());
+            if let (Some(n), Some(p), Some(e)) = (num(words[0]), num(words[1]), num(words[2])) {
                 polls.insert(n, (p, e));
             }
         }
         let body = section.split("@@end").next().unwrap_or("");
-        for file in body.split("@@file").skip(1) {
-            let (part, count) = parse_dump(file);
+        let dumps = body.split("@@file").skip(1).map(parse_dump).collect();
+        found.push(Section { level, what, polls, dumps });
+    }
+    found
+}
+
+/// Reads the guest script's output into rows (levels × shapes, in [`LEVELS`] order); a level
+/// whose run failed or printed no dump is missing. Also the failures' descriptions.
+pub fn parse_output(out: &str) -> (Vec<Row>, Vec<String>) {
+    let mut rows: Vec<Row> = Vec::new();
+    let mut problems = Vec::new();
+    // The benchmark's summary lines: "post_poll: L: I iterations of N request(s), P polls (E empty)".
+    for Section { level, what, polls, dumps } in sections(out, "post_poll: ", [5, 7, 9], &mut problems) {
+        for (part, count) in dumps {
             let Some(&(wrs, iterations)) = (part as usize).checked_sub(1).and_then(|i| SHAPES.get(i)) else {
                 continue;
             };
@@ -329,31 +351,13 @@ impl BatchRow {
 pub fn parse_batch_output(out: &str) -> (Vec<BatchRow>, Vec<String>) {
     let mut rows: Vec<BatchRow> = Vec::new();
     let mut problems = Vec::new();
-    for section in out.split("@@cg ").skip(1) {
-        let header = section.lines().next().unwrap_or("");
-        let field =
-            |k: &str| header.split_whitespace().find_map(|f| f.strip_prefix(k)).unwrap_or("").to_string();
-        let level = field("level=");
-        if field("what=") != "batch" {
+    // "post_poll batch: L: I iterations of B completion(s), P polls (E empty)".
+    for Section { level, what, polls, dumps } in sections(out, "post_poll batch: ", [6, 8, 10], &mut problems)
+    {
+        if what != "batch" {
             continue;
         }
-        if section.lines().any(|l| l == "@@failed") {
-            problems.push(format!("{level} batch: callgrind run failed"));
-        }
-        // "post_poll batch: L: I iterations of B completion(s), P polls (E empty)".
-        let mut polls = std::collections::HashMap::new();
-        for l in section.lines().filter(|l| l.starts_with("post_poll batch: ")) {
-            let words: Vec<&str> = l.split_whitespace().collect();
-            let num = |i: usize| {
-                words.get(i).map(|w| w.trim_start_matches('(')).and_then(|w| w.parse::<u64>().ok())
-            };
-            if let (Some(b), Some(p), Some(e)) = (num(6), num(8), num(10)) {
-                polls.insert(b, (p, e));
-            }
-        }
-        let body = section.split("@@end").next().unwrap_or("");
-        for file in body.split("@@file").skip(1) {
-            let (part, count) = parse_dump(file);
+        for (part, count) in dumps {
             let Some(&batch) = (part as usize).checked_sub(1).and_then(|i| BATCHES.get(i)) else {
                 continue;
             };
