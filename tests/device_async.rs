@@ -504,14 +504,16 @@ fn no_busy_polling() {
         return;
     }
     // Measured in the VM (TCG, debug build, 2 shared cores): awaiting thread 15-28%, process
-    // 29-43% (the sender's share is rxe's work in the kernel). A spinning waiter sits near 100%
-    // for its thread alone, whatever the pace (`async_rpc --busy-poll`: 99-100% of wall).
+    // 29-43% (the sender's share is rxe's work in the kernel); on a host loaded by other VMs
+    // (the guest has no steal time: a descheduled vCPU counts as busy) 46% and 86%. A spinning
+    // waiter sits near 100% for its thread alone, whatever the pace (`async_rpc --busy-poll`:
+    // 99-100% of wall), and the process at 100% or more: the bounds stay below those.
     assert!(
-        pct(thread_cpu) < 50.0,
+        pct(thread_cpu) < 75.0,
         "the awaiting thread used {:.1}% of wall time: it spins",
         pct(thread_cpu)
     );
-    assert!(pct(cpu) < 80.0, "the process used {:.1}% of wall time", pct(cpu));
+    assert!(pct(cpu) < 100.0, "the process used {:.1}% of wall time: a thread spins", pct(cpu));
 }
 
 /// The async-io backend drives the same core: a driver with awaited posts and a completion
