@@ -16,8 +16,9 @@
 #   QPS ("1 2 4 8 16 32 64")   queue pair counts of the scaling sweep (write_bw, 64 B messages)
 #   RUN_TIMEOUT (120)  seconds one client or server may run
 #
-# Output lines (values: bandwidth tests the client's "BW average[MB/sec]", latency tests its
-# "t_typical[usec]", the scaling sweep the client's "MsgRate[Mpps]"):
+# Output lines (values: bandwidth tests the client's "MsgRate[Mpps]" as MB/s, message rate x size
+# / 2^20, which is its "BW average[MB/sec]" with more digits; latency tests its
+# "t_typical[usec]"; the scaling sweep the client's "MsgRate[Mpps]"):
 #   SWEEP TEST KIND SIZE ROUND rc=RC VALUE      KIND: safe | raw | perftest
 #   SCALE write_bw KIND QPS ROUND rc=RC VALUE
 #   RETRY KIND TEST rc=RC -                     (a failed run, run once more)
@@ -122,11 +123,16 @@ run_retry() {
     esac
 }
 
+# to_mbs "rc=RC MPPS" SIZE: "rc=RC MB/s" (2^20 bytes, as perftest's BW columns) from the message
+# rate, which the tools print with 6 decimals where their BW columns have 2 (0.02 MB/s at 2 B:
+# a ratio of such values says nothing).
+to_mbs() {
+    echo "$1" | awk -v s="$2" '$2 == "-" { print; next } { printf "%s %.6f\n", $1, $2 * 1000000 * s / 1048576 }'
+}
+
 for t in $tests; do
-    case $t in
-    *_bw) col=4 ;;
-    *) col=5 ;;
-    esac
+    # Bandwidth tests: the message rate (column 5), turned into MB/s by to_mbs.
+    col=5
     for size in $sizes; do
         n=$(iters "$t" "$size")
         rounds=$pairs
@@ -135,6 +141,7 @@ for t in $tests; do
         while [ "$i" -le "$rounds" ]; do
             for kind in safe raw perftest; do
                 run_retry "$kind" "$t" "$col" -s "$size" -n "$n"
+                case $t in *_bw) res=$(to_mbs "$res" "$size") ;; esac
                 echo "SWEEP $t $kind $size $i $res"
             done
             i=$((i + 1))

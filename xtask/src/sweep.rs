@@ -95,6 +95,11 @@ impl Results {
     pub fn tables(&self) -> String {
         let mut o = String::new();
         let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+        // Values below 1 (bandwidth at a few bytes) with four decimals.
+        let fv = |v: Option<f64>| match v {
+            Some(v) if v.abs() < 1.0 => format!("{v:.4}"),
+            v => f(v),
+        };
         let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) if b > 0.0 => Some(a / b),
             _ => None,
@@ -127,9 +132,9 @@ impl Results {
                     o,
                     "| {} | {} | {} | {} | {} | {} | {verdict} |",
                     size_label(x),
-                    f(s),
-                    f(r),
-                    f(p),
+                    fv(s),
+                    fv(r),
+                    fv(p),
                     f(rs),
                     f(ratio(r, p))
                 );
