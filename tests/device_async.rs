@@ -36,7 +36,9 @@ fn setup(pairs: usize, depth: u32) -> Setup {
     let pd = ctx.alloc_pd().unwrap();
     let channel = ctx.create_comp_channel().unwrap();
     let cq = ctx.create_cq(4 * depth * pairs as u32, Some(&channel)).unwrap();
-    let o = opts();
+    // Under valgrind (time scale > 1) a slowed receiver may not ack within opts()' 0.47 s
+    // budget (RETRY_EXC_ERR once in a fresh-clone run): 2^18 x 4.096 us per try instead.
+    let o = if time_scale() > 1 { ibverbs::ConnectOptions { timeout: 18, ..opts() } } else { opts() };
     let qps = (0..pairs)
         .map(|_| {
             let build = || {
@@ -551,7 +553,9 @@ fn setup_async_io(
     let pd = ctx.alloc_pd().unwrap();
     let channel = ctx.create_comp_channel().unwrap();
     let cq = ctx.create_cq(64, Some(&channel)).unwrap();
-    let o = opts();
+    // Under valgrind (time scale > 1) a slowed receiver may not ack within opts()' 0.47 s
+    // budget (RETRY_EXC_ERR once in a fresh-clone run): 2^18 x 4.096 us per try instead.
+    let o = if time_scale() > 1 { ibverbs::ConnectOptions { timeout: 18, ..opts() } } else { opts() };
     let build = || pd.create_qp(&cq, QpType::RC).max_send_wr(16).max_recv_wr(16).build().unwrap();
     let (mut a, mut b) = (build(), build());
     let (ea, eb) = (a.endpoint(&o).unwrap(), b.endpoint(&o).unwrap());
