@@ -9,7 +9,7 @@ use common::*;
 use ibverbs::{AccessFlags, Error, Local, QpState, QpType, SendRequest};
 
 #[test]
-fn prepared_writes_move_the_right_bytes_and_hand_their_buffer_back() {
+fn prepared_writes_move_the_right_bytes_and_pin_their_buffer_to_the_queue_pair() {
     let mut p = rc_pair(32);
     let mut src = p.pd.allocate(4096).unwrap();
     src.copy_from_slice(&pattern(4096, 7));
@@ -26,13 +26,29 @@ fn prepared_writes_move_the_right_bytes_and_hand_their_buffer_back() {
         expect[roff as usize..roff as usize + len as usize].copy_from_slice(&src[off..off + len as usize]);
     }
     assert_eq!(target.to_vec(), expect);
-    assert_eq!(
-        Arc::strong_count(&src),
-        2,
-        "the completions handed every clone back (one left in `prepared`)"
-    );
+    assert_eq!(Arc::strong_count(&src), 3, "ours, the request's and the queue pair's pin");
+
+    // The pin outlives the request and every other handle while a post is outstanding: the
+    // device still reads the buffer after both are gone.
+    p.a.post_prepared(&prepared, 7, 100, 64, 0).unwrap();
     drop(prepared);
-    assert_eq!(Arc::strong_count(&src), 1);
+    let weak = Arc::downgrade(&src);
+    let first = src[100..164].to_vec();
+    drop(src);
+    assert_eq!(weak.strong_count(), 1, "only the queue pair's pin is left");
+    let mut c = poll_one(&mut p.cq_a);
+    assert!(c.is_ok() && c.wr_id() == 7, "{c:?}");
+    assert_eq!(c.take_buffers().count(), 0, "the slot held nothing");
+    assert_eq!(&target.to_vec()[..64], &first[..]);
+
+    // Nothing outstanding and nobody else holding it: the next prepare lets the pin go.
+    let other = Arc::new(p.pd.allocate(64).unwrap());
+    let again = p.a.prepare_send(SendRequest::write(Local::whole(other.clone()), target.remote())).unwrap();
+    assert_eq!(weak.strong_count(), 0, "the buffer was freed");
+    assert_eq!(Arc::strong_count(&other), 3);
+    drop(again);
+    drop(p.a);
+    assert_eq!(Arc::strong_count(&other), 1, "the queue pair's drop lets its pins go");
 }
 
 #[test]
@@ -102,7 +118,7 @@ fn a_prepared_request_is_checked_once_and_cheaply_after() {
 }
 
 #[test]
-fn prepared_chains_post_with_one_call_and_hand_every_buffer_back() {
+fn prepared_chains_post_with_one_call_and_release_every_slot() {
     let mut p = rc_pair(32);
     let mut src = p.pd.allocate(4096).unwrap();
     src.copy_from_slice(&pattern(4096, 3));
@@ -131,7 +147,7 @@ fn prepared_chains_post_with_one_call_and_hand_every_buffer_back() {
         assert!(c.is_ok() && c.is_tracked() && c.wr_id() == round * 16 + 15, "{c:?}");
     }
     assert_eq!(target.to_vec(), expect);
-    assert_eq!(Arc::strong_count(&src), 2, "every slot's clone was released (one left in `prepared`)");
+    assert_eq!(Arc::strong_count(&src), 3, "slots hold nothing: ours, `prepared` and the pin");
 
     // Checked before anything is posted: a bad range anywhere refuses the whole chain.
     let posts = [prepared.at(1, 0, 8, 0), prepared.at(2, 4090, 8, 0)];
@@ -145,7 +161,7 @@ fn prepared_chains_post_with_one_call_and_hand_every_buffer_back() {
     let e = p.b.post_prepared_chain(&[prepared.at(0, 0, 8, 0)]).unwrap_err();
     assert!(matches!(e.error, Error::InvalidArgument { .. }) && e.posted == 0, "{e:?}");
     assert!(p.a.post_prepared_chain(&[]).is_ok());
-    assert_eq!(Arc::strong_count(&src), 2, "refused chains keep nothing");
+    assert_eq!(Arc::strong_count(&src), 3, "refused chains keep nothing");
 }
 
 // A chain's scratch entry keeps the template last posted there (the request's opcode, keys,
@@ -216,5 +232,7 @@ fn chains_mixing_prepared_requests_post_each_with_its_own_template() {
     assert_eq!(t1.to_vec(), e1);
     assert_eq!(t2.to_vec(), e2);
     drop((w1, w2, send));
-    assert_eq!(Arc::strong_count(&src), 1, "every clone came back");
+    assert_eq!(Arc::strong_count(&src), 2, "the queue pair's pin is left");
+    drop(p.a);
+    assert_eq!(Arc::strong_count(&src), 1, "and goes with the queue pair");
 }

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::ffi;
 use crate::post::prepared::{PreparedChainError, PreparedPost, PreparedScratch, PreparedSend};
 use crate::post::registry::{RegisterError, Registry};
-use crate::post::ring::Ring;
+use crate::post::ring::{Ring, SlotValue};
 use crate::post::wr::{Local, LocalBuf, RecvRequest, SendRequest, MAX_SGE};
 
 /// What a slot keeps alive for one posted work request.
@@ -20,6 +20,34 @@ pub(crate) struct Slot {
     pub(crate) bufs: [Option<LocalBuf>; MAX_SGE],
     /// Kept alive (never read) until the UD send completes.
     pub(crate) _ah: Option<Arc<AhInner>>,
+}
+
+impl SlotValue for Slot {
+    /// A slot's buffers are compact (entry `i` is the buffer of SGE `i`; a window takes entry
+    /// 0), so the first empty entry ends them: a slot that holds nothing (a prepared post, an
+    /// empty receive, a scope's request) costs one test of its buffers and one of its address
+    /// handle. If a buffer's drop unwinds, the entries after it and the address handle are
+    /// leaked, never dropped twice.
+    #[inline]
+    unsafe fn drop_slot(p: *mut Slot) {
+        // SAFETY: `p` is an initialised slot not used again (contract); each entry is dropped
+        // at most once, in place, and never read afterwards.
+        unsafe {
+            let bufs = std::ptr::addr_of_mut!((*p).bufs).cast::<Option<LocalBuf>>();
+            for k in 0..MAX_SGE {
+                let b = bufs.add(k);
+                if (*b).is_none() {
+                    debug_assert!(
+                        (k..MAX_SGE).all(|j| (*bufs.add(j)).is_none()),
+                        "a slot's buffers are compact"
+                    );
+                    break;
+                }
+                std::ptr::drop_in_place(b);
+            }
+            std::ptr::drop_in_place(std::ptr::addr_of_mut!((*p)._ah));
+        }
+    }
 }
 
 /// Registers a queue pair's send and receive rings (`[send, recv]`) in their CQs' registries:

@@ -20,9 +20,12 @@ use crate::post::wr::{LocalBuf, Op, SendRequest, MAX_SGE};
 /// [`QueuePair::post_prepared`](crate::QueuePair::post_prepared).
 ///
 /// It holds a *shared* buffer (`Arc<MemoryRegion>` read by the device, or
-/// `Arc<RemoteMemoryRegion>`), because it is posted again and again: each post puts one more
-/// clone of the `Arc` in the request's slot, so the buffer outlives every posted request exactly
-/// as with [`QueuePair::post_send`](crate::QueuePair::post_send).
+/// `Arc<RemoteMemoryRegion>`), because it is posted again and again. Preparing *pins* the buffer
+/// (and a UD request's address handle) to the queue pair: the queue pair keeps one handle of
+/// its own, so a post's slot holds nothing and its completion hands no buffer back. The pin
+/// goes when the queue pair is dropped (after `ibv_destroy_qp`), or earlier, at a later
+/// [`prepare_send`](crate::QueuePair::prepare_send) that finds no post of the queue pair
+/// outstanding and nobody else holding the buffer.
 pub struct PreparedSend {
     /// The queue pair it was checked for (its process-unique id: an `ibv_qp` address could be
     /// reused by a queue pair of another type or PD once the first is gone).
@@ -58,28 +61,29 @@ impl fmt::Debug for PreparedSend {
     }
 }
 
-/// The buffer of a prepared request: shared, so that each post can hold one more handle.
+/// The buffer of a prepared request.
 enum SharedBuf {
     Local(Arc<MemoryRegion>),
     Remote(Arc<RemoteMemoryRegion>),
 }
 
-impl SharedBuf {
-    /// One more handle, for a post's slot (two variants: a branch, not a jump table).
-    #[inline]
-    fn handle(&self) -> LocalBuf {
-        match self {
-            SharedBuf::Local(m) => LocalBuf::Shared(m.clone()),
-            SharedBuf::Remote(m) => LocalBuf::Remote(m.clone()),
-        }
-    }
-}
+/// A handle a queue pair keeps for the posts of its prepared requests (see [`PreparedSend`]).
+pub(crate) type Pin = Arc<dyn std::any::Any + Send + Sync>;
 
 /// Source of [`PreparedSend::id`] (starts at 1: 0 marks an empty scratch entry; 2^64 requests
 /// would take centuries).
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl PreparedSend {
+    /// What the queue pair pins for this request's posts: its buffer and its address handle.
+    pub(crate) fn pins(&self) -> [Option<Pin>; 2] {
+        let buf: Pin = match &self.buf {
+            SharedBuf::Local(m) => m.clone(),
+            SharedBuf::Remote(m) => m.clone(),
+        };
+        [Some(buf), self.ah.as_ref().map(|a| -> Pin { a.clone() })]
+    }
+
     /// Builds the template from a request the queue pair already checked. `None` unless it has
     /// exactly one entry, over a shared buffer, and no inline data.
     pub(crate) fn from_checked(qp: u64, wr: &SendRequest<'_>) -> Option<PreparedSend> {
@@ -261,12 +265,11 @@ impl std::error::Error for PreparedChainError {
 }
 
 impl PreparedPost<'_> {
-    /// What the slot keeps alive: one more handle to the shared buffer (and the UD address).
+    /// The slot of a post: its `wr_id` only. The buffer and address handle are pinned to the
+    /// queue pair, which the caller checked the request was prepared for.
     #[inline]
     pub(crate) fn slot(&self) -> Slot {
-        let p = self.prepared;
-        let buf = Some(p.buf.handle());
-        Slot { wr_id: self.wr_id, bufs: [buf, None, None, None], _ah: p.ah.clone() }
+        Slot { wr_id: self.wr_id, bufs: [None, None, None, None], _ah: None }
     }
 
     /// [`slot`](Self::slot), written field by field into the ring's slot at `pos`.
@@ -275,19 +278,16 @@ impl PreparedPost<'_> {
     /// As [`Ring::write`]: the producer, for a free position.
     #[inline]
     pub(crate) unsafe fn write_slot_at(&self, ring: &Ring<Slot>, pos: u32) {
-        let p = self.prepared;
-        let (buf, ah) = (Some(p.buf.handle()), p.ah.clone());
         let init = |slot: *mut Slot| {
             // SAFETY: `slot` points to the free slot (uninitialised, ours alone); every field
             // is written once, so the whole value is initialised on return.
             unsafe {
                 addr_of_mut!((*slot).wr_id).write(self.wr_id);
                 let bufs = addr_of_mut!((*slot).bufs).cast::<Option<LocalBuf>>();
-                bufs.write(buf);
-                for k in 1..MAX_SGE {
+                for k in 0..MAX_SGE {
                     bufs.add(k).write(None);
                 }
-                addr_of_mut!((*slot)._ah).write(ah);
+                addr_of_mut!((*slot)._ah).write(None);
             }
         };
         // SAFETY: the caller's contract; `init` initialises the whole slot.
@@ -481,7 +481,7 @@ impl Request for PreparedPost<'_> {
     }
 
     fn give_back(&mut self, slot: Slot, _sges: &[ffi::ibv_sge; MAX_SGE]) {
-        drop(slot); // only clones of shared handles
+        drop(slot); // holds nothing (see slot)
     }
 }
 

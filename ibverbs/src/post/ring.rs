@@ -43,6 +43,21 @@ impl Drop for Release<'_> {
     }
 }
 
+/// How a ring drops an outstanding slot where it lies, when a later completion releases it.
+pub(crate) trait SlotValue: Sized {
+    /// Drops the value at `p` (by default, all of it: `ptr::drop_in_place`). An override may
+    /// skip parts it knows hold nothing to drop, or leak the rest if a drop unwinds; it never
+    /// drops a part twice.
+    ///
+    /// # Safety
+    /// `p` points to an initialised value that is not used again.
+    #[inline]
+    unsafe fn drop_slot(p: *mut Self) {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::drop_in_place(p) }
+    }
+}
+
 pub(crate) struct Ring<T> {
     /// A power of two at least `cap` long, so a position maps to its slot with a mask.
     slots: Box<[UnsafeCell<MaybeUninit<T>>]>,
@@ -189,6 +204,24 @@ impl<T> Ring<T> {
         value
     }
 
+    /// Consumer (or last owner): drops every outstanding slot. Panic-safe like
+    /// [`complete`](Self::complete).
+    ///
+    /// # Safety
+    /// Called only by the consumer, and only once the device no longer accesses the buffers
+    /// (the QP is destroyed or reset).
+    pub(crate) unsafe fn release_all(&self) {
+        let head = self.head.load(Ordering::Acquire);
+        let mut tail = self.tail.load(Ordering::Relaxed);
+        while tail != head {
+            // SAFETY: consumer; [tail, head) are published and unreleased.
+            drop(unsafe { self.pop(tail) });
+            tail = tail.wrapping_add(1);
+        }
+    }
+}
+
+impl<T: SlotValue> Ring<T> {
     /// Consumer: drops the oldest outstanding slot where it lies (no move out of the ring) and
     /// then releases its position. If the drop unwinds, the position is released all the same
     /// (the value counts as dropped: it is never dropped again).
@@ -201,7 +234,7 @@ impl<T> Ring<T> {
         // SAFETY: tail is in [tail, head): published and unreleased, ours to drop (contract);
         // the guard releases the position only after the drop, so nobody else touches it
         // meanwhile.
-        unsafe { (*self.slot(tail)).assume_init_drop() };
+        unsafe { T::drop_slot(self.slot(tail).cast::<T>()) };
     }
 
     /// Consumer (the tests' form of [`complete_in_place`](Self::complete_in_place), moving the
@@ -245,22 +278,6 @@ impl<T> Ring<T> {
         // The slot is outstanding and unreleased until the guard drops: ours alone.
         Some(take(self.slot(pos).cast::<T>()))
     }
-
-    /// Consumer (or last owner): drops every outstanding slot. Panic-safe like
-    /// [`complete`](Self::complete).
-    ///
-    /// # Safety
-    /// Called only by the consumer, and only once the device no longer accesses the buffers
-    /// (the QP is destroyed or reset).
-    pub(crate) unsafe fn release_all(&self) {
-        let head = self.head.load(Ordering::Acquire);
-        let mut tail = self.tail.load(Ordering::Relaxed);
-        while tail != head {
-            // SAFETY: consumer; [tail, head) are published and unreleased.
-            drop(unsafe { self.pop(tail) });
-            tail = tail.wrapping_add(1);
-        }
-    }
 }
 
 impl<T> Drop for Ring<T> {
@@ -276,6 +293,8 @@ impl<T> Drop for Ring<T> {
 mod tests {
     use super::*;
     use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    impl SlotValue for u64 {}
 
     #[test]
     fn completes_in_order_and_releases_earlier_slots() {
@@ -391,6 +410,8 @@ mod tests {
         id: usize,
         panics: bool,
     }
+
+    impl SlotValue for Tracked {}
 
     impl Drop for Tracked {
         fn drop(&mut self) {

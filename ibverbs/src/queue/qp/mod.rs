@@ -536,6 +536,7 @@ impl<'a> QueuePairBuilder<'a> {
             recv_chain: vec![ffi::ibv_recv_wr::default(); recv_chain_len].into_boxed_slice(),
             recv_chain_sges: vec![[ffi::ibv_sge::default(); MAX_SGE]; recv_chain_len].into_boxed_slice(),
             prepared: None,
+            pins: std::sync::Mutex::new(Vec::new()),
             send_cq,
             recv_cq,
             pd: self.pd.inner.clone(),
@@ -581,6 +582,10 @@ pub struct QueuePair {
     recv_chain_sges: Box<[[ffi::ibv_sge; MAX_SGE]]>,
     /// Scratch of prepared posts, with the templates last posted (allocated at the first).
     pub(crate) prepared: Option<crate::post::prepared::PreparedScratch>,
+    /// The buffers and address handles of prepared requests, held for their posts (whose slots
+    /// hold nothing): dropped with the QP after `ibv_destroy_qp`, leaked if it fails, pruned
+    /// by `prepare_send` (see `QueuePair::pin`).
+    pub(crate) pins: std::sync::Mutex<Vec<crate::post::prepared::Pin>>,
     send_cq: Arc<CqInner>,
     recv_cq: Arc<CqInner>,
     pd: Arc<PdInner>,
@@ -893,6 +898,8 @@ impl Drop for QueuePair {
             // The QP may still be live in the device: never release its buffers.
             std::mem::forget(self.send.clone());
             std::mem::forget(self.recv.clone());
+            let pins = self.pins.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
+            std::mem::forget(std::mem::take(pins));
         }
     }
 }

@@ -273,11 +273,29 @@ impl QueuePair {
         post_chain(qp, &self.recv, self.post_recv_fn, &mut self.recv_chain, &mut self.recv_chain_sges, wrs)
     }
 
+    /// Keeps `new` (a prepared request's buffer and address handle) for the posts of this queue
+    /// pair until it is dropped. When no post of the queue pair is outstanding, pins nobody else
+    /// holds (their requests are dropped, and no slot relies on them) are let go first, so the
+    /// list stays as long as the buffers in use.
+    fn pin(&self, new: [Option<crate::post::prepared::Pin>; 2]) {
+        let mut pins = self.pins.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The outstanding count only falls while we hold &self (posting takes &mut self), and
+        // a slot released by the consumer no longer needs its request's buffer.
+        if self.send.outstanding() == 0 {
+            pins.retain(|p| Arc::strong_count(p) > 1);
+        }
+        for p in new.into_iter().flatten() {
+            if !pins.iter().any(|q| std::ptr::addr_eq(Arc::as_ptr(q), Arc::as_ptr(&p))) {
+                pins.push(p);
+            }
+        }
+    }
+
     /// Checks `wr` once for this queue pair and keeps its fixed parts (opcode, flags, remote key,
     /// immediate data, UD destination, local key) for [`post_prepared`](Self::post_prepared).
     /// The request must have exactly one scatter/gather entry over a *shared* buffer
-    /// (`Arc<MemoryRegion>` or `Arc<RemoteMemoryRegion>`: each post keeps one more handle until
-    /// its completion) and no inline data. The QP's state is checked at each post, so a QP may
+    /// (`Arc<MemoryRegion>` or `Arc<RemoteMemoryRegion>`, which the queue pair keeps a handle of
+    /// for the posts: see [`PreparedSend`]) and no inline data. The QP's state is checked at each post, so a QP may
     /// be prepared for before it is connected.
     ///
     /// # Errors
@@ -290,7 +308,10 @@ impl QueuePair {
             return Err(PostError { error, request: wr });
         }
         match PreparedSend::from_checked(self.id, &wr) {
-            Some(p) => Ok(p),
+            Some(p) => {
+                self.pin(p.pins());
+                Ok(p)
+            }
             None => Err(PostError {
                 error: Error::InvalidArgument {
                     verb: "ibv_post_send",
@@ -304,7 +325,8 @@ impl QueuePair {
     /// Posts a prepared request (`ibv_post_send()`) with `wr_id`, local bytes
     /// `offset..offset + len` of its buffer and (for RDMA Write/Read and atomics) remote bytes
     /// `remote_offset..remote_offset + len` of its remote range — the only checks left per post.
-    /// The completion hands back a clone of the buffer's `Arc`, like any safe post.
+    /// The queue pair holds the buffer for the post (see [`PreparedSend`]): its completion hands
+    /// no buffer back.
     ///
     /// # Errors
     /// [`Error::QpState`] before RTS, [`Error::InvalidArgument`] for a request prepared for
