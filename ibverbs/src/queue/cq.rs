@@ -2,7 +2,6 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,6 +71,8 @@ pub struct CompletionQueue {
     /// Completions a scope's drain polled (see [`QueuePair::scope`](crate::QueuePair::scope)):
     /// the next polls return them first. Empty (and unallocated) unless a drain found some.
     kept: VecDeque<Completion>,
+    /// The array the provider writes completions into (see [`WcScratch`]).
+    wcs: WcScratch,
 }
 
 impl fmt::Debug for CompletionQueue {
@@ -171,6 +172,7 @@ impl CompletionQueue {
                 ctx: ctx.inner.clone(),
             }),
             kept: VecDeque::new(),
+            wcs: WcScratch::new(),
         })
     }
 
@@ -268,10 +270,13 @@ impl CompletionQueue {
             return Ok(&mut out[..n]);
         }
         let inner = self.inner.clone();
+        let scratch = &mut self.wcs;
         // SAFETY: &mut self makes us the registry's only consumer.
         let n = wait_loop(&inner, timeout, solicited_only, || unsafe {
             match &inner.ex {
-                None => poll_into(&inner.registry, out, |n, wcs| (inner.poll_fn)(inner.raw.as_ptr(), n, wcs)),
+                None => poll_into(&inner.registry, out, scratch, |n, wcs| {
+                    (inner.poll_fn)(inner.raw.as_ptr(), n, wcs)
+                }),
                 Some(ex) => poll_into_ex(ex, &inner.registry, out),
             }
         })?;
@@ -332,7 +337,7 @@ impl CompletionQueue {
             let n = self.take_kept(out);
             return Ok(&mut out[..n]);
         }
-        let inner = &*self.inner;
+        let (inner, scratch) = (&*self.inner, &mut self.wcs);
         // The classic call is spelled out here (not shared with poll_wait_with or the scope's
         // poll_device through a helper): one instance of poll_into per caller, as before the
         // extended path existed, keeps the classic poll's code as it was (a shared instance cost
@@ -341,7 +346,7 @@ impl CompletionQueue {
             // SAFETY: &mut self makes us the registry's only consumer; the provider's poll_cq on
             // this live CQ.
             None => unsafe {
-                poll_into(&inner.registry, out, |n, wcs| (inner.poll_fn)(inner.raw.as_ptr(), n, wcs))
+                poll_into(&inner.registry, out, scratch, |n, wcs| (inner.poll_fn)(inner.raw.as_ptr(), n, wcs))
             }?,
             // SAFETY: as above; the poll table of this live CQ.
             Some(ex) => unsafe { poll_into_ex(ex, &inner.registry, out) }?,
@@ -372,12 +377,12 @@ impl CompletionQueue {
     /// returns how many entries of `out` it filled.
     #[inline(never)]
     pub(crate) fn poll_device(&mut self, out: &mut [Completion]) -> Result<usize> {
-        let inner = &*self.inner;
+        let (inner, scratch) = (&*self.inner, &mut self.wcs);
         let n = match &inner.ex {
             // SAFETY: &mut self makes us the registry's only consumer; the provider's poll_cq on
             // this live CQ.
             None => unsafe {
-                poll_into(&inner.registry, out, |n, wcs| (inner.poll_fn)(inner.raw.as_ptr(), n, wcs))
+                poll_into(&inner.registry, out, scratch, |n, wcs| (inner.poll_fn)(inner.raw.as_ptr(), n, wcs))
             }?,
             // SAFETY: as above; the poll table of this live CQ.
             Some(ex) => unsafe { poll_into_ex(ex, &inner.registry, out) }?,
@@ -504,6 +509,21 @@ fn take_kept(kept: &mut VecDeque<Completion>, out: &mut [Completion]) -> usize {
 /// Completions fetched from the device per provider call of [`CompletionQueue::poll`].
 const POLL_BATCH: usize = 16;
 
+/// The array a CQ's provider writes completions into: zeroed when created, and each entry zeroed
+/// again once its completion was copied out, so it is all zeros at every poll's start.
+/// Providers do not write every field of every completion (mlx5 leaves byte_len, src_qp, slid,
+/// sl, pkey_index and vendor_err alone for a successful Send or Write): those read as zero,
+/// never as memory of another kind, and an empty poll (the common case of a busy loop) costs
+/// no zeroing at all. Should a completion's processing unwind half-way, its entries hold
+/// earlier completions of the same CQ (initialised data) until they are zeroed again.
+pub(crate) struct WcScratch(Box<[ffi::ibv_wc; POLL_BATCH]>);
+
+impl WcScratch {
+    pub(crate) fn new() -> WcScratch {
+        WcScratch(Box::new([ffi::ibv_wc::default(); POLL_BATCH]))
+    }
+}
+
 /// The body of [`CompletionQueue::poll`], over any provider `poll` (so that it is tested under
 /// Miri with providers that write only some fields): returns how many entries of `out` it filled.
 ///
@@ -514,10 +534,12 @@ const POLL_BATCH: usize = 16;
 unsafe fn poll_into(
     registry: &Registry<Slot>,
     out: &mut [Completion],
+    scratch: &mut WcScratch,
     mut poll: impl FnMut(i32, *mut ffi::ibv_wc) -> i32,
 ) -> Result<usize> {
     // SAFETY: consumer (contract).
     let draining = unsafe { registry.begin_poll() };
+    let wcs = &mut *scratch.0;
     let mut filled = 0;
     while filled < out.len() {
         let want = (out.len() - filled).min(POLL_BATCH);
@@ -527,26 +549,15 @@ unsafe fn poll_into(
         for c in dst.iter_mut() {
             c.clear();
         }
-        let mut wcs = MaybeUninit::<[ffi::ibv_wc; POLL_BATCH]>::uninit();
-        let wcs = wcs.as_mut_ptr().cast::<ffi::ibv_wc>();
-        // Providers do not write every field of every completion (mlx5 leaves byte_len, src_qp,
-        // slid, sl, pkey_index and vendor_err alone for a successful Send or Write): zero what
-        // we hand over so that no field is ever read uninitialised.
-        for i in 0..want {
-            // SAFETY: `wcs` has room for POLL_BATCH >= want entries. (Inline stores: cheaper
-            // than a memset call for the few entries of a typical poll.)
-            unsafe { wcs.add(i).write(ffi::ibv_wc::default()) };
-        }
-        let n = poll(want as i32, wcs);
+        let n = poll(want as i32, wcs.as_mut_ptr());
         if n < 0 {
             return Err(Error::from_ret("ibv_poll_cq", n));
         }
         let n = (n as usize).min(want);
-        for (i, c) in dst[..n].iter_mut().enumerate() {
-            // SAFETY: entry i < want was zeroed, then written by the provider.
-            let wc = unsafe { &*wcs.add(i) };
-            // SAFETY: consumer (contract).
+        for (c, wc) in dst[..n].iter_mut().zip(wcs.iter_mut()) {
+            // SAFETY: consumer (contract); the entry was zero, then written by the provider.
             unsafe { c.fill(wc, registry) };
+            *wc = ffi::ibv_wc::default();
         }
         filled += n;
         if n < want {
@@ -666,7 +677,7 @@ mod tests {
         let mut out: [Completion; 20] = Default::default();
         let ids: Vec<u64> = (0..18).collect();
         // SAFETY: single consumer; the closure behaves as a provider.
-        let n = unsafe { poll_into(&reg, &mut out, mlx5_like(&ids)) }.unwrap();
+        let n = unsafe { poll_into(&reg, &mut out, &mut WcScratch::new(), mlx5_like(&ids)) }.unwrap();
         assert_eq!(n, 18, "two batches, the second cut short");
         for (i, c) in out[..n].iter().enumerate() {
             assert_eq!(c.wr_id(), i as u64);
@@ -674,6 +685,37 @@ mod tests {
             assert_eq!(c.opcode(), WcOpcode::SEND);
             assert_eq!((c.byte_len(), c.src_qp(), c.vendor_err(), c.imm_data()), (0, 0, 0, None));
             assert!(!c.is_tracked());
+        }
+    }
+
+    // The scratch is reused from poll to poll: a field one completion had must not show up in
+    // the next one's, when the provider leaves it alone there.
+    #[test]
+    fn a_reused_scratch_reads_as_zero_where_the_provider_does_not_write() {
+        let reg = Registry::<Slot>::new(64);
+        let mut scratch = WcScratch::new();
+        let mut out: [Completion; 4] = Default::default();
+        let full = |n: i32, wcs: *mut ffi::ibv_wc| {
+            assert!(n >= 2);
+            for k in 0..2 {
+                // SAFETY: room for n >= 2 entries.
+                unsafe {
+                    let wc = &mut *wcs.add(k);
+                    (wc.wr_id, wc.byte_len, wc.src_qp, wc.vendor_err) = (k as u64, 4096, 9, 3);
+                    wc.wc_flags = ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0;
+                    wc.__bindgen_anon_1.imm_data = 0x0100_0000;
+                }
+            }
+            2
+        };
+        // SAFETY: single consumer; the closures behave as providers.
+        let n = unsafe { poll_into(&reg, &mut out, &mut scratch, full) }.unwrap();
+        assert_eq!((n, out[1].byte_len(), out[1].src_qp(), out[1].imm_data()), (2, 4096, 9, Some(1)));
+        // SAFETY: as above.
+        let n = unsafe { poll_into(&reg, &mut out, &mut scratch, mlx5_like(&[7, 8])) }.unwrap();
+        assert_eq!(n, 2);
+        for c in &out[..2] {
+            assert_eq!((c.byte_len(), c.src_qp(), c.vendor_err(), c.imm_data()), (0, 0, 0, None), "{c:?}");
         }
     }
 
@@ -690,7 +732,7 @@ mod tests {
         let ids = [ring.device_wr_id(1), ring.device_wr_id(1), TAG | RECV | (77 << 32), 5];
         let mut out: [Completion; 8] = Default::default();
         // SAFETY: single consumer.
-        let n = unsafe { poll_into(&reg, &mut out, mlx5_like(&ids)) }.unwrap();
+        let n = unsafe { poll_into(&reg, &mut out, &mut WcScratch::new(), mlx5_like(&ids)) }.unwrap();
         assert_eq!(n, 4);
         assert!(out[0].is_tracked() && out[0].wr_id() == 101, "{:?}", out[0]);
         assert_eq!(ring.outstanding(), 0, "position 0 released with 1");
@@ -704,7 +746,7 @@ mod tests {
         let reg = Registry::<Slot>::new(8);
         let mut out: [Completion; 2] = Default::default();
         // SAFETY: single consumer.
-        let e = unsafe { poll_into(&reg, &mut out, |_, _| -libc::EIO) }.unwrap_err();
+        let e = unsafe { poll_into(&reg, &mut out, &mut WcScratch::new(), |_, _| -libc::EIO) }.unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EIO));
     }
 
@@ -726,11 +768,23 @@ mod tests {
         let mut provider = mlx5_like(&ids);
         // SAFETY: single consumer.
         unsafe {
-            assert_eq!(poll_into(&reg, &mut out, &mut provider).unwrap(), 2, "full: not seen empty");
+            assert_eq!(
+                poll_into(&reg, &mut out, &mut WcScratch::new(), &mut provider).unwrap(),
+                2,
+                "full: not seen empty"
+            );
             assert_eq!(reg.unreserved(), 6);
-            assert_eq!(poll_into(&reg, &mut out[..0], &mut provider).unwrap(), 0, "asked for none");
+            assert_eq!(
+                poll_into(&reg, &mut out[..0], &mut WcScratch::new(), &mut provider).unwrap(),
+                0,
+                "asked for none"
+            );
             assert_eq!(reg.unreserved(), 6);
-            assert_eq!(poll_into(&reg, &mut out, &mut provider).unwrap(), 1, "seen empty");
+            assert_eq!(
+                poll_into(&reg, &mut out, &mut WcScratch::new(), &mut provider).unwrap(),
+                1,
+                "seen empty"
+            );
         }
         assert_eq!(reg.unreserved(), 8);
     }
@@ -761,10 +815,10 @@ mod tests {
         // QP B took the second request and completed first, on CQ B.
         // SAFETY: single consumer of each registry.
         unsafe {
-            assert_eq!(poll_into(&reg_b, &mut out, mlx5_like(&ids[1..2])).unwrap(), 1);
+            assert_eq!(poll_into(&reg_b, &mut out, &mut WcScratch::new(), mlx5_like(&ids[1..2])).unwrap(), 1);
             assert!(out[0].is_tracked() && out[0].wr_id() == 101);
             let on_a = [ids[2], ids[0], ids[2]];
-            assert_eq!(poll_into(&reg_a, &mut out, mlx5_like(&on_a)).unwrap(), 3);
+            assert_eq!(poll_into(&reg_a, &mut out, &mut WcScratch::new(), mlx5_like(&on_a)).unwrap(), 3);
         }
         assert_eq!((out[0].wr_id(), out[1].wr_id()), (102, 100));
         assert!(out[0].is_tracked() && out[1].is_tracked());
@@ -790,11 +844,11 @@ mod tests {
         // A stale completion of the released request, still in CQ A: found, skipped.
         // SAFETY: single consumer.
         unsafe {
-            assert_eq!(poll_into(&reg_a, &mut out, mlx5_like(&[last])).unwrap(), 1);
+            assert_eq!(poll_into(&reg_a, &mut out, &mut WcScratch::new(), mlx5_like(&[last])).unwrap(), 1);
             assert!(!out[0].is_tracked());
             assert_eq!(reg_a.unreserved(), 8, "seen empty: the SRQ's room is back");
             assert!(weak.upgrade().is_some(), "CQ B still holds the table");
-            assert_eq!(poll_into(&reg_b, &mut out, |_, _| 0).unwrap(), 0);
+            assert_eq!(poll_into(&reg_b, &mut out, &mut WcScratch::new(), |_, _| 0).unwrap(), 0);
         }
         assert_eq!(reg_b.unreserved(), 8);
         assert!(weak.upgrade().is_none(), "every CQ let go of the table");
@@ -840,7 +894,8 @@ mod tests {
                 let mut tracked = 0;
                 loop {
                     // SAFETY: this thread is the registry's only consumer.
-                    let n = unsafe { poll_into(&reg, &mut out, &mut provider) }.unwrap();
+                    let n =
+                        unsafe { poll_into(&reg, &mut out, &mut WcScratch::new(), &mut provider) }.unwrap();
                     tracked += out[..n].iter().filter(|c| c.is_tracked()).count();
                     if n < out.len() {
                         return tracked;
@@ -859,7 +914,7 @@ mod tests {
         drop((table, att));
         let mut out: [Completion; 1] = Default::default();
         // SAFETY: the only consumer now.
-        unsafe { poll_into(&reg, &mut out, |_, _| 0) }.unwrap();
+        unsafe { poll_into(&reg, &mut out, &mut WcScratch::new(), |_, _| 0) }.unwrap();
         assert_eq!(reg.unreserved(), 32, "seen empty: the room is back");
         assert!(weak.upgrade().is_none());
     }
