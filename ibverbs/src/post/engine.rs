@@ -346,26 +346,28 @@ pub(crate) fn post_prepared_chain(
         let pos = head.wrapping_add(i as u32);
         // SAFETY: i < n <= scratch.len(); the entries are used only within this call.
         let entry = unsafe { scratch.entry(i) };
-        // SAFETY: one entry's pointers; its `next` is one past it (at most one past the end of
-        // the array, never followed: the last one's is set to NULL below); producer, and
-        // positions head..head + n are free (n <= free).
+        // SAFETY: one entry's pointers; producer, and positions head..head + n are free
+        // (n <= free).
         unsafe {
-            p.fill_entry(entry, wr_id_base | u64::from(pos), entry.0.add(1));
+            p.fill_entry(entry, wr_id_base | u64::from(pos));
             p.write_slot_at(ring, pos);
         }
     }
-    // SAFETY: entry n - 1 exists (1 <= n <= scratch.len()).
-    unsafe { (*scratch.entry(n - 1).0).next = std::ptr::null_mut() };
+    // SAFETY: 1 <= n <= scratch.len(); relinked right after the provider's call.
+    unsafe { scratch.terminate(n) };
     ring.set_head(head.wrapping_add(n as u32));
     // SAFETY: entry 0 exists (n >= 1).
     let first = unsafe { scratch.entry(0).0 };
     let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
     let ret = match post {
-        // SAFETY: a valid NULL-terminated chain of n requests in QP-owned scratch, describing
-        // memory held by the slots (shared buffers, checked ranges).
+        // SAFETY: a valid NULL-terminated chain of n requests in QP-owned scratch (linked since
+        // its creation, ended at n - 1), describing memory the queue pair's pins hold (checked
+        // ranges).
         Some(f) => unsafe { f(qp, first, &mut bad) },
         None => libc::ENOSYS,
     };
+    // SAFETY: as for terminate.
+    unsafe { scratch.relink(n) };
     if ret == 0 {
         return Ok(());
     }
@@ -378,6 +380,45 @@ pub(crate) fn post_prepared_chain(
         drop(unsafe { ring.take_back(head.wrapping_add(i as u32)) });
     }
     Err(PreparedChainError { posted, error: Error::from_ret(verb, ret) })
+}
+
+/// Posts one checked prepared post (`QueuePair::post_prepared` on a classic QP): its request is
+/// built on the stack with every field written, nothing zeroed first.
+#[inline]
+pub(crate) fn post_prepared_one(
+    qp: *mut ffi::ibv_qp,
+    ring: &Ring<Slot>,
+    post: Option<RawPost<ffi::ibv_send_wr>>,
+    p: &PreparedPost<'_>,
+) -> Result<()> {
+    let verb = "ibv_post_send";
+    let (head, free) = ring.producer_state();
+    if free == 0 {
+        return Err(Error::QueueFull { verb, capacity: ring.capacity() });
+    }
+    let mut raw = std::mem::MaybeUninit::<ffi::ibv_send_wr>::uninit();
+    let mut sge = std::mem::MaybeUninit::<ffi::ibv_sge>::uninit();
+    // SAFETY: both are valid for writes; producer, and `head` is free (free > 0).
+    unsafe {
+        p.fill_one(raw.as_mut_ptr(), sge.as_mut_ptr(), ring.device_wr_id(head));
+        p.write_slot_at(ring, head);
+    }
+    // Publish the slot before posting: the completion may be polled before the post returns.
+    ring.set_head(head.wrapping_add(1));
+    let mut bad = std::ptr::null_mut();
+    let ret = match post {
+        // SAFETY: valid QP; every field of the request and its SGE was written (fill_one),
+        // describing memory the queue pair's pins hold (a checked range).
+        Some(f) => unsafe { f(qp, raw.as_mut_ptr(), &mut bad) },
+        None => libc::ENOSYS,
+    };
+    if ret != 0 {
+        ring.set_head(head);
+        // SAFETY: the producer withdrew `head`; the device never saw it.
+        drop(unsafe { ring.take_back(head) });
+        return Err(Error::from_ret(verb, ret));
+    }
+    Ok(())
 }
 
 /// A prepared chain's post `i` failed its check: withdraws the slots written for the posts

@@ -298,6 +298,9 @@ impl PreparedPost<'_> {
 /// A queue pair's scratch for posts of prepared requests (allocated at its first one): entry
 /// `i` keeps the template of the request last posted at index `i` of a chain (`ids[i]` names
 /// it), so that posting the same request there again writes only what changes per post.
+/// Between posts, every entry's `sg_list` points to its SGE and its `next` to the entry after
+/// it (NULL for the last): a chain of `n` sets entry `n - 1`'s `next` to NULL for its post and
+/// links it again afterwards ([`PreparedScratch::terminate`], [`PreparedScratch::relink`]).
 ///
 /// The three arrays are allocated once and reached only through the pointers kept here: the
 /// provider follows `next` and `sg_list` pointers derived from them, which a reborrow of the
@@ -320,11 +323,44 @@ impl PreparedScratch {
     /// Room for chains of `len` posts (at least 1).
     pub(crate) fn new(len: usize) -> PreparedScratch {
         let len = len.max(1);
-        PreparedScratch {
+        let scratch = PreparedScratch {
             wrs: leak(vec![ffi::ibv_send_wr::default(); len]),
             sges: leak(vec![ffi::ibv_sge::default(); len]),
             ids: leak(vec![0u64; len]),
             len,
+        };
+        for i in 0..len {
+            // SAFETY: i < len: entry i of both arrays, reached through the kept pointers.
+            unsafe {
+                let wr = scratch.wrs.as_ptr().add(i);
+                (*wr).sg_list = scratch.sges.as_ptr().add(i);
+                (*wr).next = if i + 1 < len { wr.add(1) } else { std::ptr::null_mut() };
+            }
+        }
+        scratch
+    }
+
+    /// Ends the chain at entry `n - 1` (its `next` becomes NULL) for a post of `n` entries.
+    ///
+    /// # Safety
+    /// `1 <= n <= len()`; [`relink`](Self::relink) with the same `n` follows once the provider
+    /// returned.
+    #[inline]
+    pub(crate) unsafe fn terminate(&mut self, n: usize) {
+        // SAFETY: n - 1 < len (contract).
+        unsafe { (*self.wrs.as_ptr().add(n - 1)).next = std::ptr::null_mut() };
+    }
+
+    /// Links entry `n - 1` to entry `n` again after a post of `n` entries (the last entry's
+    /// `next` stays NULL).
+    ///
+    /// # Safety
+    /// `1 <= n <= len()`.
+    #[inline]
+    pub(crate) unsafe fn relink(&mut self, n: usize) {
+        if n < self.len {
+            // SAFETY: n < len: entries n - 1 and n exist.
+            unsafe { (*self.wrs.as_ptr().add(n - 1)).next = self.wrs.as_ptr().add(n) };
         }
     }
 
@@ -384,8 +420,9 @@ impl PreparedPost<'_> {
         }
     }
 
-    /// Fills scratch entry (`raw`, `sge`, `id`) for this post at device `wr_id`, linked to
-    /// `next`: the template's fields only when the entry holds another request's template.
+    /// Fills scratch entry (`raw`, `sge`, `id`) for this post at device `wr_id`: the template's
+    /// fields only when the entry holds another request's template (its `next` and `sg_list`
+    /// are the scratch's: see [`PreparedScratch`]).
     ///
     /// # Safety
     /// The three pointers come from one [`PreparedScratch::entry`] call and are valid.
@@ -394,7 +431,6 @@ impl PreparedPost<'_> {
         &self,
         (raw, sge, id): (*mut ffi::ibv_send_wr, *mut ffi::ibv_sge, *mut u64),
         wr_id: u64,
-        next: *mut ffi::ibv_send_wr,
     ) {
         let p = self.prepared;
         // SAFETY: valid, exclusive pointers (contract); plain data written field by field (a
@@ -411,8 +447,6 @@ impl PreparedPost<'_> {
                 *id = p.id;
             }
             (*raw).wr_id = wr_id;
-            (*raw).next = next;
-            (*raw).sg_list = sge;
             (*raw).num_sge = i32::from(self.len != 0);
             (*raw).send_flags = self.flags;
             (*sge).addr = p.base.wrapping_add(self.offset as u64);
@@ -429,6 +463,55 @@ impl PreparedPost<'_> {
         }
     }
 }
+
+impl PreparedPost<'_> {
+    /// [`Request::fill_raw`] into uninitialised memory (a single post's stack request): writes
+    /// every field of `*raw` and of its one SGE `*sge`, so nothing is zeroed first.
+    ///
+    /// # Safety
+    /// `raw` and `sge` are valid for writes; `*raw` points its `sg_list` at `sge` on return.
+    #[inline]
+    pub(crate) unsafe fn fill_one(
+        &self,
+        raw: *mut ffi::ibv_send_wr,
+        sge: *mut ffi::ibv_sge,
+        device_wr_id: u64,
+    ) {
+        let p = self.prepared;
+        let t = &p.template;
+        let remote = p.limits.remote.map(|r| r.addr.wrapping_add(self.remote_offset));
+        // SAFETY: valid for writes (contract); plain data, every field written once through
+        // `addr_of_mut!` (no reference to uninitialised memory is made).
+        unsafe {
+            addr_of_mut!((*raw).wr_id).write(device_wr_id);
+            addr_of_mut!((*raw).next).write(std::ptr::null_mut());
+            addr_of_mut!((*raw).sg_list).write(sge);
+            addr_of_mut!((*raw).num_sge).write(i32::from(self.len != 0));
+            addr_of_mut!((*raw).opcode).write(t.opcode);
+            addr_of_mut!((*raw).send_flags).write(self.flags);
+            addr_of_mut!((*raw).__bindgen_anon_1).write(t.__bindgen_anon_1);
+            addr_of_mut!((*raw).wr).write(t.wr);
+            addr_of_mut!((*raw).qp_type).write(t.qp_type);
+            addr_of_mut!((*raw).__bindgen_anon_2).write(t.__bindgen_anon_2);
+            if let Some(addr) = remote {
+                // Checked: remote_offset + len <= r.len (see fill_raw). `remote_addr` is the
+                // first field of both `rdma` and `atomic`: one store serves either.
+                addr_of_mut!((*raw).wr.rdma.remote_addr).write(addr);
+            }
+            sge.write(ffi::ibv_sge {
+                addr: p.base.wrapping_add(self.offset as u64),
+                length: self.len,
+                lkey: p.lkey,
+            });
+        }
+    }
+}
+
+// `fill_one` writes an atomic's remote address through `wr.rdma`.
+const _: () = assert!(
+    std::mem::offset_of!(ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1, remote_addr) == 0
+        && std::mem::offset_of!(ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2, remote_addr) == 0
+);
 
 impl Request for PreparedPost<'_> {
     type Raw = ffi::ibv_send_wr;

@@ -192,8 +192,10 @@ impl Completion {
         // Only a tracked entry can hold buffers.
         if std::mem::take(&mut self.tracked) {
             for b in &mut self.bufs {
+                // One at a time: a panicking drop leaves the others in place, each dropped once.
+                // Entries come compact from the slot, but the caller may have taken any of them:
+                // every one is looked at.
                 if b.is_some() {
-                    // One at a time: a panicking drop leaves the others in place, each dropped once.
                     drop(b.take());
                 }
             }
@@ -232,7 +234,12 @@ impl Completion {
             // was cleared (all `None`: overwriting drops nothing), the address handle comes back.
             unsafe {
                 wc_out.0.wr_id = (*slot).wr_id;
-                std::ptr::copy_nonoverlapping(std::ptr::addr_of!((*slot).bufs), bufs, 1);
+                // A slot's entries are compact: an empty first one means an empty slot (a
+                // prepared post's), and the cleared entry already holds nothing.
+                let slot_bufs = std::ptr::addr_of!((*slot).bufs);
+                if (*slot_bufs)[0].is_some() {
+                    std::ptr::copy_nonoverlapping(slot_bufs, bufs, 1);
+                }
                 std::ptr::read(std::ptr::addr_of!((*slot)._ah))
             }
         };

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::error::{cvt, Error, Result};
 use crate::ffi;
-use crate::post::engine::{post_chain, post_one, post_prepared_chain, RawPost, Request};
+use crate::post::engine::{post_chain, post_one, post_prepared_chain, post_prepared_one, RawPost, Request};
 use crate::post::ex;
 use crate::post::prepared::{PreparedChainError, PreparedPost, PreparedScratch, PreparedSend};
 use crate::post::wr::Op;
@@ -347,9 +347,9 @@ impl QueuePair {
         if prepared.qp != self.id || !prepared.limits.fits(offset, len, remote_offset) {
             return Err(post.error(self.id));
         }
-        // One post fills a stack request (post_one), cheaper than the chain's scratch set-up.
+        // One post fills a stack request, cheaper than the chain's scratch set-up.
         match &self.ex {
-            None => post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &mut post),
+            None => post_prepared_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &post),
             Some(ex) => ex::post_batch(
                 ex,
                 &self.send,
