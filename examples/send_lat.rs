@@ -46,8 +46,9 @@ fn status_error(what: &str, status: WcStatus, n: u64) -> String {
     format!("{what} completion with status {status} (iteration {n})")
 }
 
-/// The loop at the safe level: `post_recv`/`post_send` of requests holding `Arc`s of the buffers
-/// (or inline data), `CompletionQueue::poll`.
+/// The loop at the safe level: `post_recv` of requests holding an `Arc` of the receive buffer,
+/// `post_prepared` of the run's two prepared Sends (signaled and not; or one-shot inline Sends
+/// with `-I`), `CompletionQueue::poll`.
 fn safe_loop(
     s: &mut Session,
     spec: &RunSpec,
@@ -65,6 +66,14 @@ fn safe_loop(
     let recv = |k: u64| -> Result<RecvRequest, String> {
         Ok(RecvRequest::new(dst.local(0..size).map_err(|e| e.to_string())?).wr_id(k))
     };
+    // Prepared once per run: every post changes only its wr_id (and sends the first `size`
+    // bytes).
+    let prepare = |qp: &ibverbs::QueuePair, wr: SendRequest<'static>| {
+        qp.prepare_send(wr).map_err(|e| format!("prepare_send: {}", e.error))
+    };
+    let whole = || src.local(0..src.len()).map_err(|e| e.to_string());
+    let signaled_send = prepare(qp, SendRequest::send(whole()?))?;
+    let unsignaled_send = prepare(qp, SendRequest::send(whole()?).unsignaled())?;
     let mut posted = 0u64;
     while posted < spec.rx_depth {
         qp.post_recv(recv(posted)?).map_err(|e| format!("post_recv: {e}"))?;
@@ -98,15 +107,14 @@ fn safe_loop(
             tposted[scnt as usize] = ticks();
             scnt += 1;
             let signaled = scnt % spec.cq_mod == 0 || scnt == iters;
-            let mut wr = if inline {
-                SendRequest::send_inline(&inline_data)
+            if inline {
+                let wr = SendRequest::send_inline(&inline_data).wr_id(scnt);
+                let wr = if signaled { wr } else { wr.unsignaled() };
+                qp.post_send(wr).map_err(|e| format!("post_send: {e}"))?;
             } else {
-                SendRequest::send(src.local(0..size).map_err(|e| e.to_string())?)
-            };
-            if !signaled {
-                wr = wr.unsignaled();
+                let p = if signaled { &signaled_send } else { &unsignaled_send };
+                qp.post_prepared(p, scnt, 0, size as u32, 0).map_err(|e| format!("post_prepared: {e}"))?;
             }
-            qp.post_send(wr.wr_id(scnt)).map_err(|e| format!("post_send: {e}"))?;
             if signaled {
                 let c = loop {
                     let got = send_cq.poll(&mut comps).map_err(|e| e.to_string())?;

@@ -6,8 +6,9 @@
 //! next counter lands, then writes back. Latency is half the time between consecutive writes.
 //!
 //! The polled buffer is a `RemoteMemoryRegion` (the peer writes it at any time), read with
-//! volatile copies. At the safe level the source buffer is an owned `MemoryRegion`, moved into
-//! each write and handed back by its completion (or inline data, `-I`).
+//! volatile copies. At the safe level the source buffer is a local-only `RemoteMemoryRegion`
+//! (for its copy-in `write`), and each run prepares one request over it (`prepare_send`) that
+//! every iteration posts with `post_prepared`; with `-I`, one-shot inline writes.
 
 #[path = "perf/mod.rs"]
 mod perf;
@@ -18,8 +19,7 @@ use std::sync::Arc;
 
 use ibverbs::raw::{self, RawSend};
 use ibverbs::{
-    AccessFlags, Completion, Local, MemoryRegion, RemoteMemoryRegion, RemoteSlice, SendRequest, WcStatus,
-    WorkCompletion,
+    AccessFlags, Completion, Local, RemoteMemoryRegion, RemoteSlice, SendRequest, WcStatus, WorkCompletion,
 };
 use perf::clock::ticks;
 use perf::report::lat_report;
@@ -32,19 +32,11 @@ fn main() -> ExitCode {
 fn run(s: &mut Session) -> Result<(), String> {
     let len = s.buf_len();
     let recv = s.alloc_rw(len, AccessFlags::REMOTE_WRITE)?;
-    // Only the source buffer of the level in use.
-    let level = s.params.level;
-    // Raw level source: written through volatile stores between writes (never while one is in
-    // flight); a RemoteMemoryRegion only for that interior mutability, it is not exposed.
-    let raw_src = if level == Level::Raw { Some(s.alloc_rw(len, AccessFlags::LOCAL_WRITE)?) } else { None };
-    // Safe level source: moved into each write and handed back by its completion.
-    let mut safe_src = None;
-    if level == Level::Safe {
-        perf::memory::check(len as u64, "a buffer")?;
-        let mr = s.rdma.pd.allocate(len);
-        safe_src =
-            Some(mr.map_err(|e| format!("Couldn't allocate and register a buffer of {len} bytes: {e}"))?);
-    }
+    // The source: written between writes (never while one is in flight: the loop polls each
+    // write's completion before the next); a RemoteMemoryRegion only for that interior
+    // mutability, it is not exposed. The raw level stores into it with volatile writes, the safe
+    // level copies in with `RemoteMemoryRegion::write`.
+    let src = s.alloc_rw(len, AccessFlags::LOCAL_WRITE)?;
     let remote = s.exchange(&[recv.remote()])?[0];
     let zeros = vec![0u8; len.min(1 << 16)];
     while let Some(spec) = s.next_run()? {
@@ -58,11 +50,8 @@ fn run(s: &mut Session) -> Result<(), String> {
         let initiator = s.role == Role::Client;
         let mut guard = s.guard();
         let tposted = match spec.level {
-            Level::Safe => safe_loop(s, &spec, &recv, &mut safe_src, dst, initiator, &mut guard)?,
-            Level::Raw => {
-                let src = raw_src.as_ref().ok_or("no source buffer for the raw level")?;
-                raw_loop(s, &spec, &recv, src, dst, initiator, &mut guard)?
-            }
+            Level::Safe => safe_loop(s, &spec, &recv, &src, dst, initiator, &mut guard)?,
+            Level::Raw => raw_loop(s, &spec, &recv, &src, dst, initiator, &mut guard)?,
         };
         s.finish(None)?;
         s.clock.recalibrate();
@@ -71,13 +60,13 @@ fn run(s: &mut Session) -> Result<(), String> {
     Ok(())
 }
 
-/// The loop at the safe level: `RemoteMemoryRegion::read` to poll, `post_send` of an owned region
-/// (or inline data), `CompletionQueue::poll` to get the region back.
+/// The loop at the safe level: `RemoteMemoryRegion::read` to poll, `post_prepared` of the run's
+/// prepared write (or one-shot inline writes), `CompletionQueue::poll`.
 fn safe_loop(
     s: &mut Session,
     spec: &RunSpec,
     recv: &RemoteMemoryRegion,
-    src: &mut Option<MemoryRegion>,
+    src: &Arc<RemoteMemoryRegion>,
     dst: RemoteSlice,
     initiator: bool,
     guard: &mut Guard,
@@ -89,6 +78,9 @@ fn safe_loop(
     let mut comps = [Completion::default()];
     let qp = &mut s.rdma.qps[0];
     let cq = &mut s.rdma.send_cq;
+    let prepared = qp
+        .prepare_send(SendRequest::write(Local::new(src.clone(), 0..size).map_err(|e| e.to_string())?, dst))
+        .map_err(|e| format!("prepare_send: {}", e.error))?;
     let (mut scnt, mut rcnt, mut ccnt) = (0u64, 0u64, 0u64);
     guard.start("waiting for the peer's write");
     while scnt < iters || rcnt < iters || ccnt < iters {
@@ -108,15 +100,16 @@ fn safe_loop(
         if scnt < iters {
             tposted[scnt as usize] = ticks();
             scnt += 1;
-            let wr = if inline {
+            if inline {
                 inline_data[size - 1] = scnt as u8;
-                SendRequest::write_inline(&inline_data, dst)
+                let wr = SendRequest::write_inline(&inline_data, dst).wr_id(scnt);
+                qp.post_send(wr).map_err(|e| format!("post_send: {e}"))?;
             } else {
-                let mut mr = src.take().ok_or("the source buffer did not come back")?;
-                mr[size - 1] = scnt as u8;
-                SendRequest::write(Local::new(mr, 0..size).map_err(|e| e.to_string())?, dst)
-            };
-            qp.post_send(wr.wr_id(scnt)).map_err(|e| format!("post_send: {e}"))?;
+                // The previous write's completion was polled: nothing reads the buffer now.
+                src.write(size - 1, &[scnt as u8]).map_err(|e| e.to_string())?;
+                qp.post_prepared(&prepared, scnt, 0, size as u32, 0)
+                    .map_err(|e| format!("post_prepared: {e}"))?;
+            }
         }
         if ccnt < iters {
             let c = loop {
@@ -129,9 +122,6 @@ fn safe_loop(
             if c.status() != WcStatus::SUCCESS {
                 let msg = format!("write completion with status {} (iteration {})", c.status(), c.wr_id());
                 return Err(guard.annotate(msg));
-            }
-            if let Some(mr) = c.take_region() {
-                *src = Some(mr);
             }
             ccnt += 1;
         }

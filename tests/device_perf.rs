@@ -227,6 +227,9 @@ fn send_bw_runs_at_both_levels() {
 fn write_lat_runs_at_both_levels() {
     run_ok("write_lat", &["-s", "2", "-n", "100"], "--raw");
     run_ok("write_lat", &["-s", "64", "-n", "100", "-I", "64"], "--safe");
+    // Prepared writes (no -I), on the classic and the extended data path.
+    run_ok("write_lat", &["-s", "2", "-n", "100"], "--safe");
+    run_ok("write_lat", &["-s", "4096", "-n", "100", "--ex"], "--safe");
 }
 
 #[test]
