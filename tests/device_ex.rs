@@ -219,6 +219,33 @@ fn chain_of_32_with_unsignaled_requests() {
     }
 }
 
+/// Prepared requests on an extended QP: `post_prepared` and a chain of one (signaled or not) go
+/// through the builders; a longer chain is refused whole, before anything is posted.
+#[test]
+fn prepared_writes_through_an_extended_qp() {
+    let mut p = ex_pair(Kind { qp_ex: true, cq_ex: false }, SendOps::RDMA_WRITE, 8);
+    let target = Arc::new(p.pd.allocate_remote(256, AccessFlags::REMOTE_WRITE).unwrap());
+    let mut src = p.pd.allocate(256).unwrap();
+    src.copy_from_slice(&pattern(256, 5));
+    let src = Arc::new(src);
+    let w = p.a.prepare_send(SendRequest::write(Local::whole(src.clone()), target.remote())).unwrap();
+    p.a.post_prepared(&w, 1, 0, 64, 0).unwrap();
+    assert_eq!(poll_one(&mut p.cq_a).wr_id(), 1);
+    p.a.post_prepared_chain(&[w.at(2, 64, 64, 64).unsignaled()]).unwrap();
+    p.a.post_prepared_chain(&[w.at(3, 128, 64, 128)]).unwrap();
+    let c = poll_one(&mut p.cq_a);
+    assert_eq!((c.status(), c.wr_id()), (WcStatus::SUCCESS, 3), "{c:?}");
+    drop(c);
+    assert_quiet(&mut p.cq_a, Duration::from_millis(20));
+    assert_eq!(p.a.outstanding_sends(), 0, "the unsignaled one was released with the next");
+    let e = p.a.post_prepared_chain(&[w.at(4, 192, 32, 192), w.at(5, 224, 32, 224)]).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }) && e.posted == 0, "{e:?}");
+    assert_eq!(p.a.outstanding_sends(), 0);
+    let mut want = pattern(256, 5);
+    want[192..].fill(0);
+    assert_eq!(target.to_vec(), want);
+}
+
 /// An operation the extended QP was not created for is refused before anything is posted: a
 /// single request comes back with its buffer, a chain comes back whole.
 #[test]

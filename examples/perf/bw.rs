@@ -65,17 +65,18 @@ pub trait RecvPath {
 
 /// The safe level: one prepared request per queue pair (`prepare_send` once, then
 /// `post_prepared_chain` of `PreparedPost`s with only the `wr_id` and the ranges changing, as a
-/// server posting from a registered pool does); on an extended queue pair (`--ex`, where
-/// prepared chains are refused) one-shot requests holding `Arc`s of the buffers
-/// (`post_send`/`post_send_chain`); `post_recv` with such requests; `CompletionQueue::poll`
-/// handing the buffers back.
+/// server posting from a registered pool does); chains longer than one on an extended queue
+/// pair (`--ex`, where those are refused) as one-shot requests holding `Arc`s of the buffers
+/// (`post_send_chain`); `post_recv` with such requests; `CompletionQueue::poll`.
 pub struct SafePath<'a> {
     qps: &'a mut [QueuePair],
     cq: &'a mut CompletionQueue,
     local: &'a [Buf],
     /// Per queue pair, the request of `op` over its whole local buffer and remote slice (empty on
-    /// the receiving side and on extended queue pairs).
+    /// the receiving side).
     prepared: Vec<PreparedSend>,
+    /// Whether the queue pairs are extended (chains longer than one go one-shot).
+    ex: bool,
     remote: &'a [RemoteSlice],
     op: Op,
     /// One-shot requests of a chain (extended queue pairs).
@@ -114,9 +115,9 @@ impl<'a> SafePath<'a> {
         run: RunSpec,
     ) -> Result<Self, String> {
         let mut prepared = Vec::with_capacity(qps.len());
-        // Extended queue pairs (all or none of a run) post one-shot requests.
-        let classic = qps.iter().all(|qp| qp.send_ops().is_none());
-        for (q, qp) in qps.iter().enumerate().filter(|_| classic) {
+        // Extended queue pairs (all or none of a run) post longer chains one-shot.
+        let ex = qps.iter().any(|qp| qp.send_ops().is_some());
+        for (q, qp) in qps.iter().enumerate() {
             let buf = local.get(q).ok_or("no local buffer for a queue pair")?;
             let whole = buf.local(0..buf.len()).map_err(|e| e.to_string())?;
             let wr = match op {
@@ -132,7 +133,7 @@ impl<'a> SafePath<'a> {
         }
         let comps = (0..POLL_BATCH).map(|_| Completion::default()).collect();
         let chain = Vec::with_capacity(run.post_list as usize);
-        Ok(SafePath { qps, cq, local, prepared, remote, op, chain, run, comps })
+        Ok(SafePath { qps, cq, local, prepared, ex, remote, op, chain, run, comps })
     }
 
     /// A receiving path over `qps` (one `local` buffer per queue pair), polling `cq`.
@@ -147,6 +148,7 @@ impl<'a> SafePath<'a> {
             cq,
             local,
             prepared: Vec::new(),
+            ex: false,
             remote: &[],
             op: Op::Send,
             chain: Vec::new(),
@@ -170,12 +172,8 @@ impl<'a> SafePath<'a> {
         Ok(if self.run.signaled(k) { wr } else { wr.unsignaled() })
     }
 
-    /// [`SendPath::post`] on an extended queue pair: one-shot requests.
+    /// [`SendPath::post`] of a chain on an extended queue pair: one-shot requests.
     fn post_one_shot(&mut self, q: usize, k: u64, n: usize) -> Result<(), String> {
-        if n == 1 {
-            let wr = self.request(q, k)?;
-            return self.qps[q].post_send(wr).map_err(|e| format!("post_send: {e}"));
-        }
         for i in 0..n as u64 {
             let wr = self.request(q, k + i)?;
             self.chain.push(wr);
@@ -199,13 +197,15 @@ impl<'a> SafePath<'a> {
 impl SendPath for SafePath<'_> {
     #[inline]
     fn post(&mut self, q: usize, k: u64, n: usize) -> Result<(), String> {
-        let Some(p) = self.prepared.get(q) else {
+        if n > 1 && self.ex {
             return self.post_one_shot(q, k, n);
-        };
+        }
+        let p = self.prepared.get(q).ok_or("no prepared request for a queue pair")?;
         let (run, op) = (&self.run, self.op);
         let qp = &mut self.qps[q];
         let err = |e| format!("post_prepared_chain: {e}");
         if n == 1 {
+            // A chain of one posts as post_prepared does (and on extended queue pairs too).
             return qp.post_prepared_chain(&[post_of(p, run, op, q, k)]).map_err(err);
         }
         let mut i = 0;

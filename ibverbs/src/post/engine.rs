@@ -384,7 +384,7 @@ pub(crate) fn post_prepared_chain(
 
 /// Posts one checked prepared post (`QueuePair::post_prepared` on a classic QP): its request is
 /// built on the stack with every field written, nothing zeroed first.
-#[inline]
+#[inline(always)] // in each of its callers: outlined, it cost ~20 instructions per post (callgrind)
 pub(crate) fn post_prepared_one(
     qp: *mut ffi::ibv_qp,
     ring: &Ring<Slot>,
