@@ -134,38 +134,37 @@ impl Request for SendRequest<'_> {
         let ah = self.ud.as_ref().map(|(ah, _, _)| ah.inner.clone());
         let mut bufs = take_bufs(&mut self.sges);
         if let Some(w) = self.window.take() {
-            // A window request has no SGEs: entry 0 is free.
-            bufs[0] = Some(LocalBuf::Window(Box::new(w)));
+            // A window request has no SGEs (checked): entry 0 is free.
+            debug_assert!(bufs[0].is_none());
+            bufs[0] = Some(LocalBuf::Window(w));
         }
         Slot { wr_id: self.wr_id, bufs, _ah: ah }
     }
     #[inline]
     unsafe fn write_slot(&mut self, ring: &Ring<Slot>, pos: u32) {
+        if self.window.is_some() {
+            // Rare (a bind or invalidate): built on the stack and moved in.
+            // SAFETY: the caller's contract.
+            return unsafe { ring.write(pos, self.take_slot()) };
+        }
         // What take_slot does, written into the slot where it lies.
         let ah = self.ud.as_ref().map(|(ah, _, _)| ah.inner.clone());
-        let window = self.window.take().map(|w| LocalBuf::Window(Box::new(w)));
         let (wr_id, sges) = (self.wr_id, &mut self.sges);
         let init = |slot: *mut Slot| {
             // SAFETY: `slot` points to the free slot (uninitialised, ours alone); every field
-            // and every buffer entry is written exactly once (k counts the entries written).
+            // and every buffer entry is written exactly once (k counts the entries written,
+            // k < MAX_SGE at each write).
             unsafe {
                 std::ptr::addr_of_mut!((*slot).wr_id).write(wr_id);
                 std::ptr::addr_of_mut!((*slot)._ah).write(ah);
                 let bufs = std::ptr::addr_of_mut!((*slot).bufs).cast::<Option<LocalBuf>>();
+                // Compact, in SGE order: slot entry k is the buffer of `ibv_sge` k, up to the
+                // first empty entry, where `entries` (the SGEs the device gets) stops too.
                 let mut k = 0;
-                // A window request has no SGEs: its window takes entry 0.
-                if let Some(w) = window {
-                    bufs.write(Some(w));
-                    k = 1;
-                }
-                // Compact, in SGE order: slot entry i is the buffer of `ibv_sge` i.
-                for s in sges.iter_mut() {
-                    if let Some(l) = s.take() {
-                        if k < MAX_SGE {
-                            bufs.add(k).write(Some(l.into_buf()));
-                            k += 1;
-                        }
-                    }
+                while k < MAX_SGE {
+                    let Some(l) = sges[k].take() else { break };
+                    bufs.add(k).write(Some(l.into_buf()));
+                    k += 1;
                 }
                 while k < MAX_SGE {
                     bufs.add(k).write(None);
@@ -179,7 +178,7 @@ impl Request for SendRequest<'_> {
     fn give_back(&mut self, mut slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]) {
         if matches!(slot.bufs[0], Some(LocalBuf::Window(_))) {
             if let Some(LocalBuf::Window(w)) = slot.bufs[0].take() {
-                self.window = Some(*w);
+                self.window = Some(w);
             }
         }
         restore(&mut self.sges, slot, sges);
@@ -400,9 +399,10 @@ fn refuse_prepared(
 
 #[inline]
 fn take_bufs(sges: &mut [Option<Local>; MAX_SGE]) -> [Option<LocalBuf>; MAX_SGE] {
-    // Compact, in SGE order: slot entry i is the buffer of `ibv_sge` i.
+    // Compact, in SGE order: slot entry i is the buffer of `ibv_sge` i, up to the first empty
+    // entry, where `entries` (the SGEs the device gets) stops too.
     let mut out: [Option<LocalBuf>; MAX_SGE] = Default::default();
-    for (o, s) in out.iter_mut().zip(sges.iter_mut().filter_map(Option::take)) {
+    for (o, s) in out.iter_mut().zip(sges.iter_mut().map_while(Option::take)) {
         *o = Some(s.into_buf());
     }
     out

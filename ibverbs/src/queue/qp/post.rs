@@ -184,11 +184,12 @@ impl QueuePair {
     #[doc(alias = "ibv_wr_complete")]
     // The request comes back by value on error: boxing it would allocate on the post path.
     #[allow(clippy::result_large_err)]
-    pub fn post_send<'a>(&mut self, wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
+    pub fn post_send<'a>(&mut self, mut wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
+        // `mut wr`, not `let mut wr = wr;` below: that rebinding copied the whole request (a
+        // `memcpy` call of ~400 bytes, 64 instructions under callgrind).
         if let Err(error) = self.check_send(&wr) {
             return Err(PostError { error, request: wr });
         }
-        let mut wr = wr;
         wr.bind_to(self.id, self.qp_num());
         let posted = match &self.ex {
             None => post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &mut wr),
@@ -223,11 +224,11 @@ impl QueuePair {
     #[doc(alias = "ibv_post_send")]
     #[doc(alias = "ibv_wr_complete")]
     pub fn post_send_chain(&mut self, wrs: &mut Vec<SendRequest<'_>>) -> Result<()> {
-        for wr in wrs.iter() {
-            self.check_send(wr)?;
-        }
+        // One pass: a bind recorded on a request that then is not posted (a later one fails its
+        // check) is harmless, as when the provider refuses it (it is re-recorded when posted).
         let (id, qp_num) = (self.id, self.qp_num());
         for wr in wrs.iter_mut() {
+            self.check_send(wr)?;
             wr.bind_to(id, qp_num);
         }
         if let Some(ex) = &self.ex {
@@ -248,11 +249,11 @@ impl QueuePair {
     /// provider refuses it.
     #[doc(alias = "ibv_post_recv")]
     #[allow(clippy::result_large_err)] // as post_send: no allocation on the post path
-    pub fn post_recv(&mut self, wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
+    pub fn post_recv(&mut self, mut wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
+        // `mut wr`: a `let mut wr = wr;` rebinding copies the request (see post_send).
         if let Err(error) = self.check_recv(&wr) {
             return Err(PostError { error, request: wr });
         }
-        let mut wr = wr;
         match post_one(self.raw.as_ptr(), &self.recv, self.post_recv_fn, &mut wr) {
             Ok(()) => Ok(()),
             Err(error) => Err(PostError { error, request: wr }),
