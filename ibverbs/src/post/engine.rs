@@ -119,11 +119,19 @@ pub(crate) trait Request {
     /// Takes back a withdrawn slot (a request that was not posted after all), whose SGEs were
     /// `sges`.
     fn give_back(&mut self, slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]);
+    /// Empties `wrs`, whose requests were all posted.
+    fn clear_posted(wrs: &mut Vec<Self>)
+    where
+        Self: Sized,
+    {
+        wrs.clear();
+    }
 }
 
 impl Request for SendRequest<'_> {
     type Raw = ffi::ibv_send_wr;
     const VERB: &'static str = "ibv_post_send";
+    #[inline]
     fn fill_raw(&self, raw: &mut Self::Raw, sges: &mut [ffi::ibv_sge; MAX_SGE], device_wr_id: u64) {
         self.fill(raw, sges, device_wr_id);
     }
@@ -182,6 +190,14 @@ impl Request for SendRequest<'_> {
             }
         }
         restore(&mut self.sges, slot, sges);
+    }
+    fn clear_posted(wrs: &mut Vec<Self>) {
+        for wr in wrs.iter_mut() {
+            wr.release_posted();
+        }
+        // SAFETY: shortening a Vec is memory-safe whatever its elements; the requests left
+        // undropped hold nothing (see release_posted), so nothing leaks either.
+        unsafe { wrs.set_len(0) };
     }
 }
 
@@ -294,7 +310,7 @@ pub(crate) fn post_chain<R: Request>(
         None => libc::ENOSYS,
     };
     if ret == 0 {
-        wrs.clear();
+        R::clear_posted(wrs);
         return Ok(());
     }
     // Requests from `bad` on were not posted (a `bad` outside the chain counts as none posted).

@@ -44,6 +44,7 @@ impl QueuePair {
     }
 
     /// Everything about a send request but the QP's state.
+    #[inline]
     fn check_send_request(&self, wr: &SendRequest<'_>) -> Result<()> {
         let count = wr.validate(&self.pd)?;
         self.check_send_fit(wr, count)
@@ -202,7 +203,12 @@ impl QueuePair {
             ),
         };
         match posted {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                wr.release_posted();
+                // Holds nothing now: forgetting it skips only tests of its empty fields.
+                std::mem::forget(wr);
+                Ok(())
+            }
             Err(error) => Err(PostError { error, request: wr }),
         }
     }
