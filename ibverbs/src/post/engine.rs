@@ -131,7 +131,8 @@ pub(crate) trait Request {
 impl Request for SendRequest<'_> {
     type Raw = ffi::ibv_send_wr;
     const VERB: &'static str = "ibv_post_send";
-    #[inline]
+    // Always: with `#[inline]` alone it stayed a call (and its setup) on every post.
+    #[inline(always)]
     fn fill_raw(&self, raw: &mut Self::Raw, sges: &mut [ffi::ibv_sge; MAX_SGE], device_wr_id: u64) {
         self.fill(raw, sges, device_wr_id);
     }

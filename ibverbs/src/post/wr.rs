@@ -563,8 +563,9 @@ impl<'a> SendRequest<'a> {
         *ud = None;
     }
 
-    /// Checks everything that does not depend on the queue pair.
-    #[inline]
+    /// Checks everything that does not depend on the queue pair. Always inlined, as its callers
+    /// (`#[inline]` alone left it a call whose `Result` went through memory).
+    #[inline(always)]
     pub(crate) fn validate(&self, pd: &Arc<PdInner>) -> Result<usize> {
         // One pass over the entries (this runs on every safe post).
         let mut f = EntryFacts::default();

@@ -43,8 +43,9 @@ impl QueuePair {
         self.check_send_request(wr)
     }
 
-    /// Everything about a send request but the QP's state.
-    #[inline]
+    /// Everything about a send request but the QP's state. Always inlined: as a call, its
+    /// `Result` went through memory and cost post_send ~20 instructions under callgrind.
+    #[inline(always)]
     fn check_send_request(&self, wr: &SendRequest<'_>) -> Result<()> {
         let count = wr.validate(&self.pd)?;
         self.check_send_fit(wr, count)
@@ -230,11 +231,16 @@ impl QueuePair {
     #[doc(alias = "ibv_post_send")]
     #[doc(alias = "ibv_wr_complete")]
     pub fn post_send_chain(&mut self, wrs: &mut Vec<SendRequest<'_>>) -> Result<()> {
-        // One pass: a bind recorded on a request that then is not posted (a later one fails its
-        // check) is harmless, as when the provider refuses it (it is re-recorded when posted).
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        // The state once (it cannot change during the call), then the requests in one pass: a
+        // bind recorded on a request that then is not posted (a later one fails its check) is
+        // harmless, as when the provider refuses it (it is re-recorded when posted).
+        self.check_send_state()?;
         let (id, qp_num) = (self.id, self.qp_num());
         for wr in wrs.iter_mut() {
-            self.check_send(wr)?;
+            self.check_send_request(wr)?;
             wr.bind_to(id, qp_num);
         }
         if let Some(ex) = &self.ex {
