@@ -70,15 +70,19 @@ impl QueuePair {
                 "an XRC initiator's requests name their remote SRQ (SendRequest::xrc_srqn); no other's do",
             );
         }
-        match (self.qp_type, &wr.ud, wr.op) {
-            (QpType::UD, None, _) => bad("a send on a UD queue pair needs a destination: SendRequest::ud"),
-            (QpType::UD, Some(_), Op::Send) => Ok(()),
-            (QpType::UD, Some(_), _) => bad("UD queue pairs only send"),
-            (_, Some(_), _) => bad("only UD queue pairs take an address handle"),
-            (QpType::UC, None, Op::Read(_) | Op::CompareSwap { .. } | Op::FetchAdd { .. }) => {
-                bad("UC queue pairs do not do RDMA Read or atomics")
-            }
-            _ => Ok(()),
+        // The address handle first: without one (every connected QP) the operation is looked at
+        // only on UC.
+        match &wr.ud {
+            None => match self.qp_type {
+                QpType::UD => bad("a send on a UD queue pair needs a destination: SendRequest::ud"),
+                QpType::UC if matches!(wr.op, Op::Read(_) | Op::CompareSwap { .. } | Op::FetchAdd { .. }) => {
+                    bad("UC queue pairs do not do RDMA Read or atomics")
+                }
+                _ => Ok(()),
+            },
+            Some(_) if self.qp_type != QpType::UD => bad("only UD queue pairs take an address handle"),
+            Some(_) if !matches!(wr.op, Op::Send) => bad("UD queue pairs only send"),
+            Some(_) => Ok(()),
         }
     }
 
