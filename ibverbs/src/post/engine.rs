@@ -472,6 +472,55 @@ mod tests {
         0
     }
 
+    unsafe extern "C" fn refusing_third_send(
+        _qp: *mut ffi::ibv_qp,
+        mut wr: *mut ffi::ibv_send_wr,
+        bad: *mut *mut ffi::ibv_send_wr,
+    ) -> i32 {
+        let mut count = 0;
+        // SAFETY: the engine hands a valid NULL-terminated chain.
+        unsafe {
+            while !wr.is_null() {
+                let w = &*wr;
+                assert_eq!(w.num_sge, 1, "8 inline bytes: one SGE");
+                assert_eq!((*w.sg_list).length, 8);
+                count += 1;
+                if count == 3 {
+                    *bad = wr;
+                    return libc::ENOMEM;
+                }
+                wr = w.next;
+            }
+        }
+        0
+    }
+
+    // A posted chain of send requests is emptied without dropping them one by one
+    // (`clear_posted`); a partial post hands the rest back intact.
+    #[test]
+    fn a_send_chain_is_emptied_when_posted_and_handed_back_from_the_refused_one() {
+        let reg = Registry::<Slot>::new(64);
+        let [ring] = reg.register([(16, false)]).unwrap();
+        let mut scratch = vec![ffi::ibv_send_wr::default(); 16];
+        let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 16];
+        let data = [7u8; 8];
+        let qp = std::ptr::null_mut();
+        let mut wrs: Vec<SendRequest<'_>> =
+            (0..2).map(|i| SendRequest::send_inline(&data).wr_id(i)).collect();
+        post_chain(qp, &ring, Some(refusing_third_send), &mut scratch, &mut sges, &mut wrs).unwrap();
+        assert!(wrs.is_empty());
+        assert_eq!(ring.outstanding(), 2);
+
+        let mut wrs: Vec<SendRequest<'_>> =
+            (10..14).map(|i| SendRequest::send_inline(&data).wr_id(i)).collect();
+        let e =
+            post_chain(qp, &ring, Some(refusing_third_send), &mut scratch, &mut sges, &mut wrs).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOMEM));
+        assert_eq!(ring.outstanding(), 4);
+        assert_eq!(wrs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![12, 13]);
+        assert!(wrs.iter().all(|w| w.inline.is_some_and(|d| d.len() == 8)));
+    }
+
     // Regression (soundness hole 10): the chain was linked through `scratch[i]` after taking
     // `scratch.as_mut_ptr()`, so the provider followed invalidated pointers (Miri: Stacked
     // Borrows violation).
