@@ -119,11 +119,20 @@ pub(crate) trait Request {
     /// Takes back a withdrawn slot (a request that was not posted after all), whose SGEs were
     /// `sges`.
     fn give_back(&mut self, slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]);
+    /// Empties `wrs`, whose requests were all posted.
+    fn clear_posted(wrs: &mut Vec<Self>)
+    where
+        Self: Sized,
+    {
+        wrs.clear();
+    }
 }
 
 impl Request for SendRequest<'_> {
     type Raw = ffi::ibv_send_wr;
     const VERB: &'static str = "ibv_post_send";
+    // Always: with `#[inline]` alone it stayed a call (and its setup) on every post.
+    #[inline(always)]
     fn fill_raw(&self, raw: &mut Self::Raw, sges: &mut [ffi::ibv_sge; MAX_SGE], device_wr_id: u64) {
         self.fill(raw, sges, device_wr_id);
     }
@@ -134,38 +143,37 @@ impl Request for SendRequest<'_> {
         let ah = self.ud.as_ref().map(|(ah, _, _)| ah.inner.clone());
         let mut bufs = take_bufs(&mut self.sges);
         if let Some(w) = self.window.take() {
-            // A window request has no SGEs: entry 0 is free.
-            bufs[0] = Some(LocalBuf::Window(Box::new(w)));
+            // A window request has no SGEs (checked): entry 0 is free.
+            debug_assert!(bufs[0].is_none());
+            bufs[0] = Some(LocalBuf::Window(w));
         }
         Slot { wr_id: self.wr_id, bufs, _ah: ah }
     }
     #[inline]
     unsafe fn write_slot(&mut self, ring: &Ring<Slot>, pos: u32) {
+        if self.window.is_some() {
+            // Rare (a bind or invalidate): built on the stack and moved in.
+            // SAFETY: the caller's contract.
+            return unsafe { ring.write(pos, self.take_slot()) };
+        }
         // What take_slot does, written into the slot where it lies.
         let ah = self.ud.as_ref().map(|(ah, _, _)| ah.inner.clone());
-        let window = self.window.take().map(|w| LocalBuf::Window(Box::new(w)));
         let (wr_id, sges) = (self.wr_id, &mut self.sges);
         let init = |slot: *mut Slot| {
             // SAFETY: `slot` points to the free slot (uninitialised, ours alone); every field
-            // and every buffer entry is written exactly once (k counts the entries written).
+            // and every buffer entry is written exactly once (k counts the entries written,
+            // k < MAX_SGE at each write).
             unsafe {
                 std::ptr::addr_of_mut!((*slot).wr_id).write(wr_id);
                 std::ptr::addr_of_mut!((*slot)._ah).write(ah);
                 let bufs = std::ptr::addr_of_mut!((*slot).bufs).cast::<Option<LocalBuf>>();
+                // Compact, in SGE order: slot entry k is the buffer of `ibv_sge` k, up to the
+                // first empty entry, where `entries` (the SGEs the device gets) stops too.
                 let mut k = 0;
-                // A window request has no SGEs: its window takes entry 0.
-                if let Some(w) = window {
-                    bufs.write(Some(w));
-                    k = 1;
-                }
-                // Compact, in SGE order: slot entry i is the buffer of `ibv_sge` i.
-                for s in sges.iter_mut() {
-                    if let Some(l) = s.take() {
-                        if k < MAX_SGE {
-                            bufs.add(k).write(Some(l.into_buf()));
-                            k += 1;
-                        }
-                    }
+                while k < MAX_SGE {
+                    let Some(l) = sges[k].take() else { break };
+                    bufs.add(k).write(Some(l.into_buf()));
+                    k += 1;
                 }
                 while k < MAX_SGE {
                     bufs.add(k).write(None);
@@ -179,10 +187,18 @@ impl Request for SendRequest<'_> {
     fn give_back(&mut self, mut slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]) {
         if matches!(slot.bufs[0], Some(LocalBuf::Window(_))) {
             if let Some(LocalBuf::Window(w)) = slot.bufs[0].take() {
-                self.window = Some(*w);
+                self.window = Some(w);
             }
         }
         restore(&mut self.sges, slot, sges);
+    }
+    fn clear_posted(wrs: &mut Vec<Self>) {
+        for wr in wrs.iter_mut() {
+            wr.release_posted();
+        }
+        // SAFETY: shortening a Vec is memory-safe whatever its elements; the requests left
+        // undropped hold nothing (see release_posted), so nothing leaks either.
+        unsafe { wrs.set_len(0) };
     }
 }
 
@@ -295,7 +311,7 @@ pub(crate) fn post_chain<R: Request>(
         None => libc::ENOSYS,
     };
     if ret == 0 {
-        wrs.clear();
+        R::clear_posted(wrs);
         return Ok(());
     }
     // Requests from `bad` on were not posted (a `bad` outside the chain counts as none posted).
@@ -441,9 +457,10 @@ fn refuse_prepared(
 
 #[inline]
 fn take_bufs(sges: &mut [Option<Local>; MAX_SGE]) -> [Option<LocalBuf>; MAX_SGE] {
-    // Compact, in SGE order: slot entry i is the buffer of `ibv_sge` i.
+    // Compact, in SGE order: slot entry i is the buffer of `ibv_sge` i, up to the first empty
+    // entry, where `entries` (the SGEs the device gets) stops too.
     let mut out: [Option<LocalBuf>; MAX_SGE] = Default::default();
-    for (o, s) in out.iter_mut().zip(sges.iter_mut().filter_map(Option::take)) {
+    for (o, s) in out.iter_mut().zip(sges.iter_mut().map_while(Option::take)) {
         *o = Some(s.into_buf());
     }
     out
@@ -494,6 +511,55 @@ mod tests {
         }
         SEEN.store(count, Ordering::SeqCst);
         0
+    }
+
+    unsafe extern "C" fn refusing_third_send(
+        _qp: *mut ffi::ibv_qp,
+        mut wr: *mut ffi::ibv_send_wr,
+        bad: *mut *mut ffi::ibv_send_wr,
+    ) -> i32 {
+        let mut count = 0;
+        // SAFETY: the engine hands a valid NULL-terminated chain.
+        unsafe {
+            while !wr.is_null() {
+                let w = &*wr;
+                assert_eq!(w.num_sge, 1, "8 inline bytes: one SGE");
+                assert_eq!((*w.sg_list).length, 8);
+                count += 1;
+                if count == 3 {
+                    *bad = wr;
+                    return libc::ENOMEM;
+                }
+                wr = w.next;
+            }
+        }
+        0
+    }
+
+    // A posted chain of send requests is emptied without dropping them one by one
+    // (`clear_posted`); a partial post hands the rest back intact.
+    #[test]
+    fn a_send_chain_is_emptied_when_posted_and_handed_back_from_the_refused_one() {
+        let reg = Registry::<Slot>::new(64);
+        let [ring] = reg.register([(16, false)]).unwrap();
+        let mut scratch = vec![ffi::ibv_send_wr::default(); 16];
+        let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 16];
+        let data = [7u8; 8];
+        let qp = std::ptr::null_mut();
+        let mut wrs: Vec<SendRequest<'_>> =
+            (0..2).map(|i| SendRequest::send_inline(&data).wr_id(i)).collect();
+        post_chain(qp, &ring, Some(refusing_third_send), &mut scratch, &mut sges, &mut wrs).unwrap();
+        assert!(wrs.is_empty());
+        assert_eq!(ring.outstanding(), 2);
+
+        let mut wrs: Vec<SendRequest<'_>> =
+            (10..14).map(|i| SendRequest::send_inline(&data).wr_id(i)).collect();
+        let e =
+            post_chain(qp, &ring, Some(refusing_third_send), &mut scratch, &mut sges, &mut wrs).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOMEM));
+        assert_eq!(ring.outstanding(), 4);
+        assert_eq!(wrs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![12, 13]);
+        assert!(wrs.iter().all(|w| w.inline.is_some_and(|d| d.len() == 8)));
     }
 
     // Regression (soundness hole 10): the chain was linked through `scratch[i]` after taking
