@@ -65,7 +65,10 @@
 //!    completion polled from the CQ hands them back ([`Completion::take_region`]). Nothing can touch
 //!    an owned buffer meanwhile, and `mem::forget` of any handle only leaks. The `wr_id` given to
 //!    the device encodes the ring and slot, so a completion finds its buffers without a lock or a
-//!    hash lookup, also on a CQ shared by many QPs and both queues of a QP.
+//!    hash lookup, also on a CQ shared by many QPs and both queues of a QP. A prepared request
+//!    ([`QueuePair::prepare_send`]) is checked once and posted many times; its `Arc` buffer is
+//!    *pinned* to the queue pair instead (held until the queue pair is destroyed, or until a
+//!    later `prepare_send` finds nothing outstanding), so its posts' slots hold nothing.
 //! 2. **Unsafe, zero overhead** ([`QueuePair::post_send_unchecked`],
 //!    [`CompletionQueue::poll_raw`], and for the extended path [`QueuePair::qp_ex_raw`] and
 //!    [`CompletionQueue::cq_ex_raw`]): raw `ibv_send_wr` chains (or `ibv_wr_*` builder calls) at
