@@ -280,11 +280,10 @@ pub enum Level {
     Raw,
 }
 
-/// The level used when neither `--safe` nor `--raw` is given: the faster one. Measured on
-/// SoftRoCE in a TCG VM (5 alternating runs each): the bandwidth tests are equal within noise at
-/// 64 KiB (the device dominates), the latency tests are faster at the raw level (write_lat 2 B:
-/// 10.9 vs 11.7 µs, send_lat 2 B: 12.0 vs 14.1 µs; `benches/post_poll.rs` puts the safe level's
-/// extra cost at about 1.5 µs per post + poll there).
+/// The level used when neither `--safe` nor `--raw` is given: the faster one. In the README's
+/// size sweep (SoftRoCE in a TCG VM, 10 alternating rounds, commit 123381a) the safe level met
+/// the targets against perftest at 10 of 15 points, like the raw level, but its 2 B
+/// latency stayed above the raw level's (write_lat 51.7 vs 41.5 µs, send_lat 55.5 vs 51.1 µs).
 pub const DEFAULT_LEVEL: Level = Level::Raw;
 
 impl Level {
