@@ -452,13 +452,8 @@ impl PreparedPost<'_> {
             (*sge).addr = p.base.wrapping_add(self.offset as u64);
             (*sge).length = self.len;
             if let Some(r) = p.limits.remote {
-                // Checked: remote_offset + len <= r.len (see fill_raw).
-                let addr = r.addr.wrapping_add(self.remote_offset);
-                if p.limits.atomic {
-                    (*raw).wr.atomic.remote_addr = addr;
-                } else {
-                    (*raw).wr.rdma.remote_addr = addr;
-                }
+                // Checked: remote_offset + len <= r.len (see fill_one), which also serves atomics.
+                (*raw).wr.rdma.remote_addr = r.addr.wrapping_add(self.remote_offset);
             }
         }
     }
@@ -494,8 +489,10 @@ impl PreparedPost<'_> {
             addr_of_mut!((*raw).qp_type).write(t.qp_type);
             addr_of_mut!((*raw).__bindgen_anon_2).write(t.__bindgen_anon_2);
             if let Some(addr) = remote {
-                // Checked: remote_offset + len <= r.len (see fill_raw). `remote_addr` is the
-                // first field of both `rdma` and `atomic`: one store serves either.
+                // Checked: remote_offset + len <= r.len, and r.addr + r.len does not wrap (a
+                // RemoteSlice from decode or slice; a hand-made one at worst names a bad address,
+                // which the peer refuses). `remote_addr` is the first field of both `rdma` and
+                // `atomic`: one store serves either (asserted below).
                 addr_of_mut!((*raw).wr.rdma.remote_addr).write(addr);
             }
             sge.write(ffi::ibv_sge {
@@ -507,7 +504,7 @@ impl PreparedPost<'_> {
     }
 }
 
-// `fill_one` writes an atomic's remote address through `wr.rdma`.
+// `fill_one` and `fill_entry` write an atomic's remote address through `wr.rdma`.
 const _: () = assert!(
     std::mem::offset_of!(ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1, remote_addr) == 0
         && std::mem::offset_of!(ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2, remote_addr) == 0
@@ -519,33 +516,9 @@ impl Request for PreparedPost<'_> {
 
     #[inline]
     fn fill_raw(&self, raw: &mut Self::Raw, sges: &mut [ffi::ibv_sge; MAX_SGE], device_wr_id: u64) {
-        let p = self.prepared;
-        let t = &p.template;
-        // Field by field rather than `*raw = *t`: a whole-struct copy of this size becomes a
-        // `memcpy` call on the post path. Every field of `ibv_send_wr` is written.
-        raw.wr_id = device_wr_id;
-        raw.next = std::ptr::null_mut();
-        raw.opcode = t.opcode;
-        raw.send_flags = self.flags;
-        raw.__bindgen_anon_1 = t.__bindgen_anon_1;
-        raw.wr = t.wr;
-        raw.qp_type = t.qp_type;
-        raw.__bindgen_anon_2 = t.__bindgen_anon_2;
-        sges[0] =
-            ffi::ibv_sge { addr: p.base.wrapping_add(self.offset as u64), length: self.len, lkey: p.lkey };
-        raw.sg_list = sges.as_mut_ptr();
-        raw.num_sge = i32::from(self.len != 0);
-        if let Some(r) = p.limits.remote {
-            // Checked: remote_offset + len <= r.len, and r.addr + r.len does not wrap (a
-            // RemoteSlice from decode or slice; a hand-made one at worst names a bad address,
-            // which the peer refuses).
-            let addr = r.addr.wrapping_add(self.remote_offset);
-            if p.limits.atomic {
-                raw.wr.atomic.remote_addr = addr;
-            } else {
-                raw.wr.rdma.remote_addr = addr;
-            }
-        }
+        // SAFETY: both are valid for writes (references); fill_one writes every field of `raw`
+        // and `sges[0]`, the SGE it points `raw` at.
+        unsafe { self.fill_one(raw, sges.as_mut_ptr(), device_wr_id) };
     }
 
     fn link(raw: &mut Self::Raw, next: *mut Self::Raw) {
