@@ -441,11 +441,17 @@ fn queue_and_cq_capacity_are_enforced() {
     let err = loop {
         match p.a.post_send(SendRequest::write(Local::whole(shared.clone()), remote).unsignaled()) {
             Ok(()) => posted += 1,
+            // siw queues the request and then may fail the system call of its doorbell (seen as
+            // EPERM from a -1 before QueuedWithError existed): the request is posted all the same.
+            Err(e) if matches!(e.error, Error::QueuedWithError { .. }) => {
+                eprintln!("note: post {} was queued, then the provider failed: {}", posted + 1, e.error);
+                posted += 1;
+            }
             Err(e) => break e,
         }
         assert!(posted <= 4);
     };
-    assert_eq!(posted, 4);
+    assert_eq!(posted, 4, "post {} failed: {:?}", posted + 1, err.error);
     assert!(matches!(err.error, Error::QueueFull { capacity: 4, .. }), "{:?}", err.error);
     let mut chain = vec![SendRequest::send(Local::whole(shared.clone()))];
     assert!(matches!(p.a.post_send_chain(&mut chain), Err(Error::QueueFull { .. })));

@@ -29,6 +29,23 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A post's verb returned an error after the provider had queued the work request(s): its
+    /// `bad_wr` named none of them. siw and rxe do this when the system call that rings their
+    /// doorbell fails (siw: the queue pair's state lock was held or the queue pair had left RTS).
+    ///
+    /// The requests stay posted: their buffers are not handed back here (a failed single post's
+    /// [`PostError::request`](crate::PostError::request) is left without them), and come back
+    /// with their completions, including the flush when the queue pair goes to the error state
+    /// ([`QueuePair::set_error`](crate::QueuePair::set_error) or a fault), or when the queue pair is destroyed.
+    /// Counting them as not posted would hand back memory the device may still read or write.
+    #[error("{verb} failed after the provider queued the work request(s), which stay posted: {source}")]
+    QueuedWithError {
+        /// `"ibv_post_send"`, `"ibv_post_recv"` or `"ibv_post_srq_recv"`.
+        verb: &'static str,
+        /// The OS error it reported.
+        #[source]
+        source: io::Error,
+    },
     /// No RDMA device of the requested name exists.
     ///
     /// When no device exists at all (`available` is `"none"`), the message says whether
@@ -268,6 +285,20 @@ impl Error {
         Error::Verb { verb, source: io::Error::from_raw_os_error(ret.abs()) }
     }
 
+    /// The error of a post verb that failed with `ret` after `posted` of its `n` requests were
+    /// queued by the provider ([`posted_before`]): [`Error::QueuedWithError`] when all were,
+    /// else [`Error::Verb`]. Read right after the verb: a `ret` of -1 is a failed system call's
+    /// (libsiw returns `write(2)`'s result), whose error is in `errno`.
+    pub(crate) fn from_post(verb: &'static str, ret: i32, posted: usize, n: usize) -> Self {
+        let source =
+            if ret == -1 { io::Error::last_os_error() } else { io::Error::from_raw_os_error(ret.abs()) };
+        if posted == n {
+            Error::QueuedWithError { verb, source }
+        } else {
+            Error::Verb { verb, source }
+        }
+    }
+
     /// A provider's `EOPNOTSUPP` (or `ENOSYS`, `EPROTONOSUPPORT`) for `verb` becomes
     /// [`Error::Unsupported`] naming `capability`; any other error stays as it is.
     pub(crate) fn or_unsupported(self, capability: &'static str) -> Self {
@@ -287,9 +318,27 @@ impl Error {
     /// The OS error code carried by this error, if any.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
-            Error::Verb { source, .. } | Error::GidQuery { source, .. } => source.raw_os_error(),
+            Error::Verb { source, .. }
+            | Error::GidQuery { source, .. }
+            | Error::QueuedWithError { source, .. } => source.raw_os_error(),
             _ => None,
         }
+    }
+}
+
+/// How many of a chain of `n` work requests starting at `base` the provider queued, from the
+/// `bad_wr` it returned with an error: those before `bad` when `bad` is one of them; all `n` when
+/// it names none (a NULL `bad_wr`: siw and rxe queue every request and then fail the system call
+/// of their doorbell; or a pointer outside the chain). Counting a request the device may have as
+/// not posted would hand its buffers back while the device reads or writes them; the other way
+/// round only keeps them until their completion, the queue pair's flush or its destruction.
+pub(crate) fn posted_before<T>(base: *const T, n: usize, bad: *const T) -> usize {
+    let size = std::mem::size_of::<T>();
+    let offset = (bad as usize).wrapping_sub(base as usize);
+    if !bad.is_null() && offset % size == 0 && offset / size < n {
+        offset / size
+    } else {
+        n
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::ah::AhInner;
-use crate::error::{Error, Result};
+use crate::error::{posted_before, Error, Result};
 use crate::ffi;
 use crate::post::prepared::{PreparedChainError, PreparedPost, PreparedScratch, PreparedSend};
 use crate::post::registry::{RegisterError, Registry};
@@ -246,14 +246,21 @@ pub(crate) fn post_one<R: Request>(
         // for a scope's request, memory its borrow keeps until the scope's drain saw this position
         // released).
         Some(f) => unsafe { f(qp, &mut raw, &mut bad) },
-        None => libc::ENOSYS,
+        None => {
+            bad = std::ptr::addr_of_mut!(raw); // names it as not posted
+            libc::ENOSYS
+        }
     };
     if ret != 0 {
+        if posted_before(&raw, 1, bad) == 1 {
+            // Queued after all (see Error::QueuedWithError): the slot keeps the buffers.
+            return Err(Error::from_post(R::VERB, ret, 1, 1));
+        }
         ring.set_head(head);
-        // SAFETY: the producer withdrew `head`; the device never saw it.
+        // SAFETY: the producer withdrew `head`; the provider named it as not posted.
         let slot = unsafe { ring.take_back(head) };
         wr.give_back(slot, &sges);
-        return Err(Error::from_ret(R::VERB, ret));
+        return Err(Error::from_post(R::VERB, ret, 0, 1));
     }
     Ok(())
 }
@@ -308,19 +315,25 @@ pub(crate) fn post_chain<R: Request>(
         // SAFETY: a valid NULL-terminated chain of n requests in QP-owned scratch, describing
         // memory held by the slots (or inline data borrowed by the requests in `wrs`).
         Some(f) => unsafe { f(qp, base, &mut bad) },
-        None => libc::ENOSYS,
+        None => {
+            bad = base; // none posted
+            libc::ENOSYS
+        }
     };
     if ret == 0 {
         R::clear_posted(wrs);
         return Ok(());
     }
-    // Requests from `bad` on were not posted (a `bad` outside the chain counts as none posted).
-    let offset = (bad as usize).wrapping_sub(base as usize);
-    let size = std::mem::size_of::<R::Raw>();
-    let posted = if !bad.is_null() && offset % size == 0 && offset / size < n { offset / size } else { 0 };
+    // Requests from `bad` on were not posted (all were when `bad` names none of them).
+    let posted = posted_before(base, n, bad);
+    let error = Error::from_post(R::VERB, ret, posted, n);
+    if posted == n {
+        R::clear_posted(wrs);
+        return Err(error);
+    }
     ring.set_head(head.wrapping_add(posted as u32));
     for (i, wr) in wrs.iter_mut().enumerate().skip(posted) {
-        // SAFETY: withdrawn positions, never seen by the device or the consumer.
+        // SAFETY: withdrawn positions; the provider named them as not posted.
         let slot = unsafe { ring.take_back(head.wrapping_add(i as u32)) };
         // SAFETY: i < n; the provider is done with the chain.
         wr.give_back(slot, unsafe { &*sge_base.add(i) });
@@ -380,22 +393,25 @@ pub(crate) fn post_prepared_chain(
         // its creation, ended at n - 1), describing memory the queue pair's pins hold (checked
         // ranges).
         Some(f) => unsafe { f(qp, first, &mut bad) },
-        None => libc::ENOSYS,
+        None => {
+            bad = first; // none posted
+            libc::ENOSYS
+        }
     };
     // SAFETY: as for terminate.
     unsafe { scratch.relink(n) };
     if ret == 0 {
         return Ok(());
     }
-    let offset = (bad as usize).wrapping_sub(first as usize);
-    let size = std::mem::size_of::<ffi::ibv_send_wr>();
-    let posted = if !bad.is_null() && offset % size == 0 && offset / size < n { offset / size } else { 0 };
+    // Requests from `bad` on were not posted (all were when `bad` names none of them).
+    let posted = posted_before(first, n, bad);
+    let error = Error::from_post(verb, ret, posted, n);
     ring.set_head(head.wrapping_add(posted as u32));
     for i in posted..n {
-        // SAFETY: withdrawn positions, never seen by the device or the consumer.
+        // SAFETY: withdrawn positions; the provider named them as not posted.
         drop(unsafe { ring.take_back(head.wrapping_add(i as u32)) });
     }
-    Err(PreparedChainError { posted, error: Error::from_ret(verb, ret) })
+    Err(PreparedChainError { posted, error })
 }
 
 /// Posts one checked prepared post (`QueuePair::post_prepared` on a classic QP): its request is
@@ -426,13 +442,20 @@ pub(crate) fn post_prepared_one(
         // SAFETY: valid QP; every field of the request and its SGE was written (fill_one),
         // describing memory the queue pair's pins hold (a checked range).
         Some(f) => unsafe { f(qp, raw.as_mut_ptr(), &mut bad) },
-        None => libc::ENOSYS,
+        None => {
+            bad = raw.as_mut_ptr(); // names it as not posted
+            libc::ENOSYS
+        }
     };
     if ret != 0 {
+        if posted_before(raw.as_ptr(), 1, bad) == 1 {
+            // Queued after all (see Error::QueuedWithError).
+            return Err(Error::from_post(verb, ret, 1, 1));
+        }
         ring.set_head(head);
-        // SAFETY: the producer withdrew `head`; the device never saw it.
+        // SAFETY: the producer withdrew `head`; the provider named it as not posted.
         drop(unsafe { ring.take_back(head) });
-        return Err(Error::from_ret(verb, ret));
+        return Err(Error::from_post(verb, ret, 0, 1));
     }
     Ok(())
 }
@@ -590,5 +613,51 @@ mod tests {
             Err(Error::QueueFull { .. })
         ));
         assert_eq!(wrs.len(), 13, "nothing taken from a chain that does not fit");
+    }
+
+    /// What libsiw does when the system call of its doorbell fails after it queued every
+    /// request (rxe alike, with a positive errno): an error with `bad_wr` left NULL; libsiw
+    /// returns `write(2)`'s -1, the error in `errno`.
+    unsafe extern "C" fn queueing_then_failing(
+        _qp: *mut ffi::ibv_qp,
+        _wr: *mut ffi::ibv_recv_wr,
+        _bad: *mut *mut ffi::ibv_recv_wr,
+    ) -> i32 {
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = libc::ENOTCONN };
+        -1
+    }
+
+    // Regression: requests a provider queued before failing (a NULL `bad_wr`) were counted as
+    // not posted and their buffers handed back, while the device could still use them.
+    #[test]
+    fn requests_queued_before_a_failed_doorbell_stay_posted() {
+        let reg = Registry::<Slot>::new(64);
+        let [ring] = reg.register([(16, true)]).unwrap();
+        let mut scratch = vec![ffi::ibv_recv_wr::default(); 16];
+        let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 16];
+        let qp = std::ptr::null_mut();
+        let queued = |e: &Error| {
+            matches!(e, Error::QueuedWithError { verb: "ibv_post_recv", .. })
+                && e.raw_os_error() == Some(libc::ENOTCONN)
+        };
+        let mut wrs: Vec<RecvRequest> = (0..3).map(|i| RecvRequest::empty().wr_id(i)).collect();
+        let e = post_chain(qp, &ring, Some(queueing_then_failing), &mut scratch, &mut sges, &mut wrs)
+            .unwrap_err();
+        assert!(queued(&e), "{e:?}");
+        assert!(wrs.is_empty(), "all three stay posted");
+        assert_eq!(ring.outstanding(), 3);
+        let mut one = RecvRequest::empty().wr_id(9);
+        let e = post_one(qp, &ring, Some(queueing_then_failing), &mut one).unwrap_err();
+        assert!(queued(&e), "{e:?}");
+        assert_eq!(ring.outstanding(), 4);
+
+        // Without a post function nothing is posted.
+        let e = post_one(qp, &ring, None, &mut one).unwrap_err();
+        assert!(matches!(e, Error::Verb { .. }) && e.raw_os_error() == Some(libc::ENOSYS), "{e:?}");
+        let mut wrs = vec![RecvRequest::empty(), RecvRequest::empty()];
+        let e = post_chain(qp, &ring, None, &mut scratch, &mut sges, &mut wrs).unwrap_err();
+        assert!(matches!(e, Error::Verb { .. }) && e.raw_os_error() == Some(libc::ENOSYS), "{e:?}");
+        assert_eq!((wrs.len(), ring.outstanding()), (2, 4));
     }
 }

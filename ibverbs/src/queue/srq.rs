@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::error::{cvt, cvt_p, Error, Result};
+use crate::error::{cvt, cvt_p, posted_before, Error, Result};
 use crate::ffi;
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::post::engine::Request;
@@ -290,7 +290,8 @@ impl SharedReceiveQueue {
     /// A [`PostError`] handing the request back: [`Error::QueueFull`] when
     /// [`capacity`](Self::capacity) requests are outstanding, [`Error::InvalidArgument`] for a
     /// buffer the device may not write (or of another protection domain), [`Error::Verb`] when
-    /// the provider refuses it.
+    /// the provider refuses it; [`Error::QueuedWithError`] when it queued the request and then
+    /// failed (it stays posted; the `PostError` holds the request without its buffers).
     #[doc(alias = "ibv_post_srq_recv")]
     #[allow(clippy::result_large_err)] // as QueuePair::post_recv: no allocation on the post path
     pub fn post_recv(&mut self, wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
@@ -378,23 +379,25 @@ impl SharedReceiveQueue {
             // describing registered memory of the SRQ's PD held by the published slots until
             // their completions (or the SRQ's destroy).
             Some(f) => unsafe { f(self.inner.raw.as_ptr(), base, &mut bad) },
-            None => libc::ENOSYS,
+            None => {
+                bad = base; // none posted
+                libc::ENOSYS
+            }
         };
         if ret == 0 {
             return Ok(());
         }
-        let offset = (bad as usize).wrapping_sub(base as usize);
-        let size = std::mem::size_of::<ffi::ibv_recv_wr>();
-        let posted =
-            if !bad.is_null() && offset % size == 0 && offset / size < n { offset / size } else { 0 };
+        // Requests from `bad` on were not posted (all were when `bad` names none of them).
+        let posted = posted_before(base, n, bad);
+        let error = Error::from_post(POST, ret, posted, n);
         for (k, wr) in wrs.iter_mut().enumerate().skip(posted) {
-            // SAFETY: producer; the device did not accept these requests.
+            // SAFETY: producer; the provider named these requests as not posted.
             if let Some(slot) = unsafe { table.withdraw(slots[k]) } {
                 // SAFETY: k < n; the provider is done with the chain.
                 wr.give_back(slot, unsafe { &*sge_base.add(k) });
             }
         }
-        Err((posted, Error::from_ret(POST, ret)))
+        Err((posted, error))
     }
 
     /// Posts a raw chain of receive requests (`ibv_post_srq_recv()`) at exactly C's cost: no

@@ -627,7 +627,9 @@ impl fmt::Debug for QueuePair {
 pub struct PostError<R> {
     /// What went wrong.
     pub error: Error,
-    /// The request that was not posted.
+    /// The request that was not posted, with its buffers. With [`Error::QueuedWithError`] it
+    /// was posted after all: this is what is left of it, without its buffers (they come back
+    /// with its completion).
     pub request: R,
 }
 

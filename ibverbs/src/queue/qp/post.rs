@@ -184,7 +184,8 @@ impl QueuePair {
     /// [`Error::QueueFull`] when `max_send_wr` requests are outstanding, [`Error::InvalidArgument`]
     /// or [`Error::OutOfBounds`] for a request the QP cannot take, [`Error::SendOpNotEnabled`]
     /// for an operation an extended QP was not created for, or [`Error::Verb`] when the
-    /// provider refuses it.
+    /// provider refuses it. [`Error::QueuedWithError`] when the provider queued the request and
+    /// then failed: it stays posted, and the `PostError` holds the request without its buffers.
     #[doc(alias = "ibv_post_send")]
     #[doc(alias = "ibv_wr_start")]
     #[doc(alias = "ibv_wr_complete")]
@@ -262,7 +263,7 @@ impl QueuePair {
     /// built on a shared receive queue (post to the SRQ instead), [`Error::QpState`] in RESET,
     /// [`Error::QueueFull`] when `max_recv_wr` receives are outstanding,
     /// [`Error::InvalidArgument`] for a buffer the device may not write, [`Error::Verb`] when the
-    /// provider refuses it.
+    /// provider refuses it; [`Error::QueuedWithError`] as for [`post_send`](Self::post_send).
     #[doc(alias = "ibv_post_recv")]
     #[allow(clippy::result_large_err)] // as post_send: no allocation on the post path
     pub fn post_recv(&mut self, mut wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
@@ -349,7 +350,8 @@ impl QueuePair {
     /// [`Error::QpState`] before RTS, [`Error::InvalidArgument`] for a request prepared for
     /// another queue pair (or a remote offset on a Send, or an atomic not of 8 aligned bytes),
     /// [`Error::OutOfBounds`] for ranges outside the buffer or the remote range,
-    /// [`Error::QueueFull`], or [`Error::Verb`] when the provider refuses it.
+    /// [`Error::QueueFull`], or [`Error::Verb`] when the provider refuses it
+    /// ([`Error::QueuedWithError`] when it queued the post and then failed: it stays posted).
     #[doc(alias = "ibv_post_send")]
     pub fn post_prepared(
         &mut self,
@@ -397,7 +399,8 @@ impl QueuePair {
     /// of more than one on an extended queue pair
     /// ([`QueuePairBuilder::send_ops`](crate::QueuePairBuilder::send_ops): post them one by one
     /// there), or [`Error::Verb`] when the provider
-    /// refuses one (the ones before it are posted).
+    /// refuses one (the ones before it are posted); [`Error::QueuedWithError`] when it queued
+    /// all of them and then failed (`posted` is the chain's length).
     #[doc(alias = "ibv_post_send")]
     pub fn post_prepared_chain(
         &mut self,
