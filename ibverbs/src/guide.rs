@@ -141,7 +141,10 @@ pub mod operations {
     //! Each is one constructor of [`SendRequest`](crate::SendRequest); the buffers move into the
     //! queue pair and come back with the completion
     //! ([`Completion::take_region`](crate::Completion::take_region)), or with the error of a
-    //! post that failed ([`PostError::request`](crate::PostError::request); `?` drops them):
+    //! post that failed ([`PostError::request`](crate::PostError::request); `?` drops them) —
+    //! unless the provider queued the request before failing
+    //! ([`Error::QueuedWithError`](crate::Error::QueuedWithError)): then it stays posted and
+    //! its buffers come back with its completion:
     //!
     //! ```
     //! use ibverbs::{Local, MemoryRegion, QueuePair, RecvRequest, RemoteSlice, Result, SendRequest};

@@ -6,7 +6,8 @@
 //! 3. the nightly passes ([`nightly`]): the doc tests again with nightly rustdoc (which checks the
 //!    error codes of `compile_fail,E....` doc tests) plus a self-test proving it does, Miri over the
 //!    library's unit tests, and the ThreadSanitizer build of `tests/device_threads*.rs`;
-//! 4. in ONE VM boot, one binary after the other, each with `--test-threads=1`:
+//! 4. in ONE VM boot, one binary after the other, each with `--test-threads=1` (but every other
+//!    valgrind run goes to a second VM, booted when the plain runs are done: [`split_valgrind`]):
 //!    - the device test binaries — the integration tests of the root package named `device_*`
 //!      (`tests/device_*.rs`);
 //!    - the same binaries under valgrind's memcheck ([`valgrind_argv`]: memory errors and definite
@@ -1139,7 +1140,8 @@ fn sanitizer_self_tests(root: &Path, passes: Passes, tsan: Option<&TsanBuild>) -
 }
 
 /// The device test binaries (plain, under valgrind, ThreadSanitizer builds), the self-tests and the
-/// leak check, in one VM boot.
+/// leak check, in one VM boot; in the VM, half of the valgrind runs go to a second VM of their own
+/// (see [`split_valgrind`]), booted once the plain runs are done, with its own leak check.
 fn run_device_job(
     opts: &TestOptions,
     root: &Path,
@@ -1156,7 +1158,10 @@ fn run_device_job(
             child_only_check(root),
         );
     }
-    let runs = device_runs(opts, root, device, tsan);
+    let (runs, side) = split_valgrind(device_runs(opts, root, device, tsan), &opts.backend);
+    // The plain runs come first (device_runs): the second VM starts after them, so that the two
+    // VMs run side by side only under the sanitizers, never under a plain run's timing.
+    let plain = runs.iter().take_while(|r| r.kind == Kind::Plain).count();
     let mut steps = vec![self_test_step("rdma resource baseline", RESOURCES_SCRIPT.to_vec(), 60)];
     steps.extend(runs.iter().map(|r| r.step.clone()));
     let mut self_tests = if opts.passes.plain { job_self_tests(&opts.backend, root) } else { Vec::new() };
@@ -1165,48 +1170,144 @@ fn run_device_job(
     steps.extend(self_tests.iter().map(|(step, _)| step.clone()));
     let leak_step = steps.len();
     steps.push(self_test_step("rdma resource check", RESOURCES_SCRIPT.to_vec(), 60));
+    let mut side_steps = vec![self_test_step("rdma resource baseline", RESOURCES_SCRIPT.to_vec(), 60)];
+    side_steps.extend(side.iter().map(|r| r.step.clone()));
+    side_steps.push(self_test_step("rdma resource check", RESOURCES_SCRIPT.to_vec(), 60));
 
     let started = Instant::now();
     let mut verdicts: Vec<Result<(), String>> = Vec::new();
-    let report = vm::run(&steps, &opts.backend, &mut |i, r| {
-        if (first_self_test..leak_step).contains(&i) {
-            let verdict = self_tests[i - first_self_test].1(r);
-            let status = if verdict.is_ok() { "ok" } else { "FAILED" };
-            eprintln!("xtask: self-test: {} ... {status}", steps[i].label);
-            verdicts.push(verdict);
-        } else if (1..first_self_test).contains(&i) {
-            let status = if r.code == 0 { "ok".to_string() } else { format!("FAILED (exit {})", r.code) };
-            eprintln!("xtask: {} ... {status} ({:.1} s)", steps[i].label, r.elapsed.as_secs_f64());
-        }
-    })?;
+    let (report, side_report) = std::thread::scope(|scope| {
+        // Dropping `go` lets the second VM start.
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let side_job = (!side.is_empty()).then(|| {
+            let (side_steps, backend) = (&side_steps, &opts.backend);
+            scope.spawn(move || {
+                let _ = wait.recv();
+                let extras =
+                    vm::Extras { tag: Some(SIDE_TAG), console_suffix: "-valgrind2", ..Default::default() };
+                vm::run_with(side_steps, backend, &extras, &mut |i, r| {
+                    if (1..side_steps.len() - 1).contains(&i) {
+                        let status =
+                            if r.code == 0 { "ok".to_string() } else { format!("FAILED (exit {})", r.code) };
+                        let took = r.elapsed.as_secs_f64();
+                        eprintln!("xtask: {SIDE_TAG}{} ... {status} ({took:.1} s)", side_steps[i].label);
+                    }
+                })
+            })
+        });
+        let mut go = Some(go).filter(|_| plain > 0);
+        // Beside a second VM, whole lines only (an empty tag), so that the two never mix in a line.
+        let extras = vm::Extras { tag: side_job.as_ref().map(|_| ""), ..Default::default() };
+        let report = vm::run_with(&steps, &opts.backend, &extras, &mut |i, r| {
+            if i == plain {
+                go = None;
+            }
+            if (first_self_test..leak_step).contains(&i) {
+                let verdict = self_tests[i - first_self_test].1(r);
+                let status = if verdict.is_ok() { "ok" } else { "FAILED" };
+                eprintln!("xtask: self-test: {} ... {status}", steps[i].label);
+                verdicts.push(verdict);
+            } else if (1..first_self_test).contains(&i) {
+                let status = if r.code == 0 { "ok".to_string() } else { format!("FAILED (exit {})", r.code) };
+                eprintln!("xtask: {} ... {status} ({:.1} s)", steps[i].label, r.elapsed.as_secs_f64());
+            }
+        });
+        drop(go);
+        let side_report = side_job
+            .map(|job| job.join().unwrap_or_else(|_| Err("the second VM's thread panicked".to_string())));
+        (report, side_report)
+    });
+    let report = report?;
     eprintln!("xtask: {} steps in one boot: {:.1} s", steps.len(), started.elapsed().as_secs_f64());
     report.explain(&steps);
-    let results = &report.results;
-    let vm_note = vm_note(&report.end, &steps);
-    if let Some(r) = results.first().filter(|r| r.code != 0) {
-        summary.check("rdma resource baseline", Err(String::from_utf8_lossy(&r.stderr).trim().to_string()));
+    let note = vm_note(&report.end, &steps);
+    record_device_runs(&runs, &report, &note, opts.timeout, summary);
+    let mut verdicts = verdicts.into_iter();
+    for (step, _) in &self_tests {
+        summary.check(
+            format!("self-test: {}", step.label),
+            verdicts.next().unwrap_or_else(|| Err(note.clone())),
+        );
     }
+    summary.check("leak check: rdma resource show vs. baseline", leak_verdict(&report, leak_step, &note));
+    match side_report {
+        None => {}
+        Some(Ok(report)) => {
+            eprintln!("xtask: {SIDE_TAG}{} steps in a second VM", side_steps.len());
+            report.explain(&side_steps);
+            let note = vm_note(&report.end, &side_steps);
+            record_device_runs(&side, &report, &note, opts.timeout, summary);
+            let leaks = leak_verdict(&report, side_steps.len() - 1, &note);
+            summary.check("leak check of the second valgrind VM: rdma resource show vs. baseline", leaks);
+        }
+        Some(Err(why)) => {
+            for run in &side {
+                summary.counted(run.what.clone(), -1, None, format!("not run: the second VM: {why}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The prefix of the second valgrind VM's lines.
+const SIDE_TAG: &str = "[valgrind VM 2] ";
+
+/// Splits the device runs between the main VM and a second one: in the VM backend, every other
+/// valgrind run (in order) goes to the second VM. Memcheck runs a program's threads one at a time,
+/// so a valgrind run keeps one host core busy; two VMs use two (the valgrind pass was about half
+/// of a CI run). Each VM still runs one binary at a time on its own device. Nothing is split on
+/// a host's own device, whose tests must run one at a time, or for fewer than 2 valgrind runs.
+fn split_valgrind(runs: Vec<DeviceRun>, backend: &Backend) -> (Vec<DeviceRun>, Vec<DeviceRun>) {
+    let valgrind = runs.iter().filter(|r| r.kind == Kind::Valgrind).count();
+    if !matches!(backend, Backend::Vm { .. }) || valgrind < 2 {
+        return (runs, Vec::new());
+    }
+    let (mut main, mut side) = (Vec::new(), Vec::new());
+    let mut k = 0;
+    for run in runs {
+        if run.kind == Kind::Valgrind {
+            k += 1;
+            if k % 2 == 0 {
+                side.push(run);
+                continue;
+            }
+        }
+        main.push(run);
+    }
+    (main, side)
+}
+
+/// Adds the summary lines of `runs`, the steps `1..=runs.len()` of `report`.
+fn record_device_runs(
+    runs: &[DeviceRun],
+    report: &vm::Report,
+    vm_note: &str,
+    timeout: Duration,
+    summary: &mut Summary,
+) {
     for (i, run) in runs.iter().enumerate() {
-        match results.get(i + 1) {
+        match report.results.get(i + 1) {
             Some(r) => {
-                let (code, note) = device_verdict(run, r, opts.timeout);
+                let (code, note) = device_verdict(run, r, timeout);
                 let stdout = String::from_utf8_lossy(&r.stdout);
                 summary.unsupported_from(&stdout);
                 let tally = parse_libtest(&stdout);
                 summary.counted(run.what.clone(), code, tally, note);
                 summary.took(r.elapsed);
             }
-            None => summary.counted(run.what.clone(), -1, None, vm_note.clone()),
+            None => summary.counted(run.what.clone(), -1, None, vm_note.to_string()),
         }
     }
-    let mut verdicts = verdicts.into_iter();
-    for (step, _) in &self_tests {
-        summary.check(
-            format!("self-test: {}", step.label),
-            verdicts.next().unwrap_or_else(|| Err(vm_note.clone())),
-        );
+}
+
+/// The leak check of a VM's job: `rdma resource show` at step `leak_step` against the baseline
+/// at step 0 (a failed baseline fails the check with its error).
+fn leak_verdict(report: &vm::Report, leak_step: usize, vm_note: &str) -> Result<(), String> {
+    let results = &report.results;
+    if let Some(r) = results.first().filter(|r| r.code != 0) {
+        return Err(format!("rdma resource baseline: {}", String::from_utf8_lossy(&r.stderr).trim()));
     }
-    let leaks = match (results.first(), results.get(leak_step)) {
+    match (results.first(), results.get(leak_step)) {
         (Some(before), Some(after)) => {
             let part = |r: &StepResult| {
                 let text = String::from_utf8_lossy(&r.stdout).into_owned();
@@ -1224,10 +1325,8 @@ fn run_device_job(
                 Err(format!("left over: {}", diff.join(", ")))
             }
         }
-        _ => Err(vm_note),
-    };
-    summary.check("leak check: rdma resource show vs. baseline", leaks);
-    Ok(())
+        _ => Err(vm_note.to_string()),
+    }
 }
 
 /// `rxe0: pd 0 cq 0 ...` for a log line.
@@ -1591,5 +1690,40 @@ mod tests {
         assert!(leaked(&after, &before).is_empty());
         assert!(parse_resources("").is_empty());
         assert_eq!(describe(&before), "rxe0: cm_id 0 cq 1 ctx 0 mr 0 pd 1 qp 1 srq 0");
+    }
+
+    #[test]
+    fn every_other_valgrind_run_goes_to_a_second_vm_only_in_the_vm() {
+        let run = |name: &str, kind| DeviceRun {
+            what: name.into(),
+            kind,
+            step: Step {
+                label: name.into(),
+                script: Vec::new(),
+                timeout: Duration::from_secs(1),
+                output: Output::Live,
+            },
+        };
+        let runs = || {
+            vec![
+                run("a", Kind::Plain),
+                run("b", Kind::Plain),
+                run("a vg", Kind::Valgrind),
+                run("b vg", Kind::Valgrind),
+                run("c vg", Kind::Valgrind),
+                run("t", Kind::Tsan),
+            ]
+        };
+        let names = |v: &[DeviceRun]| v.iter().map(|r| r.what.clone()).collect::<Vec<_>>();
+        let vm = Backend::Vm { mtu: 1500, device: vm::VmDevice::Rxe };
+        let (main, side) = split_valgrind(runs(), &vm);
+        assert_eq!(names(&main), ["a", "b", "a vg", "c vg", "t"]);
+        assert_eq!(names(&side), ["b vg"]);
+        let host =
+            Backend::Local(crate::prereq::HostDevice { name: "x0".into(), gid_index: None, ipv4: None });
+        let (main, side) = split_valgrind(runs(), &host);
+        assert_eq!((main.len(), side.len()), (6, 0), "a host's own device runs one binary at a time");
+        let one = vec![run("a", Kind::Plain), run("a vg", Kind::Valgrind)];
+        assert!(split_valgrind(one, &vm).1.is_empty());
     }
 }
