@@ -47,8 +47,8 @@ fn status_error(what: &str, status: WcStatus, n: u64) -> String {
 }
 
 /// The loop at the safe level: `post_recv` of requests holding an `Arc` of the receive buffer,
-/// `post_prepared` of the run's two prepared Sends (signaled and not; or one-shot inline Sends
-/// with `-I`), `CompletionQueue::poll`.
+/// `post_prepared` of the run's two prepared Sends (signaled and not; inline up to `-I` bytes,
+/// as prepared Sends from an `Arc<MemoryRegion>` are), `CompletionQueue::poll`.
 fn safe_loop(
     s: &mut Session,
     spec: &RunSpec,
@@ -58,8 +58,6 @@ fn safe_loop(
     guard: &mut Guard,
 ) -> Result<Vec<u64>, String> {
     let (iters, size) = (spec.iters, spec.size as usize);
-    let inline = size <= spec.inline as usize;
-    let inline_data = vec![0u8; size];
     let role = s.role;
     let r = &mut s.rdma;
     let (qp, send_cq, recv_cq) = (&mut r.qps[0], &mut r.send_cq, &mut r.recv_cq);
@@ -107,14 +105,8 @@ fn safe_loop(
             tposted[scnt as usize] = ticks();
             scnt += 1;
             let signaled = scnt % spec.cq_mod == 0 || scnt == iters;
-            if inline {
-                let wr = SendRequest::send_inline(&inline_data).wr_id(scnt);
-                let wr = if signaled { wr } else { wr.unsignaled() };
-                qp.post_send(wr).map_err(|e| format!("post_send: {e}"))?;
-            } else {
-                let p = if signaled { &signaled_send } else { &unsignaled_send };
-                qp.post_prepared(p, scnt, 0, size as u32, 0).map_err(|e| format!("post_prepared: {e}"))?;
-            }
+            let p = if signaled { &signaled_send } else { &unsignaled_send };
+            qp.post_prepared(p, scnt, 0, size as u32, 0).map_err(|e| format!("post_prepared: {e}"))?;
             if signaled {
                 let c = loop {
                     let got = send_cq.poll(&mut comps).map_err(|e| e.to_string())?;

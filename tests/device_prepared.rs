@@ -236,3 +236,48 @@ fn chains_mixing_prepared_requests_post_each_with_its_own_template() {
     drop(p.a);
     assert_eq!(Arc::strong_count(&src), 1, "and goes with the queue pair");
 }
+
+#[test]
+fn small_prepared_sends_and_writes_from_a_local_region_go_inline() {
+    let mut p = pair(QpType::RC, 8, 1, 64);
+    let inline_max = p.a.caps().max_inline_data;
+    assert!(inline_max >= 64, "asked for 64 inline bytes: {inline_max}");
+    let src = Arc::new(p.pd.register(pattern(4096, 3), AccessFlags::LOCAL_WRITE).unwrap());
+    let target = Arc::new(p.pd.allocate_remote(4096, AccessFlags::REMOTE_WRITE).unwrap());
+    let inline = |post: ibverbs::PreparedPost<'_>| format!("{post:?}").contains("inline: true");
+
+    let write = p.a.prepare_send(SendRequest::write(Local::whole(src.clone()), target.remote())).unwrap();
+    assert!(inline(write.at(0, 0, inline_max, 0)) && inline(write.at(0, 0, 0, 0)));
+    assert!(!inline(write.at(0, 0, inline_max + 1, 0)), "longer than max_inline_data");
+    // Inline and not, one after the other: the bytes land either way.
+    for (i, (off, len)) in [(5usize, 48u32), (100, 1000), (7, 1)].into_iter().enumerate() {
+        p.a.post_prepared(&write, i as u64, off, len, off as u64).unwrap();
+        assert!(poll_one(&mut p.cq_a).is_ok());
+        let end = off + len as usize;
+        assert_eq!(&target.to_vec()[off..end], &src[off..end], "post {i}");
+    }
+    let send = p.a.prepare_send(SendRequest::send(Local::whole(src.clone()))).unwrap();
+    assert!(inline(send.at(0, 0, 64, 0)));
+    p.b.post_recv(ibverbs::RecvRequest::new(Local::whole(p.pd.allocate(64).unwrap()))).unwrap();
+    p.a.post_prepared(&send, 9, 10, 64, 0).unwrap();
+    assert!(poll_one(&mut p.cq_a).is_ok());
+    let mut r = poll_one(&mut p.cq_b);
+    assert_eq!(r.byte_len(), 64);
+    assert_eq!(&r.take_region().unwrap()[..], &src[10..74]);
+
+    // Never inline: a region another thread may write, and an RDMA Read.
+    let remote_src = Arc::new(p.pd.allocate_remote(64, AccessFlags::LOCAL_WRITE).unwrap());
+    let w = p.a.prepare_send(SendRequest::write(Local::whole(remote_src), target.remote())).unwrap();
+    assert!(!inline(w.at(0, 0, 8, 0)));
+    let dst = Arc::new(p.pd.allocate_remote(64, AccessFlags::LOCAL_WRITE).unwrap());
+    let read = p.a.prepare_send(SendRequest::read(Local::whole(dst), target.remote())).unwrap();
+    assert!(!inline(read.at(0, 0, 8, 0)));
+    // A queue pair without inline room: nothing goes inline.
+    let q = rc_pair(4);
+    let s2 = Arc::new(q.pd.allocate(64).unwrap());
+    let t2 = Arc::new(q.pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap());
+    let none = q.a.prepare_send(SendRequest::write(Local::whole(s2), t2.remote())).unwrap();
+    if q.a.caps().max_inline_data == 0 {
+        assert!(!inline(none.at(0, 0, 0, 0)) && !inline(none.at(0, 0, 8, 0)));
+    }
+}

@@ -26,6 +26,13 @@ use crate::post::wr::{LocalBuf, Op, SendRequest, MAX_SGE};
 /// goes when the queue pair is dropped (after `ibv_destroy_qp`), or earlier, at a later
 /// [`prepare_send`](crate::QueuePair::prepare_send) that finds no post of the queue pair
 /// outstanding and nobody else holding the buffer.
+///
+/// A Send or RDMA Write from an `Arc<MemoryRegion>` goes inline (`IBV_SEND_INLINE`: the CPU
+/// copies the bytes during the post, as perftest does for small messages) when a post's length
+/// is at most the queue pair's `max_inline_data`
+/// ([`QueuePairBuilder::max_inline_data`](crate::QueuePairBuilder::max_inline_data)). Nothing can
+/// write such a region while it is shared. An `Arc<RemoteMemoryRegion>`'s bytes are never copied
+/// inline: another thread may be writing them, and the provider's copy is not atomic.
 pub struct PreparedSend {
     /// The queue pair it was checked for (its process-unique id: an `ibv_qp` address could be
     /// reused by a queue pair of another type or PD once the first is gone).
@@ -42,6 +49,9 @@ pub struct PreparedSend {
     /// What the variable parts of a post must fit.
     pub(crate) limits: Limits,
     ah: Option<Arc<AhInner>>,
+    /// Posts of fewer bytes than this go inline: `max_inline_data + 1`, or 0 for none (see the
+    /// type's docs).
+    inline_below: u64,
 }
 
 // SAFETY: the raw pointers in `template` (the UD address handle) point to objects this value
@@ -84,9 +94,10 @@ impl PreparedSend {
         [Some(buf), self.ah.as_ref().map(|a| -> Pin { a.clone() })]
     }
 
-    /// Builds the template from a request the queue pair already checked. `None` unless it has
-    /// exactly one entry, over a shared buffer, and no inline data.
-    pub(crate) fn from_checked(qp: u64, wr: &SendRequest<'_>) -> Option<PreparedSend> {
+    /// Builds the template from a request the queue pair already checked, on a queue pair whose
+    /// `max_inline_data` is `max_inline`. `None` unless it has exactly one entry, over a shared
+    /// buffer, and no inline data.
+    pub(crate) fn from_checked(qp: u64, max_inline: u32, wr: &SendRequest<'_>) -> Option<PreparedSend> {
         let mut entries = wr.sges.iter().flatten();
         let (local, rest) = (entries.next()?, entries.next());
         if rest.is_some() || wr.inline.is_some() {
@@ -109,6 +120,10 @@ impl PreparedSend {
             Op::Write(r) | Op::Read(r) => (Some(r), false),
             Op::CompareSwap { remote, .. } | Op::FetchAdd { remote, .. } => (Some(remote), true),
         };
+        // Inline copies read the bytes with the CPU: only from a region nobody can write.
+        let inlines = matches!(wr.op, Op::Send | Op::SendInv(_) | Op::Write(_));
+        let inline_below =
+            if inlines && matches!(buf, SharedBuf::Local(_)) { u64::from(max_inline) + 1 } else { 0 };
         Some(PreparedSend {
             qp,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -118,6 +133,7 @@ impl PreparedSend {
             buf,
             limits: Limits { buf_len, remote, atomic },
             ah: wr.ud.as_ref().map(|(ah, _, _)| ah.inner.clone()),
+            inline_below,
         })
     }
 
@@ -217,6 +233,7 @@ impl fmt::Debug for PreparedPost<'_> {
             .field("len", &self.len)
             .field("remote_offset", &self.remote_offset)
             .field("signaled", &(self.flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0))
+            .field("inline", &(self.flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0))
             .finish_non_exhaustive()
     }
 }
@@ -225,9 +242,20 @@ impl PreparedSend {
     /// One post of this request with `wr_id`, local bytes `offset..offset + len` and remote
     /// bytes `remote_offset..remote_offset + len`, for
     /// [`QueuePair::post_prepared_chain`](crate::QueuePair::post_prepared_chain) (the ranges
-    /// are checked when it is posted). Signaled as the request was prepared.
+    /// are checked when it is posted). Signaled as the request was prepared; inline when `len`
+    /// allows (see [`PreparedSend`]).
+    #[inline]
     pub fn at(&self, wr_id: u64, offset: usize, len: u32, remote_offset: u64) -> PreparedPost<'_> {
-        PreparedPost { prepared: self, wr_id, offset, len, remote_offset, flags: self.template.send_flags }
+        let inline =
+            if u64::from(len) < self.inline_below { ffi::ibv_send_flags::IBV_SEND_INLINE.0 } else { 0 };
+        PreparedPost {
+            prepared: self,
+            wr_id,
+            offset,
+            len,
+            remote_offset,
+            flags: self.template.send_flags | inline,
+        }
     }
 }
 

@@ -314,7 +314,8 @@ impl QueuePair {
     /// The request must have exactly one scatter/gather entry over a *shared* buffer
     /// (`Arc<MemoryRegion>` or `Arc<RemoteMemoryRegion>`, which the queue pair keeps a handle of
     /// for the posts: see [`PreparedSend`]) and no inline data. The QP's state is checked at each post, so a QP may
-    /// be prepared for before it is connected.
+    /// be prepared for before it is connected. Posts of at most `max_inline_data` bytes of a
+    /// Send or RDMA Write from an `Arc<MemoryRegion>` go inline (see [`PreparedSend`]).
     ///
     /// # Errors
     /// A [`PostError`] handing the request back: any error [`post_send`](Self::post_send) reports
@@ -325,7 +326,7 @@ impl QueuePair {
         if let Err(error) = self.check_send_request(&wr) {
             return Err(PostError { error, request: wr });
         }
-        match PreparedSend::from_checked(self.id, &wr) {
+        match PreparedSend::from_checked(self.id, self.caps.max_inline_data, &wr) {
             Some(p) => {
                 self.pin(p.pins());
                 Ok(p)
