@@ -285,18 +285,24 @@ impl Error {
         Error::Verb { verb, source: io::Error::from_raw_os_error(ret.abs()) }
     }
 
-    /// The error of a post verb that failed with `ret` after `posted` of its `n` requests were
-    /// queued by the provider ([`posted_before`]): [`Error::QueuedWithError`] when all were,
-    /// else [`Error::Verb`]. Read right after the verb: a `ret` of -1 is a failed system call's
-    /// (libsiw returns `write(2)`'s result), whose error is in `errno`.
-    pub(crate) fn from_post(verb: &'static str, ret: i32, posted: usize, n: usize) -> Self {
+    /// What a post verb that failed with `ret` and `bad` (its `bad_wr`) did with the chain of `n`
+    /// requests at `base`: how many of them the provider queued ([`posted_before`]), and the
+    /// error — [`Error::QueuedWithError`] when it queued all of them, else [`Error::Verb`]. Call
+    /// it right after the verb: a `ret` of -1 is a failed system call's (libsiw returns
+    /// `write(2)`'s result), whose error is in `errno`.
+    pub(crate) fn from_post<T>(
+        verb: &'static str,
+        ret: i32,
+        base: *const T,
+        n: usize,
+        bad: *const T,
+    ) -> (usize, Self) {
         let source =
             if ret == -1 { io::Error::last_os_error() } else { io::Error::from_raw_os_error(ret.abs()) };
-        if posted == n {
-            Error::QueuedWithError { verb, source }
-        } else {
-            Error::Verb { verb, source }
-        }
+        let posted = posted_before(base, n, bad);
+        let error =
+            if posted == n { Error::QueuedWithError { verb, source } } else { Error::Verb { verb, source } };
+        (posted, error)
     }
 
     /// A provider's `EOPNOTSUPP` (or `ENOSYS`, `EPROTONOSUPPORT`) for `verb` becomes
@@ -332,7 +338,7 @@ impl Error {
 /// of their doorbell; or a pointer outside the chain). Counting a request the device may have as
 /// not posted would hand its buffers back while the device reads or writes them; the other way
 /// round only keeps them until their completion, the queue pair's flush or its destruction.
-pub(crate) fn posted_before<T>(base: *const T, n: usize, bad: *const T) -> usize {
+fn posted_before<T>(base: *const T, n: usize, bad: *const T) -> usize {
     let size = std::mem::size_of::<T>();
     let offset = (bad as usize).wrapping_sub(base as usize);
     if !bad.is_null() && offset % size == 0 && offset / size < n {

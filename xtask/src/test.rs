@@ -530,7 +530,7 @@ fn run_pair(
     eprintln!("xtask: ==== two-host stage: {prefix}{} steps on two guests joined by a link", steps.len());
     let mut lines: Vec<(String, i32, Option<Tally>, Duration)> = Vec::new();
     let report = crate::rxe2::run(steps, opts, &mut |i, r| {
-        let status = if r.code == 0 { "ok".to_string() } else { format!("FAILED (exit {})", r.code) };
+        let status = run_status(r.code);
         let elapsed = r.sides.iter().flatten().map(|s| s.elapsed).max().unwrap_or_default();
         eprintln!(
             "xtask: two-host: {prefix}{} ... {status} ({:.1} s)",
@@ -963,7 +963,7 @@ fn run_siw_stage(opts: &TestOptions, root: &Path, device: &[Artifact], summary: 
         .collect();
     let started = Instant::now();
     let report = vm::run(&steps, &backend, &mut |i, r| {
-        let status = if r.code == 0 { "ok".to_string() } else { format!("FAILED (exit {})", r.code) };
+        let status = run_status(r.code);
         eprintln!("xtask: {} ... {status} ({:.1} s)", steps[i].label, r.elapsed.as_secs_f64());
     });
     let took = started.elapsed();
@@ -1162,17 +1162,19 @@ fn run_device_job(
     // The plain runs come first (device_runs): the second VM starts after them, so that the two
     // VMs run side by side only under the sanitizers, never under a plain run's timing.
     let plain = runs.iter().take_while(|r| r.kind == Kind::Plain).count();
-    let mut steps = vec![self_test_step("rdma resource baseline", RESOURCES_SCRIPT.to_vec(), 60)];
+    let baseline = || self_test_step("rdma resource baseline", RESOURCES_SCRIPT.to_vec(), 60);
+    let check = || self_test_step("rdma resource check", RESOURCES_SCRIPT.to_vec(), 60);
+    let mut steps = vec![baseline()];
     steps.extend(runs.iter().map(|r| r.step.clone()));
     let mut self_tests = if opts.passes.plain { job_self_tests(&opts.backend, root) } else { Vec::new() };
     self_tests.extend(sanitizer_self_tests(root, opts.passes, tsan));
     let first_self_test = steps.len();
     steps.extend(self_tests.iter().map(|(step, _)| step.clone()));
     let leak_step = steps.len();
-    steps.push(self_test_step("rdma resource check", RESOURCES_SCRIPT.to_vec(), 60));
-    let mut side_steps = vec![self_test_step("rdma resource baseline", RESOURCES_SCRIPT.to_vec(), 60)];
+    steps.push(check());
+    let mut side_steps = vec![baseline()];
     side_steps.extend(side.iter().map(|r| r.step.clone()));
-    side_steps.push(self_test_step("rdma resource check", RESOURCES_SCRIPT.to_vec(), 60));
+    side_steps.push(check());
 
     let started = Instant::now();
     let mut verdicts: Vec<Result<(), String>> = Vec::new();
@@ -1187,8 +1189,7 @@ fn run_device_job(
                     vm::Extras { tag: Some(SIDE_TAG), console_suffix: "-valgrind2", ..Default::default() };
                 vm::run_with(side_steps, backend, &extras, &mut |i, r| {
                     if (1..side_steps.len() - 1).contains(&i) {
-                        let status =
-                            if r.code == 0 { "ok".to_string() } else { format!("FAILED (exit {})", r.code) };
+                        let status = run_status(r.code);
                         let took = r.elapsed.as_secs_f64();
                         eprintln!("xtask: {SIDE_TAG}{} ... {status} ({took:.1} s)", side_steps[i].label);
                     }
@@ -1208,7 +1209,7 @@ fn run_device_job(
                 eprintln!("xtask: self-test: {} ... {status}", steps[i].label);
                 verdicts.push(verdict);
             } else if (1..first_self_test).contains(&i) {
-                let status = if r.code == 0 { "ok".to_string() } else { format!("FAILED (exit {})", r.code) };
+                let status = run_status(r.code);
                 eprintln!("xtask: {} ... {status} ({:.1} s)", steps[i].label, r.elapsed.as_secs_f64());
             }
         });
@@ -1247,6 +1248,15 @@ fn run_device_job(
         }
     }
     Ok(())
+}
+
+/// `ok`, or `FAILED (exit N)`, for a run's progress line.
+fn run_status(code: i32) -> String {
+    if code == 0 {
+        "ok".to_string()
+    } else {
+        format!("FAILED (exit {code})")
+    }
 }
 
 /// The prefix of the second valgrind VM's lines.

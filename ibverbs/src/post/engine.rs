@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::ah::AhInner;
-use crate::error::{posted_before, Error, Result};
+use crate::error::{Error, Result};
 use crate::ffi;
 use crate::post::prepared::{PreparedChainError, PreparedPost, PreparedScratch, PreparedSend};
 use crate::post::registry::{RegisterError, Registry};
@@ -252,15 +252,15 @@ pub(crate) fn post_one<R: Request>(
         }
     };
     if ret != 0 {
-        if posted_before(&raw, 1, bad) == 1 {
-            // Queued after all (see Error::QueuedWithError): the slot keeps the buffers.
-            return Err(Error::from_post(R::VERB, ret, 1, 1));
+        let (posted, error) = Error::from_post(R::VERB, ret, &raw, 1, bad);
+        // Queued after all (see Error::QueuedWithError): the slot keeps the buffers.
+        if posted == 0 {
+            ring.set_head(head);
+            // SAFETY: the producer withdrew `head`; the provider named it as not posted.
+            let slot = unsafe { ring.take_back(head) };
+            wr.give_back(slot, &sges);
         }
-        ring.set_head(head);
-        // SAFETY: the producer withdrew `head`; the provider named it as not posted.
-        let slot = unsafe { ring.take_back(head) };
-        wr.give_back(slot, &sges);
-        return Err(Error::from_post(R::VERB, ret, 0, 1));
+        return Err(error);
     }
     Ok(())
 }
@@ -325,8 +325,7 @@ pub(crate) fn post_chain<R: Request>(
         return Ok(());
     }
     // Requests from `bad` on were not posted (all were when `bad` names none of them).
-    let posted = posted_before(base, n, bad);
-    let error = Error::from_post(R::VERB, ret, posted, n);
+    let (posted, error) = Error::from_post(R::VERB, ret, base, n, bad);
     if posted == n {
         R::clear_posted(wrs);
         return Err(error);
@@ -404,8 +403,7 @@ pub(crate) fn post_prepared_chain(
         return Ok(());
     }
     // Requests from `bad` on were not posted (all were when `bad` names none of them).
-    let posted = posted_before(first, n, bad);
-    let error = Error::from_post(verb, ret, posted, n);
+    let (posted, error) = Error::from_post(verb, ret, first, n, bad);
     ring.set_head(head.wrapping_add(posted as u32));
     for i in posted..n {
         // SAFETY: withdrawn positions; the provider named them as not posted.
@@ -448,14 +446,14 @@ pub(crate) fn post_prepared_one(
         }
     };
     if ret != 0 {
-        if posted_before(raw.as_ptr(), 1, bad) == 1 {
-            // Queued after all (see Error::QueuedWithError).
-            return Err(Error::from_post(verb, ret, 1, 1));
+        let (posted, error) = Error::from_post(verb, ret, raw.as_ptr(), 1, bad);
+        // Queued after all (see Error::QueuedWithError): the slot stays published.
+        if posted == 0 {
+            ring.set_head(head);
+            // SAFETY: the producer withdrew `head`; the provider named it as not posted.
+            drop(unsafe { ring.take_back(head) });
         }
-        ring.set_head(head);
-        // SAFETY: the producer withdrew `head`; the provider named it as not posted.
-        drop(unsafe { ring.take_back(head) });
-        return Err(Error::from_post(verb, ret, 0, 1));
+        return Err(error);
     }
     Ok(())
 }

@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::error::{cvt, cvt_p, posted_before, Error, Result};
+use crate::error::{cvt, cvt_p, Error, Result};
 use crate::ffi;
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::post::engine::Request;
@@ -388,8 +388,7 @@ impl SharedReceiveQueue {
             return Ok(());
         }
         // Requests from `bad` on were not posted (all were when `bad` names none of them).
-        let posted = posted_before(base, n, bad);
-        let error = Error::from_post(POST, ret, posted, n);
+        let (posted, error) = Error::from_post(POST, ret, base, n, bad);
         for (k, wr) in wrs.iter_mut().enumerate().skip(posted) {
             // SAFETY: producer; the provider named these requests as not posted.
             if let Some(slot) = unsafe { table.withdraw(slots[k]) } {
