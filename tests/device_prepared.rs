@@ -164,6 +164,43 @@ fn prepared_chains_post_with_one_call_and_release_every_slot() {
     assert_eq!(Arc::strong_count(&src), 3, "refused chains keep nothing");
 }
 
+// A completion releases every unsignaled slot before it. Slots of prepared posts hold nothing
+// and are released without being looked at while no slot that holds something is
+// outstanding; a one-shot request's buffer among them must still come back (be dropped) with
+// the completion that releases it, and the fast release resume after it.
+#[test]
+fn a_buffer_among_unsignaled_prepared_posts_comes_back_with_the_later_completion() {
+    let mut p = rc_pair(32);
+    let mut src = p.pd.allocate(256).unwrap();
+    src.copy_from_slice(&pattern(256, 5));
+    let src = Arc::new(src);
+    let mut owned = p.pd.allocate(64).unwrap();
+    owned.copy_from_slice(&pattern(64, 9));
+    let owned = Arc::new(owned);
+    let target = Arc::new(p.pd.allocate_remote(8192, AccessFlags::REMOTE_WRITE).unwrap());
+    let prepared = p.a.prepare_send(SendRequest::write(Local::whole(src.clone()), target.remote())).unwrap();
+    let at = |i: u64| prepared.at(i, 0, 64, 1024 + 64 * (i % 32)).unsignaled();
+    for round in 0..10u64 {
+        let base = round * 10;
+        p.a.post_prepared_chain(&[at(base), at(base + 1), at(base + 2)]).unwrap();
+        let wr =
+            SendRequest::write(Local::whole(owned.clone()), target.remote()).wr_id(base + 3).unsignaled();
+        p.a.post_send(wr).unwrap();
+        assert_eq!(Arc::strong_count(&owned), 2, "the slot holds the buffer");
+        p.a.post_prepared_chain(&[at(base + 4), at(base + 5), prepared.at(base + 6, 0, 64, 0)]).unwrap();
+        let c = poll_one(&mut p.cq_a);
+        assert!(c.is_ok() && c.is_tracked() && c.wr_id() == base + 6, "{c:?}");
+        assert_eq!(Arc::strong_count(&owned), 1, "released with the completion after it, round {round}");
+        // Light slots only, after the heavy one was released.
+        p.a.post_prepared_chain(&[at(base + 7), at(base + 8), prepared.at(base + 9, 0, 64, 0)]).unwrap();
+        let mut c = poll_one(&mut p.cq_a);
+        assert!(c.is_ok() && c.wr_id() == base + 9 && c.take_buffers().count() == 0, "{c:?}");
+    }
+    let bytes = target.to_vec();
+    assert_eq!(&bytes[..64], &src[..64], "the last signaled prepared write landed at 0");
+    assert_eq!(Arc::strong_count(&src), 3, "ours, `prepared` and the queue pair's pin");
+}
+
 // A chain's scratch entry keeps the template last posted there (the request's opcode, keys,
 // immediate data) and rewrites it only when another request comes to that index: chains that
 // mix three requests, each at a different index every round, must still post each as prepared.

@@ -159,6 +159,9 @@ impl Request for SendRequest<'_> {
         // What take_slot does, written into the slot where it lies.
         let ah = self.ud.as_ref().map(|(ah, _, _)| ah.inner.clone());
         let (wr_id, sges) = (self.wr_id, &mut self.sges);
+        // Heavy when it holds a buffer or an address handle (an inline send from a borrowed
+        // slice holds neither).
+        let heavy = ah.is_some() || sges[0].is_some();
         let init = |slot: *mut Slot| {
             // SAFETY: `slot` points to the free slot (uninitialised, ours alone); every field
             // and every buffer entry is written exactly once (k counts the entries written,
@@ -182,7 +185,7 @@ impl Request for SendRequest<'_> {
             }
         };
         // SAFETY: the caller's contract; `init` initialises the whole slot.
-        unsafe { ring.write_in_place(pos, init) };
+        unsafe { ring.write_in_place(pos, heavy, init) };
     }
     fn give_back(&mut self, mut slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]) {
         if matches!(slot.bufs[0], Some(LocalBuf::Window(_))) {

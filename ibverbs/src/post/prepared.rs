@@ -318,8 +318,9 @@ impl PreparedPost<'_> {
                 addr_of_mut!((*slot)._ah).write(None);
             }
         };
-        // SAFETY: the caller's contract; `init` initialises the whole slot.
-        unsafe { ring.write_in_place(pos, init) };
+        // SAFETY: the caller's contract; `init` initialises the whole slot, which holds
+        // nothing to drop (light).
+        unsafe { ring.write_in_place(pos, false, init) };
     }
 }
 

@@ -23,6 +23,7 @@ use crate::ffi;
 use crate::memory::{check_range, Chunk, MemoryRegion, MrInner, RemoteMemoryRegion, RemoteSlice};
 use crate::pd::PdInner;
 use crate::post::engine::{Request, Slot};
+use crate::post::ring::Ring;
 use crate::post::wr::{EntryFacts, SendRequest, MAX_SGE};
 use crate::queue::{Completion, CompletionQueue, PostError, QueuePair};
 
@@ -309,6 +310,14 @@ impl Request for ScopedSend<'_> {
         // No buffer: the scope's borrow keeps the memory until its drain.
         let ah = self.wr.ud.as_ref().map(|(ah, _, _)| ah.inner.clone());
         Slot { wr_id: self.wr.wr_id, bufs: Default::default(), _ah: ah }
+    }
+    #[inline]
+    unsafe fn write_slot(&mut self, ring: &Ring<Slot>, pos: u32) {
+        let slot = self.take_slot();
+        // Light (nothing to drop) unless it holds a UD send's address handle.
+        let heavy = slot._ah.is_some();
+        // SAFETY: the caller's contract; the slot is initialised whole.
+        unsafe { ring.write_in_place(pos, heavy, |p| p.write(slot)) };
     }
     fn give_back(&mut self, _slot: Slot, _sges: &[ffi::ibv_sge; MAX_SGE]) {
         // Nothing moved into the slot but a clone of the address handle, dropped here.
