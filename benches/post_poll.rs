@@ -386,7 +386,10 @@ fn post<'a>(
         Level::Scoped => return Err("the scoped level runs in run_scoped".into()),
         Level::Prepared => {
             let p = &b.prepared;
-            let posts: [ibverbs::PreparedPost<'_>; CHAIN] = std::array::from_fn(|i| {
+            // Built as they are posted (`post_prepared_iter`): an array built first with
+            // `std::array::from_fn` cost ~36 instructions per post, ~20 of them the `memcpy`
+            // that moves it into place.
+            let posts = (0..n).map(|i| {
                 let post = p.at(i as u64, 0, 8, 0);
                 if i + 1 < n {
                     post.unsignaled()
@@ -394,7 +397,7 @@ fn post<'a>(
                     post
                 }
             });
-            b.qp.post_prepared_chain(&posts[..n]).map_err(|e| e.to_string())?;
+            b.qp.post_prepared_iter(posts).map_err(|e| e.to_string())?;
         }
         Level::Unsafe => {
             let mut bad = ptr::null_mut();
@@ -490,9 +493,8 @@ fn run_batch(b: &mut Bench, level: Level, n: usize, iters: usize) -> Result<(), 
             }
             Level::Safe => {
                 let p = &b.prepared;
-                let posts: [ibverbs::PreparedPost<'_>; CHAIN] =
-                    std::array::from_fn(|i| p.at(i as u64, 0, 8, 0));
-                b.qp.post_prepared_chain(&posts[..n]).map_err(|e| e.to_string())?;
+                b.qp.post_prepared_iter((0..n).map(|i| p.at(i as u64, 0, 8, 0)))
+                    .map_err(|e| e.to_string())?;
             }
             _ => return Err(format!("POST_POLL_BATCH has no {level:?} level")),
         }

@@ -168,6 +168,27 @@ fn prepared_posts_do_not_allocate() {
             assert_eq!(allocs, 0, "prepared chains allocated {allocs} times");
         }
     }
+    // The same chains built as they are posted (post_prepared_iter), as post_poll's Prepared
+    // level now posts them.
+    for round in 0..2 {
+        let before = ALLOCS.load(Ordering::Relaxed);
+        for i in 0..40u64 {
+            p.a.post_prepared_iter((0..8usize).map(|k| {
+                let post = prepared.at(i * 8 + k as u64, k, 8, 8 * k as u64);
+                if k < 7 {
+                    post.unsignaled()
+                } else {
+                    post
+                }
+            }))
+            .unwrap();
+            drain(&mut p.cq_a, &mut out, 1);
+        }
+        let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+        if round == 1 {
+            assert_eq!(allocs, 0, "prepared chains from an iterator allocated {allocs} times");
+        }
+    }
 }
 
 #[test]

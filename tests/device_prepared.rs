@@ -201,6 +201,67 @@ fn a_buffer_among_unsignaled_prepared_posts_comes_back_with_the_later_completion
     assert_eq!(Arc::strong_count(&src), 3, "ours, `prepared` and the queue pair's pin");
 }
 
+#[test]
+fn prepared_posts_from_an_iterator_are_written_as_they_come() {
+    let mut p = rc_pair(32);
+    let mut src = p.pd.allocate(4096).unwrap();
+    src.copy_from_slice(&pattern(4096, 11));
+    let src = Arc::new(src);
+    let target = Arc::new(p.pd.allocate_remote(8192, AccessFlags::REMOTE_WRITE).unwrap());
+    let prepared = p.a.prepare_send(SendRequest::write(Local::whole(src.clone()), target.remote())).unwrap();
+    let mut expect = vec![0u8; 8192];
+    for round in 0..5u64 {
+        let posts = (0..16u64).map(|k| {
+            let i = round * 16 + k;
+            let (off, len, roff) = ((i * 97) as usize % 4000, 1 + (i * 5) as u32 % 90, (i * 131) % 8000);
+            expect[roff as usize..roff as usize + len as usize]
+                .copy_from_slice(&src[off..off + len as usize]);
+            let post = prepared.at(i, off, len, roff);
+            if k < 15 {
+                post.unsignaled()
+            } else {
+                post
+            }
+        });
+        p.a.post_prepared_iter(posts).unwrap();
+        let c = poll_one(&mut p.cq_a);
+        assert!(c.is_ok() && c.wr_id() == round * 16 + 15, "{c:?}");
+    }
+    assert_eq!(target.to_vec(), expect);
+
+    // A chain of one (posted on the stack) and an empty one.
+    p.a.post_prepared_iter(std::iter::once(prepared.at(500, 0, 8, 0))).unwrap();
+    assert_eq!(poll_one(&mut p.cq_a).wr_id(), 500);
+    p.a.post_prepared_iter(std::iter::empty()).unwrap();
+
+    // An iterator with no size hint, and a chain from an array.
+    let mut k = 0u64;
+    let unhinted = std::iter::from_fn(|| {
+        k += 1;
+        (k <= 3).then(|| prepared.at(600 + k, 0, 8, 8 * k))
+    });
+    p.a.post_prepared_iter(unhinted).unwrap();
+    p.a.post_prepared_iter([prepared.at(700, 0, 8, 0), prepared.at(701, 8, 8, 8)]).unwrap();
+    let mut got = Vec::new();
+    while got.len() < 5 {
+        got.push(poll_one(&mut p.cq_a).wr_id());
+    }
+    assert_eq!(got, [601, 602, 603, 700, 701]);
+    // Longer than the send queue, or a bad range anywhere: refused whole, nothing posted, and
+    // the queue as it was.
+    let mut longer = (0..40).map(|i| prepared.at(i, 0, 8, 0).unsignaled());
+    let e = p.a.post_prepared_iter(&mut longer).unwrap_err();
+    assert!(matches!(e.error, Error::QueueFull { .. }) && e.posted == 0, "{e:?}");
+    assert_eq!(longer.count(), 7, "taken up to the post found without room (the 33rd)");
+    let e = p.a.post_prepared_iter([prepared.at(1, 0, 8, 0), prepared.at(2, 4090, 8, 0)]).unwrap_err();
+    assert!(matches!(e.error, Error::OutOfBounds { .. }) && e.posted == 0, "{e:?}");
+    p.a.post_prepared_iter((0..32).map(|i| prepared.at(900 + i, 0, 8, 0))).unwrap();
+    for i in 0..32 {
+        assert_eq!(poll_one(&mut p.cq_a).wr_id(), 900 + i, "the whole queue is free again");
+    }
+    assert_eq!(Arc::strong_count(&src), 3, "ours, `prepared` and the queue pair's pin");
+}
+
 // A chain's scratch entry keeps the template last posted there (the request's opcode, keys,
 // immediate data) and rewrites it only when another request comes to that index: chains that
 // mix three requests, each at a different index every round, must still post each as prepared.

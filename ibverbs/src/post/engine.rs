@@ -345,44 +345,62 @@ pub(crate) fn post_chain<R: Request>(
 }
 
 /// Posts prepared requests as one chain (one doorbell; a single post is a chain of one) from the
-/// QP's [`PreparedScratch`], checking each (prepared for `qp_id`, ranges in bounds) as it is
-/// written: a failed check withdraws the ones written before it, so nothing is posted. On a
-/// provider error, the number of posts that reached the device comes with it. See
-/// `QueuePair::post_prepared_chain`.
-pub(crate) fn post_prepared_chain(
+/// QP's [`PreparedScratch`], checking each (prepared for `qp_id`, ranges in bounds, room in the
+/// ring and the scratch) as it is written: a failed check withdraws the ones written before it,
+/// so nothing is posted. On a provider error, the number of posts that reached the device comes
+/// with it. See `QueuePair::post_prepared_chain` and `post_prepared_iter`.
+///
+/// `posts` yields the chain's posts, taken as they are written: an iterator that builds them
+/// lets them go from registers to the scratch, with no array in between.
+#[inline]
+pub(crate) fn post_prepared_chain<'p>(
     qp: *mut ffi::ibv_qp,
     qp_id: u64,
     ring: &Ring<Slot>,
     post: Option<RawPost<ffi::ibv_send_wr>>,
     scratch: &mut PreparedScratch,
-    posts: &[PreparedPost<'_>],
+    posts: impl IntoIterator<Item = PreparedPost<'p>>,
 ) -> std::result::Result<(), PreparedChainError> {
-    let n = posts.len();
-    if n == 0 {
-        return Ok(());
-    }
     let verb = "ibv_post_send";
-    let head =
-        batch_head(ring, n, scratch.len(), verb).map_err(|error| PreparedChainError { posted: 0, error })?;
+    let (head, free) = ring.producer_state();
+    let room = (free as usize).min(scratch.len());
     let wr_id_base = ring.wr_id_base();
     let mut checked: *const PreparedSend = std::ptr::null();
-    for (i, p) in posts.iter().enumerate() {
+    let mut written = 0;
+    // The post refused, if any (`Some(None)`: one post more than there is room for); the error
+    // is built after the loop, which keeps the posts in registers.
+    let mut refused = None;
+    for p in posts {
+        let i = written;
+        if i == room {
+            refused = Some(None);
+            break;
+        }
         let pr = p.prepared;
         // The queue pair is checked once per run of posts of one request.
         if (!std::ptr::eq(pr, checked) && pr.qp != qp_id) || !pr.limits.fits(p.offset, p.len, p.remote_offset)
         {
-            return Err(refuse_prepared(ring, head, i, p, qp_id));
+            refused = Some(Some(p));
+            break;
         }
         checked = pr;
         let pos = head.wrapping_add(i as u32);
-        // SAFETY: i < n <= scratch.len(); the entries are used only within this call.
+        // SAFETY: i < room <= scratch.len(); the entries are used only within this call.
         let entry = unsafe { scratch.entry(i) };
-        // SAFETY: one entry's pointers; producer, and positions head..head + n are free
-        // (n <= free).
+        // SAFETY: one entry's pointers; producer, and positions head..head + room are free
+        // (room <= free).
         unsafe {
             p.fill_entry(entry, wr_id_base | u64::from(pos));
             p.write_slot_at(ring, pos);
         }
+        written += 1;
+    }
+    if let Some(p) = refused {
+        return Err(refuse_prepared(ring, head, written, p, qp_id));
+    }
+    let n = written;
+    if n == 0 {
+        return Ok(());
     }
     // SAFETY: 1 <= n <= scratch.len(); relinked right after the provider's call.
     unsafe { scratch.terminate(n) };
@@ -461,22 +479,27 @@ pub(crate) fn post_prepared_one(
     Ok(())
 }
 
-/// A prepared chain's post `i` failed its check: withdraws the slots written for the posts
-/// before it (never published) and returns the error.
+/// A prepared chain's post `i` failed its check (`p`, or no room for it when `None`): withdraws
+/// the slots written for the posts before it (never published) and returns the error.
 #[cold]
 #[inline(never)]
 fn refuse_prepared(
     ring: &Ring<Slot>,
     head: u32,
     i: usize,
-    p: &PreparedPost<'_>,
+    // By value: a reference would make the chain loop store every post on the stack first.
+    p: Option<PreparedPost<'_>>,
     qp_id: u64,
 ) -> PreparedChainError {
     for k in 0..i {
         // SAFETY: producer; written by the caller and never published (head not yet moved).
         drop(unsafe { ring.take_back(head.wrapping_add(k as u32)) });
     }
-    PreparedChainError { posted: 0, error: p.error(qp_id) }
+    let error = match p {
+        Some(p) => p.error(qp_id),
+        None => Error::QueueFull { verb: "ibv_post_send", capacity: ring.capacity() },
+    };
+    PreparedChainError { posted: 0, error }
 }
 
 #[inline]
