@@ -8,14 +8,24 @@ use std::sync::Arc;
 use common::*;
 use ibverbs::{AccessFlags, Error, Local, QpState, QpType, SendRequest};
 
-#[test]
-fn prepared_writes_move_the_right_bytes_and_pin_their_buffer_to_the_queue_pair() {
-    let mut p = rc_pair(32);
+/// A 4 KiB source filled with `pattern(_, seed)`, an 8 KiB remote-writable target, and an RDMA
+/// Write from the one to the other prepared on `p.a`.
+fn prepared_write(
+    p: &mut Pair,
+    seed: u8,
+) -> (Arc<ibverbs::MemoryRegion>, Arc<ibverbs::RemoteMemoryRegion>, ibverbs::PreparedSend) {
     let mut src = p.pd.allocate(4096).unwrap();
-    src.copy_from_slice(&pattern(4096, 7));
+    src.copy_from_slice(&pattern(4096, seed));
     let src = Arc::new(src);
     let target = Arc::new(p.pd.allocate_remote(8192, AccessFlags::REMOTE_WRITE).unwrap());
     let prepared = p.a.prepare_send(SendRequest::write(Local::whole(src.clone()), target.remote())).unwrap();
+    (src, target, prepared)
+}
+
+#[test]
+fn prepared_writes_move_the_right_bytes_and_pin_their_buffer_to_the_queue_pair() {
+    let mut p = rc_pair(32);
+    let (src, target, prepared) = prepared_write(&mut p, 7);
     assert_eq!(prepared.buffer_len(), 4096);
     let mut expect = vec![0u8; 8192];
     for i in 0..300u64 {
@@ -120,11 +130,7 @@ fn a_prepared_request_is_checked_once_and_cheaply_after() {
 #[test]
 fn prepared_chains_post_with_one_call_and_release_every_slot() {
     let mut p = rc_pair(32);
-    let mut src = p.pd.allocate(4096).unwrap();
-    src.copy_from_slice(&pattern(4096, 3));
-    let src = Arc::new(src);
-    let target = Arc::new(p.pd.allocate_remote(8192, AccessFlags::REMOTE_WRITE).unwrap());
-    let prepared = p.a.prepare_send(SendRequest::write(Local::whole(src.clone()), target.remote())).unwrap();
+    let (src, target, prepared) = prepared_write(&mut p, 3);
     let mut expect = vec![0u8; 8192];
     for round in 0..20u64 {
         // 16 writes, only the last signaled: its completion releases all 16 slots.
@@ -204,11 +210,7 @@ fn a_buffer_among_unsignaled_prepared_posts_comes_back_with_the_later_completion
 #[test]
 fn prepared_posts_from_an_iterator_are_written_as_they_come() {
     let mut p = rc_pair(32);
-    let mut src = p.pd.allocate(4096).unwrap();
-    src.copy_from_slice(&pattern(4096, 11));
-    let src = Arc::new(src);
-    let target = Arc::new(p.pd.allocate_remote(8192, AccessFlags::REMOTE_WRITE).unwrap());
-    let prepared = p.a.prepare_send(SendRequest::write(Local::whole(src.clone()), target.remote())).unwrap();
+    let (src, target, prepared) = prepared_write(&mut p, 11);
     let mut expect = vec![0u8; 8192];
     for round in 0..5u64 {
         let posts = (0..16u64).map(|k| {
