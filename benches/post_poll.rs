@@ -1,7 +1,7 @@
 //! Micro-benchmark of the post/poll path: nanoseconds per post + poll of one RDMA Write and of a
 //! chain of 32, at the three levels the crate offers:
 //!
-//! - **safe**: `QueuePair::post_send` / `post_send_chain` + `CompletionQueue::poll` (checked,
+//! - **safe**: `QueuePair::post_send` / `post_send_iter` + `CompletionQueue::poll` (checked,
 //!   tracked);
 //! - **unsafe**: `QueuePair::post_send_unchecked` + `CompletionQueue::poll_raw` (prebuilt
 //!   `ibv_send_wr`s);
@@ -98,7 +98,7 @@ enum Level {
 impl Level {
     fn name(self) -> &'static str {
         match self {
-            Level::Safe => "safe    post_send(_chain) + poll",
+            Level::Safe => "safe    post_send(_iter) + poll",
             Level::Prepared => "safe    post_prepared + poll (not inline)",
             Level::Unsafe => "unsafe  post_send_unchecked + poll_raw",
             Level::Ffi => "ffi     ibv_post_send + ibv_poll_cq",
@@ -340,11 +340,15 @@ fn post<'a>(
             b.qp.post_send(SendRequest::write_inline(data, remote)).map_err(|e| e.to_string())?;
         }
         Level::Safe => {
-            for i in 0..n {
+            let wrs = (0..n).map(|i| {
                 let wr = SendRequest::write_inline(data, remote).wr_id(i as u64);
-                chain.push(if i + 1 < n { wr.unsignaled() } else { wr });
-            }
-            b.qp.post_send_chain(chain).map_err(|e| e.to_string())?;
+                if i + 1 < n {
+                    wr.unsignaled()
+                } else {
+                    wr
+                }
+            });
+            b.qp.post_send_iter(wrs).map_err(|e| e.to_string())?;
         }
         Level::ExSafe if n == 1 => {
             b.ex_qp.post_send(SendRequest::write_inline(data, remote)).map_err(|e| e.to_string())?;

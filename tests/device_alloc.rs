@@ -82,6 +82,25 @@ fn post_and_poll_paths_do_not_allocate() {
                 .push(SendRequest::write(Local::whole(shared.clone()), target.remote().slice(0, 8).unwrap()));
             p.a.post_send_chain(&mut chain).unwrap();
             drain(&mut p.cq_a, &mut out, 1);
+            // The same chain built as it is posted (post_send_iter), and inline writes from
+            // borrowed bytes.
+            p.a.post_send_iter((0..32).map(|i| {
+                let wr =
+                    SendRequest::write(Local::whole(shared.clone()), target.remote().slice(0, 8).unwrap());
+                if i < 31 {
+                    wr.unsignaled()
+                } else {
+                    wr
+                }
+            }))
+            .unwrap();
+            drain(&mut p.cq_a, &mut out, 1);
+            let bytes = [5u8; 8];
+            p.a.post_send_iter(
+                (0..8).map(|_| SendRequest::write_inline(&bytes, target.remote().slice(8, 8).unwrap())),
+            )
+            .unwrap();
+            drain(&mut p.cq_a, &mut out, 8);
         }
         let allocs = ALLOCS.load(Ordering::Relaxed) - before;
         if round == 1 {

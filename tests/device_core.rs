@@ -412,6 +412,94 @@ fn chain_of_64_requests_in_one_post() {
     assert_eq!(p.b.outstanding_recvs(), 0);
 }
 
+// post_send_iter: requests are checked and written as the iterator yields them, posted as one
+// chain; owned buffers come back with their completions, shared ones are released; a refusal
+// (a bad request, no room) posts nothing, hands that request back and drops the ones before it.
+#[test]
+fn send_requests_from_an_iterator_post_as_one_chain() {
+    let mut p = rc_pair(32);
+    let mut src = p.pd.allocate(4096).unwrap();
+    src.copy_from_slice(&pattern(4096, 9));
+    let src = Arc::new(src);
+    let target = Arc::new(p.pd.allocate_remote(8192, AccessFlags::REMOTE_WRITE).unwrap());
+    let peer = target.remote();
+    let mut expect = vec![0u8; 8192];
+    for round in 0..4u64 {
+        let wrs = (0..16u64).map(|k| {
+            let i = round * 16 + k;
+            let (off, len, roff) = ((i * 97) as usize % 4000, 1 + (i * 5) as usize % 90, (i * 131) % 8000);
+            expect[roff as usize..][..len].copy_from_slice(&src[off..][..len]);
+            let local = Local::new(src.clone(), off..off + len).unwrap();
+            let wr = SendRequest::write(local, peer.slice(roff, len as u64).unwrap()).wr_id(i);
+            if k < 15 {
+                wr.unsignaled()
+            } else {
+                wr
+            }
+        });
+        p.a.post_send_iter(wrs).unwrap();
+        let c = poll_one(&mut p.cq_a);
+        assert!(c.is_ok() && c.wr_id() == round * 16 + 15, "{c:?}");
+        drop(c);
+        assert_eq!(Arc::strong_count(&src), 1, "the 16 slots released with the completion");
+    }
+    assert_eq!(target.to_vec(), expect);
+
+    // Inline writes from borrowed bytes, a chain of one, an empty chain, and owned buffers that
+    // come back with their completions.
+    let bytes = *b"iterated";
+    p.a.post_send_iter(
+        (0..4u64).map(|i| SendRequest::write_inline(&bytes, peer.slice(8 * i, 8).unwrap()).wr_id(i)),
+    )
+    .unwrap();
+    assert_eq!(poll_n(&mut p.cq_a, 4).iter().map(|c| c.wr_id()).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    assert_eq!(&target.to_vec()[..32], &bytes.repeat(4)[..]);
+    p.a.post_send_iter(std::iter::once(SendRequest::write_inline(&bytes, peer).wr_id(40))).unwrap();
+    assert_eq!(poll_one(&mut p.cq_a).wr_id(), 40);
+    p.a.post_send_iter(std::iter::empty()).unwrap();
+    let owned = (0..3u8).map(|i| {
+        let mut m = p.pd.allocate(64).unwrap();
+        m.fill(i + 1);
+        SendRequest::write(Local::whole(m), peer.slice(4096 + 64 * u64::from(i), 64).unwrap())
+            .wr_id(50 + u64::from(i))
+    });
+    p.a.post_send_iter(owned).unwrap();
+    for (i, mut c) in poll_n(&mut p.cq_a, 3).into_iter().enumerate() {
+        assert_eq!(c.wr_id(), 50 + i as u64);
+        let m = c.take_region().expect("the owned buffer comes back");
+        assert!(m.iter().all(|&b| b == i as u8 + 1));
+    }
+
+    // More than the queue holds: nothing posted, the 33rd handed back, the rest dropped.
+    let mut longer =
+        (0..40u64).map(|i| SendRequest::write(Local::whole(src.clone()), peer).wr_id(i).unsignaled());
+    let e = p.a.post_send_iter(&mut longer).unwrap_err();
+    assert!(matches!(e.error, Error::QueueFull { .. }) && e.posted == 0, "{e:?}");
+    assert!(e.request.is_some());
+    assert_eq!(longer.count(), 7, "taken up to the request found without room (the 33rd)");
+    assert_eq!(p.a.outstanding_sends(), 0);
+    drop(e);
+    assert_eq!(Arc::strong_count(&src), 1, "every request taken was dropped, none posted");
+
+    // A bad request in the middle (a remote range too short): the same.
+    let wrs = [
+        SendRequest::write(Local::new(src.clone(), 0..8).unwrap(), peer.slice(0, 8).unwrap()),
+        SendRequest::write(Local::new(src.clone(), 0..64).unwrap(), peer.slice(0, 8).unwrap()).wr_id(7),
+        SendRequest::write(Local::new(src.clone(), 0..8).unwrap(), peer.slice(8, 8).unwrap()),
+    ];
+    let e = p.a.post_send_iter(wrs).unwrap_err();
+    assert!(matches!(e.error, Error::OutOfBounds { .. }) && e.posted == 0, "{e:?}");
+    assert_eq!(p.a.outstanding_sends(), 0);
+    assert_eq!(Arc::strong_count(&src), 2, "the refused request still holds its buffer");
+    drop(e);
+    assert_eq!(Arc::strong_count(&src), 1);
+
+    // The whole queue is free again.
+    p.a.post_send_iter((0..32u64).map(|i| SendRequest::write_inline(&bytes, peer).wr_id(900 + i))).unwrap();
+    let got: Vec<u64> = poll_n(&mut p.cq_a, 32).iter().map(|c| c.wr_id()).collect();
+    assert_eq!(got, (900..932).collect::<Vec<_>>());
+}
+
 #[test]
 fn queue_and_cq_capacity_are_enforced() {
     let ctx = context();

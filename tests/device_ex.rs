@@ -246,6 +246,29 @@ fn prepared_writes_through_an_extended_qp() {
     assert_eq!(target.to_vec(), want);
 }
 
+/// `post_send_iter` on an extended QP: one request posts through the builders, an empty
+/// iterator posts nothing, and a longer one is refused with its first request handed back.
+#[test]
+fn send_requests_from_an_iterator_on_an_extended_qp() {
+    let mut p = ex_pair(Kind { qp_ex: true, cq_ex: false }, SendOps::RDMA_WRITE, 8);
+    let target = Arc::new(p.pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap());
+    let bytes = *b"extended";
+    let write = |i: u64| SendRequest::write_inline(&bytes, target.remote().slice(8 * i, 8).unwrap()).wr_id(i);
+    p.a.post_send_iter(std::iter::once(write(0))).unwrap();
+    // No size hint: peeked for a second request.
+    let mut once = Some(write(1));
+    p.a.post_send_iter(std::iter::from_fn(|| once.take())).unwrap();
+    p.a.post_send_iter(std::iter::empty()).unwrap();
+    assert_eq!(poll_n(&mut p.cq_a, 2).iter().map(|c| c.wr_id()).collect::<Vec<_>>(), [0, 1]);
+    let e = p.a.post_send_iter((2..4).map(write)).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }) && e.posted == 0, "{e:?}");
+    assert!(e.request.is_some());
+    assert_eq!(p.a.outstanding_sends(), 0);
+    let mut want = bytes.repeat(2);
+    want.resize(64, 0);
+    assert_eq!(target.to_vec(), want);
+}
+
 /// An operation the extended QP was not created for is refused before anything is posted: a
 /// single request comes back with its buffer, a chain comes back whole.
 #[test]

@@ -64,7 +64,7 @@ pub trait RecvPath {
 }
 
 /// The safe level: one prepared request per queue pair (`prepare_send` once, then
-/// `post_prepared_chain` of `PreparedPost`s with only the `wr_id` and the ranges changing, as a
+/// `post_prepared_iter` of `PreparedPost`s with only the `wr_id` and the ranges changing, as a
 /// server posting from a registered pool does); chains longer than one on an extended queue
 /// pair (`--ex`, where those are refused) as one-shot requests holding `Arc`s of the buffers
 /// (`post_send_chain`); `post_recv` with such requests; `CompletionQueue::poll`.
@@ -85,7 +85,7 @@ pub struct SafePath<'a> {
     comps: Vec<Completion>,
 }
 
-/// Posts of a chain built on the stack at a time (longer chains go in several calls).
+/// Posts of a chain at a time (longer chains go in several calls).
 const CHAIN_BLOCK: usize = 32;
 
 /// Message `k` of queue pair `q` as a post of its prepared request `p` (signaled as `run` says).
@@ -203,18 +203,16 @@ impl SendPath for SafePath<'_> {
         let p = self.prepared.get(q).ok_or("no prepared request for a queue pair")?;
         let (run, op) = (&self.run, self.op);
         let qp = &mut self.qps[q];
-        let err = |e| format!("post_prepared_chain: {e}");
+        let err = |e| format!("post_prepared_iter: {e}");
         if n == 1 {
             // A chain of one posts as post_prepared does (and on extended queue pairs too).
-            return qp.post_prepared_chain(&[post_of(p, run, op, q, k)]).map_err(err);
+            return qp.post_prepared_iter([post_of(p, run, op, q, k)]).map_err(err);
         }
         let mut i = 0;
         while i < n {
             let m = (n - i).min(CHAIN_BLOCK);
-            // Entries past `m` repeat the last post and are not posted.
-            let posts: [PreparedPost<'_>; CHAIN_BLOCK] =
-                std::array::from_fn(|j| post_of(p, run, op, q, k + (i + j.min(m - 1)) as u64));
-            qp.post_prepared_chain(&posts[..m]).map_err(err)?;
+            // Each post is written into the chain as the iterator builds it.
+            qp.post_prepared_iter((i..i + m).map(|j| post_of(p, run, op, q, k + j as u64))).map_err(err)?;
             i += m;
         }
         Ok(())

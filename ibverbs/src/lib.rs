@@ -59,7 +59,8 @@
 //! crate offers three levels:
 //!
 //! 1. **Safe, owned buffers** ([`QueuePair::post_send`], [`post_recv`](QueuePair::post_recv),
-//!    [`post_send_chain`](QueuePair::post_send_chain)): a request *moves* its buffers in — an owned
+//!    [`post_send_chain`](QueuePair::post_send_chain),
+//!    [`post_send_iter`](QueuePair::post_send_iter)): a request *moves* its buffers in — an owned
 //!    [`MemoryRegion`], an `Arc<MemoryRegion>` (only for memory the device reads), or an
 //!    `Arc<RemoteMemoryRegion>`. The QP keeps them in a slot of a ring sized at creation; the
 //!    completion polled from the CQ hands them back ([`Completion::take_region`]). Nothing can touch
@@ -688,7 +689,7 @@ pub use pool::ReceivePool;
 pub use post::raw;
 pub use post::{
     Local, LocalBuf, PreparedChainError, PreparedPost, PreparedSend, RecvRequest, Scope, ScopedLocal,
-    ScopedRecv, ScopedSend, SendOps, SendRequest, MAX_SGE,
+    ScopedRecv, ScopedSend, SendIterError, SendOps, SendRequest, MAX_SGE,
 };
 pub use queue::{
     Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpState, QpType, QueuePair,

@@ -1,7 +1,7 @@
 //! `cargo xtask bench --callgrind` (and the last step of `cargo xtask bench`): user-space
 //! instructions per work request of the post/poll micro-benchmark (`benches/post_poll.rs`),
 //! counted by callgrind in the VM, at four levels (raw `ffi`, the `unsafe` level, the safe
-//! one-shot `post_send(_chain)`, the safe prepared `post_prepared(_chain)`), for single posts
+//! one-shot `post_send(_iter)`, the safe prepared `post_prepared(_iter)`), for single posts
 //! and chains of 32.
 //!
 //! Each level runs twice under callgrind (`POST_POLL_ONLY=<level>`: 200 single posts, then 20
@@ -27,8 +27,8 @@ use std::fmt::Write as _;
 pub const LEVELS: [(&str, &str); 4] = [
     ("Ffi", "raw ffi (ibv_post_send / ibv_poll_cq)"),
     ("Unsafe", "unsafe (post_send_unchecked / poll_raw)"),
-    ("Safe", "safe one-shot (post_send(_chain) / poll)"),
-    ("Prepared", "safe prepared (post_prepared(_chain) / poll)"),
+    ("Safe", "safe one-shot (post_send(_iter) / poll)"),
+    ("Prepared", "safe prepared (post_prepared(_iter) / poll)"),
 ];
 
 /// Single posts and chains: (WRs per post, iterations) as `benches/post_poll.rs` runs them.

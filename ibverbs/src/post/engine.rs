@@ -10,7 +10,7 @@ use crate::ffi;
 use crate::post::prepared::{PreparedChainError, PreparedPost, PreparedScratch, PreparedSend};
 use crate::post::registry::{RegisterError, Registry};
 use crate::post::ring::{Ring, SlotValue};
-use crate::post::wr::{Local, LocalBuf, RecvRequest, SendRequest, MAX_SGE};
+use crate::post::wr::{Local, LocalBuf, RecvRequest, SendIterError, SendRequest, MAX_SGE};
 
 /// What a slot keeps alive for one posted work request.
 pub(crate) struct Slot {
@@ -344,6 +344,97 @@ pub(crate) fn post_chain<R: Request>(
     Err(Error::from_ret(R::VERB, ret))
 }
 
+/// Posts the send requests an iterator yields as one chain (one doorbell), each checked by
+/// `check`, filled into the QP's `scratch` arrays and moved into its slot as it comes: no
+/// request is moved into a `Vec` first. See `QueuePair::post_send_iter`.
+///
+/// When a request fails `check` or finds no room, nothing is posted: the requests written
+/// before it are withdrawn and dropped (with their buffers), and it comes back in the error.
+/// If the iterator panics, the requests it yielded before are leaked (never published, their
+/// slots are overwritten by later posts): nothing is posted, nothing freed under the device.
+#[inline]
+#[allow(clippy::result_large_err)] // the refused request comes back whole, with no allocation
+pub(crate) fn post_send_iter<'a>(
+    qp: *mut ffi::ibv_qp,
+    ring: &Ring<Slot>,
+    post: Option<RawPost<ffi::ibv_send_wr>>,
+    scratch: &mut [ffi::ibv_send_wr],
+    scratch_sges: &mut [[ffi::ibv_sge; MAX_SGE]],
+    wrs: impl IntoIterator<Item = SendRequest<'a>>,
+    mut check: impl FnMut(&mut SendRequest<'a>) -> Result<()>,
+) -> std::result::Result<(), SendIterError<'a>> {
+    let verb = "ibv_post_send";
+    let (head, free) = ring.producer_state();
+    let room = (free as usize).min(scratch.len()).min(scratch_sges.len());
+    // As in post_chain: every access to the scratch arrays goes through these two pointers.
+    let base = scratch.as_mut_ptr();
+    let sge_base = scratch_sges.as_mut_ptr();
+    let mut n = 0;
+    // The request refused and why (`None`: no room); the error is built after the loop.
+    let mut refused = None;
+    for mut wr in wrs {
+        if n == room {
+            refused = Some((None, wr));
+            break;
+        }
+        if let Err(e) = check(&mut wr) {
+            refused = Some((Some(e), wr));
+            break;
+        }
+        let pos = head.wrapping_add(n as u32);
+        // SAFETY: n < room <= both lengths; each element is borrowed only for this iteration,
+        // and entry n - 1 (linked to this one) was filled in the previous one.
+        unsafe {
+            let (raw, sges) = (&mut *base.add(n), &mut *sge_base.add(n));
+            wr.fill_raw(raw, sges, ring.device_wr_id(pos));
+            if n > 0 {
+                (*base.add(n - 1)).next = base.add(n);
+            }
+            // Producer; positions head..head + room are free (room <= free).
+            wr.write_slot(ring, pos);
+        }
+        wr.release_posted();
+        // Holds nothing now (its entries and window are in the slot, its address handle let
+        // go): forgetting it skips only tests of its empty fields.
+        std::mem::forget(wr);
+        n += 1;
+    }
+    if let Some((error, request)) = refused {
+        for k in 0..n {
+            // SAFETY: producer; written above and never published (head not yet moved).
+            drop(unsafe { ring.take_back(head.wrapping_add(k as u32)) });
+        }
+        let error = error.unwrap_or(Error::QueueFull { verb, capacity: ring.capacity() });
+        return Err(SendIterError { posted: 0, error, request: Some(request) });
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    // The last entry's `next` is NULL (fill_raw), so the chain ends there.
+    ring.set_head(head.wrapping_add(n as u32));
+    let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+    let ret = match post {
+        // SAFETY: a valid NULL-terminated chain of n requests in QP-owned scratch, describing
+        // memory held by the slots (or inline data borrowed for 'a, which outlives this call).
+        Some(f) => unsafe { f(qp, base, &mut bad) },
+        None => {
+            bad = base; // none posted
+            libc::ENOSYS
+        }
+    };
+    if ret == 0 {
+        return Ok(());
+    }
+    // Requests from `bad` on were not posted (all were when `bad` names none of them).
+    let (posted, error) = Error::from_post(verb, ret, base, n, bad);
+    ring.set_head(head.wrapping_add(posted as u32));
+    for i in posted..n {
+        // SAFETY: withdrawn positions; the provider named them as not posted.
+        drop(unsafe { ring.take_back(head.wrapping_add(i as u32)) });
+    }
+    Err(SendIterError { posted, error, request: None })
+}
+
 /// Posts prepared requests as one chain (one doorbell; a single post is a chain of one) from the
 /// QP's [`PreparedScratch`], checking each (prepared for `qp_id`, ranges in bounds, room in the
 /// ring and the scratch) as it is written: a failed check withdraws the ones written before it,
@@ -607,6 +698,62 @@ mod tests {
         assert_eq!(ring.outstanding(), 4);
         assert_eq!(wrs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![12, 13]);
         assert!(wrs.iter().all(|w| w.inline.is_some_and(|d| d.len() == 8)));
+    }
+
+    // post_send_iter: requests written as they come and posted as one chain; a request that
+    // fails its check or finds no room comes back and nothing is posted (the iterator is taken
+    // up to it); a provider's refusal keeps the ones before it posted. Under Miri the provider
+    // walks the chain through the pointers the loop linked.
+    #[test]
+    fn requests_from_an_iterator_are_checked_and_written_as_they_come() {
+        let reg = Registry::<Slot>::new(64);
+        let [ring] = reg.register([(16, false)]).unwrap();
+        let mut scratch = vec![ffi::ibv_send_wr::default(); 16];
+        let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 16];
+        let data = [7u8; 8];
+        let qp = std::ptr::null_mut();
+        let post = Some(refusing_third_send as RawPost<ffi::ibv_send_wr>);
+        let inline = |i| SendRequest::send_inline(&data).wr_id(i);
+        let ok = |_: &mut SendRequest<'_>| Ok(());
+
+        post_send_iter(qp, &ring, post, &mut scratch, &mut sges, (0..2).map(inline), ok).unwrap();
+        assert_eq!(ring.outstanding(), 2);
+        post_send_iter(qp, &ring, post, &mut scratch, &mut sges, std::iter::empty(), ok).unwrap();
+        assert_eq!(ring.outstanding(), 2);
+
+        // The check refuses wr_id 22: nothing posted, 22 handed back, 23 never taken.
+        let taken = std::cell::Cell::new(0);
+        let wrs = (20..24).map(|i| {
+            taken.set(taken.get() + 1);
+            inline(i)
+        });
+        let refuse_22 = |wr: &mut SendRequest<'_>| {
+            if wr.wr_id == 22 {
+                return Err(Error::InvalidArgument { verb: "ibv_post_send", reason: "test" });
+            }
+            Ok(())
+        };
+        let e = post_send_iter(qp, &ring, post, &mut scratch, &mut sges, wrs, refuse_22).unwrap_err();
+        assert_eq!(e.posted, 0);
+        assert!(matches!(e.error, Error::InvalidArgument { reason: "test", .. }));
+        assert_eq!(e.request.as_ref().map(|w| w.wr_id), Some(22));
+        assert_eq!(taken.get(), 3);
+        assert_eq!(ring.outstanding(), 2, "the two written before it were withdrawn");
+
+        // The provider refuses the third: the two before it stay posted.
+        let e =
+            post_send_iter(qp, &ring, post, &mut scratch, &mut sges, (30..34).map(inline), ok).unwrap_err();
+        assert_eq!(e.posted, 2);
+        assert_eq!(e.error.raw_os_error(), Some(libc::ENOMEM));
+        assert!(e.request.is_none());
+        assert_eq!(ring.outstanding(), 4);
+
+        // 12 free positions: the 13th finds no room and comes back.
+        let e =
+            post_send_iter(qp, &ring, post, &mut scratch, &mut sges, (40..60).map(inline), ok).unwrap_err();
+        assert!(matches!(e.error, Error::QueueFull { capacity: 16, .. }), "{e}");
+        assert_eq!((e.posted, e.request.as_ref().map(|w| w.wr_id)), (0, Some(52)));
+        assert_eq!(ring.outstanding(), 4);
     }
 
     // Regression (soundness hole 10): the chain was linked through `scratch[i]` after taking

@@ -34,4 +34,4 @@ pub(crate) use engine::Slot;
 pub use ex::SendOps;
 pub use prepared::{PreparedChainError, PreparedPost, PreparedSend};
 pub use scope::{Scope, ScopedLocal, ScopedRecv, ScopedSend};
-pub use wr::{Local, LocalBuf, RecvRequest, SendRequest, MAX_SGE};
+pub use wr::{Local, LocalBuf, RecvRequest, SendIterError, SendRequest, MAX_SGE};

@@ -766,6 +766,48 @@ impl<'a> SendRequest<'a> {
     }
 }
 
+/// A chain posted from an iterator by
+/// [`QueuePair::post_send_iter`](crate::QueuePair::post_send_iter) stopped short: the first
+/// `posted` requests reached the device (their completions come as usual), the rest did not.
+pub struct SendIterError<'a> {
+    /// How many requests, from the first, reached the device: 0 when a request failed its
+    /// checks or found no room, since then nothing is posted.
+    pub posted: usize,
+    /// Why the rest did not.
+    pub error: Error,
+    /// The request refused by a check or for want of room, handed back whole. `None` when the
+    /// provider refused the chain (the requests it did not take are dropped, buffers and all).
+    pub request: Option<SendRequest<'a>>,
+}
+
+impl fmt::Debug for SendIterError<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendIterError")
+            .field("posted", &self.posted)
+            .field("error", &self.error)
+            .field("request", &self.request)
+            .finish()
+    }
+}
+
+impl fmt::Display for SendIterError<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (after {} posted)", self.error, self.posted)
+    }
+}
+
+impl std::error::Error for SendIterError<'_> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl From<SendIterError<'_>> for Error {
+    fn from(e: SendIterError<'_>) -> Error {
+        e.error
+    }
+}
+
 /// A receive-queue work request (`struct ibv_recv_wr`): where an incoming Send lands.
 ///
 /// Every buffer must be writable by the device: owned [`MemoryRegion`]s or

@@ -5,12 +5,15 @@ use std::sync::Arc;
 
 use crate::error::{cvt, Error, Result};
 use crate::ffi;
-use crate::post::engine::{post_chain, post_one, post_prepared_chain, post_prepared_one, RawPost, Request};
+use crate::pd::PdInner;
+use crate::post::engine::{
+    post_chain, post_one, post_prepared_chain, post_prepared_one, post_send_iter, RawPost, Request,
+};
 use crate::post::ex;
 use crate::post::prepared::{PreparedChainError, PreparedPost, PreparedScratch, PreparedSend};
 use crate::post::wr::Op;
-use crate::post::{RecvRequest, ScopedRecv, ScopedSend, SendRequest};
-use crate::queue::qp::{PostError, QpState, QpType, QueuePair};
+use crate::post::{RecvRequest, ScopedRecv, ScopedSend, SendIterError, SendRequest};
+use crate::queue::qp::{PostError, QpCaps, QpState, QpType, QueuePair};
 
 impl QueuePair {
     /// Posts `wr` on the send queue through `post` (a verb other than `ibv_post_send` that
@@ -54,36 +57,7 @@ impl QueuePair {
     /// The checks of a send request against this QP's type and capacities, given its entry count.
     #[inline]
     fn check_send_fit(&self, wr: &SendRequest<'_>, count: usize) -> Result<()> {
-        let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_post_send", reason });
-        if wr.ud.as_ref().is_some_and(|(ah, _, _)| !Arc::ptr_eq(&ah.inner.pd, &self.pd)) {
-            return bad("the address handle belongs to another protection domain");
-        }
-        if let Some(d) = wr.inline {
-            if d.len() > self.caps.max_inline_data as usize {
-                return bad("inline data larger than the QP's max_inline_data");
-            }
-        } else if count > self.caps.max_send_sge as usize {
-            return bad("more scatter/gather entries than the QP's max_send_sge");
-        }
-        if wr.xrc_srqn.is_some() != (self.qp_type == QpType::XRC_SEND) {
-            return bad(
-                "an XRC initiator's requests name their remote SRQ (SendRequest::xrc_srqn); no other's do",
-            );
-        }
-        // The address handle first: without one (every connected QP) the operation is looked at
-        // only on UC.
-        match &wr.ud {
-            None => match self.qp_type {
-                QpType::UD => bad("a send on a UD queue pair needs a destination: SendRequest::ud"),
-                QpType::UC if matches!(wr.op, Op::Read(_) | Op::CompareSwap { .. } | Op::FetchAdd { .. }) => {
-                    bad("UC queue pairs do not do RDMA Read or atomics")
-                }
-                _ => Ok(()),
-            },
-            Some(_) if self.qp_type != QpType::UD => bad("only UD queue pairs take an address handle"),
-            Some(_) if !matches!(wr.op, Op::Send) => bad("UD queue pairs only send"),
-            Some(_) => Ok(()),
-        }
+        send_fits(&self.pd, &self.caps, self.qp_type, wr, count)
     }
 
     fn check_recv(&self, wr: &RecvRequest) -> Result<()> {
@@ -253,6 +227,80 @@ impl QueuePair {
         }
         let qp = self.raw.as_ptr();
         post_chain(qp, &self.send, self.post_send_fn, &mut self.chain, &mut self.chain_sges, wrs)
+    }
+
+    /// [`post_send_chain`](Self::post_send_chain) of the requests an iterator yields, each
+    /// checked, written into the chain and moved into its slot as it comes (one
+    /// `ibv_post_send()` call, one doorbell): no request is moved into a `Vec` first, which for
+    /// a chain of small requests costs about as much as the checks (a 312-byte copy each).
+    ///
+    /// ```no_run
+    /// # fn f(qp: &mut ibverbs::QueuePair, peer: ibverbs::RemoteSlice) -> Result<(), ibverbs::Error> {
+    /// use ibverbs::SendRequest;
+    /// let data = [7u8; 8];
+    /// // 16 inline writes of 8 bytes, only the last signaled: one doorbell.
+    /// qp.post_send_iter((0..16u64).map(|i| {
+    ///     let wr = SendRequest::write_inline(&data, peer.slice(8 * i, 8).unwrap()).wr_id(i);
+    ///     if i < 15 { wr.unsignaled() } else { wr }
+    /// }))?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Unlike `post_send_chain`, the requests are consumed: when one fails its checks or finds
+    /// no room, nothing is posted, that request comes back in the error
+    /// ([`SendIterError::request`](crate::SendIterError::request)) and the ones taken before it
+    /// are dropped with their buffers. Use `post_send_chain` for requests whose owned buffers
+    /// you need back on error. If the iterator panics, the requests it yielded before are
+    /// leaked (not posted, their buffers never freed).
+    ///
+    /// On an extended queue pair ([`QueuePairBuilder::send_ops`](crate::QueuePairBuilder::send_ops))
+    /// an iterator of one request posts as [`post_send`](Self::post_send) does; longer ones
+    /// are refused ([`Error::InvalidArgument`]: use `post_send_chain` there).
+    ///
+    /// # Errors
+    /// A [`SendIterError`](crate::SendIterError) with the number of requests that reached the
+    /// device (0 for every check): as [`post_send`](Self::post_send) for any request,
+    /// [`Error::QueueFull`] when the iterator yields more requests than the send queue (or the
+    /// QP's chain scratch, `max_send_wr` long) has room for (the requests up to and including
+    /// the one found without room are taken from the iterator), or [`Error::Verb`] when the
+    /// provider refuses one (the ones before it are posted; the rest are dropped).
+    #[doc(alias = "ibv_post_send")]
+    #[allow(clippy::result_large_err)] // as post_send: the refused request comes back whole
+    pub fn post_send_iter<'a>(
+        &mut self,
+        wrs: impl IntoIterator<Item = SendRequest<'a>>,
+    ) -> std::result::Result<(), SendIterError<'a>> {
+        let refuse = |error, request| SendIterError { posted: 0, error, request };
+        if let Err(error) = self.check_send_state() {
+            return Err(refuse(error, None));
+        }
+        let wrs = wrs.into_iter();
+        if wrs.size_hint() == (1, Some(1)) || self.ex.is_some() {
+            let mut wrs = wrs.peekable();
+            return match (wrs.next(), wrs.peek().is_some()) {
+                (None, _) => Ok(()),
+                (Some(wr), false) => {
+                    self.post_send(wr).map_err(|e| SendIterError { posted: 0, error: e.error, request: Some(e.request) })
+                }
+                (Some(wr), true) => Err(refuse(
+                    Error::InvalidArgument {
+                        verb: "ibv_post_send",
+                        reason: "post_send_iter chains are for queue pairs posted through ibv_post_send (not send_ops)",
+                    },
+                    Some(wr),
+                )),
+            };
+        }
+        let (id, qp_num, qp_type) = (self.id, self.qp_num(), self.qp_type);
+        let (pd, caps) = (&self.pd, &self.caps);
+        let check = |wr: &mut SendRequest<'a>| {
+            let count = wr.validate(pd)?;
+            send_fits(pd, caps, qp_type, wr, count)?;
+            wr.bind_to(id, qp_num);
+            Ok(())
+        };
+        let qp = self.raw.as_ptr();
+        post_send_iter(qp, &self.send, self.post_send_fn, &mut self.chain, &mut self.chain_sges, wrs, check)
     }
 
     /// Posts one receive request (`ibv_post_recv()`), safely: the QP keeps its buffers until the
@@ -531,5 +579,48 @@ impl QueuePair {
         };
         // SAFETY: the caller's contract.
         cvt("ibv_post_recv", unsafe { f(self.raw.as_ptr(), wr, bad_wr) })
+    }
+}
+
+/// The checks of a send request against a QP's protection domain `pd`, capacities and type,
+/// given its entry count (`QueuePair::check_send_fit`, on the fields alone so that a chain's
+/// loop can check while it holds the QP's scratch).
+#[inline(always)]
+fn send_fits(
+    pd: &Arc<PdInner>,
+    caps: &QpCaps,
+    qp_type: QpType,
+    wr: &SendRequest<'_>,
+    count: usize,
+) -> Result<()> {
+    let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_post_send", reason });
+    if wr.ud.as_ref().is_some_and(|(ah, _, _)| !Arc::ptr_eq(&ah.inner.pd, pd)) {
+        return bad("the address handle belongs to another protection domain");
+    }
+    if let Some(d) = wr.inline {
+        if d.len() > caps.max_inline_data as usize {
+            return bad("inline data larger than the QP's max_inline_data");
+        }
+    } else if count > caps.max_send_sge as usize {
+        return bad("more scatter/gather entries than the QP's max_send_sge");
+    }
+    if wr.xrc_srqn.is_some() != (qp_type == QpType::XRC_SEND) {
+        return bad(
+            "an XRC initiator's requests name their remote SRQ (SendRequest::xrc_srqn); no other's do",
+        );
+    }
+    // The address handle first: without one (every connected QP) the operation is looked at
+    // only on UC.
+    match &wr.ud {
+        None => match qp_type {
+            QpType::UD => bad("a send on a UD queue pair needs a destination: SendRequest::ud"),
+            QpType::UC if matches!(wr.op, Op::Read(_) | Op::CompareSwap { .. } | Op::FetchAdd { .. }) => {
+                bad("UC queue pairs do not do RDMA Read or atomics")
+            }
+            _ => Ok(()),
+        },
+        Some(_) if qp_type != QpType::UD => bad("only UD queue pairs take an address handle"),
+        Some(_) if !matches!(wr.op, Op::Send) => bad("UD queue pairs only send"),
+        Some(_) => Ok(()),
     }
 }
