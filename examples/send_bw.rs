@@ -47,7 +47,7 @@ fn server_run(s: &mut Session, bufs: &[Buf], spec: RunSpec) -> Result<(), String
     let (first, last) = match spec.level {
         Level::Safe => {
             let r = &mut s.rdma;
-            let mut path = SafePath::receiver(&mut r.qps, &mut r.recv_cq, bufs, spec);
+            let mut path = SafePath::receiver(&mut r.qps, &mut r.recv_cq, bufs, spec)?;
             let pre = bw::prepost(&mut path, &spec)?;
             perf::ready(role, &mut s.oob)?;
             bw::run_receiver(&mut path, &spec, pre, &mut guard)?

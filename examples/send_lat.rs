@@ -46,7 +46,7 @@ fn status_error(what: &str, status: WcStatus, n: u64) -> String {
     format!("{what} completion with status {status} (iteration {n})")
 }
 
-/// The loop at the safe level: `post_recv` of requests holding an `Arc` of the receive buffer,
+/// The loop at the safe level: `post_prepared_recv` of a receive prepared over the receive buffer,
 /// `post_prepared` of the run's two prepared Sends (signaled and not; inline up to `-I` bytes,
 /// as prepared Sends from an `Arc<MemoryRegion>` are), `CompletionQueue::poll`.
 fn safe_loop(
@@ -61,8 +61,13 @@ fn safe_loop(
     let role = s.role;
     let r = &mut s.rdma;
     let (qp, send_cq, recv_cq) = (&mut r.qps[0], &mut r.send_cq, &mut r.recv_cq);
-    let recv = |k: u64| -> Result<RecvRequest, String> {
-        Ok(RecvRequest::new(dst.local(0..size).map_err(|e| e.to_string())?).wr_id(k))
+    // The receive, prepared once over the whole buffer: each post lands the message at 0.
+    let whole_dst = dst.local(0..dst.len()).map_err(|e| e.to_string())?;
+    let prepared_recv =
+        qp.prepare_recv(RecvRequest::new(whole_dst)).map_err(|e| format!("prepare_recv: {}", e.error))?;
+    let recv = |qp: &mut ibverbs::QueuePair, k: u64| {
+        qp.post_prepared_recv(&prepared_recv, k, 0, size as u32)
+            .map_err(|e| format!("post_prepared_recv: {e}"))
     };
     // Prepared once per run: every post changes only its wr_id (and sends the first `size`
     // bytes).
@@ -74,7 +79,7 @@ fn safe_loop(
     let unsignaled_send = prepare(qp, SendRequest::send(whole()?).unsignaled())?;
     let mut posted = 0u64;
     while posted < spec.rx_depth {
-        qp.post_recv(recv(posted)?).map_err(|e| format!("post_recv: {e}"))?;
+        recv(qp, posted)?;
         posted += 1;
     }
     perf::ready(role, &mut s.oob)?;
@@ -97,7 +102,7 @@ fn safe_loop(
             }
             rcnt += 1;
             if posted < iters {
-                qp.post_recv(recv(posted)?).map_err(|e| format!("post_recv: {e}"))?;
+                recv(qp, posted)?;
                 posted += 1;
             }
         }

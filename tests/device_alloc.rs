@@ -269,3 +269,26 @@ fn scoped_posts_and_polls_do_not_allocate() {
     assert_eq!(cq_a.kept() + cq_b.kept(), 0, "everything was polled inside the scopes");
     assert_eq!(dst[64 * 31..], [7; 64]);
 }
+
+#[test]
+fn prepared_receives_do_not_allocate() {
+    let mut p = rc_pair(32);
+    let src = std::sync::Arc::new(p.pd.allocate(64).unwrap());
+    let send = p.a.prepare_send(SendRequest::send(Local::whole(src))).unwrap();
+    let region = std::sync::Arc::new(p.pd.allocate_remote(64 * 16, AccessFlags::empty()).unwrap());
+    let recv = p.b.prepare_recv(ibverbs::RecvRequest::new(Local::whole(region))).unwrap();
+    let mut out: [Completion; 16] = Default::default();
+    for round in 0..2 {
+        let before = ALLOCS.load(Ordering::Relaxed);
+        for i in 0..200u64 {
+            p.b.post_prepared_recv(&recv, i, 64 * (i % 16) as usize, 64).unwrap();
+            p.a.post_prepared(&send, i, 0, 64, 0).unwrap();
+            drain(&mut p.cq_a, &mut out, 1);
+            drain(&mut p.cq_b, &mut out, 1);
+        }
+        let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+        if round == 1 {
+            assert_eq!(allocs, 0, "prepared receives allocated {allocs} times");
+        }
+    }
+}

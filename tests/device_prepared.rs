@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use ibverbs::{AccessFlags, Error, Local, QpState, QpType, SendRequest};
+use ibverbs::{AccessFlags, Error, Local, QpState, QpType, RecvRequest, SendRequest};
 
 /// A 4 KiB source filled with `pattern(_, seed)`, an 8 KiB remote-writable target, and an RDMA
 /// Write from the one to the other prepared on `p.a`.
@@ -380,4 +380,79 @@ fn small_prepared_sends_and_writes_from_a_local_region_go_inline() {
     if q.a.caps().max_inline_data == 0 {
         assert!(!inline(none.at(0, 0, 0, 0)) && !inline(none.at(0, 0, 8, 0)));
     }
+}
+
+// Prepared receives: many posted into one Arc<RemoteMemoryRegion> at once, each landing at its
+// own offset; their completions hand no buffer back; the queue pair's pin keeps the region
+// alive for posted receives after every handle of ours is gone, and lets it go afterwards.
+#[test]
+fn prepared_receives_land_in_one_shared_region_which_the_queue_pair_pins() {
+    let mut p = rc_pair(8);
+    let mut src = p.pd.allocate(4096).unwrap();
+    src.copy_from_slice(&pattern(4096, 21));
+    let src = Arc::new(src);
+    let send = p.a.prepare_send(SendRequest::send(Local::whole(src.clone()))).unwrap();
+    let region = Arc::new(p.pd.allocate_remote(8 * 256, AccessFlags::empty()).unwrap());
+    let recv = p.b.prepare_recv(RecvRequest::new(Local::whole(region.clone()))).unwrap();
+    assert_eq!(recv.buffer_len(), 8 * 256);
+    for round in 0..3u64 {
+        for i in 0..8u64 {
+            p.b.post_prepared_recv(&recv, round * 8 + i, 256 * i as usize, 256).unwrap();
+        }
+        assert!(matches!(p.b.post_prepared_recv(&recv, 0, 0, 8), Err(Error::QueueFull { .. })));
+        for i in 0..8u64 {
+            let len = 1 + (round * 8 + i) as u32 * 9;
+            p.a.post_prepared(&send, i, (i * 100) as usize, len, 0).unwrap();
+            assert!(poll_one(&mut p.cq_a).is_ok());
+        }
+        for (i, mut c) in poll_n(&mut p.cq_b, 8).into_iter().enumerate() {
+            let len = 1 + (round * 8 + i as u64) as u32 * 9;
+            assert!(c.is_ok(), "{c:?}");
+            assert_eq!((c.wr_id(), c.byte_len()), (round * 8 + i as u64, len));
+            assert!(c.take_buffers().next().is_none(), "a prepared receive's slot holds nothing");
+            let mut got = vec![0u8; len as usize];
+            region.read(256 * i, &mut got).unwrap();
+            assert_eq!(got, src[i * 100..][..len as usize], "round {round} message {i}");
+        }
+    }
+
+    // Every handle of ours dropped while two receives are posted: the pin keeps the region.
+    p.b.post_prepared_recv(&recv, 100, 0, 64).unwrap();
+    p.b.post_prepared_recv(&recv, 101, 64, 64).unwrap();
+    let weak = Arc::downgrade(&region);
+    drop((recv, region));
+    assert!(weak.upgrade().is_some(), "pinned by the queue pair");
+    for i in 0..2 {
+        p.a.post_prepared(&send, i, 0, 64, 0).unwrap();
+        assert!(poll_one(&mut p.cq_a).is_ok());
+    }
+    let got: Vec<u64> = poll_n(&mut p.cq_b, 2).iter().map(|c| c.wr_id()).collect();
+    assert_eq!(got, [100, 101]);
+    let mut landed = vec![0u8; 128];
+    weak.upgrade().unwrap().read(0, &mut landed).unwrap();
+    assert_eq!(landed[..64], src[..64]);
+    assert_eq!(landed[64..], src[..64]);
+    // The next prepare_recv, with no receive outstanding, lets the unused pin go.
+    let other = Arc::new(p.pd.allocate_remote(64, AccessFlags::empty()).unwrap());
+    let recv2 = p.b.prepare_recv(RecvRequest::new(Local::whole(other.clone()))).unwrap();
+    assert!(weak.upgrade().is_none(), "pruned: nothing posted, nobody else holds it");
+
+    // What a prepared receive refuses.
+    let e = p.b.prepare_recv(RecvRequest::new(Local::whole(src.clone()))).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }), "a read-only shared region: {e}");
+    let e = p.b.prepare_recv(RecvRequest::new(Local::whole(p.pd.allocate(64).unwrap()))).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }), "an owned region: {e}");
+    assert!(e.request.into_buffers().next().is_some(), "handed back with its buffer");
+    let third = Arc::new(p.pd.allocate_remote(16, AccessFlags::empty()).unwrap());
+    let two = RecvRequest::new(Local::new(third.clone(), 0..8).unwrap())
+        .scatter(Local::new(third.clone(), 8..16).unwrap());
+    let e = p.b.prepare_recv(two.unwrap()).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }), "two entries: {e}");
+    let e = p.b.post_prepared_recv(&recv2, 0, 60, 8).unwrap_err();
+    assert!(matches!(e, Error::OutOfBounds { .. }), "{e}");
+    let e = p.a.post_prepared_recv(&recv2, 0, 0, 8).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "prepared for b, posted on a: {e}");
+    assert_eq!(p.b.outstanding_recvs(), 0);
+    drop(p.b);
+    assert_eq!(Arc::strong_count(&other), 2, "ours and recv2's: the queue pair's drop let its pin go");
 }

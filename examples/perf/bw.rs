@@ -8,8 +8,8 @@ use std::ptr;
 use ibverbs::ffi;
 use ibverbs::raw::{self, RawSend};
 use ibverbs::{
-    AccessFlags, Completion, CompletionQueue, PreparedPost, PreparedSend, QueuePair, RecvRequest,
-    RemoteSlice, SendRequest, WcStatus, WorkCompletion,
+    AccessFlags, Completion, CompletionQueue, PreparedPost, PreparedRecv, PreparedSend, QueuePair,
+    RecvRequest, RemoteSlice, SendRequest, WcStatus, WorkCompletion,
 };
 
 use super::clock::ticks;
@@ -67,7 +67,8 @@ pub trait RecvPath {
 /// `post_prepared_iter` of `PreparedPost`s with only the `wr_id` and the ranges changing, as a
 /// server posting from a registered pool does); chains longer than one on an extended queue
 /// pair (`--ex`, where those are refused) as one-shot requests holding `Arc`s of the buffers
-/// (`post_send_chain`); `post_recv` with such requests; `CompletionQueue::poll`.
+/// (`post_send_chain`); receives prepared once per queue pair over its whole buffer
+/// (`prepare_recv`, then `post_prepared_recv` of each message's range); `CompletionQueue::poll`.
 pub struct SafePath<'a> {
     qps: &'a mut [QueuePair],
     cq: &'a mut CompletionQueue,
@@ -75,6 +76,8 @@ pub struct SafePath<'a> {
     /// Per queue pair, the request of `op` over its whole local buffer and remote slice (empty on
     /// the receiving side).
     prepared: Vec<PreparedSend>,
+    /// Per queue pair, the receive into its whole local buffer (empty on the sending side).
+    prepared_recv: Vec<PreparedRecv>,
     /// Whether the queue pairs are extended (chains longer than one go one-shot).
     ex: bool,
     remote: &'a [RemoteSlice],
@@ -133,7 +136,19 @@ impl<'a> SafePath<'a> {
         }
         let comps = (0..POLL_BATCH).map(|_| Completion::default()).collect();
         let chain = Vec::with_capacity(run.post_list as usize);
-        Ok(SafePath { qps, cq, local, prepared, ex, remote, op, chain, run, comps })
+        Ok(SafePath {
+            qps,
+            cq,
+            local,
+            prepared,
+            prepared_recv: Vec::new(),
+            ex,
+            remote,
+            op,
+            chain,
+            run,
+            comps,
+        })
     }
 
     /// A receiving path over `qps` (one `local` buffer per queue pair), polling `cq`.
@@ -142,19 +157,27 @@ impl<'a> SafePath<'a> {
         cq: &'a mut CompletionQueue,
         local: &'a [Buf],
         run: RunSpec,
-    ) -> Self {
-        SafePath {
+    ) -> Result<Self, String> {
+        let mut prepared_recv = Vec::with_capacity(qps.len());
+        for (qp, buf) in qps.iter().zip(local) {
+            let whole = buf.local(0..buf.len()).map_err(|e| e.to_string())?;
+            prepared_recv.push(
+                qp.prepare_recv(RecvRequest::new(whole)).map_err(|e| format!("prepare_recv: {}", e.error))?,
+            );
+        }
+        Ok(SafePath {
             qps,
             cq,
             local,
             prepared: Vec::new(),
+            prepared_recv,
             ex: false,
             remote: &[],
             op: Op::Send,
             chain: Vec::new(),
             run,
             comps: (0..POLL_BATCH).map(|_| Completion::default()).collect(),
-        }
+        })
     }
 
     /// Message `k` of queue pair `q` as a one-shot request (extended queue pairs).
@@ -227,10 +250,11 @@ impl SendPath for SafePath<'_> {
 impl RecvPath for SafePath<'_> {
     #[inline]
     fn post_recv(&mut self, q: usize, k: u64) -> Result<(), String> {
-        let local = self.local[q].local(self.run.range(k)).map_err(|e| e.to_string())?;
+        let range = self.run.range(k);
+        let p = self.prepared_recv.get(q).ok_or("no prepared receive for a queue pair")?;
         self.qps[q]
-            .post_recv(RecvRequest::new(local).wr_id(wr_id(q, k)))
-            .map_err(|e| format!("post_recv: {e}"))
+            .post_prepared_recv(p, wr_id(q, k), range.start, range.len() as u32)
+            .map_err(|e| format!("post_prepared_recv: {e}"))
     }
 
     #[inline]

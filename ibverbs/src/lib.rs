@@ -69,7 +69,9 @@
 //!    hash lookup, also on a CQ shared by many QPs and both queues of a QP. A prepared request
 //!    ([`QueuePair::prepare_send`]) is checked once and posted many times; its `Arc` buffer is
 //!    *pinned* to the queue pair instead (held until the queue pair is destroyed, or until a
-//!    later `prepare_send` finds nothing outstanding), so its posts' slots hold nothing.
+//!    later `prepare_send` finds nothing outstanding), so its posts' slots hold nothing. A
+//!    prepared receive ([`QueuePair::prepare_recv`]) does the same for an
+//!    `Arc<RemoteMemoryRegion>`, the one buffer the device may write while it is shared.
 //! 2. **Unsafe, zero overhead** ([`QueuePair::post_send_unchecked`],
 //!    [`CompletionQueue::poll_raw`], and for the extended path [`QueuePair::qp_ex_raw`] and
 //!    [`CompletionQueue::cq_ex_raw`]): raw `ibv_send_wr` chains (or `ibv_wr_*` builder calls) at
@@ -688,8 +690,8 @@ pub use pd::ProtectionDomain;
 pub use pool::ReceivePool;
 pub use post::raw;
 pub use post::{
-    Local, LocalBuf, PreparedChainError, PreparedPost, PreparedSend, RecvRequest, Scope, ScopedLocal,
-    ScopedRecv, ScopedSend, SendIterError, SendOps, SendRequest, MAX_SGE,
+    Local, LocalBuf, PreparedChainError, PreparedPost, PreparedRecv, PreparedSend, RecvRequest, Scope,
+    ScopedLocal, ScopedRecv, ScopedSend, SendIterError, SendOps, SendRequest, MAX_SGE,
 };
 pub use queue::{
     Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpState, QpType, QueuePair,

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use crate::ah::AhInner;
 use crate::error::{Error, Result};
 use crate::ffi;
-use crate::post::prepared::{PreparedChainError, PreparedPost, PreparedScratch, PreparedSend};
+use crate::post::prepared::{
+    write_light_slot, PreparedChainError, PreparedPost, PreparedRecv, PreparedScratch, PreparedSend,
+};
 use crate::post::registry::{RegisterError, Registry};
 use crate::post::ring::{Ring, SlotValue};
 use crate::post::wr::{Local, LocalBuf, RecvRequest, SendIterError, SendRequest, MAX_SGE};
@@ -522,6 +524,55 @@ pub(crate) fn post_prepared_chain<'p>(
         drop(unsafe { ring.take_back(head.wrapping_add(i as u32)) });
     }
     Err(PreparedChainError { posted, error })
+}
+
+/// Posts one checked prepared receive into bytes `offset..offset + len` of its buffer
+/// (`QueuePair::post_prepared_recv`): built on the stack, its slot light.
+#[inline]
+pub(crate) fn post_prepared_recv_one(
+    qp: *mut ffi::ibv_qp,
+    ring: &Ring<Slot>,
+    post: Option<RawPost<ffi::ibv_recv_wr>>,
+    p: &PreparedRecv,
+    wr_id: u64,
+    offset: usize,
+    len: u32,
+) -> Result<()> {
+    let verb = "ibv_post_recv";
+    let (head, free) = ring.producer_state();
+    if free == 0 {
+        return Err(Error::QueueFull { verb, capacity: ring.capacity() });
+    }
+    let mut raw = std::mem::MaybeUninit::<ffi::ibv_recv_wr>::uninit();
+    let mut sge = std::mem::MaybeUninit::<ffi::ibv_sge>::uninit();
+    // SAFETY: both are valid for writes; producer, and `head` is free (free > 0).
+    unsafe {
+        p.fill_one(raw.as_mut_ptr(), sge.as_mut_ptr(), ring.device_wr_id(head), offset, len);
+        write_light_slot(ring, head, wr_id);
+    }
+    // Publish the slot before posting: the completion may be polled before the post returns.
+    ring.set_head(head.wrapping_add(1));
+    let mut bad = std::ptr::null_mut();
+    let ret = match post {
+        // SAFETY: valid QP; every field of the request and its SGE was written (fill_one),
+        // describing a checked range of a device-writable region the queue pair's pin holds.
+        Some(f) => unsafe { f(qp, raw.as_mut_ptr(), &mut bad) },
+        None => {
+            bad = raw.as_mut_ptr(); // names it as not posted
+            libc::ENOSYS
+        }
+    };
+    if ret != 0 {
+        let (posted, error) = Error::from_post(verb, ret, raw.as_ptr(), 1, bad);
+        // Queued after all (see Error::QueuedWithError): the slot stays published.
+        if posted == 0 {
+            ring.set_head(head);
+            // SAFETY: the producer withdrew `head`; the provider named it as not posted.
+            drop(unsafe { ring.take_back(head) });
+        }
+        return Err(error);
+    }
+    Ok(())
 }
 
 /// Posts one checked prepared post (`QueuePair::post_prepared` on a classic QP): its request is

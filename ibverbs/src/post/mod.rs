@@ -32,6 +32,6 @@ pub(crate) mod wr;
 
 pub(crate) use engine::Slot;
 pub use ex::SendOps;
-pub use prepared::{PreparedChainError, PreparedPost, PreparedSend};
+pub use prepared::{PreparedChainError, PreparedPost, PreparedRecv, PreparedSend};
 pub use scope::{Scope, ScopedLocal, ScopedRecv, ScopedSend};
 pub use wr::{Local, LocalBuf, RecvRequest, SendIterError, SendRequest, MAX_SGE};

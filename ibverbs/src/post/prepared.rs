@@ -13,7 +13,7 @@ use crate::ffi;
 use crate::memory::{MemoryRegion, RemoteMemoryRegion, RemoteSlice};
 use crate::post::engine::{Request, Slot};
 use crate::post::ring::Ring;
-use crate::post::wr::{LocalBuf, Op, SendRequest, MAX_SGE};
+use crate::post::wr::{LocalBuf, Op, RecvRequest, SendRequest, MAX_SGE};
 
 /// A send-queue request prepared for one queue pair by
 /// [`QueuePair::prepare_send`](crate::QueuePair::prepare_send), posted with
@@ -306,21 +306,142 @@ impl PreparedPost<'_> {
     /// As [`Ring::write`]: the producer, for a free position.
     #[inline]
     pub(crate) unsafe fn write_slot_at(&self, ring: &Ring<Slot>, pos: u32) {
-        let init = |slot: *mut Slot| {
-            // SAFETY: `slot` points to the free slot (uninitialised, ours alone); every field
-            // is written once, so the whole value is initialised on return.
-            unsafe {
-                addr_of_mut!((*slot).wr_id).write(self.wr_id);
-                let bufs = addr_of_mut!((*slot).bufs).cast::<Option<LocalBuf>>();
-                for k in 0..MAX_SGE {
-                    bufs.add(k).write(None);
-                }
-                addr_of_mut!((*slot)._ah).write(None);
+        // SAFETY: the caller's contract.
+        unsafe { write_light_slot(ring, pos, self.wr_id) };
+    }
+}
+
+/// Writes the slot of a post whose buffers the queue pair pins (a prepared send or receive):
+/// the caller's `wr_id`, no buffer, no address handle, into the ring's slot at `pos`.
+///
+/// # Safety
+/// As [`Ring::write`]: the producer, for a free position.
+#[inline]
+pub(crate) unsafe fn write_light_slot(ring: &Ring<Slot>, pos: u32, wr_id: u64) {
+    let init = |slot: *mut Slot| {
+        // SAFETY: `slot` points to the free slot (uninitialised, ours alone); every field is
+        // written once, so the whole value is initialised on return.
+        unsafe {
+            addr_of_mut!((*slot).wr_id).write(wr_id);
+            let bufs = addr_of_mut!((*slot).bufs).cast::<Option<LocalBuf>>();
+            for k in 0..MAX_SGE {
+                bufs.add(k).write(None);
             }
-        };
-        // SAFETY: the caller's contract; `init` initialises the whole slot, which holds
-        // nothing to drop (light).
-        unsafe { ring.write_in_place(pos, false, init) };
+            addr_of_mut!((*slot)._ah).write(None);
+        }
+    };
+    // SAFETY: the caller's contract; `init` initialises the whole slot, which holds nothing to
+    // drop (light).
+    unsafe { ring.write_in_place(pos, false, init) };
+}
+
+/// A receive prepared for one queue pair by
+/// [`QueuePair::prepare_recv`](crate::QueuePair::prepare_recv), posted with
+/// [`QueuePair::post_prepared_recv`](crate::QueuePair::post_prepared_recv) into any range of its
+/// buffer.
+///
+/// Its buffer is an `Arc<RemoteMemoryRegion>`: the one buffer type the device may write while
+/// others hold it (safe code only copies in and out of it, never borrows its bytes), so many
+/// receives may be posted into it at once, as C servers post into one registered buffer.
+/// Preparing *pins* the buffer to the queue pair, as [`PreparedSend`] does: a post's slot holds
+/// nothing and its completion hands no buffer back; the bytes that arrived are read from the
+/// region at the offset posted. The pin goes when the queue pair is dropped (after
+/// `ibv_destroy_qp`), or at a later `prepare_recv` that finds no receive of the queue pair
+/// outstanding and nobody else holding the buffer.
+pub struct PreparedRecv {
+    /// The queue pair it was checked for (its process-unique id).
+    qp: u64,
+    lkey: u32,
+    /// Start address and length of the buffer.
+    base: u64,
+    buf_len: usize,
+    buf: Arc<RemoteMemoryRegion>,
+}
+
+impl fmt::Debug for PreparedRecv {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreparedRecv").field("buf_len", &self.buf_len).finish_non_exhaustive()
+    }
+}
+
+impl PreparedRecv {
+    /// Builds it from a request the queue pair already checked (validated for its PD), for
+    /// queue pair `qp`. `None` unless it has exactly one entry, over an `Arc<RemoteMemoryRegion>`.
+    pub(crate) fn from_checked(qp: u64, wr: &RecvRequest) -> Option<PreparedRecv> {
+        let mut entries = wr.sges.iter().flatten();
+        let (local, rest) = (entries.next()?, entries.next());
+        if rest.is_some() {
+            return None;
+        }
+        let LocalBuf::Remote(buf) = &local.buf else { return None };
+        Some(PreparedRecv {
+            qp,
+            lkey: local.buf.mr().lkey(),
+            base: local.buf.device_start(),
+            buf_len: local.buf.bounds().1,
+            buf: buf.clone(),
+        })
+    }
+
+    /// What the queue pair pins for this receive's posts.
+    pub(crate) fn pin(&self) -> Pin {
+        self.buf.clone()
+    }
+
+    /// Length of the buffer the receive draws its ranges from.
+    pub fn buffer_len(&self) -> usize {
+        self.buf_len
+    }
+
+    /// Checks one post: prepared for queue pair `qp`, bytes `offset..offset + len` inside the
+    /// buffer.
+    #[inline]
+    pub(crate) fn check(&self, qp: u64, offset: usize, len: u32) -> Result<()> {
+        if self.qp != qp {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_post_recv",
+                reason: "the receive was prepared for another queue pair",
+            });
+        }
+        if offset > self.buf_len || len as usize > self.buf_len - offset {
+            return Err(Error::OutOfBounds {
+                verb: "ibv_post_recv",
+                offset: offset as u64,
+                len: u64::from(len),
+                size: self.buf_len as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Fills `raw` (every field) and its one SGE `sge` for a post into bytes
+    /// `offset..offset + len` (checked) at device `wr_id`.
+    ///
+    /// # Safety
+    /// `raw` and `sge` are valid for writes.
+    #[inline]
+    pub(crate) unsafe fn fill_one(
+        &self,
+        raw: *mut ffi::ibv_recv_wr,
+        sge: *mut ffi::ibv_sge,
+        device_wr_id: u64,
+        offset: usize,
+        len: u32,
+    ) {
+        // SAFETY: valid for writes (contract); every field written once through raw pointers.
+        unsafe {
+            raw.write(ffi::ibv_recv_wr {
+                wr_id: device_wr_id,
+                next: std::ptr::null_mut(),
+                sg_list: sge,
+                num_sge: i32::from(len != 0),
+            });
+            sge.write(ffi::ibv_sge {
+                addr: self.base.wrapping_add(offset as u64),
+                length: len,
+                lkey: self.lkey,
+            });
+        }
     }
 }
 

@@ -537,6 +537,7 @@ impl<'a> QueuePairBuilder<'a> {
             recv_chain_sges: vec![[ffi::ibv_sge::default(); MAX_SGE]; recv_chain_len].into_boxed_slice(),
             prepared: None,
             pins: std::sync::Mutex::new(Vec::new()),
+            recv_pins: std::sync::Mutex::new(Vec::new()),
             send_cq,
             recv_cq,
             pd: self.pd.inner.clone(),
@@ -586,6 +587,9 @@ pub struct QueuePair {
     /// hold nothing): dropped with the QP after `ibv_destroy_qp`, leaked if it fails, pruned
     /// by `prepare_send` (see `QueuePair::pin`).
     pub(crate) pins: std::sync::Mutex<Vec<crate::post::prepared::Pin>>,
+    /// The same for prepared receives ([`PreparedRecv`](crate::PreparedRecv)): their buffers,
+    /// pruned by `prepare_recv` when no receive is outstanding.
+    pub(crate) recv_pins: std::sync::Mutex<Vec<crate::post::prepared::Pin>>,
     send_cq: Arc<CqInner>,
     recv_cq: Arc<CqInner>,
     pd: Arc<PdInner>,
@@ -900,8 +904,10 @@ impl Drop for QueuePair {
             // The QP may still be live in the device: never release its buffers.
             std::mem::forget(self.send.clone());
             std::mem::forget(self.recv.clone());
-            let pins = self.pins.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
-            std::mem::forget(std::mem::take(pins));
+            for pins in [&mut self.pins, &mut self.recv_pins] {
+                let pins = pins.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
+                std::mem::forget(std::mem::take(pins));
+            }
         }
     }
 }

@@ -7,11 +7,16 @@ use crate::error::{cvt, Error, Result};
 use crate::ffi;
 use crate::pd::PdInner;
 use crate::post::engine::{
-    post_chain, post_one, post_prepared_chain, post_prepared_one, post_send_iter, RawPost, Request,
+    post_chain, post_one, post_prepared_chain, post_prepared_one, post_prepared_recv_one, post_send_iter,
+    RawPost, Request,
 };
 use crate::post::ex;
-use crate::post::prepared::{PreparedChainError, PreparedPost, PreparedScratch, PreparedSend};
+use crate::post::prepared::{
+    Pin, PreparedChainError, PreparedPost, PreparedRecv, PreparedScratch, PreparedSend,
+};
+use crate::post::ring::Ring;
 use crate::post::wr::Op;
+use crate::post::Slot;
 use crate::post::{RecvRequest, ScopedRecv, ScopedSend, SendIterError, SendRequest};
 use crate::queue::qp::{PostError, QpCaps, QpState, QpType, QueuePair};
 
@@ -344,17 +349,63 @@ impl QueuePair {
     /// holds (their requests are dropped, and no slot relies on them) are let go first, so the
     /// list stays as long as the buffers in use.
     fn pin(&self, new: [Option<crate::post::prepared::Pin>; 2]) {
-        let mut pins = self.pins.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // The outstanding count only falls while we hold &self (posting takes &mut self), and
-        // a slot released by the consumer no longer needs its request's buffer.
-        if self.send.outstanding() == 0 {
-            pins.retain(|p| Arc::strong_count(p) > 1);
+        pin_to(&self.pins, &self.send, new);
+    }
+
+    /// Checks `wr` once for this queue pair and keeps its buffer for
+    /// [`post_prepared_recv`](Self::post_prepared_recv). The request must have exactly one
+    /// scatter/gather entry over an `Arc<RemoteMemoryRegion>` (the one buffer type the device
+    /// may write while others hold it): the queue pair keeps a handle of it for the posts, so
+    /// their slots hold nothing and their completions hand no buffer back (see
+    /// [`PreparedRecv`]). The QP's state is checked at each post.
+    ///
+    /// # Errors
+    /// A [`PostError`] handing the request back: [`Error::InvalidArgument`] on a queue pair
+    /// that receives through a shared receive queue, for a buffer of another protection domain,
+    /// or for a request with more or fewer than one entry or another buffer type.
+    #[allow(clippy::result_large_err)] // the request comes back whole
+    pub fn prepare_recv(&self, wr: RecvRequest) -> Result<PreparedRecv, PostError<RecvRequest>> {
+        let checked = if self.has_recv { wr.validate(&self.pd).map(|_| ()) } else { self.check_recv_state() };
+        if let Err(error) = checked {
+            return Err(PostError { error, request: wr });
         }
-        for p in new.into_iter().flatten() {
-            if !pins.iter().any(|q| std::ptr::addr_eq(Arc::as_ptr(q), Arc::as_ptr(&p))) {
-                pins.push(p);
+        match PreparedRecv::from_checked(self.id, &wr) {
+            Some(p) => {
+                pin_to(&self.recv_pins, &self.recv, [Some(p.pin()), None]);
+                Ok(p)
             }
+            None => Err(PostError {
+                error: Error::InvalidArgument {
+                    verb: "ibv_post_recv",
+                    reason: "a prepared receive has one entry over an Arc<RemoteMemoryRegion>",
+                },
+                request: wr,
+            }),
         }
+    }
+
+    /// Posts a prepared receive (`ibv_post_recv()`) with `wr_id` into bytes
+    /// `offset..offset + len` of its buffer, the only check left per post. The queue pair holds
+    /// the buffer for the post (see [`PreparedRecv`]): its completion hands no buffer back; read
+    /// what arrived from the `RemoteMemoryRegion` (`read`, `to_vec`) at the offset you posted.
+    ///
+    /// # Errors
+    /// [`Error::QpState`] in RESET, [`Error::InvalidArgument`] for a receive prepared for
+    /// another queue pair, [`Error::OutOfBounds`] for a range outside the buffer,
+    /// [`Error::QueueFull`] when `max_recv_wr` receives are outstanding, or [`Error::Verb`]
+    /// when the provider refuses it ([`Error::QueuedWithError`] when it queued the receive and
+    /// then failed: it stays posted).
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post_prepared_recv(
+        &mut self,
+        prepared: &PreparedRecv,
+        wr_id: u64,
+        offset: usize,
+        len: u32,
+    ) -> Result<()> {
+        self.check_recv_state()?;
+        prepared.check(self.id, offset, len)?;
+        post_prepared_recv_one(self.raw.as_ptr(), &self.recv, self.post_recv_fn, prepared, wr_id, offset, len)
     }
 
     /// Checks `wr` once for this queue pair and keeps its fixed parts (opcode, flags, remote key,
@@ -622,5 +673,23 @@ fn send_fits(
         Some(_) if qp_type != QpType::UD => bad("only UD queue pairs take an address handle"),
         Some(_) if !matches!(wr.op, Op::Send) => bad("UD queue pairs only send"),
         Some(_) => Ok(()),
+    }
+}
+
+/// Keeps `new` in `pins` for the posts of the queue whose ring is `ring` (see
+/// `QueuePair::pin`): when none of its posts is outstanding, pins nobody else holds (their
+/// requests are dropped, and no slot relies on them) are let go first, so the list stays as
+/// long as the buffers in use.
+fn pin_to(pins: &std::sync::Mutex<Vec<Pin>>, ring: &Ring<Slot>, new: [Option<Pin>; 2]) {
+    let mut pins = pins.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // The outstanding count only falls while the caller holds &QueuePair (posting takes &mut),
+    // and a slot released by the consumer no longer needs its request's buffer.
+    if ring.outstanding() == 0 {
+        pins.retain(|p| Arc::strong_count(p) > 1);
+    }
+    for p in new.into_iter().flatten() {
+        if !pins.iter().any(|q| std::ptr::addr_eq(Arc::as_ptr(q), Arc::as_ptr(&p))) {
+            pins.push(p);
+        }
     }
 }
