@@ -5,7 +5,9 @@
 //! and chains of 32.
 //!
 //! Each level runs twice under callgrind (`POST_POLL_ONLY=<level>`: 200 single posts, then 20
-//! chains of 32): once collecting only inside the benchmark's `post` function, once only inside
+//! chains of 32, each shape after one warm-up iteration outside the counted functions, so that
+//! first-use costs such as a queue pair's lazily allocated chain scratch are not spread over the
+//! counted WRs): once collecting only inside the benchmark's `post` function, once only inside
 //! `poll` (`--collect-atstart=no --toggle-collect`), with a dump after each `run` call, so that
 //! each dump holds one (level, chain length, post or poll) count. A count is split into the
 //! provider's share (the inclusive cost of every call from outside the provider library into it:
