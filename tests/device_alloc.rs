@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-use ibverbs::{AccessFlags, Completion, CompletionQueue, Local, RecvRequest, SendRequest};
+use ibverbs::{AccessFlags, Completion, CompletionQueue, Local, QpType, RecvRequest, SendRequest};
 
 struct Counting;
 
@@ -55,7 +55,8 @@ fn drain(cq: &mut CompletionQueue, out: &mut [Completion], n: usize) -> Option<i
 
 #[test]
 fn post_and_poll_paths_do_not_allocate() {
-    let mut p = rc_pair(64);
+    // Inline data room for the inline writes below (siw gives what is asked, rxe rounds up).
+    let mut p = pair(QpType::RC, 64, 1, 16);
     let target = std::sync::Arc::new(p.pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap());
     let mut send_buf = Some(p.pd.allocate(64).unwrap());
     let mut recv_buf = Some(p.pd.allocate(64).unwrap());

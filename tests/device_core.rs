@@ -417,7 +417,8 @@ fn chain_of_64_requests_in_one_post() {
 // (a bad request, no room) posts nothing, hands that request back and drops the ones before it.
 #[test]
 fn send_requests_from_an_iterator_post_as_one_chain() {
-    let mut p = rc_pair(32);
+    // Inline data room for the inline writes below (siw gives what is asked, rxe rounds up).
+    let mut p = pair(QpType::RC, 32, 1, 16);
     let mut src = p.pd.allocate(4096).unwrap();
     src.copy_from_slice(&pattern(4096, 9));
     let src = Arc::new(src);
