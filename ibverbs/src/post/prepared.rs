@@ -52,6 +52,9 @@ pub struct PreparedSend {
     /// Posts of fewer bytes than this go inline: `max_inline_data + 1`, or 0 for none (see the
     /// type's docs).
     inline_below: u64,
+    /// The template's `send_flags` with `IBV_SEND_INLINE`: a post picks these or the
+    /// template's, one select.
+    inline_flags: u32,
 }
 
 // SAFETY: the raw pointers in `template` (the UD address handle) point to objects this value
@@ -124,6 +127,7 @@ impl PreparedSend {
         let inlines = matches!(wr.op, Op::Send | Op::SendInv(_) | Op::Write(_));
         let inline_below =
             if inlines && matches!(buf, SharedBuf::Local(_)) { u64::from(max_inline) + 1 } else { 0 };
+        let inline_flags = template.send_flags | ffi::ibv_send_flags::IBV_SEND_INLINE.0;
         Some(PreparedSend {
             qp,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -134,6 +138,7 @@ impl PreparedSend {
             limits: Limits { buf_len, remote, atomic },
             ah: wr.ud.as_ref().map(|(ah, _, _)| ah.inner.clone()),
             inline_below,
+            inline_flags,
         })
     }
 
@@ -246,16 +251,9 @@ impl PreparedSend {
     /// allows (see [`PreparedSend`]).
     #[inline]
     pub fn at(&self, wr_id: u64, offset: usize, len: u32, remote_offset: u64) -> PreparedPost<'_> {
-        let inline =
-            if u64::from(len) < self.inline_below { ffi::ibv_send_flags::IBV_SEND_INLINE.0 } else { 0 };
-        PreparedPost {
-            prepared: self,
-            wr_id,
-            offset,
-            len,
-            remote_offset,
-            flags: self.template.send_flags | inline,
-        }
+        let flags =
+            if u64::from(len) < self.inline_below { self.inline_flags } else { self.template.send_flags };
+        PreparedPost { prepared: self, wr_id, offset, len, remote_offset, flags }
     }
 }
 
