@@ -21,7 +21,7 @@ use crate::memory::racy::RacyBytes;
 use crate::memory::{AccessFlags, MrInner, OwnedBuffer, RemoteSlice};
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::post::engine::Request;
-use crate::post::{LocalBuf, Slot, MAX_SGE};
+use crate::post::{LocalBuf, Slot, SlotBufs, MAX_SGE};
 use crate::queue::{QpType, QueuePair};
 
 /// The type of a memory window (`enum ibv_mw_type`).
@@ -533,12 +533,17 @@ impl Request for Type1Bind {
     fn take_slot(&mut self) -> Slot {
         Slot {
             wr_id: self.wr_id,
-            bufs: [self.window.take().map(|w| LocalBuf::Window(Box::new(w))), None, None, None],
+            bufs: SlotBufs::new([
+                self.window.take().map(|w| LocalBuf::Window(Box::new(w))),
+                None,
+                None,
+                None,
+            ]),
             _ah: None,
         }
     }
     fn give_back(&mut self, mut slot: Slot, _sges: &[ffi::ibv_sge; MAX_SGE]) {
-        if let Some(LocalBuf::Window(w)) = slot.bufs[0].take() {
+        if let Some(LocalBuf::Window(w)) = slot.bufs.first_mut().take() {
             self.window = Some(*w);
         }
     }

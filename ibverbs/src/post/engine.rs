@@ -2,13 +2,15 @@
 //! [`Ring`] and becomes a raw work request whose `wr_id` names that slot; the provider's post call
 //! takes it from there. On failure the slot is withdrawn and the buffers go back to the request.
 
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 use crate::ah::AhInner;
 use crate::error::{Error, Result};
 use crate::ffi;
 use crate::post::prepared::{
-    write_light_slot, PreparedChainError, PreparedPost, PreparedRecv, PreparedScratch, PreparedSend,
+    light_slot, write_light_slot, PreparedChainError, PreparedPost, PreparedRecv, PreparedScratch,
+    PreparedSend,
 };
 use crate::post::registry::{RegisterError, Registry};
 use crate::post::ring::{Ring, SlotValue};
@@ -19,35 +21,96 @@ pub(crate) struct Slot {
     /// The caller's `wr_id`.
     pub(crate) wr_id: u64,
     /// The request's buffers, in SGE order.
-    pub(crate) bufs: [Option<LocalBuf>; MAX_SGE],
+    pub(crate) bufs: SlotBufs,
     /// Kept alive (never read) until the UD send completes.
     pub(crate) _ah: Option<Arc<AhInner>>,
 }
 
-impl SlotValue for Slot {
-    /// A slot's buffers are compact (entry `i` is the buffer of SGE `i`; a window takes entry
-    /// 0), so the first empty entry ends them: a slot that holds nothing (a prepared post, an
-    /// empty receive, a scope's request) costs one test of its buffers and one of its address
-    /// handle. If a buffer's drop unwinds, the entries after it and the address handle are
-    /// leaked, never dropped twice.
+// Dropped as any value: `SlotBufs` drops its entries as its invariant allows.
+impl SlotValue for Slot {}
+
+/// A slot's buffers, compact: entry `i` is the buffer of SGE `i` (a window takes entry 0), so the
+/// first empty entry ends them. Either every entry is initialised, or the first is `None` and the
+/// others may not be: a slot that holds no buffer (a prepared post's) is written with one store
+/// instead of [`MAX_SGE`]. Entry 0 is always initialised.
+#[repr(transparent)]
+pub(crate) struct SlotBufs([MaybeUninit<Option<LocalBuf>>; MAX_SGE]);
+
+impl SlotBufs {
+    /// Every entry initialised from `bufs`, which must be compact (checked in debug builds).
+    pub(crate) fn new(bufs: [Option<LocalBuf>; MAX_SGE]) -> SlotBufs {
+        debug_assert!(
+            bufs.iter().skip_while(|b| b.is_some()).all(Option::is_none),
+            "a slot's buffers are compact"
+        );
+        SlotBufs(bufs.map(MaybeUninit::new))
+    }
+
+    /// Entry 0 (the only one of a window request).
+    pub(crate) fn first_mut(&mut self) -> &mut Option<LocalBuf> {
+        // SAFETY: entry 0 is always initialised (the type's invariant).
+        unsafe { self.0[0].assume_init_mut() }
+    }
+
+    /// The entries as an array; all `None` when the first is (the others hold nothing then).
+    pub(crate) fn into_array(self) -> [Option<LocalBuf>; MAX_SGE] {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: entry 0 is always initialised; read once, the value is not dropped
+        // (ManuallyDrop).
+        let first = unsafe { me.0[0].assume_init_read() };
+        if first.is_none() {
+            return Default::default();
+        }
+        // SAFETY: the first entry is `Some`, so every entry is initialised (the invariant); each
+        // is read once and `me` is never dropped.
+        unsafe { [first, me.0[1].assume_init_read(), me.0[2].assume_init_read(), me.0[3].assume_init_read()] }
+    }
+
+    /// Writes the buffers of a slot that holds none, where they lie: entry 0 only (`None`).
+    ///
+    /// # Safety
+    /// `p` is valid for writes; it points into a slot being written.
     #[inline]
-    unsafe fn drop_slot(p: *mut Slot) {
-        // SAFETY: `p` is an initialised slot not used again (contract); each entry is dropped
-        // at most once, in place, and never read afterwards.
-        unsafe {
-            let bufs = std::ptr::addr_of_mut!((*p).bufs).cast::<Option<LocalBuf>>();
-            for k in 0..MAX_SGE {
-                let b = bufs.add(k);
-                if (*b).is_none() {
-                    debug_assert!(
-                        (k..MAX_SGE).all(|j| (*bufs.add(j)).is_none()),
-                        "a slot's buffers are compact"
-                    );
+    pub(crate) unsafe fn write_empty(p: *mut SlotBufs) {
+        // SAFETY: the caller's contract; MaybeUninit<T> is laid out as T.
+        unsafe { p.cast::<Option<LocalBuf>>().write(None) };
+    }
+
+    /// Whether entry 0 holds a buffer, read in place through `p` (every entry is then
+    /// initialised).
+    ///
+    /// # Safety
+    /// `p` points to initialised slot buffers (in the sense of the invariant).
+    #[inline]
+    pub(crate) unsafe fn first_is_some(p: *const SlotBufs) -> bool {
+        // SAFETY: entry 0 is initialised (the caller's contract and the invariant).
+        unsafe { (*p.cast::<Option<LocalBuf>>()).is_some() }
+    }
+}
+
+// MAX_SGE is the array length `into_array` spells out.
+const _: () = assert!(MAX_SGE == 4);
+
+impl Default for SlotBufs {
+    fn default() -> SlotBufs {
+        SlotBufs::new(Default::default())
+    }
+}
+
+impl Drop for SlotBufs {
+    /// Drops the entries up to the first empty one (entries past it hold nothing, and may be
+    /// uninitialised). If a buffer's drop unwinds, the entries after it are leaked, never
+    /// dropped twice.
+    fn drop(&mut self) {
+        for e in &mut self.0 {
+            // SAFETY: the entries before this one were `Some`, so this one is initialised (the
+            // invariant); it is dropped once, in place, and never read again.
+            unsafe {
+                if e.assume_init_ref().is_none() {
                     break;
                 }
-                std::ptr::drop_in_place(b);
+                e.assume_init_drop();
             }
-            std::ptr::drop_in_place(std::ptr::addr_of_mut!((*p)._ah));
         }
     }
 }
@@ -149,7 +212,7 @@ impl Request for SendRequest<'_> {
             debug_assert!(bufs[0].is_none());
             bufs[0] = Some(LocalBuf::Window(w));
         }
-        Slot { wr_id: self.wr_id, bufs, _ah: ah }
+        Slot { wr_id: self.wr_id, bufs: SlotBufs::new(bufs), _ah: ah }
     }
     #[inline]
     unsafe fn write_slot(&mut self, ring: &Ring<Slot>, pos: u32) {
@@ -167,7 +230,8 @@ impl Request for SendRequest<'_> {
         let init = |slot: *mut Slot| {
             // SAFETY: `slot` points to the free slot (uninitialised, ours alone); every field
             // and every buffer entry is written exactly once (k counts the entries written,
-            // k < MAX_SGE at each write).
+            // k < MAX_SGE at each write), so the slot's buffers are all initialised
+            // (MaybeUninit<T> is laid out as T).
             unsafe {
                 std::ptr::addr_of_mut!((*slot).wr_id).write(wr_id);
                 std::ptr::addr_of_mut!((*slot)._ah).write(ah);
@@ -190,8 +254,8 @@ impl Request for SendRequest<'_> {
         unsafe { ring.write_in_place(pos, heavy, init) };
     }
     fn give_back(&mut self, mut slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]) {
-        if matches!(slot.bufs[0], Some(LocalBuf::Window(_))) {
-            if let Some(LocalBuf::Window(w)) = slot.bufs[0].take() {
+        if matches!(slot.bufs.first_mut(), Some(LocalBuf::Window(_))) {
+            if let Some(LocalBuf::Window(w)) = slot.bufs.first_mut().take() {
                 self.window = Some(w);
             }
         }
@@ -217,7 +281,7 @@ impl Request for RecvRequest {
         raw.next = next;
     }
     fn take_slot(&mut self) -> Slot {
-        Slot { wr_id: self.wr_id, bufs: take_bufs(&mut self.sges), _ah: None }
+        Slot { wr_id: self.wr_id, bufs: SlotBufs::new(take_bufs(&mut self.sges)), _ah: None }
     }
     fn give_back(&mut self, slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]) {
         restore(&mut self.sges, slot, sges);
@@ -458,6 +522,7 @@ pub(crate) fn post_prepared_chain<'p>(
     let (head, free) = ring.producer_state();
     let room = (free as usize).min(scratch.len());
     let wr_id_base = ring.wr_id_base();
+    let slots = ring.light_writer();
     let mut checked: *const PreparedSend = std::ptr::null();
     let mut written = 0;
     // The post refused, if any (`Some(None)`: one post more than there is room for); the error
@@ -484,7 +549,7 @@ pub(crate) fn post_prepared_chain<'p>(
         // (room <= free).
         unsafe {
             p.fill_entry(entry, wr_id_base | u64::from(pos));
-            p.write_slot_at(ring, pos);
+            slots.write(pos, |slot| light_slot(slot, p.wr_id));
         }
         written += 1;
     }
@@ -657,7 +722,7 @@ fn take_bufs(sges: &mut [Option<Local>; MAX_SGE]) -> [Option<LocalBuf>; MAX_SGE]
 
 /// Puts a withdrawn slot's buffers back into the request they came from.
 fn restore(dst: &mut [Option<Local>; MAX_SGE], slot: Slot, sges: &[ffi::ibv_sge; MAX_SGE]) {
-    for ((d, b), sge) in dst.iter_mut().zip(slot.bufs).zip(sges) {
+    for ((d, b), sge) in dst.iter_mut().zip(slot.bufs.into_array()).zip(sges) {
         if let Some(buf) = b {
             // The SGE was built from this buffer: addr lies in it.
             let offset = sge.addr.wrapping_sub(buf.device_start()) as usize;
@@ -723,6 +788,44 @@ mod tests {
             }
         }
         0
+    }
+
+    // Light slots (prepared posts) are written with their first buffer entry only: taken back
+    // after a failed post, completed through a `Completion`, released with a later one or with
+    // the ring, nothing reads past that entry (run under Miri, an uninitialised read fails).
+    #[test]
+    fn light_slots_are_read_no_further_than_their_first_entry() {
+        let reg = Registry::<Slot>::new(64);
+        let [ring] = reg.register([(8, false)]).unwrap();
+        let writer = ring.light_writer();
+        for pos in 0..5u32 {
+            // SAFETY: the producer of a fresh ring; positions 0..5 are free.
+            unsafe {
+                if pos % 2 == 0 {
+                    write_light_slot(&ring, pos, 100 + u64::from(pos));
+                } else {
+                    writer.write(pos, |slot| light_slot(slot, 100 + u64::from(pos)));
+                }
+            }
+        }
+        ring.set_head(5);
+        // A post that failed: the last one withdrawn and taken back whole.
+        ring.set_head(4);
+        // SAFETY: withdrawn before the consumer could see it.
+        let back = unsafe { ring.take_back(4) };
+        assert_eq!(back.wr_id, 104);
+        assert!(back.bufs.into_array().iter().all(Option::is_none));
+        // The completion of position 1 releases 0 with it and takes 1 where it lies.
+        let mut c = crate::Completion::default();
+        let wc = ffi::ibv_wc { wr_id: ring.device_wr_id(1), ..Default::default() };
+        // SAFETY: the registry's only consumer; the entry is fresh (cleared).
+        unsafe { c.fill(&wc, &reg) };
+        assert_eq!(c.wr_id(), 101);
+        assert!(c.take_buffers().next().is_none(), "a light slot hands back nothing");
+        assert_eq!(ring.outstanding(), 2);
+        // Positions 2 and 3 are released with the ring (popped whole and dropped).
+        drop(ring);
+        drop(reg);
     }
 
     // A posted chain of send requests is emptied without dropping them one by one

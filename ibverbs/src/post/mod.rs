@@ -30,7 +30,7 @@ pub(crate) mod scope;
 pub(crate) mod table;
 pub(crate) mod wr;
 
-pub(crate) use engine::Slot;
+pub(crate) use engine::{Slot, SlotBufs};
 pub use ex::SendOps;
 pub use prepared::{PreparedChainError, PreparedPost, PreparedRecv, PreparedSend};
 pub use scope::{Scope, ScopedLocal, ScopedRecv, ScopedSend};

@@ -11,7 +11,7 @@ use crate::ah::AhInner;
 use crate::error::{Error, Result};
 use crate::ffi;
 use crate::memory::{MemoryRegion, RemoteMemoryRegion, RemoteSlice};
-use crate::post::engine::{Request, Slot};
+use crate::post::engine::{Request, Slot, SlotBufs};
 use crate::post::ring::Ring;
 use crate::post::wr::{LocalBuf, Op, RecvRequest, SendRequest, MAX_SGE};
 
@@ -295,7 +295,7 @@ impl PreparedPost<'_> {
     /// queue pair, which the caller checked the request was prepared for.
     #[inline]
     pub(crate) fn slot(&self) -> Slot {
-        Slot { wr_id: self.wr_id, bufs: [None, None, None, None], _ah: None }
+        Slot { wr_id: self.wr_id, bufs: SlotBufs::default(), _ah: None }
     }
 
     /// [`slot`](Self::slot), written field by field into the ring's slot at `pos`.
@@ -316,21 +316,24 @@ impl PreparedPost<'_> {
 /// As [`Ring::write`]: the producer, for a free position.
 #[inline]
 pub(crate) unsafe fn write_light_slot(ring: &Ring<Slot>, pos: u32, wr_id: u64) {
-    let init = |slot: *mut Slot| {
-        // SAFETY: `slot` points to the free slot (uninitialised, ours alone); every field is
-        // written once, so the whole value is initialised on return.
-        unsafe {
-            addr_of_mut!((*slot).wr_id).write(wr_id);
-            let bufs = addr_of_mut!((*slot).bufs).cast::<Option<LocalBuf>>();
-            for k in 0..MAX_SGE {
-                bufs.add(k).write(None);
-            }
-            addr_of_mut!((*slot)._ah).write(None);
-        }
-    };
-    // SAFETY: the caller's contract; `init` initialises the whole slot, which holds nothing to
-    // drop (light).
-    unsafe { ring.write_in_place(pos, false, init) };
+    // SAFETY: the caller's contract; `light_slot` initialises the whole slot, which holds
+    // nothing to drop (light).
+    unsafe { ring.write_in_place(pos, false, |slot| light_slot(slot, wr_id)) };
+}
+
+/// Initialises the slot at `slot` as a light one: `wr_id`, no buffer, no address handle.
+///
+/// # Safety
+/// `slot` points to a free slot (uninitialised, the caller's alone).
+#[inline]
+pub(crate) unsafe fn light_slot(slot: *mut Slot, wr_id: u64) {
+    // SAFETY: the caller's contract; every field is written once, the buffers as `SlotBufs`
+    // allows (an empty first entry), so the value is initialised on return.
+    unsafe {
+        addr_of_mut!((*slot).wr_id).write(wr_id);
+        SlotBufs::write_empty(addr_of_mut!((*slot).bufs));
+        addr_of_mut!((*slot)._ah).write(None);
+    }
 }
 
 /// A receive prepared for one queue pair by

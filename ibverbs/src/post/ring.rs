@@ -12,6 +12,7 @@
 //! values of the tests' own choosing (e.g. values whose `Drop` panics).
 
 use std::cell::UnsafeCell;
+use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
@@ -191,6 +192,14 @@ impl<T> Ring<T> {
         init(self.slot(pos).cast::<T>());
     }
 
+    /// Producer: the slots' address and mask, read once for a loop that writes light slots
+    /// (see [`write_in_place`](Self::write_in_place)) at many positions: the loop's stores
+    /// through raw pointers would otherwise have the compiler load both again for each slot.
+    #[inline]
+    pub(crate) fn light_writer(&self) -> LightWriter<'_, T> {
+        LightWriter { slots: self.slots.as_ptr(), mask: self.mask, _ring: PhantomData }
+    }
+
     /// Consumer: whether no heavy slot can be outstanding at or after `tail`, a position the
     /// consumer has not released yet. Conservative: `false` whenever the last heavy slot written
     /// lies in `[tail, tail + cap)`, which every outstanding slot does (and every slot the
@@ -327,6 +336,27 @@ impl<T: SlotValue> Ring<T> {
         let _release = Release(&self.tail, pos);
         // The slot is outstanding and unreleased until the guard drops: ours alone.
         Some(take(self.slot(pos).cast::<T>()))
+    }
+}
+
+/// [`Ring::light_writer`]: writes light slots where they lie.
+pub(crate) struct LightWriter<'r, T> {
+    slots: *const UnsafeCell<MaybeUninit<T>>,
+    mask: u32,
+    _ring: PhantomData<&'r Ring<T>>,
+}
+
+impl<T> LightWriter<'_, T> {
+    /// Producer: [`Ring::write_in_place`] of a light slot at `pos`.
+    ///
+    /// # Safety
+    /// As [`Ring::write_in_place`] with `heavy` false: the producer, a free position, and
+    /// `init` initialises the whole value, holds nothing to drop and does not keep the pointer.
+    #[inline]
+    pub(crate) unsafe fn write(&self, pos: u32, init: impl FnOnce(*mut T)) {
+        let i = (pos & self.mask) as usize;
+        // SAFETY: i <= mask < the slots' length (as in `Ring::slot`); the ring outlives `self`.
+        init(unsafe { (*self.slots.add(i)).get() }.cast::<T>());
     }
 }
 

@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::ffi;
 use crate::memory::{check_range, Chunk, MemoryRegion, MrInner, RemoteMemoryRegion, RemoteSlice};
 use crate::pd::PdInner;
-use crate::post::engine::{Request, Slot};
+use crate::post::engine::{Request, Slot, SlotBufs};
 use crate::post::ring::Ring;
 use crate::post::wr::{EntryFacts, SendRequest, MAX_SGE};
 use crate::queue::{Completion, CompletionQueue, PostError, QueuePair};
@@ -309,7 +309,7 @@ impl Request for ScopedSend<'_> {
     fn take_slot(&mut self) -> Slot {
         // No buffer: the scope's borrow keeps the memory until its drain.
         let ah = self.wr.ud.as_ref().map(|(ah, _, _)| ah.inner.clone());
-        Slot { wr_id: self.wr.wr_id, bufs: Default::default(), _ah: ah }
+        Slot { wr_id: self.wr.wr_id, bufs: SlotBufs::default(), _ah: ah }
     }
     #[inline]
     unsafe fn write_slot(&mut self, ring: &Ring<Slot>, pos: u32) {
@@ -398,7 +398,7 @@ impl Request for ScopedRecv<'_> {
     }
     #[inline]
     fn take_slot(&mut self) -> Slot {
-        Slot { wr_id: self.wr_id, bufs: Default::default(), _ah: None }
+        Slot { wr_id: self.wr_id, bufs: SlotBufs::default(), _ah: None }
     }
     fn give_back(&mut self, _slot: Slot, _sges: &[ffi::ibv_sge; MAX_SGE]) {}
 }

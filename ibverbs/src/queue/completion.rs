@@ -8,7 +8,7 @@ use crate::memory::{BoundWindow, Chunk, MemoryRegion, MemoryWindow, Pending};
 use crate::post::registry::Registry;
 use crate::post::ring::TAG;
 use crate::post::table::SRQ;
-use crate::post::{LocalBuf, Slot, MAX_SGE};
+use crate::post::{LocalBuf, Slot, SlotBufs, MAX_SGE};
 
 /// The status of a work completion (`enum ibv_wc_status`): a newtype sound for any value the
 /// provider writes.
@@ -236,9 +236,11 @@ impl Completion {
                 // A slot's entries are compact: an empty first one means an empty slot (a
                 // prepared post's), and the cleared entry already holds nothing.
                 let slot_bufs = std::ptr::addr_of!((*slot).bufs);
-                let holds = (*slot_bufs)[0].is_some();
+                let holds = SlotBufs::first_is_some(slot_bufs);
                 if holds {
-                    std::ptr::copy_nonoverlapping(slot_bufs, bufs, 1);
+                    // Every entry is initialised when the first holds a buffer (SlotBufs);
+                    // MaybeUninit<T> is laid out as T.
+                    std::ptr::copy_nonoverlapping(slot_bufs.cast::<[Option<LocalBuf>; MAX_SGE]>(), bufs, 1);
                 }
                 (holds, std::ptr::read(std::ptr::addr_of!((*slot)._ah)))
             }
@@ -266,7 +268,7 @@ impl Completion {
         if let Some(slot) = slot {
             self.wc.0.wr_id = slot.wr_id;
             // The entry was cleared: the buffers replaced are all `None`, nothing to drop.
-            std::mem::forget(std::mem::replace(&mut self.bufs, slot.bufs));
+            std::mem::forget(std::mem::replace(&mut self.bufs, slot.bufs.into_array()));
             self.tracked = true;
             self.holds = true;
         }

@@ -620,6 +620,7 @@ impl Context {
 mod tests {
     use super::*;
     use crate::post::ring::{RECV, TAG};
+    use crate::post::SlotBufs;
     use crate::queue::completion::{WcOpcode, WcStatus};
 
     #[test]
@@ -724,7 +725,7 @@ mod tests {
         let reg = Registry::<Slot>::new(64);
         let [ring] = reg.register([(4, true)]).unwrap();
         for pos in 0..2 {
-            let slot = Slot { wr_id: 100 + u64::from(pos), bufs: Default::default(), _ah: None };
+            let slot = Slot { wr_id: 100 + u64::from(pos), bufs: SlotBufs::default(), _ah: None };
             // SAFETY: producer, free positions.
             unsafe { ring.write(pos, slot) };
         }
@@ -755,7 +756,7 @@ mod tests {
         let reg = Registry::<Slot>::new(8);
         let [ring] = reg.register([(8, false)]).unwrap();
         for pos in 0..2 {
-            let slot = Slot { wr_id: 0, bufs: Default::default(), _ah: None };
+            let slot = Slot { wr_id: 0, bufs: SlotBufs::default(), _ah: None };
             // SAFETY: producer, free positions.
             unsafe { ring.write(pos, slot) };
         }
@@ -790,7 +791,7 @@ mod tests {
     }
 
     fn srq_slot(wr_id: u64) -> Slot {
-        Slot { wr_id, bufs: Default::default(), _ah: None }
+        Slot { wr_id, bufs: SlotBufs::default(), _ah: None }
     }
 
     #[test]

@@ -255,6 +255,7 @@ pub(crate) unsafe fn poll_into_ex(
 mod tests {
     use super::*;
     use crate::post::ring::{RECV, TAG};
+    use crate::post::SlotBufs;
     use crate::queue::completion::{WcOpcode, WcStatus};
     use std::cell::RefCell;
 
@@ -402,7 +403,7 @@ mod tests {
         let reg = Registry::<Slot>::new(64);
         let [ring] = reg.register([(4, true)]).unwrap();
         for pos in 0..2 {
-            let slot = Slot { wr_id: 100 + u64::from(pos), bufs: Default::default(), _ah: None };
+            let slot = Slot { wr_id: 100 + u64::from(pos), bufs: SlotBufs::default(), _ah: None };
             // SAFETY: producer, free positions.
             unsafe { ring.write(pos, slot) };
         }
@@ -440,7 +441,7 @@ mod tests {
         let reg = Registry::<Slot>::new(8);
         let [ring] = reg.register([(8, false)]).unwrap();
         for pos in 0..2 {
-            let slot = Slot { wr_id: 0, bufs: Default::default(), _ah: None };
+            let slot = Slot { wr_id: 0, bufs: SlotBufs::default(), _ah: None };
             // SAFETY: producer, free positions.
             unsafe { ring.write(pos, slot) };
         }
