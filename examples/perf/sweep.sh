@@ -1,7 +1,7 @@
 #!/bin/sh
 # Size and scaling sweeps of our perftest-style examples at both posting levels against
 # perftest's C tools on one RDMA device, alternating the three (safe, raw, perftest) within each
-# pair so that drifts of the machine hit all alike. Prints one machine-readable line per run;
+# round, in an order rotated from round to round, so that drifts of the machine hit all alike. Prints one machine-readable line per run;
 # `cargo xtask bench --sweep` turns them into tables, a JSON file and plots.
 #
 # Usage: sweep.sh EXAMPLES_DIR
@@ -130,6 +130,17 @@ to_mbs() {
     echo "$1" | awk -v s="$2" '$2 == "-" { print; next } { printf "%s %.6f\n", $1, $2 * 1000000 * s / 1048576 }'
 }
 
+# kinds ROUND: the three tools in round ROUND's order, rotated from round to round so that no
+# tool always runs first (or right after the same one): what comes with a place in the order
+# (the first run after a size change, the page cache, the previous tool's teardown) is shared.
+kinds() {
+    case $((($1 - 1) % 3)) in
+    0) echo safe raw perftest ;;
+    1) echo raw perftest safe ;;
+    *) echo perftest safe raw ;;
+    esac
+}
+
 for t in $tests; do
     # Bandwidth tests: the message rate (column 5), turned into MB/s by to_mbs.
     col=5
@@ -139,7 +150,7 @@ for t in $tests; do
         case " $target_sizes " in *" $size "*) rounds=$target_pairs ;; esac
         i=1
         while [ "$i" -le "$rounds" ]; do
-            for kind in safe raw perftest; do
+            for kind in $(kinds "$i"); do
                 run_retry "$kind" "$t" "$col" -s "$size" -n "$n"
                 case $t in *_bw) res=$(to_mbs "$res" "$size") ;; esac
                 echo "SWEEP $t $kind $size $i $res"
@@ -152,7 +163,7 @@ done
 for q in $qps_list; do
     i=1
     while [ "$i" -le "$pairs" ]; do
-        for kind in safe raw perftest; do
+        for kind in $(kinds "$i"); do
             run_retry "$kind" write_bw 5 -s 64 -n 1000 -q "$q"
             echo "SCALE write_bw $kind $q $i $res"
         done

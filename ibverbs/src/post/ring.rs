@@ -181,8 +181,8 @@ impl<T> Ring<T> {
     /// wrongly written as light would at worst be leaked, never dropped twice or read.
     ///
     /// # Safety
-    /// As [`write`](Self::write); `init` initialises the whole value and does not keep the
-    /// pointer.
+    /// As [`write`](Self::write); `init` initialises the value (every field; a `Slot`'s buffer
+    /// entries as `SlotBufs` requires) and does not keep the pointer.
     #[inline]
     pub(crate) unsafe fn write_in_place(&self, pos: u32, heavy: bool, init: impl FnOnce(*mut T)) {
         if heavy {
@@ -351,7 +351,8 @@ impl<T> LightWriter<'_, T> {
     ///
     /// # Safety
     /// As [`Ring::write_in_place`] with `heavy` false: the producer, a free position, and
-    /// `init` initialises the whole value, holds nothing to drop and does not keep the pointer.
+    /// `init` initialises the value (every field; a `Slot`'s buffer entries as `SlotBufs`
+    /// requires), puts nothing to drop in it and does not keep the pointer.
     #[inline]
     pub(crate) unsafe fn write(&self, pos: u32, init: impl FnOnce(*mut T)) {
         let i = (pos & self.mask) as usize;
