@@ -277,7 +277,12 @@ fn prepared_receives_do_not_allocate() {
     let src = std::sync::Arc::new(p.pd.allocate(64).unwrap());
     let send = p.a.prepare_send(SendRequest::send(Local::whole(src))).unwrap();
     let region = std::sync::Arc::new(p.pd.allocate_remote(64 * 16, AccessFlags::empty()).unwrap());
-    let recv = p.b.prepare_recv(ibverbs::RecvRequest::new(Local::whole(region))).unwrap();
+    let recv = p.b.prepare_recv(ibverbs::RecvRequest::new(Local::whole(region.clone()))).unwrap();
+    // Prepared receives into shared receive queues (one per round: nothing consumes them).
+    let mut srqs = [p.pd.create_srq(16, 1).unwrap(), p.pd.create_srq(16, 1).unwrap()];
+    let srq_recv = srqs
+        .each_ref()
+        .map(|srq| srq.prepare_recv(ibverbs::RecvRequest::new(Local::whole(region.clone()))).unwrap());
     let mut out: [Completion; 16] = Default::default();
     for round in 0..2 {
         let before = ALLOCS.load(Ordering::Relaxed);
@@ -286,6 +291,9 @@ fn prepared_receives_do_not_allocate() {
             p.a.post_prepared(&send, i, 0, 64, 0).unwrap();
             drain(&mut p.cq_a, &mut out, 1);
             drain(&mut p.cq_b, &mut out, 1);
+        }
+        for k in 0..16u64 {
+            srqs[round].post_prepared_recv(&srq_recv[round], k, 64 * k as usize, 64).unwrap();
         }
         let allocs = ALLOCS.load(Ordering::Relaxed) - before;
         if round == 1 {

@@ -164,6 +164,96 @@ fn an_srq_dropped_with_buffers_posted_releases_them_after_its_last_qp() {
     assert_eq!(cq_r.unreserved(), cq_r.capacity(), "seen empty: the SRQ's room is back");
 }
 
+// Prepared receives on an SRQ: sixteen posts into one shared region, taken by two queue pairs
+// that complete into two CQs; each completion's wr_id says which range to read. The SRQ pins the
+// region (until nothing is posted and a later prepare prunes it, or until the SRQ is destroyed
+// after its last queue pair), and the refusals are typed.
+#[test]
+fn prepared_receives_on_an_srq_land_in_one_shared_region() {
+    const SLOT: usize = 256;
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut srq = pd.create_srq(16, 1).unwrap();
+    let mut cq_r = [ctx.create_cq(32, None).unwrap(), ctx.create_cq(32, None).unwrap()];
+    let mut cq_s = ctx.create_cq(64, None).unwrap();
+    let (r0, mut s0) = rc_on_srq(&pd, &srq, &cq_r[0], &cq_s);
+    let (r1, mut s1) = rc_on_srq(&pd, &srq, &cq_r[1], &cq_s);
+    let region = Arc::new(pd.allocate_remote(16 * SLOT, AccessFlags::LOCAL_WRITE).unwrap());
+    let weak = Arc::downgrade(&region);
+    let prepared = srq.prepare_recv(RecvRequest::new(Local::whole(region.clone()))).unwrap();
+    assert_eq!(prepared.buffer_len(), 16 * SLOT);
+    for k in 0..16u64 {
+        srq.post_prepared_recv(&prepared, k, k as usize * SLOT, SLOT as u32).unwrap();
+    }
+    assert_eq!(srq.outstanding(), 16);
+    let e = srq.post_prepared_recv(&prepared, 99, 0, 8).unwrap_err();
+    assert!(matches!(e, Error::QueueFull { verb: "ibv_post_srq_recv", .. }), "{e:?}");
+    for i in 0..8 {
+        send(&mut s0, &pd, &message(0, i), i as u64);
+        send(&mut s1, &pd, &message(1, i), 100 + i as u64);
+    }
+    assert_eq!(poll_n(&mut cq_s, 16).iter().filter(|c| c.is_ok()).count(), 16);
+    let mut slots = Vec::new();
+    for (q, cq) in cq_r.iter_mut().enumerate() {
+        // One queue pair per CQ: its messages complete in the order sent, each in the slot its
+        // completion names.
+        for (i, mut c) in poll_n(cq, 8).into_iter().enumerate() {
+            assert!(c.is_ok(), "{c:?}");
+            assert!(c.take_buffers().next().is_none(), "a prepared receive hands no buffer back");
+            let (k, len) = (c.wr_id() as usize, c.byte_len() as usize);
+            let mut got = vec![0u8; len];
+            region.read(k * SLOT, &mut got).unwrap();
+            assert_eq!(got, message(q, i), "queue pair {q}, message {i}, slot {k}");
+            slots.push(k);
+        }
+    }
+    slots.sort_unstable();
+    assert_eq!(slots, (0..16).collect::<Vec<_>>(), "every slot taken once");
+    assert_eq!(srq.outstanding(), 0);
+
+    // Refusals, each handing the request back or naming the verb.
+    let owned = srq.prepare_recv(RecvRequest::new(Local::whole(pd.allocate(64).unwrap()))).unwrap_err();
+    assert!(matches!(owned.error, Error::InvalidArgument { .. }), "{:?}", owned.error);
+    assert_eq!(owned.request.into_buffers().count(), 1);
+    let two = RecvRequest::new(Local::new(region.clone(), 0..8).unwrap())
+        .scatter(Local::new(region.clone(), 8..16).unwrap())
+        .unwrap();
+    assert!(matches!(srq.prepare_recv(two).unwrap_err().error, Error::InvalidArgument { .. }));
+    let read_only = Arc::new(pd.allocate(64).unwrap());
+    let e = srq.prepare_recv(RecvRequest::new(Local::whole(read_only))).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }), "a read-only shared region: {:?}", e.error);
+    let e = srq.post_prepared_recv(&prepared, 1, 16 * SLOT - 4, 8).unwrap_err();
+    assert!(matches!(e, Error::OutOfBounds { verb: "ibv_post_srq_recv", .. }), "{e:?}");
+    let other_pd = ctx.alloc_pd().unwrap();
+    let foreign = Arc::new(other_pd.allocate_remote(64, AccessFlags::LOCAL_WRITE).unwrap());
+    assert!(srq.prepare_recv(RecvRequest::new(Local::whole(foreign))).is_err(), "another PD's region");
+    let cq_q = ctx.create_cq(8, None).unwrap();
+    let mut plain = pd.create_qp(&cq_q, QpType::RC).max_send_wr(1).max_recv_wr(4).build().unwrap();
+    plain.init(&opts()).unwrap();
+    let for_qp = plain.prepare_recv(RecvRequest::new(Local::whole(region.clone()))).unwrap();
+    let e = srq.post_prepared_recv(&for_qp, 1, 0, 8).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "a queue pair's prepared receive: {e:?}");
+    let e = plain.post_prepared_recv(&prepared, 1, 0, 8).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "an SRQ's prepared receive on a QP: {e:?}");
+    assert_eq!(srq.outstanding(), 0, "nothing was posted by the refusals");
+    drop((plain, for_qp));
+
+    // The pin: with nothing posted, a later prepare lets go of a region nobody else holds.
+    drop((prepared, region));
+    assert!(weak.upgrade().is_some(), "the SRQ pins the region");
+    let second = Arc::new(pd.allocate_remote(SLOT, AccessFlags::LOCAL_WRITE).unwrap());
+    let second_weak = Arc::downgrade(&second);
+    let prepared = srq.prepare_recv(RecvRequest::new(Local::whole(second))).unwrap();
+    assert!(weak.upgrade().is_none(), "pruned: no receive posted, nobody else holds it");
+    // A posted prepared receive keeps its region past our handles and the SRQ handle, until
+    // the SRQ is destroyed with its last queue pair.
+    srq.post_prepared_recv(&prepared, 7, 0, SLOT as u32).unwrap();
+    drop((prepared, srq));
+    assert!(second_weak.upgrade().is_some(), "the queue pairs keep the SRQ, which keeps the region");
+    drop((r0, r1, s0, s1));
+    assert!(second_weak.upgrade().is_none(), "the SRQ destroyed: the region goes");
+}
+
 #[test]
 fn posting_checks_are_typed() {
     let ctx = context();

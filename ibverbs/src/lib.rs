@@ -70,8 +70,9 @@
 //!    ([`QueuePair::prepare_send`]) is checked once and posted many times; its `Arc` buffer is
 //!    *pinned* to the queue pair instead (held until the queue pair is destroyed, or until a
 //!    later `prepare_send` finds nothing outstanding), so its posts' slots hold nothing. A
-//!    prepared receive ([`QueuePair::prepare_recv`]) does the same for an
-//!    `Arc<RemoteMemoryRegion>`, the one buffer the device may write while it is shared.
+//!    prepared receive ([`QueuePair::prepare_recv`], [`SharedReceiveQueue::prepare_recv`]) does
+//!    the same for an `Arc<RemoteMemoryRegion>`, the one buffer the device may write while it is
+//!    shared (an SRQ's pin lasts until the SRQ is destroyed, after its last queue pair).
 //! 2. **Unsafe, zero overhead** ([`QueuePair::post_send_unchecked`],
 //!    [`CompletionQueue::poll_raw`], and for the extended path [`QueuePair::qp_ex_raw`] and
 //!    [`CompletionQueue::cq_ex_raw`]): raw `ibv_send_wr` chains (or `ibv_wr_*` builder calls) at

@@ -83,6 +83,23 @@ enum SharedBuf {
 /// A handle a queue pair keeps for the posts of its prepared requests (see [`PreparedSend`]).
 pub(crate) type Pin = Arc<dyn std::any::Any + Send + Sync>;
 
+/// Keeps `new` in `pins`, the pin list of one queue (a queue pair's send or receive queue, an
+/// SRQ). `idle` is whether none of that queue's posts is outstanding: then pins nobody else holds
+/// (their requests are dropped, and no slot relies on them) are let go first, so the list stays
+/// as long as the buffers in use. The caller must hold the queue's producer side off while this
+/// runs (posting takes `&mut`, this `&`), so that `idle` stays true.
+pub(crate) fn keep_pins(pins: &std::sync::Mutex<Vec<Pin>>, idle: bool, new: impl IntoIterator<Item = Pin>) {
+    let mut pins = pins.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if idle {
+        pins.retain(|p| Arc::strong_count(p) > 1);
+    }
+    for p in new {
+        if !pins.iter().any(|q| std::ptr::addr_eq(Arc::as_ptr(q), Arc::as_ptr(&p))) {
+            pins.push(p);
+        }
+    }
+}
+
 /// Source of [`PreparedSend::id`] (starts at 1: 0 marks an empty scratch entry; 2^64 requests
 /// would take centuries).
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -339,18 +356,22 @@ pub(crate) unsafe fn light_slot(slot: *mut Slot, wr_id: u64) {
 /// A receive prepared for one queue pair by
 /// [`QueuePair::prepare_recv`](crate::QueuePair::prepare_recv), posted with
 /// [`QueuePair::post_prepared_recv`](crate::QueuePair::post_prepared_recv) into any range of its
-/// buffer.
+/// buffer; or for one shared receive queue by
+/// [`SharedReceiveQueue::prepare_recv`](crate::SharedReceiveQueue::prepare_recv), posted with
+/// [`SharedReceiveQueue::post_prepared_recv`](crate::SharedReceiveQueue::post_prepared_recv).
 ///
 /// Its buffer is an `Arc<RemoteMemoryRegion>`: the one buffer type the device may write while
 /// others hold it (safe code only copies in and out of it, never borrows its bytes), so many
 /// receives may be posted into it at once, as C servers post into one registered buffer.
-/// Preparing *pins* the buffer to the queue pair, as [`PreparedSend`] does: a post's slot holds
-/// nothing and its completion hands no buffer back; the bytes that arrived are read from the
-/// region at the offset posted. The pin goes when the queue pair is dropped (after
-/// `ibv_destroy_qp`), or at a later `prepare_recv` that finds no receive of the queue pair
-/// outstanding and nobody else holding the buffer.
+/// Preparing *pins* the buffer to the queue pair (or SRQ), as [`PreparedSend`] does: a post's
+/// slot holds nothing and its completion hands no buffer back; the bytes that arrived are read
+/// from the region at the offset posted. The pin goes when the queue pair is dropped (after
+/// `ibv_destroy_qp`; an SRQ's once it is destroyed, after every queue pair on it), or at a later
+/// `prepare_recv` that finds no receive of that queue outstanding and nobody else holding the
+/// buffer.
 pub struct PreparedRecv {
-    /// The queue pair it was checked for (its process-unique id).
+    /// The queue pair or SRQ it was checked for (its process-unique id: both draw from one
+    /// counter).
     qp: u64,
     lkey: u32,
     /// Start address and length of the buffer.
@@ -366,8 +387,8 @@ impl fmt::Debug for PreparedRecv {
 }
 
 impl PreparedRecv {
-    /// Builds it from a request the queue pair already checked (validated for its PD), for
-    /// queue pair `qp`. `None` unless it has exactly one entry, over an `Arc<RemoteMemoryRegion>`.
+    /// Builds it from a request the queue pair (or SRQ) already checked (validated for its PD),
+    /// for the queue pair or SRQ whose id is `qp`. `None` unless it has exactly one entry, over an `Arc<RemoteMemoryRegion>`.
     pub(crate) fn from_checked(qp: u64, wr: &RecvRequest) -> Option<PreparedRecv> {
         let mut entries = wr.sges.iter().flatten();
         let (local, rest) = (entries.next()?, entries.next());
@@ -394,19 +415,19 @@ impl PreparedRecv {
         self.buf_len
     }
 
-    /// Checks one post: prepared for queue pair `qp`, bytes `offset..offset + len` inside the
-    /// buffer.
+    /// Checks one post: prepared for the queue pair or SRQ whose id is `qp`, bytes
+    /// `offset..offset + len` inside the buffer; errors name `verb`.
     #[inline]
-    pub(crate) fn check(&self, qp: u64, offset: usize, len: u32) -> Result<()> {
+    pub(crate) fn check(&self, qp: u64, offset: usize, len: u32, verb: &'static str) -> Result<()> {
         if self.qp != qp {
             return Err(Error::InvalidArgument {
-                verb: "ibv_post_recv",
-                reason: "the receive was prepared for another queue pair",
+                verb,
+                reason: "the receive was prepared for another queue pair or SRQ",
             });
         }
         if offset > self.buf_len || len as usize > self.buf_len - offset {
             return Err(Error::OutOfBounds {
-                verb: "ibv_post_recv",
+                verb,
                 offset: offset as u64,
                 len: u64::from(len),
                 size: self.buf_len as u64,

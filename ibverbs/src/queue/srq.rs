@@ -9,11 +9,12 @@ use crate::error::{cvt, cvt_p, Error, Result};
 use crate::ffi;
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::post::engine::Request;
+use crate::post::prepared::{keep_pins, Pin, PreparedRecv};
 use crate::post::registry::{RegisterError, SrqAttachment};
 use crate::post::table::{SlotTable, MAX_SLOTS, SRQ_ID_BITS};
-use crate::post::{RecvRequest, Slot, MAX_SGE};
+use crate::post::{RecvRequest, Slot, SlotBufs, MAX_SGE};
 use crate::queue::cq::CqInner;
-use crate::queue::qp::PostError;
+use crate::queue::qp::{next_qp_id, PostError};
 
 /// A provider's `post_srq_recv` entry point.
 type PostSrqFn =
@@ -33,6 +34,12 @@ pub(crate) struct SrqInner {
     pub(crate) pd: Arc<PdInner>,
     /// Kept alive for an XRC SRQ.
     pub(crate) _xrcd: Option<Arc<crate::queue::xrc::XrcdInner>>,
+    /// The process-unique id prepared receives are checked against (from the queue pairs'
+    /// counter: an SRQ never shares one with a queue pair).
+    prepared_id: u64,
+    /// The buffers of prepared receives, held until the SRQ is destroyed (or pruned at a
+    /// `prepare_recv` that finds nothing posted): their slots hold nothing.
+    pins: Mutex<Vec<Pin>>,
 }
 
 // SAFETY: an SRQ may be used from any thread (providers lock it for posts); the slot table's
@@ -66,8 +73,10 @@ impl Drop for SrqInner {
         let ret = unsafe { ffi::ibv_destroy_srq(self.raw.as_ptr()) };
         if ret != 0 {
             // The SRQ may still be live in the device: never release its buffers (the CQs'
-            // attachments keep the table too; this extra count is never given back).
+            // attachments keep the table too; this extra count is never given back), nor the
+            // prepared receives' pinned regions.
             std::mem::forget(self.table.clone());
+            std::mem::forget(std::mem::take(self.pins.get_mut().unwrap_or_else(|e| e.into_inner())));
             return;
         }
         // The device no longer touches the buffers and no new completion names the SRQ. Retire
@@ -199,6 +208,8 @@ impl SharedReceiveQueue {
                 cqs: Mutex::new(Vec::new()),
                 pd,
                 _xrcd: xrcd,
+                prepared_id: next_qp_id(),
+                pins: Mutex::new(Vec::new()),
             }),
             post_fn,
             max_sge,
@@ -397,6 +408,101 @@ impl SharedReceiveQueue {
             }
         }
         Err((posted, error))
+    }
+
+    /// Checks `wr` once for this SRQ and keeps its buffer for
+    /// [`post_prepared_recv`](Self::post_prepared_recv), as
+    /// [`QueuePair::prepare_recv`](crate::QueuePair::prepare_recv) does for a queue pair: exactly
+    /// one scatter/gather entry over an `Arc<RemoteMemoryRegion>`, which the SRQ keeps a handle
+    /// of until it is destroyed (see [`PreparedRecv`]). A server posts thousands of receives
+    /// into one registered region this way, each completion saying (by its `wr_id`) which range
+    /// to read.
+    ///
+    /// # Errors
+    /// A [`PostError`] handing the request back: [`Error::InvalidArgument`] for a buffer of
+    /// another protection domain or one the device may not write, more scatter/gather entries
+    /// than the SRQ's `max_sge`, or a request with more or fewer than one entry or another
+    /// buffer type.
+    #[allow(clippy::result_large_err)] // the request comes back whole
+    pub fn prepare_recv(&self, wr: RecvRequest) -> Result<PreparedRecv, PostError<RecvRequest>> {
+        if let Err(error) = self.check(&wr) {
+            return Err(PostError { error, request: wr });
+        }
+        match PreparedRecv::from_checked(self.inner.prepared_id, &wr) {
+            Some(p) => {
+                // Posting takes &mut self, so nothing is posted while we look: a count of 0
+                // stays 0 (completions only lower it).
+                keep_pins(&self.inner.pins, self.inner.table.outstanding() == 0, [p.pin()]);
+                Ok(p)
+            }
+            None => Err(PostError {
+                error: Error::InvalidArgument {
+                    verb: POST,
+                    reason: "a prepared receive has one entry over an Arc<RemoteMemoryRegion>",
+                },
+                request: wr,
+            }),
+        }
+    }
+
+    /// Posts a prepared receive (`ibv_post_srq_recv()`) with `wr_id` into bytes
+    /// `offset..offset + len` of its buffer, the only check left per post. Its completion comes
+    /// on the receive CQ of whichever queue pair takes it and hands no buffer back: read what
+    /// arrived from the `RemoteMemoryRegion` at the offset posted (the completion's `wr_id`
+    /// says which post it was).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a receive prepared for another SRQ or a queue pair,
+    /// [`Error::OutOfBounds`] for a range outside the buffer, [`Error::QueueFull`] when
+    /// [`capacity`](Self::capacity) receives are outstanding, or [`Error::Verb`] when the
+    /// provider refuses it ([`Error::QueuedWithError`] when it queued the receive and then
+    /// failed: it stays posted).
+    #[doc(alias = "ibv_post_srq_recv")]
+    pub fn post_prepared_recv(
+        &mut self,
+        prepared: &PreparedRecv,
+        wr_id: u64,
+        offset: usize,
+        len: u32,
+    ) -> Result<()> {
+        prepared.check(self.inner.prepared_id, offset, len, POST)?;
+        let table = &*self.inner.table;
+        // SAFETY: we are the producer (&mut self).
+        let Some(idx) = (unsafe { table.claim() }) else {
+            return Err(Error::QueueFull { verb: POST, capacity: self.capacity() });
+        };
+        let mut raw = std::mem::MaybeUninit::<ffi::ibv_recv_wr>::uninit();
+        let mut sge = std::mem::MaybeUninit::<ffi::ibv_sge>::uninit();
+        // The slot holds nothing: the SRQ pins the buffer.
+        let slot = Slot { wr_id, bufs: SlotBufs::default(), _ah: None };
+        // SAFETY: producer, for the slot just claimed; `raw` and `sge` are valid for writes.
+        // Published before the post: the completion may be polled (on any CQ) before the post
+        // returns.
+        unsafe {
+            prepared.fill_one(raw.as_mut_ptr(), sge.as_mut_ptr(), table.wr_id_of(idx), offset, len);
+            table.publish(idx, slot);
+        }
+        let mut bad = std::ptr::null_mut();
+        let ret = match self.post_fn {
+            // SAFETY: valid SRQ; every field of the request and its SGE was written (fill_one),
+            // describing a checked range of a device-writable region of the SRQ's PD that the
+            // SRQ's pin holds until it is destroyed.
+            Some(f) => unsafe { f(self.inner.raw.as_ptr(), raw.as_mut_ptr(), &mut bad) },
+            None => {
+                bad = raw.as_mut_ptr(); // names it as not posted
+                libc::ENOSYS
+            }
+        };
+        if ret != 0 {
+            let (posted, error) = Error::from_post(POST, ret, raw.as_ptr(), 1, bad);
+            // Queued after all (see Error::QueuedWithError): the slot stays published.
+            if posted == 0 {
+                // SAFETY: producer; the provider named it as not posted.
+                drop(unsafe { table.withdraw(idx) });
+            }
+            return Err(error);
+        }
+        Ok(())
     }
 
     /// Posts a raw chain of receive requests (`ibv_post_srq_recv()`) at exactly C's cost: no

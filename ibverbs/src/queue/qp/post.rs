@@ -12,7 +12,7 @@ use crate::post::engine::{
 };
 use crate::post::ex;
 use crate::post::prepared::{
-    Pin, PreparedChainError, PreparedPost, PreparedRecv, PreparedScratch, PreparedSend,
+    keep_pins, Pin, PreparedChainError, PreparedPost, PreparedRecv, PreparedScratch, PreparedSend,
 };
 use crate::post::ring::Ring;
 use crate::post::wr::Op;
@@ -404,7 +404,7 @@ impl QueuePair {
         len: u32,
     ) -> Result<()> {
         self.check_recv_state()?;
-        prepared.check(self.id, offset, len)?;
+        prepared.check(self.id, offset, len, "ibv_post_recv")?;
         post_prepared_recv_one(self.raw.as_ptr(), &self.recv, self.post_recv_fn, prepared, wr_id, offset, len)
     }
 
@@ -677,19 +677,9 @@ fn send_fits(
 }
 
 /// Keeps `new` in `pins` for the posts of the queue whose ring is `ring` (see
-/// `QueuePair::pin`): when none of its posts is outstanding, pins nobody else holds (their
-/// requests are dropped, and no slot relies on them) are let go first, so the list stays as
-/// long as the buffers in use.
+/// `QueuePair::pin` and `keep_pins`).
 fn pin_to(pins: &std::sync::Mutex<Vec<Pin>>, ring: &Ring<Slot>, new: [Option<Pin>; 2]) {
-    let mut pins = pins.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     // The outstanding count only falls while the caller holds &QueuePair (posting takes &mut),
     // and a slot released by the consumer no longer needs its request's buffer.
-    if ring.outstanding() == 0 {
-        pins.retain(|p| Arc::strong_count(p) > 1);
-    }
-    for p in new.into_iter().flatten() {
-        if !pins.iter().any(|q| std::ptr::addr_eq(Arc::as_ptr(q), Arc::as_ptr(&p))) {
-            pins.push(p);
-        }
-    }
+    keep_pins(pins, ring.outstanding() == 0, new.into_iter().flatten());
 }
