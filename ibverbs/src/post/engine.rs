@@ -320,18 +320,12 @@ pub(crate) fn post_one<R: Request>(
             libc::ENOSYS
         }
     };
-    if ret != 0 {
-        let (posted, error) = Error::from_post(R::VERB, ret, &raw, 1, bad);
-        // Queued after all (see Error::QueuedWithError): the slot keeps the buffers.
-        if posted == 0 {
-            ring.set_head(head);
-            // SAFETY: the producer withdrew `head`; the provider named it as not posted.
-            let slot = unsafe { ring.take_back(head) };
-            wr.give_back(slot, &sges);
-        }
-        return Err(error);
-    }
-    Ok(())
+    single_post_result(R::VERB, ret, &raw, bad, || {
+        ring.set_head(head);
+        // SAFETY: the producer withdrew `head`; the provider named it as not posted.
+        let slot = unsafe { ring.take_back(head) };
+        wr.give_back(slot, &sges);
+    })
 }
 
 /// The ring position the first of a batch of `n` requests gets, when the ring has `n` free slots
@@ -627,13 +621,29 @@ pub(crate) fn post_prepared_recv_one(
             libc::ENOSYS
         }
     };
+    single_post_result(verb, ret, raw.as_ptr(), bad, || {
+        ring.set_head(head);
+        // SAFETY: the producer withdrew `head`; the provider named it as not posted.
+        drop(unsafe { ring.take_back(head) });
+    })
+}
+
+/// The outcome of a single request built on the stack and posted (`ret` the provider's return,
+/// `bad` its `bad_wr`): `Ok` when the provider took it. Otherwise its error, after `withdraw`
+/// takes the published slot back, unless the provider queued the request anyway
+/// ([`Error::QueuedWithError`]: the slot stays published for its completion).
+#[inline(always)]
+pub(crate) fn single_post_result<W>(
+    verb: &'static str,
+    ret: i32,
+    raw: *const W,
+    bad: *const W,
+    withdraw: impl FnOnce(),
+) -> Result<()> {
     if ret != 0 {
-        let (posted, error) = Error::from_post(verb, ret, raw.as_ptr(), 1, bad);
-        // Queued after all (see Error::QueuedWithError): the slot stays published.
+        let (posted, error) = Error::from_post(verb, ret, raw, 1, bad);
         if posted == 0 {
-            ring.set_head(head);
-            // SAFETY: the producer withdrew `head`; the provider named it as not posted.
-            drop(unsafe { ring.take_back(head) });
+            withdraw();
         }
         return Err(error);
     }
@@ -673,6 +683,8 @@ pub(crate) fn post_prepared_one(
             libc::ENOSYS
         }
     };
+    // single_post_result's work, spelled out: through its closure this measured path cost 3
+    // instructions more per post (callgrind, `post_poll` Prepared:1).
     if ret != 0 {
         let (posted, error) = Error::from_post(verb, ret, raw.as_ptr(), 1, bad);
         // Queued after all (see Error::QueuedWithError): the slot stays published.

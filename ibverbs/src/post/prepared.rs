@@ -388,15 +388,20 @@ impl fmt::Debug for PreparedRecv {
 
 impl PreparedRecv {
     /// Builds it from a request the queue pair (or SRQ) already checked (validated for its PD),
-    /// for the queue pair or SRQ whose id is `qp`. `None` unless it has exactly one entry, over an `Arc<RemoteMemoryRegion>`.
-    pub(crate) fn from_checked(qp: u64, wr: &RecvRequest) -> Option<PreparedRecv> {
+    /// for the queue pair or SRQ whose id is `qp`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `verb` unless the request has exactly one entry, over
+    /// an `Arc<RemoteMemoryRegion>`.
+    pub(crate) fn from_checked(qp: u64, wr: &RecvRequest, verb: &'static str) -> Result<PreparedRecv> {
+        let refused = Error::InvalidArgument {
+            verb,
+            reason: "a prepared receive has one entry over an Arc<RemoteMemoryRegion>",
+        };
         let mut entries = wr.sges.iter().flatten();
-        let (local, rest) = (entries.next()?, entries.next());
-        if rest.is_some() {
-            return None;
-        }
-        let LocalBuf::Remote(buf) = &local.buf else { return None };
-        Some(PreparedRecv {
+        let (Some(local), None) = (entries.next(), entries.next()) else { return Err(refused) };
+        let LocalBuf::Remote(buf) = &local.buf else { return Err(refused) };
+        Ok(PreparedRecv {
             qp,
             lkey: local.buf.mr().lkey(),
             base: local.buf.device_start(),

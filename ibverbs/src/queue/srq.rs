@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex};
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::ffi;
 use crate::pd::{PdInner, ProtectionDomain};
-use crate::post::engine::Request;
+use crate::post::engine::{single_post_result, Request};
 use crate::post::prepared::{keep_pins, Pin, PreparedRecv};
 use crate::post::registry::{RegisterError, SrqAttachment};
 use crate::post::table::{SlotTable, MAX_SLOTS, SRQ_ID_BITS};
 use crate::post::{RecvRequest, Slot, SlotBufs, MAX_SGE};
 use crate::queue::cq::CqInner;
-use crate::queue::qp::{next_qp_id, PostError};
+use crate::queue::qp::{next_queue_id, PostError};
 
 /// A provider's `post_srq_recv` entry point.
 type PostSrqFn =
@@ -208,7 +208,7 @@ impl SharedReceiveQueue {
                 cqs: Mutex::new(Vec::new()),
                 pd,
                 _xrcd: xrcd,
-                prepared_id: next_qp_id(),
+                prepared_id: next_queue_id(),
                 pins: Mutex::new(Vec::new()),
             }),
             post_fn,
@@ -428,21 +428,12 @@ impl SharedReceiveQueue {
         if let Err(error) = self.check(&wr) {
             return Err(PostError { error, request: wr });
         }
-        match PreparedRecv::from_checked(self.inner.prepared_id, &wr) {
-            Some(p) => {
-                // Posting takes &mut self, so nothing is posted while we look: a count of 0
-                // stays 0 (completions only lower it).
-                keep_pins(&self.inner.pins, self.inner.table.outstanding() == 0, [p.pin()]);
-                Ok(p)
-            }
-            None => Err(PostError {
-                error: Error::InvalidArgument {
-                    verb: POST,
-                    reason: "a prepared receive has one entry over an Arc<RemoteMemoryRegion>",
-                },
-                request: wr,
-            }),
-        }
+        let p = PreparedRecv::from_checked(self.inner.prepared_id, &wr, POST)
+            .map_err(|error| PostError { error, request: wr })?;
+        // Posting takes &mut self, so nothing is posted while we look: a count of 0 stays 0
+        // (completions only lower it).
+        keep_pins(&self.inner.pins, self.inner.table.outstanding() == 0, [p.pin()]);
+        Ok(p)
     }
 
     /// Posts a prepared receive (`ibv_post_srq_recv()`) with `wr_id` into bytes
@@ -493,16 +484,10 @@ impl SharedReceiveQueue {
                 libc::ENOSYS
             }
         };
-        if ret != 0 {
-            let (posted, error) = Error::from_post(POST, ret, raw.as_ptr(), 1, bad);
-            // Queued after all (see Error::QueuedWithError): the slot stays published.
-            if posted == 0 {
-                // SAFETY: producer; the provider named it as not posted.
-                drop(unsafe { table.withdraw(idx) });
-            }
-            return Err(error);
-        }
-        Ok(())
+        single_post_result(POST, ret, raw.as_ptr(), bad, || {
+            // SAFETY: producer; the provider named it as not posted.
+            drop(unsafe { table.withdraw(idx) });
+        })
     }
 
     /// Posts a raw chain of receive requests (`ibv_post_srq_recv()`) at exactly C's cost: no

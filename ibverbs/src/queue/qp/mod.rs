@@ -521,7 +521,7 @@ impl<'a> QueuePairBuilder<'a> {
         let recv_chain_len = caps.max_recv_wr as usize;
         Ok(QueuePair {
             raw,
-            id: next_qp_id(),
+            id: next_queue_id(),
             post_send_fn,
             post_recv_fn,
             ex,
@@ -663,7 +663,7 @@ impl<R> From<PostError<R>> for Error {
 
 /// A process-wide identity of a queue pair or SRQ (what prepared requests are checked against):
 /// a 64-bit counter does not wrap in any process's lifetime.
-pub(crate) fn next_qp_id() -> u64 {
+pub(crate) fn next_queue_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }

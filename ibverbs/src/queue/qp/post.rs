@@ -369,19 +369,10 @@ impl QueuePair {
         if let Err(error) = checked {
             return Err(PostError { error, request: wr });
         }
-        match PreparedRecv::from_checked(self.id, &wr) {
-            Some(p) => {
-                pin_to(&self.recv_pins, &self.recv, [Some(p.pin()), None]);
-                Ok(p)
-            }
-            None => Err(PostError {
-                error: Error::InvalidArgument {
-                    verb: "ibv_post_recv",
-                    reason: "a prepared receive has one entry over an Arc<RemoteMemoryRegion>",
-                },
-                request: wr,
-            }),
-        }
+        let p = PreparedRecv::from_checked(self.id, &wr, "ibv_post_recv")
+            .map_err(|error| PostError { error, request: wr })?;
+        pin_to(&self.recv_pins, &self.recv, [Some(p.pin()), None]);
+        Ok(p)
     }
 
     /// Posts a prepared receive (`ibv_post_recv()`) with `wr_id` into bytes
