@@ -1,7 +1,8 @@
 #!/bin/sh
 # Size and scaling sweeps of our perftest-style examples at both posting levels against
 # perftest's C tools on one RDMA device, alternating the three (safe, raw, perftest) within each
-# round, in an order rotated from round to round, so that drifts of the machine hit all alike. Prints one machine-readable line per run;
+# round, in an order rotated from round to round, so that drifts of the machine hit all alike.
+# Prints one machine-readable line per run;
 # `cargo xtask bench --sweep` turns them into tables, a JSON file and plots.
 #
 # Usage: sweep.sh EXAMPLES_DIR
