@@ -5,10 +5,13 @@
 //! iteration counter, and polls the last byte of its own buffer until the peer's write with the
 //! next counter lands, then writes back. Latency is half the time between consecutive writes.
 //!
-//! The polled buffer is a `RemoteMemoryRegion` (the peer writes it at any time), read with
-//! volatile copies. At the safe level the source buffer is a local-only `RemoteMemoryRegion`
-//! (for its copy-in `write`), and each run prepares one request over it (`prepare_send`) that
-//! every iteration posts with `post_prepared`; with `-I`, one-shot inline writes.
+//! The polled buffer is a `RemoteMemoryRegion` (the peer writes it at any time). At the safe
+//! level its last byte is polled through a `RemoteByte` (bounds-checked once, then one atomic
+//! load per turn); the source buffer is a local-only `RemoteMemoryRegion` (for its `RemoteByte`
+//! store of the counter), and each run prepares one request over it (`prepare_send`) that
+//! every iteration posts with `post_prepared`. Messages of at most `-I` bytes (perftest's
+//! inline size) go inline: one request prepared from `SendRequest::write_inline`, each
+//! iteration's bytes posted with `post_prepared_inline`.
 
 #[path = "perf/mod.rs"]
 mod perf;
@@ -60,8 +63,9 @@ fn run(s: &mut Session) -> Result<(), String> {
     Ok(())
 }
 
-/// The loop at the safe level: `RemoteMemoryRegion::read` to poll, `post_prepared` of the run's
-/// prepared write (or one-shot inline writes), `CompletionQueue::poll`.
+/// The loop at the safe level: `RemoteByte::load` to poll, `post_prepared` of the run's
+/// prepared write (`post_prepared_inline` of its prepared inline write for small messages),
+/// `CompletionQueue::poll`.
 fn safe_loop(
     s: &mut Session,
     spec: &RunSpec,
@@ -78,21 +82,22 @@ fn safe_loop(
     let mut comps = [Completion::default()];
     let qp = &mut s.rdma.qps[0];
     let cq = &mut s.rdma.send_cq;
-    let prepared = qp
-        .prepare_send(SendRequest::write(Local::new(src.clone(), 0..size).map_err(|e| e.to_string())?, dst))
-        .map_err(|e| format!("prepare_send: {}", e.error))?;
+    let prepared = if inline {
+        qp.prepare_send(SendRequest::write_inline(&inline_data, dst))
+    } else {
+        qp.prepare_send(SendRequest::write(Local::new(src.clone(), 0..size).map_err(|e| e.to_string())?, dst))
+    }
+    .map_err(|e| format!("prepare_send: {}", e.error))?;
+    // The counter bytes, checked once (size <= buffer length).
+    let poll_byte = recv.byte(size - 1).map_err(|e| e.to_string())?;
+    let post_byte = src.byte(size - 1).map_err(|e| e.to_string())?;
     let (mut scnt, mut rcnt, mut ccnt) = (0u64, 0u64, 0u64);
     guard.start("waiting for the peer's write");
     while scnt < iters || rcnt < iters || ccnt < iters {
         if rcnt < iters && !(initiator && scnt == 0) {
             rcnt += 1;
             let want = rcnt as u8;
-            let mut b = [0u8];
-            loop {
-                recv.read(size - 1, &mut b).map_err(|e| e.to_string())?;
-                if b[0] == want {
-                    break;
-                }
+            while poll_byte.load() != want {
                 guard.idle()?;
             }
             guard.progress(ticks())?;
@@ -102,11 +107,11 @@ fn safe_loop(
             scnt += 1;
             if inline {
                 inline_data[size - 1] = scnt as u8;
-                let wr = SendRequest::write_inline(&inline_data, dst).wr_id(scnt);
-                qp.post_send(wr).map_err(|e| format!("post_send: {e}"))?;
+                qp.post_prepared_inline(&prepared, scnt, &inline_data, 0)
+                    .map_err(|e| format!("post_prepared_inline: {e}"))?;
             } else {
                 // The previous write's completion was polled: nothing reads the buffer now.
-                src.write(size - 1, &[scnt as u8]).map_err(|e| e.to_string())?;
+                post_byte.store(scnt as u8);
                 qp.post_prepared(&prepared, scnt, 0, size as u32, 0)
                     .map_err(|e| format!("post_prepared: {e}"))?;
             }

@@ -209,6 +209,23 @@ fn prepared_posts_do_not_allocate() {
             assert_eq!(allocs, 0, "prepared chains from an iterator allocated {allocs} times");
         }
     }
+    // Inline posts of a request prepared with inline data, each bringing its bytes.
+    let mut q = pair(ibverbs::QpType::RC, 32, 1, 16);
+    let target = q.pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap();
+    let inline = q.a.prepare_send(SendRequest::write_inline(&[], target.remote())).unwrap();
+    let mut data = [0u8; 16];
+    for round in 0..2 {
+        let before = ALLOCS.load(Ordering::Relaxed);
+        for i in 0..300u64 {
+            data[(i % 16) as usize] = i as u8;
+            q.a.post_prepared_inline(&inline, i, &data[..1 + (i % 16) as usize], i % 48).unwrap();
+            drain(&mut q.cq_a, &mut out, 1);
+        }
+        let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+        if round == 1 {
+            assert_eq!(allocs, 0, "prepared inline posts allocated {allocs} times");
+        }
+    }
 }
 
 #[test]

@@ -226,7 +226,9 @@ fn send_bw_runs_at_both_levels() {
 #[test]
 fn write_lat_runs_at_both_levels() {
     run_ok("write_lat", &["-s", "2", "-n", "100"], "--raw");
+    // Prepared inline writes (-I), each bringing its bytes, on both data paths.
     run_ok("write_lat", &["-s", "64", "-n", "100", "-I", "64"], "--safe");
+    run_ok("write_lat", &["-s", "64", "-n", "100", "-I", "64", "--ex"], "--safe");
     // Prepared writes (no -I), on the classic and the extended data path.
     run_ok("write_lat", &["-s", "2", "-n", "100"], "--safe");
     run_ok("write_lat", &["-s", "4096", "-n", "100", "--ex"], "--safe");

@@ -114,12 +114,11 @@ fn a_prepared_request_is_checked_once_and_cheaply_after() {
         let r = ud.post_prepared(&ud_prepared, 0, 0, 8, 0);
         assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
     }
-    // Owned buffers, inline data and several entries are not preparable; the request comes back.
+    // An owned buffer is not preparable; the request comes back.
     let owned = p.pd.allocate(8).unwrap();
     let e = p.a.prepare_send(SendRequest::write(Local::whole(owned), target.remote())).unwrap_err();
     assert!(matches!(e.error, Error::InvalidArgument { .. }));
     assert!(e.request.into_buffers().next().and_then(ibverbs::LocalBuf::into_region).is_some());
-    assert!(p.a.prepare_send(SendRequest::write_inline(b"x", target.remote())).is_err());
     // The state is checked at each post, not at preparation.
     let mut fresh = p.pd.create_qp(&p.cq_a, QpType::RC).max_send_wr(1).max_recv_wr(1).build().unwrap();
     let early = fresh.prepare_send(write()).unwrap();
@@ -455,4 +454,84 @@ fn prepared_receives_land_in_one_shared_region_which_the_queue_pair_pins() {
     assert_eq!(p.b.outstanding_recvs(), 0);
     drop(p.b);
     assert_eq!(Arc::strong_count(&other), 2, "ours and recv2's: the queue pair's drop let its pin go");
+}
+
+#[test]
+fn requests_prepared_with_inline_data_bring_their_bytes_at_each_post() {
+    let mut p = pair(QpType::RC, 16, 1, 64);
+    let target = Arc::new(p.pd.allocate_remote(256, AccessFlags::REMOTE_WRITE).unwrap());
+    // The data given at preparation only makes it an inline request; it is not kept.
+    let write = p.a.prepare_send(SendRequest::write_inline(b"not sent", target.remote())).unwrap();
+    let cap = write.inline_capacity().expect("an inline request");
+    assert!(cap >= 64, "max_inline_data {cap}");
+    assert_eq!(write.buffer_len(), 0);
+    let mut expect = vec![0u8; 256];
+    let mut data = [0u8; 64];
+    for i in 0..100u64 {
+        let (len, roff) = (1 + (i * 5) as usize % 64, (i * 37) % 192);
+        data[..len].copy_from_slice(&pattern(len, i as u8));
+        p.a.post_prepared_inline(&write, i, &data[..len], roff).unwrap();
+        // Copied during the post: changing the bytes now changes nothing that arrives.
+        data.fill(0xee);
+        let mut c = poll_one(&mut p.cq_a);
+        assert!(c.is_ok() && c.is_tracked() && c.wr_id() == i, "{c:?}");
+        assert_eq!(c.take_buffers().count(), 0, "the slot held nothing");
+        expect[roff as usize..roff as usize + len].copy_from_slice(&pattern(len, i as u8));
+    }
+    assert_eq!(target.to_vec(), expect);
+    // Byte by byte, as a spin loop polls the flag a peer's write sets.
+    for (i, &b) in expect.iter().enumerate() {
+        assert_eq!(target.byte(i).unwrap().load(), b, "byte {i}");
+    }
+    assert!(matches!(target.byte(256), Err(Error::OutOfBounds { .. })));
+    // Empty posts, inline or through `at` (the one range an inline request has).
+    p.a.post_prepared_inline(&write, 200, &[], 0).unwrap();
+    assert!(poll_one(&mut p.cq_a).is_ok());
+    p.a.post_prepared(&write, 201, 0, 0, 10).unwrap();
+    assert!(poll_one(&mut p.cq_a).is_ok());
+    assert_eq!(target.to_vec(), expect, "empty writes change nothing");
+
+    // Refusals: too much data, a remote range outside the target, another queue pair, a
+    // request over a buffer, a local range on an inline request, a remote offset on a Send.
+    let big = vec![1u8; cap + 1];
+    let r = p.a.post_prepared_inline(&write, 0, &big, 0);
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    for (len, roff) in [(8, 249), (1, 256), (1, u64::MAX)] {
+        let r = p.a.post_prepared_inline(&write, 0, &data[..len], roff);
+        assert!(matches!(r, Err(Error::OutOfBounds { .. })), "{len} {roff}: {r:?}");
+    }
+    let r = p.b.post_prepared_inline(&write, 0, b"x", 0);
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    let src = Arc::new(p.pd.allocate(64).unwrap());
+    let over_buffer = p.a.prepare_send(SendRequest::write(Local::whole(src), target.remote())).unwrap();
+    assert_eq!(over_buffer.inline_capacity(), None);
+    let r = p.a.post_prepared_inline(&over_buffer, 0, b"x", 0);
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    let r = p.a.post_prepared(&write, 0, 0, 4, 0);
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+
+    // Sends, with immediate data, into the peer's receives.
+    let send = p.a.prepare_send(SendRequest::send_inline(&[]).imm(0x55)).unwrap();
+    for i in 0..10u64 {
+        p.b.post_recv(RecvRequest::new(Local::whole(p.pd.allocate(64).unwrap()))).unwrap();
+        let msg = pattern(1 + i as usize * 6, 40 + i as u8);
+        p.a.post_prepared_inline(&send, i, &msg, 0).unwrap();
+        assert!(poll_one(&mut p.cq_a).is_ok());
+        let mut r = poll_one(&mut p.cq_b);
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!((r.byte_len() as usize, r.imm_data()), (msg.len(), Some(0x55)));
+        assert_eq!(&r.take_region().unwrap()[..msg.len()], &msg[..]);
+    }
+    let r = p.a.post_prepared_inline(&send, 0, b"x", 1);
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    // No post went out for the refusals: nothing more completes.
+    let mut out: [ibverbs::Completion; 4] = Default::default();
+    assert_eq!(p.cq_a.poll(&mut out).unwrap().len(), 0);
+
+    // The state is checked at each post.
+    let mut fresh =
+        p.pd.create_qp(&p.cq_a, QpType::RC).max_send_wr(1).max_recv_wr(1).max_inline_data(8).build().unwrap();
+    let early = fresh.prepare_send(SendRequest::write_inline(&[], target.remote())).unwrap();
+    let r = fresh.post_prepared_inline(&early, 0, b"x", 0);
+    assert!(matches!(r, Err(Error::QpState { .. })), "{r:?}");
 }

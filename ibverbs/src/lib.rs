@@ -684,8 +684,8 @@ pub use error::{Error, Result};
 pub use memory::odp;
 pub use memory::{
     page_size, AccessFlags, BoundWindow, Chunk, DeviceMemory, DeviceMemoryRegion, DmabufRegion,
-    ExposedRegion, MemoryRegion, MemoryWindow, MwType, OwnedBuffer, RemoteMemoryRegion, RemoteSlice,
-    WindowedRegion, MAX_BINDS, WINDOW_ACCESS,
+    ExposedRegion, MemoryRegion, MemoryWindow, MwType, OwnedBuffer, RemoteByte, RemoteMemoryRegion,
+    RemoteSlice, WindowedRegion, MAX_BINDS, WINDOW_ACCESS,
 };
 pub use pd::ProtectionDomain;
 pub use pool::ReceivePool;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::error::{cvt_p, Error, Result};
 use crate::ffi;
-use crate::memory::racy::RacyBytes;
+use crate::memory::racy::{ByteUnit, RacyBytes};
 use crate::memory::{OwnedBuffer, RemoteSlice};
 use crate::pd::{PdInner, ProtectionDomain};
 
@@ -298,8 +298,8 @@ pub struct MemoryRegion {
 /// `pd.allocate_remote(len, AccessFlags::LOCAL_WRITE)` registers it with no remote rights at all).
 ///
 /// A peer can change its bytes at any moment, so safe code never gets a reference into it: it
-/// copies in and out with volatile accesses ([`read`](Self::read), [`write`](Self::write),
-/// [`load_u64`](Self::load_u64)). [`as_slice`](Self::as_slice) is `unsafe` and its contract is
+/// copies in and out with atomic accesses ([`read`](Self::read), [`write`](Self::write),
+/// [`load_u64`](Self::load_u64), [`byte`](Self::byte)). [`as_slice`](Self::as_slice) is `unsafe` and its contract is
 /// that the application's protocol keeps peers away meanwhile. Share it with `Arc`.
 pub struct RemoteMemoryRegion {
     pub(crate) inner: Box<MrInner>,
@@ -585,12 +585,25 @@ impl RemoteMemoryRegion {
             .ok_or(Error::InvalidArgument { verb: "load_u64", reason: "address not 8-byte aligned" })
     }
 
+    /// The byte at `offset`, its bounds checked once here: each [`RemoteByte::load`] and
+    /// [`RemoteByte::store`] is then one atomic access with no check. For the flag a peer's
+    /// RDMA Write sets, polled in a spin loop (the last byte of a message, as `ib_write_lat`
+    /// polls it), where [`read`](Self::read) would check the range and copy on every turn.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] when `offset` is not inside the region.
+    pub fn byte(&self, offset: usize) -> Result<RemoteByte<'_>> {
+        let (off, _) = self.inner.range("byte", offset..offset.saturating_add(1))?;
+        Ok(RemoteByte { unit: self.racy().byte_unit(off), offset, _region: std::marker::PhantomData })
+    }
+
     /// The region's bytes as a slice.
     ///
     /// # Safety
     /// While the slice lives, nothing may write the region: no peer (the application's protocol
     /// must keep them away), no local RDMA Read, atomic or receive into it may be outstanding,
-    /// and no thread may call [`write`](Self::write) or [`fill`](Self::fill) on it.
+    /// and no thread may call [`write`](Self::write) or [`fill`](Self::fill) on it, or
+    /// [`RemoteByte::store`] on one of its bytes.
     pub unsafe fn as_slice(&self) -> &[u8] {
         // SAFETY: valid memory; freedom from concurrent writes is the caller's contract.
         unsafe { std::slice::from_raw_parts(self.inner.addr(), self.inner.len()) }
@@ -605,6 +618,62 @@ impl RemoteMemoryRegion {
     pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: valid memory; &mut self excludes local aliases; peers per the contract.
         unsafe { std::slice::from_raw_parts_mut(self.inner.addr(), self.inner.len()) }
+    }
+}
+
+/// One byte of a [`RemoteMemoryRegion`], from [`RemoteMemoryRegion::byte`]: bounds-checked
+/// once, then loaded and stored with one atomic access each (relaxed, of the size every other
+/// access to that byte uses), so a peer's write or another thread's store is never undefined
+/// behaviour.
+///
+/// ```no_run
+/// # fn demo(region: &ibverbs::RemoteMemoryRegion, n: usize) -> ibverbs::Result<()> {
+/// // Wait for the peer's RDMA Write whose last byte carries the counter 7.
+/// let flag = region.byte(n - 1)?;
+/// while flag.load() != 7 {
+///     std::hint::spin_loop();
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy)]
+pub struct RemoteByte<'a> {
+    unit: ByteUnit,
+    offset: usize,
+    _region: std::marker::PhantomData<&'a RemoteMemoryRegion>,
+}
+
+// SAFETY: it only reaches the byte through atomic accesses, and borrows the region (which is
+// Sync) for as long as it lives.
+unsafe impl Send for RemoteByte<'_> {}
+// SAFETY: as above; `load` and `store` take `&self` and are atomic.
+unsafe impl Sync for RemoteByte<'_> {}
+
+impl RemoteByte<'_> {
+    /// The byte's value now (one relaxed atomic load).
+    #[inline]
+    pub fn load(&self) -> u8 {
+        // SAFETY: the unit lies in the borrowed region, alive and registered while 'a lasts, and
+        // accessed only through RacyBytes-sized atomics (or the unsafe slices' contract).
+        unsafe { self.unit.load() }
+    }
+
+    /// Sets the byte to `value`, leaving the bytes around it as they are (an atomic
+    /// compare-and-swap of the 8-byte word holding it, or one byte store at the region's ends).
+    #[inline]
+    pub fn store(&self, value: u8) {
+        // SAFETY: as in `load`.
+        unsafe { self.unit.store(value) }
+    }
+
+    /// Its offset in the region.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+}
+
+impl fmt::Debug for RemoteByte<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteByte").field("offset", &self.offset).field("value", &self.load()).finish()
     }
 }
 

@@ -132,11 +132,81 @@ impl RacyBytes {
         });
     }
 
+    /// The access unit of the byte at `offset`, found once for many loads and stores. The
+    /// caller checked the bounds.
+    pub(crate) fn byte_unit(&self, offset: usize) -> ByteUnit {
+        debug_assert!(offset < self.len);
+        let (lo, hi) = self.words();
+        if offset >= lo && offset < hi {
+            let w = offset - (offset - lo) % WORD;
+            let i = (offset - w) as u32;
+            // Where byte `i` of the word's native-endian bytes sits in its value.
+            let shift = if cfg!(target_endian = "little") { 8 * i } else { 8 * (WORD as u32 - 1 - i) };
+            // SAFETY: `w` is inside the memory (`lo <= w < hi`).
+            ByteUnit { unit: unsafe { self.base.add(w) }, shift: Some(shift) }
+        } else {
+            // SAFETY: `offset` is inside the memory (the caller's check).
+            ByteUnit { unit: unsafe { self.base.add(offset) }, shift: None }
+        }
+    }
+
     /// The aligned 8 bytes at `offset` in one access, if that word lies inside the memory.
     pub(crate) fn load_u64(&self, offset: usize) -> Option<u64> {
         let (lo, hi) = self.words();
         let inside = offset >= lo && offset < hi && (offset - lo) % WORD == 0;
         inside.then(|| self.word(offset).load(Ordering::Relaxed))
+    }
+}
+
+/// One byte of a [`RacyBytes`], accessed as [`RacyBytes`] accesses it: the 8-byte word holding
+/// it (`shift`: where the byte sits in the word's value), or the byte alone. Valid as long as
+/// the `RacyBytes` it came from.
+#[derive(Clone, Copy)]
+pub(crate) struct ByteUnit {
+    unit: *mut u8,
+    shift: Option<u32>,
+}
+
+impl ByteUnit {
+    /// The byte, in one relaxed atomic load.
+    ///
+    /// # Safety
+    /// The memory it came from is still valid, per [`RacyBytes::new`]'s contract.
+    #[inline]
+    pub(crate) unsafe fn load(&self) -> u8 {
+        match self.shift {
+            Some(s) => {
+                // SAFETY: an 8-aligned word inside the memory (byte_unit), valid (contract).
+                let word = unsafe { AtomicU64::from_ptr(self.unit.cast::<u64>()) };
+                (word.load(Ordering::Relaxed) >> s) as u8
+            }
+            // SAFETY: a byte inside the memory, valid (contract).
+            None => unsafe { AtomicU8::from_ptr(self.unit) }.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Sets the byte to `value`, leaving its word's other bytes as they are (a compare-and-swap
+    /// loop for a byte inside a word, as [`RacyBytes::write`] does).
+    ///
+    /// # Safety
+    /// As [`load`](Self::load).
+    #[inline]
+    pub(crate) unsafe fn store(&self, value: u8) {
+        match self.shift {
+            Some(s) => {
+                // SAFETY: as in `load`.
+                let atom = unsafe { AtomicU64::from_ptr(self.unit.cast::<u64>()) };
+                let (mask, bits) = (!(0xffu64 << s), u64::from(value) << s);
+                let mut cur = atom.load(Ordering::Relaxed);
+                while let Err(now) =
+                    atom.compare_exchange_weak(cur, cur & mask | bits, Ordering::Relaxed, Ordering::Relaxed)
+                {
+                    cur = now;
+                }
+            }
+            // SAFETY: as in `load`.
+            None => unsafe { AtomicU8::from_ptr(self.unit) }.store(value, Ordering::Relaxed),
+        }
     }
 }
 
@@ -227,6 +297,34 @@ mod tests {
         assert_eq!(r.load_u64(13), None, "a word that runs past the end");
     }
 
+    #[test]
+    fn a_byte_unit_reads_and_writes_the_byte_the_copies_do() {
+        for skip in 0..8 {
+            let mem = Mem::new(5);
+            let r = mem.view(skip, 29);
+            r.fill(0x5a);
+            for off in (0..29).step_by(if cfg!(miri) { 3 } else { 1 }) {
+                let b = r.byte_unit(off);
+                // SAFETY: `mem` outlives the unit.
+                unsafe {
+                    assert_eq!(b.load(), 0x5a, "skip {skip} off {off}");
+                    b.store(off as u8 + 1);
+                    assert_eq!(b.load(), off as u8 + 1);
+                }
+                let mut all = [0u8; 29];
+                r.read(0, &mut all);
+                for (i, &x) in all.iter().enumerate() {
+                    let want = if i == off { off as u8 + 1 } else { 0x5a };
+                    assert_eq!(x, want, "byte {i} after a store to {off} (skip {skip})");
+                }
+                r.write(off, &[0xa0]);
+                // SAFETY: as above.
+                assert_eq!(unsafe { b.load() }, 0xa0, "the unit sees the copy");
+                r.write(off, &[0x5a]);
+            }
+        }
+    }
+
     // Regression (soundness hole 6): copies used volatile accesses, a data race between two
     // threads (ThreadSanitizer and Miri report it). Now every access is atomic and of one size
     // per byte; Miri checks both.
@@ -253,6 +351,12 @@ mod tests {
                             r.fill(t);
                         }
                         let _ = r.load_u64(5);
+                        let unit = r.byte_unit(usize::from(t) * 9 + i % 4);
+                        // SAFETY: `mem` outlives the unit.
+                        unsafe {
+                            unit.store(t);
+                            assert!(unit.load() < 3, "only values the threads wrote");
+                        }
                     }
                 })
             })

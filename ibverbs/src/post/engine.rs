@@ -676,7 +676,8 @@ pub(crate) fn post_prepared_one(
     let mut bad = std::ptr::null_mut();
     let ret = match post {
         // SAFETY: valid QP; every field of the request and its SGE was written (fill_one),
-        // describing memory the queue pair's pins hold (a checked range).
+        // describing memory the queue pair's pins hold (a checked range), or inline bytes the
+        // caller lends for this call (`QueuePair::post_prepared_inline`).
         Some(f) => unsafe { f(qp, raw.as_mut_ptr(), &mut bad) },
         None => {
             bad = raw.as_mut_ptr(); // names it as not posted

@@ -33,6 +33,13 @@ use crate::post::wr::{LocalBuf, Op, RecvRequest, SendRequest, MAX_SGE};
 /// ([`QueuePairBuilder::max_inline_data`](crate::QueuePairBuilder::max_inline_data)). Nothing can
 /// write such a region while it is shared. An `Arc<RemoteMemoryRegion>`'s bytes are never copied
 /// inline: another thread may be writing them, and the provider's copy is not atomic.
+///
+/// A Send or RDMA Write with inline data ([`SendRequest::send_inline`],
+/// [`SendRequest::write_inline`]) prepares too: it holds no buffer, and each post brings its
+/// bytes, copied by the provider during the post
+/// ([`QueuePair::post_prepared_inline`](crate::QueuePair::post_prepared_inline)), as the
+/// unsafe level posts one prebuilt inline request again and again. The data given at
+/// preparation only sets the request's kind; it is not kept.
 pub struct PreparedSend {
     /// The queue pair it was checked for (its process-unique id: an `ibv_qp` address could be
     /// reused by a queue pair of another type or PD once the first is gone).
@@ -55,6 +62,9 @@ pub struct PreparedSend {
     /// The template's `send_flags` with `IBV_SEND_INLINE`: a post picks these or the
     /// template's, one select.
     inline_flags: u32,
+    /// For a request prepared with inline data: the most bytes a post may bring (the queue
+    /// pair's `max_inline_data`). `None` for a request over a buffer.
+    inline_cap: Option<u32>,
 }
 
 // SAFETY: the raw pointers in `template` (the UD address handle) point to objects this value
@@ -78,6 +88,8 @@ impl fmt::Debug for PreparedSend {
 enum SharedBuf {
     Local(Arc<MemoryRegion>),
     Remote(Arc<RemoteMemoryRegion>),
+    /// None: prepared with inline data, each post brings its bytes.
+    Inline,
 }
 
 /// A handle a queue pair keeps for the posts of its prepared requests (see [`PreparedSend`]).
@@ -107,20 +119,24 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 impl PreparedSend {
     /// What the queue pair pins for this request's posts: its buffer and its address handle.
     pub(crate) fn pins(&self) -> [Option<Pin>; 2] {
-        let buf: Pin = match &self.buf {
-            SharedBuf::Local(m) => m.clone(),
-            SharedBuf::Remote(m) => m.clone(),
+        let buf: Option<Pin> = match &self.buf {
+            SharedBuf::Local(m) => Some(m.clone()),
+            SharedBuf::Remote(m) => Some(m.clone()),
+            SharedBuf::Inline => None,
         };
-        [Some(buf), self.ah.as_ref().map(|a| -> Pin { a.clone() })]
+        [buf, self.ah.as_ref().map(|a| -> Pin { a.clone() })]
     }
 
     /// Builds the template from a request the queue pair already checked, on a queue pair whose
-    /// `max_inline_data` is `max_inline`. `None` unless it has exactly one entry, over a shared
-    /// buffer, and no inline data.
+    /// `max_inline_data` is `max_inline`. `None` unless it has inline data (and so no entry:
+    /// the checks refused any), or exactly one entry, over a shared buffer.
     pub(crate) fn from_checked(qp: u64, max_inline: u32, wr: &SendRequest<'_>) -> Option<PreparedSend> {
+        if wr.inline.is_some() {
+            return Some(PreparedSend::inline_from_checked(qp, max_inline, wr));
+        }
         let mut entries = wr.sges.iter().flatten();
         let (local, rest) = (entries.next()?, entries.next());
-        if rest.is_some() || wr.inline.is_some() {
+        if rest.is_some() {
             return None;
         }
         let (start, buf_len) = (local.buf.device_start(), local.buf.bounds().1);
@@ -156,12 +172,99 @@ impl PreparedSend {
             ah: wr.ud.as_ref().map(|(ah, _, _)| ah.inner.clone()),
             inline_below,
             inline_flags,
+            inline_cap: None,
         })
     }
 
-    /// Length of the local buffer the request draws its ranges from.
+    /// [`from_checked`](Self::from_checked) of a request with inline data (a Send or RDMA
+    /// Write, as the checks made sure): no buffer, no local range (a post with a length
+    /// through [`at`](Self::at) is refused; posts bring their bytes through
+    /// [`QueuePair::post_prepared_inline`](crate::QueuePair::post_prepared_inline)).
+    fn inline_from_checked(qp: u64, max_inline: u32, wr: &SendRequest<'_>) -> PreparedSend {
+        let mut template = ffi::ibv_send_wr::default();
+        let mut sges = [ffi::ibv_sge::default(); MAX_SGE];
+        // Sets IBV_SEND_INLINE in the flags; the SGE it points at the preparation's data is
+        // dropped with `sges`.
+        wr.fill(&mut template, &mut sges, 0);
+        template.sg_list = std::ptr::null_mut();
+        let remote = match wr.op {
+            Op::Write(r) => Some(r),
+            _ => None,
+        };
+        PreparedSend {
+            qp,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            template,
+            lkey: 0,
+            // A post's SGE address is `base + offset`: `post_prepared_inline` passes the data's
+            // address as the offset.
+            base: 0,
+            buf: SharedBuf::Inline,
+            limits: Limits { buf_len: 0, remote, atomic: false },
+            ah: wr.ud.as_ref().map(|(ah, _, _)| ah.inner.clone()),
+            inline_below: 0,
+            inline_flags: template.send_flags,
+            inline_cap: Some(max_inline),
+        }
+    }
+
+    /// Length of the local buffer the request draws its ranges from (0 for a request prepared
+    /// with inline data).
     pub fn buffer_len(&self) -> usize {
         self.limits.buf_len
+    }
+
+    /// For a request prepared with inline data, the most bytes one of its posts may bring (the
+    /// queue pair's `max_inline_data`); `None` for a request over a buffer.
+    pub fn inline_capacity(&self) -> Option<usize> {
+        self.inline_cap.map(|n| n as usize)
+    }
+
+    /// The post of `data` (inline) with `wr_id` at remote bytes
+    /// `remote_offset..remote_offset + data.len()`, checked for the queue pair whose id is
+    /// `qp`. Its offset is `data`'s address (the request's base is 0): the post is good only
+    /// while `data` is borrowed, so it never leaves the caller's call.
+    #[inline]
+    pub(crate) fn inline_post(
+        &self,
+        qp: u64,
+        wr_id: u64,
+        data: &[u8],
+        remote_offset: u64,
+    ) -> Result<PreparedPost<'_>> {
+        let len = data.len();
+        let ok = self.qp == qp
+            && self.inline_cap.is_some_and(|cap| len <= cap as usize)
+            && Limits { buf_len: len, ..self.limits }.fits(0, len as u32, remote_offset);
+        if !ok {
+            return Err(self.inline_error(qp, len, remote_offset));
+        }
+        let flags = self.template.send_flags;
+        Ok(PreparedPost {
+            prepared: self,
+            wr_id,
+            offset: data.as_ptr() as usize,
+            len: len as u32,
+            remote_offset,
+            flags,
+        })
+    }
+
+    /// Why [`inline_post`](Self::inline_post) refused a post.
+    #[cold]
+    fn inline_error(&self, qp: u64, len: usize, remote_offset: u64) -> Error {
+        let bad = |reason| Error::InvalidArgument { verb: "ibv_post_send", reason };
+        if self.qp != qp {
+            return bad("the request was prepared for another queue pair");
+        }
+        match self.inline_cap {
+            None => bad("the request was prepared over a buffer: post it with post_prepared"),
+            Some(cap) if len > cap as usize => bad("inline data larger than the QP's max_inline_data"),
+            Some(_) => match (Limits { buf_len: len, ..self.limits }).check(0, len as u32, remote_offset) {
+                Err(e) => e,
+                Ok(()) => bad("the post does not fit its request"),
+            },
+        }
     }
 }
 
@@ -586,6 +689,12 @@ impl PreparedPost<'_> {
             return Error::InvalidArgument {
                 verb: "ibv_post_send",
                 reason: "the request was prepared for another queue pair",
+            };
+        }
+        if self.prepared.inline_cap.is_some() {
+            return Error::InvalidArgument {
+                verb: "ibv_post_send",
+                reason: "the request was prepared with inline data: post it with post_prepared_inline",
             };
         }
         match self.prepared.limits.check(self.offset, self.len, self.remote_offset) {

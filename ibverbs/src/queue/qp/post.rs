@@ -403,14 +403,16 @@ impl QueuePair {
     /// immediate data, UD destination, local key) for [`post_prepared`](Self::post_prepared).
     /// The request must have exactly one scatter/gather entry over a *shared* buffer
     /// (`Arc<MemoryRegion>` or `Arc<RemoteMemoryRegion>`, which the queue pair keeps a handle of
-    /// for the posts: see [`PreparedSend`]) and no inline data. The QP's state is checked at each post, so a QP may
-    /// be prepared for before it is connected. Posts of at most `max_inline_data` bytes of a
-    /// Send or RDMA Write from an `Arc<MemoryRegion>` go inline (see [`PreparedSend`]).
+    /// for the posts: see [`PreparedSend`]), or be a Send or RDMA Write with inline data, whose
+    /// posts bring their bytes ([`post_prepared_inline`](Self::post_prepared_inline)). The QP's
+    /// state is checked at each post, so a QP may be prepared for before it is connected. Posts
+    /// of at most `max_inline_data` bytes of a Send or RDMA Write from an `Arc<MemoryRegion>` go
+    /// inline (see [`PreparedSend`]).
     ///
     /// # Errors
     /// A [`PostError`] handing the request back: any error [`post_send`](Self::post_send) reports
-    /// for the request itself, or [`Error::InvalidArgument`] for a request with inline data, more
-    /// or fewer than one entry, or an owned buffer.
+    /// for the request itself, or [`Error::InvalidArgument`] for a request without inline data
+    /// with more or fewer than one entry, or over an owned buffer.
     #[allow(clippy::result_large_err)] // the request comes back whole
     pub fn prepare_send<'a>(&self, wr: SendRequest<'a>) -> Result<PreparedSend, PostError<SendRequest<'a>>> {
         if let Err(error) = self.check_send_request(&wr) {
@@ -424,7 +426,7 @@ impl QueuePair {
             None => Err(PostError {
                 error: Error::InvalidArgument {
                     verb: "ibv_post_send",
-                    reason: "a prepared request has one entry over a shared (Arc) buffer and no inline data",
+                    reason: "a prepared request has inline data, or one entry over a shared (Arc) buffer",
                 },
                 request: wr,
             }),
@@ -460,11 +462,50 @@ impl QueuePair {
     /// too), the QP's state checked: on the stack (cheaper than the chain's scratch set-up), or
     /// through the builder table of an extended QP.
     #[inline(always)] // outlined, the 48-byte post passed by value cost 16 instructions (callgrind)
-    fn post_prepared_single(&mut self, mut post: PreparedPost<'_>) -> Result<()> {
+    fn post_prepared_single(&mut self, post: PreparedPost<'_>) -> Result<()> {
         let p = post.prepared;
         if p.qp != self.id || !p.limits.fits(post.offset, post.len, post.remote_offset) {
             return Err(post.error(self.id));
         }
+        self.post_checked_prepared(post)
+    }
+
+    /// Posts a prepared request (`ibv_post_send()`) with `wr_id`, bringing its bytes: `data`,
+    /// copied inline by the provider during the call (so `data` is free again when it returns),
+    /// into remote bytes `remote_offset..remote_offset + data.len()` of an RDMA Write's remote
+    /// range (0 for a Send). The request was prepared from a
+    /// [`SendRequest::send_inline`](crate::SendRequest::send_inline) or
+    /// [`SendRequest::write_inline`](crate::SendRequest::write_inline); the data it was
+    /// prepared with is not used. The post's slot holds nothing and its completion hands no
+    /// buffer back. This is `ib_write_lat`'s small-message post (one prebuilt inline request,
+    /// posted again and again) at the safe level.
+    ///
+    /// # Errors
+    /// [`Error::QpState`] before RTS, [`Error::InvalidArgument`] for a request prepared for
+    /// another queue pair or over a buffer, for more than `max_inline_data` bytes, or a remote
+    /// offset on a Send, [`Error::OutOfBounds`] for a range outside the remote range,
+    /// [`Error::QueueFull`], or [`Error::Verb`] when the provider refuses it
+    /// ([`Error::QueuedWithError`] when it queued the post and then failed: it stays posted).
+    #[doc(alias = "ibv_post_send")]
+    #[doc(alias = "IBV_SEND_INLINE")]
+    pub fn post_prepared_inline(
+        &mut self,
+        prepared: &PreparedSend,
+        wr_id: u64,
+        data: &[u8],
+        remote_offset: u64,
+    ) -> Result<()> {
+        self.check_send_state()?;
+        // The post names `data` by address: it is used within this call, while `data` is
+        // borrowed (the provider copies inline data during the post).
+        let post = prepared.inline_post(self.id, wr_id, data, remote_offset)?;
+        self.post_checked_prepared(post)
+    }
+
+    /// Posts one checked prepared post: on the stack, or through the builder table of an
+    /// extended QP.
+    #[inline(always)]
+    fn post_checked_prepared(&mut self, mut post: PreparedPost<'_>) -> Result<()> {
         match &self.ex {
             None => post_prepared_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &post),
             Some(ex) => ex::post_batch(
