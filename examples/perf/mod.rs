@@ -118,12 +118,12 @@ pub struct Args {
     /// Path MTU in bytes (256..4096) [default: the port's active MTU].
     #[arg(short = 'm', long, value_name = "BYTES")]
     pub mtu: Option<u32>,
-    /// Hot loop at the safe level: checked posts whose requests carry the buffers, handed back
-    /// by the completions.
+    /// Hot loop at the safe level (the default): prepared requests checked once, posted with
+    /// post_prepared (and its chain, inline and receive forms), typed completions from poll.
     #[arg(long, conflicts_with = "raw")]
     pub safe: bool,
     /// Hot loop at the raw level: unsafe post_*_unchecked with prebuilt work requests +
-    /// poll_raw (the default: the faster one).
+    /// poll_raw (C's cost).
     #[arg(long)]
     pub raw: bool,
     /// This side's queue pairs and completion queues on the extended data path: QPs from
