@@ -691,7 +691,7 @@ impl PreparedPost<'_> {
                 reason: "the request was prepared for another queue pair",
             };
         }
-        if self.prepared.inline_cap.is_some() {
+        if self.prepared.inline_cap.is_some() && (self.offset, self.len) != (0, 0) {
             return Error::InvalidArgument {
                 verb: "ibv_post_send",
                 reason: "the request was prepared with inline data: post it with post_prepared_inline",
@@ -830,6 +830,40 @@ impl Request for PreparedPost<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request prepared with inline data holds no buffer; its posts bring their bytes (the
+    /// post's offset is their address), checked against the queue pair, `max_inline_data` and
+    /// the remote range; a local range through `at` is refused but the empty one.
+    #[test]
+    fn inline_requests_take_each_posts_bytes_and_check_them() {
+        let remote = RemoteSlice { addr: 0x1000, len: 64, rkey: 7 };
+        let write = PreparedSend::from_checked(5, 16, &SendRequest::write_inline(b"abc", remote)).unwrap();
+        assert_eq!((write.inline_capacity(), write.buffer_len()), (Some(16), 0));
+        assert!(write.pins().iter().all(Option::is_none), "nothing to pin");
+        let data = [9u8; 17];
+        let post = write.inline_post(5, 11, &data[..16], 48).unwrap();
+        assert_eq!(
+            (post.wr_id, post.offset, post.len, post.remote_offset),
+            (11, data.as_ptr() as usize, 16, 48)
+        );
+        let inline = ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+        assert_ne!(post.flags & inline, 0);
+        assert!(write.inline_post(5, 0, &[], 64).is_ok(), "empty, at the end of the range");
+        let refused = |r: Result<PreparedPost<'_>>| r.map(|_| ()).unwrap_err();
+        assert!(matches!(refused(write.inline_post(6, 0, &data[..1], 0)), Error::InvalidArgument { .. }));
+        assert!(matches!(refused(write.inline_post(5, 0, &data, 0)), Error::InvalidArgument { .. }));
+        assert!(matches!(refused(write.inline_post(5, 0, &data[..8], 57)), Error::OutOfBounds { .. }));
+        assert!(matches!(refused(write.inline_post(5, 0, &data[..1], u64::MAX)), Error::OutOfBounds { .. }));
+        // Through `at`: only the empty range fits, and the refusal says how to post it.
+        assert!(write.limits.fits(0, 0, 8));
+        assert!(!write.limits.fits(0, 4, 0));
+        assert!(matches!(write.at(0, 0, 4, 0).error(5), Error::InvalidArgument { .. }));
+        assert!(matches!(write.at(0, 0, 0, 65).error(5), Error::OutOfBounds { .. }));
+
+        let send = PreparedSend::from_checked(5, 16, &SendRequest::send_inline(&[]).imm(3)).unwrap();
+        assert!(send.inline_post(5, 0, &data[..16], 0).is_ok());
+        assert!(matches!(refused(send.inline_post(5, 0, &data[..1], 1)), Error::InvalidArgument { .. }));
+    }
 
     /// `fits` (the chain loop's fast path) and `check` agree, at and around every boundary,
     /// including offsets near the top of their types and remote ranges that end at 2^64.
