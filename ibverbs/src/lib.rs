@@ -69,7 +69,9 @@
 //!    hash lookup, also on a CQ shared by many QPs and both queues of a QP. A prepared request
 //!    ([`QueuePair::prepare_send`]) is checked once and posted many times; its `Arc` buffer is
 //!    *pinned* to the queue pair instead (held until the queue pair is destroyed, or until a
-//!    later `prepare_send` finds nothing outstanding), so its posts' slots hold nothing. A
+//!    later `prepare_send` finds nothing outstanding), so its posts' slots hold nothing; one
+//!    prepared with inline data holds no buffer at all, each post lending its bytes for the
+//!    call ([`QueuePair::post_prepared_inline`]: the provider copies inline data then). A
 //!    prepared receive ([`QueuePair::prepare_recv`], [`SharedReceiveQueue::prepare_recv`]) does
 //!    the same for an `Arc<RemoteMemoryRegion>`, the one buffer the device may write while it is
 //!    shared (an SRQ's pin lasts until the SRQ is destroyed, after its last queue pair).
@@ -263,6 +265,8 @@
 //! copies in and out. Those use relaxed atomic accesses, always of the same size for a given byte
 //! (a byte inside an aligned 8-byte word of the region is accessed with that word, the few bytes
 //! at unaligned ends alone), so racing copies between threads are torn, never a data race.
+//! [`RemoteMemoryRegion::byte`] finds one byte's access unit once ([`RemoteByte`]), so a spin
+//! loop polling the flag a peer's write sets pays one atomic load a turn, of that same size.
 //! References into it are `unsafe` ([`RemoteMemoryRegion::as_slice`]). A local-only
 //! [`MemoryRegion`] takes only [`AccessFlags::LOCAL_ONLY`]: neither remote write, atomics, nor
 //! memory-window binding (a window can grant remote write), nor flags the crate does not know.
