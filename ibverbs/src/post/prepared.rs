@@ -222,16 +222,16 @@ impl PreparedSend {
 
     /// The post of `data` (inline) with `wr_id` at remote bytes
     /// `remote_offset..remote_offset + data.len()`, checked for the queue pair whose id is
-    /// `qp`. Its offset is `data`'s address (the request's base is 0): the post is good only
-    /// while `data` is borrowed, so it never leaves the caller's call.
+    /// `qp`. Its offset is `data`'s address (the request's base is 0), so the post borrows
+    /// `data` as long as it borrows the request.
     #[inline]
-    pub(crate) fn inline_post(
-        &self,
+    pub(crate) fn inline_post<'a>(
+        &'a self,
         qp: u64,
         wr_id: u64,
-        data: &[u8],
+        data: &'a [u8],
         remote_offset: u64,
-    ) -> Result<PreparedPost<'_>> {
+    ) -> Result<PreparedPost<'a>> {
         let len = data.len();
         let ok = self.qp == qp
             && self.inline_cap.is_some_and(|cap| len <= cap as usize)

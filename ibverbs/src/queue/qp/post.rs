@@ -496,8 +496,8 @@ impl QueuePair {
         remote_offset: u64,
     ) -> Result<()> {
         self.check_send_state()?;
-        // The post names `data` by address: it is used within this call, while `data` is
-        // borrowed (the provider copies inline data during the post).
+        // The post names `data` by address and borrows it (the provider copies inline data
+        // during the post, within this call).
         let post = prepared.inline_post(self.id, wr_id, data, remote_offset)?;
         self.post_checked_prepared(post)
     }
