@@ -635,6 +635,17 @@ impl RemoteMemoryRegion {
 /// }
 /// # Ok(()) }
 /// ```
+///
+/// It borrows the region: the region cannot be dropped (deregistered and freed) while it lives.
+///
+/// ```compile_fail,E0505
+/// fn demo(region: ibverbs::RemoteMemoryRegion) -> ibverbs::Result<()> {
+///     let flag = region.byte(0)?;
+///     drop(region); // moved out while `flag` borrows it
+///     flag.load();
+///     Ok(())
+/// }
+/// ```
 #[derive(Clone, Copy)]
 pub struct RemoteByte<'a> {
     unit: ByteUnit,
