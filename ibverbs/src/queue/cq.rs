@@ -332,7 +332,34 @@ impl CompletionQueue {
     #[doc(alias = "ibv_start_poll")]
     #[doc(alias = "ibv_next_poll")]
     #[doc(alias = "ibv_end_poll")]
+    #[inline]
     pub fn poll<'c>(&mut self, out: &'c mut [Completion]) -> Result<&'c mut [Completion]> {
+        // Room for one completion (a latency loop's poll) on a classic CQ: a function of its
+        // own, whose frame holds only what that path needs.
+        if out.len() == 1 && self.kept.is_empty() && self.inner.ex.is_none() {
+            let n = self.poll_one(&mut out[0])?;
+            return Ok(&mut out[..n]);
+        }
+        self.poll_many(out)
+    }
+
+    /// [`poll`](Self::poll) with room for one completion on a classic CQ with nothing kept:
+    /// `poll_into`'s one-entry path.
+    #[inline(never)]
+    fn poll_one(&mut self, c: &mut Completion) -> Result<usize> {
+        let (inner, scratch) = (&*self.inner, &mut self.wcs);
+        // SAFETY: &mut self makes us the registry's only consumer; the provider's poll_cq on
+        // this live CQ.
+        unsafe {
+            poll_into(&inner.registry, std::slice::from_mut(c), scratch, |n, wcs| {
+                (inner.poll_fn)(inner.raw.as_ptr(), n, wcs)
+            })
+        }
+    }
+
+    /// [`poll`](Self::poll)'s general path.
+    #[inline(never)]
+    fn poll_many<'c>(&mut self, out: &'c mut [Completion]) -> Result<&'c mut [Completion]> {
         if !self.kept.is_empty() {
             let n = self.take_kept(out);
             return Ok(&mut out[..n]);
