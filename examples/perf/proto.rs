@@ -291,7 +291,7 @@ impl Level {
     /// How the header names it.
     pub fn describe(self) -> &'static str {
         match self {
-            Level::Safe => "safe (prepared posts, post_recv + poll)",
+            Level::Safe => "safe (prepared posts and receives + poll)",
             Level::Raw => "raw (post_send_unchecked + poll_raw)",
         }
     }

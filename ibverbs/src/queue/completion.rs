@@ -217,16 +217,37 @@ impl Completion {
     #[inline(always)]
     pub(crate) unsafe fn fill(&mut self, wc: &ffi::ibv_wc, registry: &Registry<Slot>) {
         self.wc = WorkCompletion(*wc);
-        if wc.wr_id & TAG == 0 {
+        // SAFETY: the caller's contract; `self.wc` was just filled.
+        unsafe { self.take_slot(registry) }
+    }
+
+    /// The work completion, for the provider to write into directly (a poll of one
+    /// completion): zeroed first, since providers leave fields they do not use unwritten.
+    #[inline(always)]
+    pub(crate) fn zeroed_wc(&mut self) -> *mut ffi::ibv_wc {
+        self.wc = WorkCompletion::default();
+        &mut self.wc.0
+    }
+
+    /// [`fill`](Self::fill) of an entry whose work completion the provider wrote in place
+    /// ([`zeroed_wc`](Self::zeroed_wc)): finds and takes the request's slot.
+    ///
+    /// # Safety
+    /// As [`fill`](Self::fill), with `self.wc` written by the provider since the entry was
+    /// cleared.
+    #[inline(always)]
+    pub(crate) unsafe fn take_slot(&mut self, registry: &Registry<Slot>) {
+        let wr_id = self.wc.0.wr_id;
+        if wr_id & TAG == 0 {
             return;
         }
-        if wc.wr_id & SRQ != 0 {
+        if wr_id & SRQ != 0 {
             // SAFETY: the caller's contract.
             return unsafe { self.fill_srq(registry) };
         }
         let (wc_out, bufs) = (&mut self.wc, &mut self.bufs);
         // SAFETY: the consumer (contract).
-        let Some(ring) = (unsafe { registry.lookup(wc.wr_id) }) else { return };
+        let Some(ring) = (unsafe { registry.lookup(wr_id) }) else { return };
         let take = |slot: *mut Slot| {
             // SAFETY: `slot` points to the initialised slot, ours until we return; each field
             // is read once (moved out): `wr_id` is Copy, the buffers move into the entry, which
@@ -246,7 +267,7 @@ impl Completion {
             }
         };
         // SAFETY: the consumer (contract); `take` moves every field out.
-        if let Some((holds, ah)) = unsafe { ring.complete_in_place(wc.wr_id as u32, take) } {
+        if let Some((holds, ah)) = unsafe { ring.complete_in_place(wr_id as u32, take) } {
             self.tracked = true;
             self.holds = holds;
             // Dropped after the position is released: a UD send's address handle.

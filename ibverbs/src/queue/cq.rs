@@ -347,14 +347,10 @@ impl CompletionQueue {
     /// `poll_into`'s one-entry path.
     #[inline(never)]
     fn poll_one(&mut self, c: &mut Completion) -> Result<usize> {
-        let (inner, scratch) = (&*self.inner, &mut self.wcs);
+        let inner = &*self.inner;
         // SAFETY: &mut self makes us the registry's only consumer; the provider's poll_cq on
         // this live CQ.
-        unsafe {
-            poll_into(&inner.registry, std::slice::from_mut(c), scratch, |n, wcs| {
-                (inner.poll_fn)(inner.raw.as_ptr(), n, wcs)
-            })
-        }
+        unsafe { poll_into_one(&inner.registry, c, |n, wc| (inner.poll_fn)(inner.raw.as_ptr(), n, wc)) }
     }
 
     /// [`poll`](Self::poll)'s general path.
@@ -551,6 +547,37 @@ impl WcScratch {
     }
 }
 
+/// [`poll_into`] with room for one completion: the provider writes the work completion into
+/// the entry itself (zeroed first), with no scratch array to copy from and zero again.
+///
+/// # Safety
+/// As [`poll_into`].
+#[inline(always)]
+unsafe fn poll_into_one(
+    registry: &Registry<Slot>,
+    c: &mut Completion,
+    mut poll: impl FnMut(i32, *mut ffi::ibv_wc) -> i32,
+) -> Result<usize> {
+    // SAFETY: consumer (contract).
+    let draining = unsafe { registry.begin_poll() };
+    c.clear();
+    let n = poll(1, c.zeroed_wc());
+    if n < 0 {
+        return Err(Error::from_ret("ibv_poll_cq", n));
+    }
+    if n == 0 {
+        if draining {
+            // SAFETY: consumer; the provider found the CQ empty after begin_poll.
+            unsafe { registry.drained() };
+        }
+        return Ok(0);
+    }
+    // SAFETY: consumer (contract); the entry was cleared, its work completion zeroed, then
+    // written by the provider.
+    unsafe { c.take_slot(registry) };
+    Ok(1)
+}
+
 /// The body of [`CompletionQueue::poll`], over any provider `poll` (so that it is tested under
 /// Miri with providers that write only some fields): returns how many entries of `out` it filled.
 ///
@@ -564,28 +591,14 @@ unsafe fn poll_into(
     scratch: &mut WcScratch,
     mut poll: impl FnMut(i32, *mut ffi::ibv_wc) -> i32,
 ) -> Result<usize> {
+    // One entry (a latency loop's poll): the loop below without its batching.
+    if let [c] = out {
+        // SAFETY: the caller's contract.
+        return unsafe { poll_into_one(registry, c, poll) };
+    }
     // SAFETY: consumer (contract).
     let draining = unsafe { registry.begin_poll() };
     let wcs = &mut *scratch.0;
-    // One entry (a latency loop's poll): the loop below without its batching.
-    if let [c] = out {
-        c.clear();
-        let n = poll(1, wcs.as_mut_ptr());
-        if n < 0 {
-            return Err(Error::from_ret("ibv_poll_cq", n));
-        }
-        if n == 0 {
-            if draining {
-                // SAFETY: consumer; the provider found the CQ empty after begin_poll.
-                unsafe { registry.drained() };
-            }
-            return Ok(0);
-        }
-        // SAFETY: consumer (contract); the entry was zero, then written by the provider.
-        unsafe { c.fill(&wcs[0], registry) };
-        wcs[0] = ffi::ibv_wc::default();
-        return Ok(1);
-    }
     let mut filled = 0;
     while filled < out.len() {
         let want = (out.len() - filled).min(POLL_BATCH);
@@ -884,6 +897,23 @@ mod tests {
             assert_eq!(poll_into(&reg, &mut out, &mut scratch, &mut one).unwrap(), 0, "seen empty");
         }
         assert_eq!(reg.unreserved(), before + 1, "the retired ring's one outstanding request");
+        // The provider writes into the entry itself, zeroed first: a field the previous
+        // completion had and this provider leaves unwritten reads 0.
+        let full = |_: i32, wc: *mut ffi::ibv_wc| {
+            // SAFETY: room for one entry; these fields are written.
+            unsafe {
+                std::ptr::addr_of_mut!((*wc).wr_id).write(3);
+                std::ptr::addr_of_mut!((*wc).status).write(ffi::ibv_wc_status::IBV_WC_SUCCESS);
+                std::ptr::addr_of_mut!((*wc).byte_len).write(99);
+            }
+            1
+        };
+        // SAFETY: as above.
+        unsafe { assert_eq!(poll_into(&reg, &mut out, &mut scratch, full).unwrap(), 1) };
+        assert_eq!((out[0].wr_id(), out[0].byte_len()), (3, 99));
+        // SAFETY: as above.
+        unsafe { assert_eq!(poll_into(&reg, &mut out, &mut scratch, mlx5_like(&[4])).unwrap(), 1) };
+        assert_eq!((out[0].wr_id(), out[0].byte_len()), (4, 0), "not the previous completion's");
     }
 
     fn srq_slot(wr_id: u64) -> Slot {
