@@ -675,6 +675,26 @@ impl Context {
     }
 }
 
+/// Test support for the poll paths here and in `cq_ex`: a ring of `cap` slots (a receive
+/// queue's when `recv`) registered in `reg`, with a slot per `wr_ids` entry written and
+/// published at positions `0..`.
+#[cfg(test)]
+pub(crate) fn posted_ring(
+    reg: &Registry<Slot>,
+    cap: u32,
+    recv: bool,
+    wr_ids: &[u64],
+) -> Arc<crate::post::ring::Ring<Slot>> {
+    let [ring] = reg.register([(cap, recv)]).unwrap();
+    for (pos, &wr_id) in (0u32..).zip(wr_ids) {
+        let slot = Slot { wr_id, bufs: crate::post::SlotBufs::default(), _ah: None };
+        // SAFETY: the caller is the new ring's only producer; positions from 0 are free.
+        unsafe { ring.write(pos, slot) };
+    }
+    ring.set_head(wr_ids.len() as u32);
+    ring
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -782,13 +802,7 @@ mod tests {
     #[test]
     fn tagged_completions_find_their_slots_and_stale_ones_are_skipped() {
         let reg = Registry::<Slot>::new(64);
-        let [ring] = reg.register([(4, true)]).unwrap();
-        for pos in 0..2 {
-            let slot = Slot { wr_id: 100 + u64::from(pos), bufs: SlotBufs::default(), _ah: None };
-            // SAFETY: producer, free positions.
-            unsafe { ring.write(pos, slot) };
-        }
-        ring.set_head(2);
+        let ring = posted_ring(&reg, 4, true, &[100, 101]);
         let ids = [ring.device_wr_id(1), ring.device_wr_id(1), TAG | RECV | (77 << 32), 5];
         let mut out: [Completion; 8] = Default::default();
         // SAFETY: single consumer.
@@ -813,13 +827,7 @@ mod tests {
     #[test]
     fn only_a_poll_that_finds_the_cq_empty_reclaims_retired_rings() {
         let reg = Registry::<Slot>::new(8);
-        let [ring] = reg.register([(8, false)]).unwrap();
-        for pos in 0..2 {
-            let slot = Slot { wr_id: 0, bufs: SlotBufs::default(), _ah: None };
-            // SAFETY: producer, free positions.
-            unsafe { ring.write(pos, slot) };
-        }
-        ring.set_head(2);
+        let ring = posted_ring(&reg, 8, false, &[0, 0]);
         reg.retire(&ring);
         drop(ring);
         assert_eq!(reg.unreserved(), 6, "room of the two outstanding requests kept");
@@ -855,13 +863,7 @@ mod tests {
     #[test]
     fn a_poll_with_room_for_one_behaves_as_the_batched_one() {
         let reg = Registry::<Slot>::new(16);
-        let [ring] = reg.register([(4, true)]).unwrap();
-        for pos in 0..2 {
-            let slot = Slot { wr_id: 100 + u64::from(pos), bufs: SlotBufs::default(), _ah: None };
-            // SAFETY: producer, free positions.
-            unsafe { ring.write(pos, slot) };
-        }
-        ring.set_head(2);
+        let ring = posted_ring(&reg, 4, true, &[100, 101]);
         let ids = [ring.device_wr_id(1), ring.device_wr_id(1), 5];
         let mut provider = mlx5_like(&ids);
         let mut scratch = WcScratch::new();
@@ -881,11 +883,7 @@ mod tests {
         let e = unsafe { poll_into(&reg, &mut out, &mut scratch, |_, _| -libc::EIO) }.unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EIO));
         // A retired ring's room comes back only when a poll finds the CQ empty.
-        let [other] = reg.register([(4, false)]).unwrap();
-        let slot = Slot { wr_id: 0, bufs: SlotBufs::default(), _ah: None };
-        // SAFETY: producer, a free position.
-        unsafe { other.write(0, slot) };
-        other.set_head(1);
+        let other = posted_ring(&reg, 4, false, &[0]);
         reg.retire(&other);
         drop(other);
         let before = reg.unreserved();

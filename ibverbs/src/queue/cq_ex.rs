@@ -93,6 +93,8 @@ pub(crate) struct ExCq {
     ts: Option<ReadU64>,
     /// Whether any field past `byte_len`'s group was asked for (`IMM`, `SRC_QP`, `SLID`, `SL`,
     /// `DLID_PATH_BITS`, `COMPLETION_TIMESTAMP`): a CQ asking for none skips their tests.
+    /// Kept rather than tested on `flags` at each poll, which measured 6 instructions more per
+    /// poll (callgrind, `post_poll` `ExSafe:1`: 338 against 344).
     tail: bool,
 }
 
@@ -270,7 +272,6 @@ pub(crate) unsafe fn poll_into_ex(
 mod tests {
     use super::*;
     use crate::post::ring::{RECV, TAG};
-    use crate::post::SlotBufs;
     use crate::queue::completion::{WcOpcode, WcStatus};
     use std::cell::RefCell;
 
@@ -416,13 +417,7 @@ mod tests {
     #[test]
     fn completions_are_read_between_start_and_end_and_find_their_slots() {
         let reg = Registry::<Slot>::new(64);
-        let [ring] = reg.register([(4, true)]).unwrap();
-        for pos in 0..2 {
-            let slot = Slot { wr_id: 100 + u64::from(pos), bufs: SlotBufs::default(), _ah: None };
-            // SAFETY: producer, free positions.
-            unsafe { ring.write(pos, slot) };
-        }
-        ring.set_head(2);
+        let ring = crate::queue::cq::posted_ring(&reg, 4, true, &[100, 101]);
         let mut q = fake_cq(vec![
             (ring.device_wr_id(1), OK, RECV_OP, Some(0xfeed)),
             (5, OK, SEND, None),
@@ -480,13 +475,7 @@ mod tests {
     #[test]
     fn a_full_array_ends_the_poll_without_seeing_the_cq_empty() {
         let reg = Registry::<Slot>::new(8);
-        let [ring] = reg.register([(8, false)]).unwrap();
-        for pos in 0..2 {
-            let slot = Slot { wr_id: 0, bufs: SlotBufs::default(), _ah: None };
-            // SAFETY: producer, free positions.
-            unsafe { ring.write(pos, slot) };
-        }
-        ring.set_head(2);
+        let ring = crate::queue::cq::posted_ring(&reg, 8, false, &[0, 0]);
         reg.retire(&ring);
         drop(ring);
         assert_eq!(reg.unreserved(), 6);
