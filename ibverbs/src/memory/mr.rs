@@ -299,8 +299,9 @@ pub struct MemoryRegion {
 ///
 /// A peer can change its bytes at any moment, so safe code never gets a reference into it: it
 /// copies in and out with atomic accesses ([`read`](Self::read), [`write`](Self::write),
-/// [`load_u64`](Self::load_u64), [`byte`](Self::byte)). [`as_slice`](Self::as_slice) is `unsafe` and its contract is
-/// that the application's protocol keeps peers away meanwhile. Share it with `Arc`.
+/// [`load_u64`](Self::load_u64), [`byte`](Self::byte)). [`as_slice`](Self::as_slice) is
+/// `unsafe` and its contract is that the application's protocol keeps peers away meanwhile.
+/// Share it with `Arc`.
 pub struct RemoteMemoryRegion {
     pub(crate) inner: Box<MrInner>,
 }
