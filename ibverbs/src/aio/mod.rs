@@ -7,8 +7,8 @@
 //!
 //! | feature | backend | reactor |
 //! |---|---|---|
-//! | `tokio` | [`tokio::Tokio`] | `tokio::io::unix::AsyncFd` (call inside a tokio runtime) |
-//! | `async-io` | [`async_io::AsyncIo`] | `async_io::Async` (smol and friends) |
+//! | `tokio` | `tokio::Tokio` | `tokio::io::unix::AsyncFd` (call inside a tokio runtime) |
+//! | `async-io` | `async_io::AsyncIo` | `async_io::Async` (smol and friends) |
 //!
 //! # The wait
 //! Every wait runs the standard sequence on its completion queue: poll (`ibv_poll_cq()`); when
@@ -46,6 +46,10 @@
 //! adaptor reads every event on it, so another CQ on the same channel would never learn of its
 //! own. (Registering one descriptor twice with the same reactor fails anyway.) Several queue pairs
 //! share one CQ and one channel through one [`Driver`].
+// The backends are linked only where their features compile them (a link to a missing item
+// is a rustdoc warning).
+#![cfg_attr(feature = "tokio", doc = "\nThe tokio backend: [`tokio::Tokio`].")]
+#![cfg_attr(feature = "async-io", doc = "\nThe async-io backend: [`async_io::AsyncIo`].")]
 
 mod driver;
 mod events;
