@@ -15,6 +15,8 @@
 #   TESTS ("write_bw read_bw send_bw write_lat send_lat")   which tests
 #   OURS_ARGS ("")     extra flags for our examples (e.g. --raw or --safe)
 #   RUN_TIMEOUT (180)  seconds one client or server may run
+#   PIN (1)            with 1 and at least two CPUs, servers run on CPU 1 and clients on CPU 0
+#                      (taskset), for both tools; 0 leaves the placement to the scheduler
 #
 # Metrics: bandwidth tests compare the client's "BW average[MB/sec]" (higher is better), latency
 # tests the client's "t_typical[usec]" (the median; lower is better). ratio = ours / perftest.
@@ -33,6 +35,7 @@ lat_iters=${LAT_ITERS:-5000}
 tests=${TESTS:-write_bw read_bw send_bw write_lat send_lat}
 ours_args=${OURS_ARGS:-}
 run_timeout=${RUN_TIMEOUT:-180}
+pin=${PIN:-1}
 
 for t in $tests; do
     [ -x "$dir/$t" ] || { echo "compare.sh: $dir/$t not found (cargo build --release --examples)" >&2; exit 2; }
@@ -42,6 +45,12 @@ done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 port=19000
+
+# The same placement for both tools (see PIN): "taskset -c N" prefixes, or none.
+srv_pin= cli_pin=
+if [ "$pin" = 1 ] && [ "$(grep -c '^processor' /proc/cpuinfo)" -ge 2 ] && command -v taskset >/dev/null; then
+    srv_pin="taskset -c 1" cli_pin="taskset -c 0"
+fi
 
 # metric TEST FILE: the client's figure of interest from a result table.
 metric() {
@@ -62,15 +71,15 @@ run_pair() {
         bin="ib_$t"
         extra=
     fi
-    # shellcheck disable=SC2086 # $extra is a list of flags
-    timeout "$run_timeout" "$bin" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p "$port" $extra \
+    # shellcheck disable=SC2086 # $srv_pin and $extra are lists of words
+    timeout "$run_timeout" $srv_pin "$bin" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p "$port" $extra \
         >"$work/server" 2>&1 &
     spid=$!
     tries=0
     while :; do
         # Ours retry connecting by themselves; perftest's clients need the server listening.
         # shellcheck disable=SC2086
-        timeout "$run_timeout" "$bin" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p "$port" $extra \
+        timeout "$run_timeout" $cli_pin "$bin" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p "$port" $extra \
             127.0.0.1 >"$work/client" 2>&1
         rc=$?
         if [ $rc -ne 0 ] && [ "$kind" = perftest ] && [ $tries -lt 40 ] \

@@ -16,6 +16,10 @@
 #   TESTS ("write_bw read_bw send_bw write_lat send_lat")   tests of the size sweep
 #   QPS ("1 2 4 8 16 32 64")   queue pair counts of the scaling sweep (write_bw, 64 B messages)
 #   RUN_TIMEOUT (120)  seconds one client or server may run
+#   PIN (1)          with 1 and at least two CPUs, every tool's server runs on CPU 1 and its
+#                    client on CPU 0 (taskset): on SoftRoCE both spin, and where the scheduler
+#                    puts them moves a 2 B latency by up to a third from run to run; 0 leaves
+#                    the placement to the scheduler
 #
 # Output lines (values: bandwidth tests the client's "MsgRate[Mpps]" as MB/s, message rate x size
 # / 2^20, which is its "BW average[MB/sec]" with more digits; latency tests its
@@ -37,6 +41,7 @@ sizes=${SIZES:-2 64 1024 4096 65536 1048576}
 tests=${TESTS:-write_bw read_bw send_bw write_lat send_lat}
 qps_list=${QPS:-1 2 4 8 16 32 64}
 run_timeout=${RUN_TIMEOUT:-120}
+pin=${PIN:-1}
 
 for t in $tests write_bw; do
     [ -x "$dir/$t" ] || { echo "sweep.sh: $dir/$t not found (cargo build --release --examples)" >&2; exit 2; }
@@ -47,6 +52,13 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 port=20000
 failed=0
+
+# The same placement for every tool (see PIN): "taskset -c N" prefixes, or none.
+srv_pin= cli_pin=
+if [ "$pin" = 1 ] && [ "$(grep -c '^processor' /proc/cpuinfo)" -ge 2 ] && command -v taskset >/dev/null; then
+    srv_pin="taskset -c 1" cli_pin="taskset -c 0"
+fi
+echo "PIN server=${srv_pin:-none} client=${cli_pin:-none}"
 
 # metric TEST COLUMN FILE: a column of the first row after the client's result table header.
 metric() {
@@ -74,14 +86,14 @@ run() {
     raw) bin="$dir/$t" extra=--raw ;;
     *) bin="ib_$t" extra= ;;
     esac
-    # shellcheck disable=SC2086 # $extra is one flag or none
-    timeout "$run_timeout" "$bin" -d "$dev" -x "$gid" -p "$port" $extra "$@" >"$work/server" 2>&1 &
+    # shellcheck disable=SC2086 # $srv_pin and $extra are words or nothing
+    timeout "$run_timeout" $srv_pin "$bin" -d "$dev" -x "$gid" -p "$port" $extra "$@" >"$work/server" 2>&1 &
     spid=$!
     tries=0
     while :; do
         # Ours retry connecting by themselves; perftest's clients need the server listening.
         # shellcheck disable=SC2086
-        timeout "$run_timeout" "$bin" -d "$dev" -x "$gid" -p "$port" $extra "$@" 127.0.0.1 >"$work/client" 2>&1
+        timeout "$run_timeout" $cli_pin "$bin" -d "$dev" -x "$gid" -p "$port" $extra "$@" 127.0.0.1 >"$work/client" 2>&1
         rc=$?
         if [ $rc -ne 0 ] && [ "$kind" = perftest ] && [ $tries -lt 40 ] \
             && grep -q "Couldn't connect\|Unable to init the socket" "$work/client"; then

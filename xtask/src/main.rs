@@ -105,8 +105,9 @@ Commands:
         clients in B; examples/perf/compare_twohost.sh, PAIRS=3 by default), as a table.
         --sweep: instead, the size sweep (2 B - 1 MiB) of the five tests and the scaling sweep
         (write_bw, 1-64 QPs), ours at both posting levels vs perftest (examples/perf/sweep.sh;
-        PAIRS, SIZES, TESTS, QPS, TARGET_SIZES, TARGET_PAIRS from the environment), as tables,
-        target/xtask-bench/sweep.json and SVG plots in docs/bench/.
+        PAIRS, SIZES, TESTS, QPS, TARGET_SIZES, TARGET_PAIRS, PIN from the environment; servers
+        on CPU 1, clients on CPU 0 unless PIN=0), as tables, target/xtask-bench/sweep.json and
+        SVG plots in docs/bench/.
   deps [--dry-run] [--allow-remove PKG]...
         Install the Debian packages of every command (xtask/packages.txt; .ci/run uses this) as
         root, never removing an installed package (checked by simulation first); otherwise, or

@@ -246,7 +246,7 @@ fn size_label(x: u64) -> String {
 }
 
 /// The environment variables of `sweep.sh` that `run` passes on.
-const VARS: [&str; 6] = ["PAIRS", "SIZES", "TESTS", "QPS", "TARGET_SIZES", "TARGET_PAIRS"];
+const VARS: [&str; 7] = ["PAIRS", "SIZES", "TESTS", "QPS", "TARGET_SIZES", "TARGET_PAIRS", "PIN"];
 
 /// `cargo xtask bench --sweep` (and the first step of `cargo xtask bench`): runs the sweep,
 /// prints the tables, writes the JSON file and the plots. [`VARS`] in the environment go to
