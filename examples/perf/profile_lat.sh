@@ -1,0 +1,151 @@
+#!/bin/sh
+# Where a latency test's user-space work goes, ours (safe and raw levels) against perftest's C
+# tool: runs each tool's server under callgrind, once for ITERS iterations and once for twice as
+# many, and prints the difference over ITERS, that is the instructions one more iteration costs
+# (start-up and teardown cancel out), split by the object that ran them. The client runs
+# natively; both are pinned as in sweep.sh (server CPU 1, client CPU 0) when there are two CPUs.
+#
+# Usage: profile_lat.sh EXAMPLES_DIR
+#   EXAMPLES_DIR  where send_lat and write_lat are (release build).
+# Environment (all optional):
+#   IBVERBS_TEST_DEVICE (rxe0), IBVERBS_TEST_GID_INDEX (1)  device and GID index (-d, -x)
+#   TESTS ("send_lat write_lat"), SIZE (2), ITERS (2000), RUN_TIMEOUT (300)
+#
+# Output: one line per tool and test, instructions per iteration of the server:
+#   PROFILE TEST KIND tool=N provider=N libibverbs=N libc=N other=N total=N
+# tool: the program itself (ours: the example with this crate linked in; perftest: its binary);
+# provider: librxe (post, poll, and the doorbell's system call wrapper it calls into libc is
+# under libc). The figures include the polls that find the queue empty while the server waits:
+# under callgrind the server is the slow side, so it seldom waits, but they are not zero.
+# Run it where a device and valgrind exist, e.g.
+#   cargo xtask rxe --timeout 900 -- sh examples/perf/profile_lat.sh target/release/examples
+set -u
+
+dir=${1:?usage: profile_lat.sh EXAMPLES_DIR}
+dev=${IBVERBS_TEST_DEVICE:-rxe0}
+gid=${IBVERBS_TEST_GID_INDEX:-1}
+tests=${TESTS:-send_lat write_lat}
+size=${SIZE:-2}
+iters=${ITERS:-2000}
+run_timeout=${RUN_TIMEOUT:-300}
+
+command -v valgrind >/dev/null || { echo "profile_lat.sh: valgrind not found" >&2; exit 2; }
+for t in $tests; do
+    [ -x "$dir/$t" ] || { echo "profile_lat.sh: $dir/$t not found (cargo build --release --examples)" >&2; exit 2; }
+    command -v "ib_$t" >/dev/null || { echo "profile_lat.sh: ib_$t (perftest) not found" >&2; exit 2; }
+done
+
+# Callgrind names the program by the path it was started with: an absolute one.
+abs=$(cd "$dir" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+port=21000
+failed=0
+srv_pin= cli_pin=
+if [ "$(grep -c '^processor' /proc/cpuinfo)" -ge 2 ] && command -v taskset >/dev/null; then
+    srv_pin="taskset -c 1" cli_pin="taskset -c 0"
+fi
+
+# by_object FILE: "OBJECT INSTRUCTIONS" lines, the self cost of every object in a callgrind
+# output file (the cost line after a `calls=` line is a call's inclusive cost: skipped).
+by_object() {
+    awk '
+        # An object is named once, "(ID) PATH", in an ob= or cob= line, then "(ID)" alone.
+        function obj(s,    id, rest) {
+            if (!match(s, /^\([0-9]+\)/)) return s
+            id = substr(s, 1, RLENGTH)
+            rest = substr(s, RLENGTH + 2)
+            if (rest != "") name[id] = rest
+            return name[id]
+        }
+        /^ob=/ { ob = obj(substr($0, 4)); next }
+        /^cob=/ { obj(substr($0, 5)); next }
+        /^calls=/ { skip = 1; next }
+        /^[0-9+*-]/ {
+            if (skip) { skip = 0; next }
+            n = split($0, f, " ")
+            if (n >= 2) cost[ob] += f[n]
+            next
+        }
+        END { for (o in cost) print o, cost[o] }
+    ' "$1"
+}
+
+# profile KIND TEST N: runs the pair once with N iterations, the server under callgrind; leaves
+# the server's per-object costs in $work/KIND.N.
+profile() {
+    kind=$1 t=$2 n=$3
+    port=$((port + 1))
+    case $kind in
+    safe) bin="$abs/$t" extra=--safe ;;
+    raw) bin="$abs/$t" extra=--raw ;;
+    *) bin=$(command -v "ib_$t") extra= ;;
+    esac
+    rm -f "$work"/cg.*
+    # shellcheck disable=SC2086 # $srv_pin, $cli_pin and $extra are words or nothing
+    timeout "$run_timeout" $srv_pin valgrind -q --tool=callgrind --dump-instr=no \
+        --callgrind-out-file="$work/cg.%p" "$bin" -d "$dev" -x "$gid" -p "$port" -s "$size" -n "$n" \
+        $extra >"$work/server" 2>&1 &
+    spid=$!
+    tries=0
+    while :; do
+        # shellcheck disable=SC2086
+        timeout "$run_timeout" $cli_pin "$bin" -d "$dev" -x "$gid" -p "$port" -s "$size" -n "$n" $extra \
+            127.0.0.1 >"$work/client" 2>&1
+        rc=$?
+        # The server under valgrind takes seconds to listen: perftest's client needs it listening
+        # (ours retry by themselves).
+        if [ $rc -ne 0 ] && [ "$kind" = perftest ] && [ $tries -lt 60 ] \
+            && grep -q "Couldn't connect\|Unable to init the socket" "$work/client"; then
+            tries=$((tries + 1))
+            sleep 1
+            continue
+        fi
+        break
+    done
+    [ $rc -eq 0 ] || kill "$spid" 2>/dev/null
+    wait "$spid"
+    src=$?
+    if [ $rc -ne 0 ] || [ $src -ne 0 ]; then
+        echo "profile_lat.sh: $kind $t -n $n failed (client $rc, server $src)" >&2
+        tail -3 "$work/client" "$work/server" >&2
+        failed=1
+        : >"$work/$kind.$n"
+        return
+    fi
+    for f in "$work"/cg.*; do by_object "$f"; done | awk -v bin="$bin" '
+        {
+            o = $1
+            g = "other"
+            if (o == bin) g = "tool"
+            else if (o ~ /librxe/) g = "provider"
+            else if (o ~ /libibverbs\.so/) g = "libibverbs"
+            else if (o ~ /\/libc\.so/) g = "libc"
+            s[g] += $2
+        }
+        END { for (g in s) print g, s[g] }
+    ' >"$work/$kind.$n"
+}
+
+for t in $tests; do
+    for kind in safe raw perftest; do
+        profile "$kind" "$t" "$iters"
+        profile "$kind" "$t" $((iters * 2))
+        awk -v t="$t" -v k="$kind" -v n="$iters" '
+            FNR == NR { a[$1] = $2; next }
+            { b[$1] = $2 }
+            END {
+                line = "PROFILE " t " " k
+                total = 0
+                split("tool provider libibverbs libc other", gs, " ")
+                for (i = 1; i <= 5; i++) {
+                    v = (b[gs[i]] - a[gs[i]]) / n
+                    total += v
+                    line = line sprintf(" %s=%.0f", gs[i], v)
+                }
+                print line sprintf(" total=%.0f", total)
+            }
+        ' "$work/$kind.$iters" "$work/$kind.$((iters * 2))"
+    done
+done
+exit $failed
