@@ -176,6 +176,36 @@ fn every_operation_classic_qp_extended_cq() {
     every_operation(Kind { qp_ex: false, cq_ex: true });
 }
 
+/// An extended CQ that did not ask for immediate data reports none, rather than a 0 it never
+/// read; one that asked reports the sender's value.
+#[test]
+fn immediate_data_is_reported_only_where_the_cq_asked_for_it() {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    const IMM: u32 = 0x0a0b_0c0d;
+    for (flags, want) in [(WcFlags::BYTE_LEN, None), (WcFlags::BYTE_LEN | WcFlags::IMM, Some(IMM))] {
+        let mut cq_a = ctx.create_cq(8, None).unwrap();
+        let mut cq_b = ctx.create_cq_ex(8, None, flags).unwrap();
+        let build = |cq| pd.create_qp(cq, QpType::RC).max_send_wr(4).max_recv_wr(4).build().unwrap();
+        let (mut a, mut b) = (build(&cq_a), build(&cq_b));
+        let o = opts();
+        let (ea, eb) = (a.endpoint(&o).unwrap(), b.endpoint(&o).unwrap());
+        a.connect(&eb, &o).unwrap();
+        b.connect(&ea, &o).unwrap();
+        b.post_recv(RecvRequest::new(Local::whole(pd.allocate(64).unwrap())).wr_id(1)).unwrap();
+        a.post_send(SendRequest::send(Local::whole(pd.allocate(24).unwrap())).imm(IMM).wr_id(2)).unwrap();
+        let sc = poll_one(&mut cq_a);
+        assert_eq!((sc.status(), sc.wr_id()), (WcStatus::SUCCESS, 2));
+        let rc = poll_one(&mut cq_b);
+        assert_eq!(
+            (rc.status(), rc.opcode(), rc.wr_id(), rc.byte_len(), rc.imm_data()),
+            (WcStatus::SUCCESS, WcOpcode::RECV, 1, 24, want),
+            "{flags:?}"
+        );
+        assert_eq!(rc.invalidated_rkey(), None);
+    }
+}
+
 /// A chain of 32 RDMA Writes (31 unsignaled, completed by the last, signaled one) is one builder
 /// sequence with one doorbell; the one completion releases all 32 buffers.
 #[test]

@@ -19,13 +19,19 @@ use crate::queue::completion::Completion;
 bitflags::bitflags! {
     /// The fields an extended completion queue reports besides `wr_id`, status, opcode, flags and
     /// vendor error (`wc_flags` of `struct ibv_cq_init_attr_ex`, the `IBV_WC_EX_WITH_*` flags of
-    /// `enum ibv_create_cq_wc_flags`). Fields not asked for read as 0 in the [`Completion`].
+    /// `enum ibv_create_cq_wc_flags`). Fields not asked for read as 0 in the [`Completion`], but
+    /// for those of [`IMM`](Self::IMM), which read as absent.
     #[doc(alias = "ibv_create_cq_wc_flags")]
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
     pub struct WcFlags: u64 {
         /// Bytes received or transferred (`IBV_WC_EX_WITH_BYTE_LEN`, `ibv_wc_read_byte_len()`).
         const BYTE_LEN = ffi::ibv_create_cq_wc_flags::IBV_WC_EX_WITH_BYTE_LEN.0 as u64;
-        /// Immediate data (`IBV_WC_EX_WITH_IMM`, `ibv_wc_read_imm_data()`).
+        /// Immediate data (`IBV_WC_EX_WITH_IMM`, `ibv_wc_read_imm_data()`), and the rkey a
+        /// peer's Send with Invalidate invalidated (`ibv_wc_read_invalidated_rkey()`, the same
+        /// accessor). Without it a completion carries neither: [`Completion::imm_data`] and
+        /// [`Completion::invalidated_rkey`] return `None` (the flags that announce them are
+        /// cleared), and an invalidated window cannot be taken back through
+        /// [`BoundWindow::remote_invalidated`](crate::BoundWindow::remote_invalidated).
         const IMM = ffi::ibv_create_cq_wc_flags::IBV_WC_EX_WITH_IMM.0 as u64;
         /// The local QP number (`IBV_WC_EX_WITH_QP_NUM`, `ibv_wc_read_qp_num()`).
         const QP_NUM = ffi::ibv_create_cq_wc_flags::IBV_WC_EX_WITH_QP_NUM.0 as u64;
@@ -170,12 +176,18 @@ impl ExCq {
             wc.wc_flags = (self.wc_flags)(q);
             wc.byte_len = r32(self.byte_len);
             if !self.tail {
-                // Nothing more was asked for: the rest stays 0 (one test instead of six).
+                // Nothing more was asked for: the rest stays 0 (one test instead of six), and
+                // the flags announcing immediate data or an invalidated rkey, not read, go.
+                wc.wc_flags &= !CARRIED;
                 return (wc, None);
             }
-            if wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
-                // Network order, as in `struct ibv_wc`.
-                wc.__bindgen_anon_1.imm_data = r32(self.imm);
+            if wc.wc_flags & CARRIED != 0 {
+                match self.imm {
+                    // Immediate data in network order, an rkey in host order, as in `struct
+                    // ibv_wc` (`ibv_wc_read_invalidated_rkey` is this accessor).
+                    Some(f) => wc.__bindgen_anon_1.imm_data = f(q),
+                    None => wc.wc_flags &= !CARRIED,
+                }
             }
             wc.src_qp = r32(self.src_qp);
             wc.slid = r32(self.slid) as u16;
@@ -185,6 +197,12 @@ impl ExCq {
         }
     }
 }
+
+/// The `wc_flags` announcing the union field `ibv_wc_read_imm_data` reads: immediate data, or
+/// the rkey a Send with Invalidate invalidated. A CQ that did not ask for [`WcFlags::IMM`]
+/// clears them, so that [`Completion::imm_data`] and [`Completion::invalidated_rkey`] say
+/// `None` rather than `Some(0)`.
+const CARRIED: u32 = ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 | ffi::ibv_wc_flags::IBV_WC_WITH_INV.0;
 
 /// Calls `ibv_end_poll` when dropped: after a successful `ibv_start_poll`, also when a buffer's
 /// drop panics while the completions are read (the provider holds its CQ lock until then).
@@ -285,6 +303,9 @@ mod tests {
         open: bool,
         /// An error `next_poll` returns once, instead of advancing.
         next_err: Option<i32>,
+        /// Completions with a value carry an invalidated rkey (`IBV_WC_WITH_INV`, host order)
+        /// instead of immediate data.
+        inv: bool,
     }
 
     thread_local! {
@@ -353,11 +374,21 @@ mod tests {
     unsafe extern "C" fn opcode(_q: *mut ffi::ibv_cq_ex) -> ffi::ibv_wc_opcode {
         ffi::ibv_wc_opcode(field(|c| c.2))
     }
+    fn inv() -> bool {
+        FAKE.with(|f| f.borrow().inv)
+    }
     unsafe extern "C" fn wc_flags(_q: *mut ffi::ibv_cq_ex) -> std::os::raw::c_uint {
-        field(|c| if c.3.is_some() { ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 } else { 0 })
+        let flag =
+            if inv() { ffi::ibv_wc_flags::IBV_WC_WITH_INV.0 } else { ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 };
+        field(|c| if c.3.is_some() { flag } else { 0 })
     }
     unsafe extern "C" fn imm(_q: *mut ffi::ibv_cq_ex) -> u32 {
-        field(|c| c.3.expect("read_imm_data without IBV_WC_WITH_IMM").to_be())
+        let v = field(|c| c.3.expect("read_imm_data without IBV_WC_WITH_IMM or IBV_WC_WITH_INV"));
+        if inv() {
+            v
+        } else {
+            v.to_be()
+        }
     }
     unsafe extern "C" fn byte_len(_q: *mut ffi::ibv_cq_ex) -> u32 {
         field(|c| c.0 as u32 * 10)
@@ -469,6 +500,34 @@ mod tests {
             let c = &out[0];
             assert_eq!((c.wr_id(), c.byte_len(), c.opcode()), (3, 30, WcOpcode::RECV));
             assert_eq!(c.src_qp(), if calls == 1 { 7 } else { 0 });
+        }
+    }
+
+    /// Immediate data and an invalidated rkey come through one accessor: read when the CQ asked
+    /// for `IMM`, and otherwise reported absent, never as a 0 nobody read.
+    #[test]
+    fn immediate_data_and_invalidated_rkeys_are_read_or_reported_absent() {
+        let reg = Registry::<Slot>::new(8);
+        for inv in [false, true] {
+            for flags in [WcFlags::STANDARD, WcFlags::BYTE_LEN, WcFlags::BYTE_LEN | WcFlags::SRC_QP] {
+                let mut q = fake_cq(vec![(3, OK, RECV_OP, Some(0xfeed))]);
+                FAKE.with(|f| f.borrow_mut().inv = inv);
+                // SAFETY: the fake CQ outlives the table.
+                let ex = unsafe { ExCq::new(&mut *q, flags) }.unwrap();
+                let mut out: [Completion; 1] = Default::default();
+                // SAFETY: single consumer.
+                assert_eq!(unsafe { poll_into_ex(&ex, &reg, &mut out) }.unwrap(), 1);
+                let c = &out[0];
+                let (carried, other) = if inv {
+                    (c.invalidated_rkey(), c.imm_data())
+                } else {
+                    (c.imm_data(), c.invalidated_rkey())
+                };
+                let asked = flags.contains(WcFlags::IMM);
+                assert_eq!(carried, asked.then_some(0xfeed), "{flags:?}, invalidation: {inv}");
+                assert_eq!(other, None, "{flags:?}, invalidation: {inv}");
+                assert_eq!(c.byte_len(), 30, "the rest is read as before");
+            }
         }
     }
 
