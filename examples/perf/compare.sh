@@ -46,11 +46,10 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 port=19000
 
+# shellcheck source=examples/perf/pair.sh
+. "$(dirname "$0")/pair.sh"
 # The same placement for both tools (see PIN): "taskset -c N" prefixes, or none.
-srv_pin= cli_pin=
-if [ "$pin" = 1 ] && [ "$(grep -c '^processor' /proc/cpuinfo)" -ge 2 ] && command -v taskset >/dev/null; then
-    srv_pin="taskset -c 1" cli_pin="taskset -c 0"
-fi
+pin_setup "$pin"
 
 # metric TEST FILE: the client's figure of interest from a result table.
 metric() {
@@ -71,28 +70,8 @@ run_pair() {
         bin="ib_$t"
         extra=
     fi
-    # shellcheck disable=SC2086 # $srv_pin and $extra are lists of words
-    timeout "$run_timeout" $srv_pin "$bin" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p "$port" $extra \
-        >"$work/server" 2>&1 &
-    spid=$!
-    tries=0
-    while :; do
-        # Ours retry connecting by themselves; perftest's clients need the server listening.
-        # shellcheck disable=SC2086
-        timeout "$run_timeout" $cli_pin "$bin" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p "$port" $extra \
-            127.0.0.1 >"$work/client" 2>&1
-        rc=$?
-        if [ $rc -ne 0 ] && [ "$kind" = perftest ] && [ $tries -lt 40 ] \
-            && grep -q "Couldn't connect\|Unable to init the socket" "$work/client"; then
-            tries=$((tries + 1))
-            sleep 0.5
-            continue
-        fi
-        break
-    done
-    [ $rc -eq 0 ] || kill "$spid" 2>/dev/null
-    wait "$spid"
-    src=$?
+    # shellcheck disable=SC2086 # $extra is a list of flags
+    pair_run "$kind" 40 "$srv_pin" "$cli_pin" "$bin" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p "$port" $extra
     if [ $rc -ne 0 ] || [ $src -ne 0 ]; then
         {
             echo "compare.sh: $kind $t failed (client $rc, server $src)"

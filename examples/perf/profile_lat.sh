@@ -9,7 +9,7 @@
 #   EXAMPLES_DIR  where send_lat and write_lat are (release build).
 # Environment (all optional):
 #   IBVERBS_TEST_DEVICE (rxe0), IBVERBS_TEST_GID_INDEX (1)  device and GID index (-d, -x)
-#   TESTS ("send_lat write_lat"), SIZE (2), ITERS (2000), RUN_TIMEOUT (300)
+#   TESTS ("send_lat write_lat"), SIZE (2), ITERS (5000), RUN_TIMEOUT (300)
 #
 # Output: one line per tool and test, instructions per iteration of the server:
 #   PROFILE TEST KIND tool=N provider=N libibverbs=N libc=N other=N total=N
@@ -26,7 +26,7 @@ dev=${IBVERBS_TEST_DEVICE:-rxe0}
 gid=${IBVERBS_TEST_GID_INDEX:-1}
 tests=${TESTS:-send_lat write_lat}
 size=${SIZE:-2}
-iters=${ITERS:-2000}
+iters=${ITERS:-5000}
 run_timeout=${RUN_TIMEOUT:-300}
 
 command -v valgrind >/dev/null || { echo "profile_lat.sh: valgrind not found" >&2; exit 2; }
@@ -41,10 +41,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 port=21000
 failed=0
-srv_pin= cli_pin=
-if [ "$(grep -c '^processor' /proc/cpuinfo)" -ge 2 ] && command -v taskset >/dev/null; then
-    srv_pin="taskset -c 1" cli_pin="taskset -c 0"
-fi
+# shellcheck source=examples/perf/pair.sh
+. "$(dirname "$0")/pair.sh"
+pin_setup 1
 
 # by_object FILE: "OBJECT INSTRUCTIONS" lines, the self cost of every object in a callgrind
 # output file (the cost line after a `calls=` line is a call's inclusive cost: skipped).
@@ -82,30 +81,11 @@ profile() {
     *) bin=$(command -v "ib_$t") extra= ;;
     esac
     rm -f "$work"/cg.*
-    # shellcheck disable=SC2086 # $srv_pin, $cli_pin and $extra are words or nothing
-    timeout "$run_timeout" $srv_pin valgrind -q --tool=callgrind --dump-instr=no \
-        --callgrind-out-file="$work/cg.%p" "$bin" -d "$dev" -x "$gid" -p "$port" -s "$size" -n "$n" \
-        $extra >"$work/server" 2>&1 &
-    spid=$!
-    tries=0
-    while :; do
-        # shellcheck disable=SC2086
-        timeout "$run_timeout" $cli_pin "$bin" -d "$dev" -x "$gid" -p "$port" -s "$size" -n "$n" $extra \
-            127.0.0.1 >"$work/client" 2>&1
-        rc=$?
-        # The server under valgrind takes seconds to listen: perftest's client needs it listening
-        # (ours retry by themselves).
-        if [ $rc -ne 0 ] && [ "$kind" = perftest ] && [ $tries -lt 60 ] \
-            && grep -q "Couldn't connect\|Unable to init the socket" "$work/client"; then
-            tries=$((tries + 1))
-            sleep 1
-            continue
-        fi
-        break
-    done
-    [ $rc -eq 0 ] || kill "$spid" 2>/dev/null
-    wait "$spid"
-    src=$?
+    # The server under valgrind takes seconds to listen: perftest's client is run again for up
+    # to a minute.
+    # shellcheck disable=SC2086 # $extra is one flag or none
+    pair_run "$kind" 120 "$srv_pin valgrind -q --tool=callgrind --dump-instr=no --callgrind-out-file=$work/cg.%p" \
+        "$cli_pin" "$bin" -d "$dev" -x "$gid" -p "$port" -s "$size" -n "$n" $extra
     if [ $rc -ne 0 ] || [ $src -ne 0 ]; then
         echo "profile_lat.sh: $kind $t -n $n failed (client $rc, server $src)" >&2
         tail -3 "$work/client" "$work/server" >&2
@@ -140,6 +120,7 @@ for t in $tests; do
                 split("tool provider libibverbs libc other", gs, " ")
                 for (i = 1; i <= 5; i++) {
                     v = (b[gs[i]] - a[gs[i]]) / n
+                    if (v > -0.5 && v < 0.5) v = 0 # no "-0"
                     total += v
                     line = line sprintf(" %s=%.0f", gs[i], v)
                 }

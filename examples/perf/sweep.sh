@@ -53,11 +53,10 @@ trap 'rm -rf "$work"' EXIT
 port=20000
 failed=0
 
+# shellcheck source=examples/perf/pair.sh
+. "$(dirname "$0")/pair.sh"
 # The same placement for every tool (see PIN): "taskset -c N" prefixes, or none.
-srv_pin= cli_pin=
-if [ "$pin" = 1 ] && [ "$(grep -c '^processor' /proc/cpuinfo)" -ge 2 ] && command -v taskset >/dev/null; then
-    srv_pin="taskset -c 1" cli_pin="taskset -c 0"
-fi
+pin_setup "$pin"
 echo "PIN server=${srv_pin:-none} client=${cli_pin:-none}"
 
 # metric TEST COLUMN FILE: a column of the first row after the client's result table header.
@@ -86,26 +85,8 @@ run() {
     raw) bin="$dir/$t" extra=--raw ;;
     *) bin="ib_$t" extra= ;;
     esac
-    # shellcheck disable=SC2086 # $srv_pin and $extra are words or nothing
-    timeout "$run_timeout" $srv_pin "$bin" -d "$dev" -x "$gid" -p "$port" $extra "$@" >"$work/server" 2>&1 &
-    spid=$!
-    tries=0
-    while :; do
-        # Ours retry connecting by themselves; perftest's clients need the server listening.
-        # shellcheck disable=SC2086
-        timeout "$run_timeout" $cli_pin "$bin" -d "$dev" -x "$gid" -p "$port" $extra "$@" 127.0.0.1 >"$work/client" 2>&1
-        rc=$?
-        if [ $rc -ne 0 ] && [ "$kind" = perftest ] && [ $tries -lt 40 ] \
-            && grep -q "Couldn't connect\|Unable to init the socket" "$work/client"; then
-            tries=$((tries + 1))
-            sleep 0.5
-            continue
-        fi
-        break
-    done
-    [ $rc -eq 0 ] || kill "$spid" 2>/dev/null
-    wait "$spid"
-    src=$?
+    # shellcheck disable=SC2086 # $extra is one flag or none
+    pair_run "$kind" 40 "$srv_pin" "$cli_pin" "$bin" -d "$dev" -x "$gid" -p "$port" $extra "$@"
     [ $rc -eq 0 ] && rc=$src
     v=-
     if [ $rc -eq 0 ]; then
