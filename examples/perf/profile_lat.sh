@@ -12,7 +12,9 @@
 #   TESTS ("send_lat write_lat"), SIZE (2), ITERS (5000), RUN_TIMEOUT (300)
 #
 # Output: one line per tool and test, instructions per iteration of the server:
-#   PROFILE TEST KIND tool=N provider=N libibverbs=N libc=N other=N total=N
+#   PROFILE TEST KIND tool=N provider=N libibverbs=N libc=N other=N total=N sort=N loop=N
+# sort: the share of the report's sort of the latency samples (included in the objects' and
+# the total's figures); loop: total - sort, the iteration itself.
 # tool: the program itself (ours: the example with this crate linked in; perftest: its binary);
 # provider: librxe (post, poll, and the doorbell's system call wrapper it calls into libc is
 # under libc). The figures include the polls that find the queue empty while the server waits:
@@ -46,27 +48,37 @@ failed=0
 pin_setup 1
 
 # by_object FILE: "OBJECT INSTRUCTIONS" lines, the self cost of every object in a callgrind
-# output file (the cost line after a `calls=` line is a call's inclusive cost: skipped).
+# output file (the cost line after a `calls=` line is a call's inclusive cost: skipped), and a
+# "SORT INSTRUCTIONS" line: the inclusive cost of the calls into a sort (a function whose name
+# has "sort" in it, called from one whose name has not), which is each tool's sort of its
+# latency samples for the report (perftest's `qsort`, ours `sort_unstable`): it grows as
+# N log N, so it does not cancel out between the two runs.
 by_object() {
     awk '
-        # An object is named once, "(ID) PATH", in an ob= or cob= line, then "(ID)" alone.
-        function obj(s,    id, rest) {
+        # An object or a function is named once, "(ID) NAME", then "(ID)" alone.
+        function named(s, table,    id, rest) {
             if (!match(s, /^\([0-9]+\)/)) return s
             id = substr(s, 1, RLENGTH)
             rest = substr(s, RLENGTH + 2)
-            if (rest != "") name[id] = rest
-            return name[id]
+            if (rest != "") table[id] = rest
+            return table[id]
         }
-        /^ob=/ { ob = obj(substr($0, 4)); next }
-        /^cob=/ { obj(substr($0, 5)); next }
+        /^ob=/ { ob = named(substr($0, 4), obs); next }
+        /^cob=/ { named(substr($0, 5), obs); next }
+        /^fn=/ { fn = named(substr($0, 4), fns); next }
+        /^cfn=/ { cfn = named(substr($0, 5), fns); next }
         /^calls=/ { skip = 1; next }
         /^[0-9+*-]/ {
-            if (skip) { skip = 0; next }
             n = split($0, f, " ")
+            if (skip) {
+                skip = 0
+                if (n >= 2 && cfn ~ /sort/ && fn !~ /sort/) sorting += f[n]
+                next
+            }
             if (n >= 2) cost[ob] += f[n]
             next
         }
-        END { for (o in cost) print o, cost[o] }
+        END { for (o in cost) print o, cost[o]; print "SORT", sorting + 0 }
     ' "$1"
 }
 
@@ -97,7 +109,8 @@ profile() {
         {
             o = $1
             g = "other"
-            if (o == bin) g = "tool"
+            if (o == "SORT") g = "sort"
+            else if (o == bin) g = "tool"
             else if (o ~ /librxe/) g = "provider"
             else if (o ~ /libibverbs\.so/) g = "libibverbs"
             else if (o ~ /\/libc\.so/) g = "libc"
@@ -124,7 +137,8 @@ for t in $tests; do
                     total += v
                     line = line sprintf(" %s=%.0f", gs[i], v)
                 }
-                print line sprintf(" total=%.0f", total)
+                v = (b["sort"] - a["sort"]) / n
+                print line sprintf(" total=%.0f sort=%.0f loop=%.0f", total, v, total - v)
             }
         ' "$work/$kind.$iters" "$work/$kind.$((iters * 2))"
     done
