@@ -175,19 +175,18 @@ impl ExCq {
             wc.opcode = (self.opcode)(q);
             wc.wc_flags = (self.wc_flags)(q);
             wc.byte_len = r32(self.byte_len);
-            if !self.tail {
-                // Nothing more was asked for: the rest stays 0 (one test instead of six), and
-                // the flags announcing immediate data or an invalidated rkey, not read, go.
-                wc.wc_flags &= !CARRIED;
-                return (wc, None);
-            }
             if wc.wc_flags & CARRIED != 0 {
                 match self.imm {
                     // Immediate data in network order, an rkey in host order, as in `struct
                     // ibv_wc` (`ibv_wc_read_invalidated_rkey` is this accessor).
                     Some(f) => wc.__bindgen_anon_1.imm_data = f(q),
+                    // Not asked for, so not read: the flags announcing it go.
                     None => wc.wc_flags &= !CARRIED,
                 }
+            }
+            if !self.tail {
+                // Nothing more was asked for: the rest stays 0 (one test instead of five).
+                return (wc, None);
             }
             wc.src_qp = r32(self.src_qp);
             wc.slid = r32(self.slid) as u16;
