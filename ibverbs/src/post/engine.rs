@@ -650,10 +650,15 @@ pub(crate) fn single_post_result<W>(
     Ok(())
 }
 
-/// Posts one checked prepared post (`QueuePair::post_prepared` on a classic QP): its request is
-/// built on the stack with every field written, nothing zeroed first.
+/// Posts one checked prepared post (`QueuePair::post_prepared` on a classic QP): its request's
+/// staged request, with only the post's variable parts written ([`PreparedPost::stage`]).
+///
+/// # Safety
+/// `qp` is a live queue pair whose send queue is `ring` (its producer is the caller) and whose
+/// provider call is `post`; the caller holds `&mut` that queue pair, and `p` was checked for it
+/// (`p.prepared.qp` is its id, the ranges fit), as [`PreparedPost::stage`] requires.
 #[inline(always)] // in each of its callers: outlined, it cost ~20 instructions per post (callgrind)
-pub(crate) fn post_prepared_one(
+pub(crate) unsafe fn post_prepared_one(
     qp: *mut ffi::ibv_qp,
     ring: &Ring<Slot>,
     post: Option<RawPost<ffi::ibv_send_wr>>,
@@ -664,30 +669,29 @@ pub(crate) fn post_prepared_one(
     if free == 0 {
         return Err(Error::QueueFull { verb, capacity: ring.capacity() });
     }
-    let mut raw = std::mem::MaybeUninit::<ffi::ibv_send_wr>::uninit();
-    let mut sge = std::mem::MaybeUninit::<ffi::ibv_sge>::uninit();
-    // SAFETY: both are valid for writes; producer, and `head` is free (free > 0).
-    unsafe {
-        p.fill_one(raw.as_mut_ptr(), sge.as_mut_ptr(), ring.device_wr_id(head));
+    // SAFETY: the caller's contract (the queue pair's `&mut`, `p` checked for it); producer,
+    // and `head` is free (free > 0).
+    let raw = unsafe {
         p.write_slot_at(ring, head);
-    }
+        p.stage(ring.device_wr_id(head))
+    };
     // Publish the slot before posting: the completion may be polled before the post returns.
     ring.set_head(head.wrapping_add(1));
     let mut bad = std::ptr::null_mut();
     let ret = match post {
-        // SAFETY: valid QP; every field of the request and its SGE was written (fill_one),
-        // describing memory the queue pair's pins hold (a checked range), or inline bytes the
-        // caller lends for this call (`QueuePair::post_prepared_inline`).
-        Some(f) => unsafe { f(qp, raw.as_mut_ptr(), &mut bad) },
+        // SAFETY: valid QP; the staged request is initialised, its variable parts just written
+        // (stage), describing memory the queue pair's pins hold (a checked range), or inline
+        // bytes the caller lends for this call (`QueuePair::post_prepared_inline`).
+        Some(f) => unsafe { f(qp, raw, &mut bad) },
         None => {
-            bad = raw.as_mut_ptr(); // names it as not posted
+            bad = raw; // names it as not posted
             libc::ENOSYS
         }
     };
     // single_post_result's work, spelled out: through its closure this measured path cost 3
     // instructions more per post (callgrind, `post_poll` Prepared:1).
     if ret != 0 {
-        let (posted, error) = Error::from_post(verb, ret, raw.as_ptr(), 1, bad);
+        let (posted, error) = Error::from_post(verb, ret, raw.cast_const(), 1, bad);
         // Queued after all (see Error::QueuedWithError): the slot stays published.
         if posted == 0 {
             ring.set_head(head);
@@ -997,5 +1001,95 @@ mod tests {
         let e = post_chain(qp, &ring, None, &mut scratch, &mut sges, &mut wrs).unwrap_err();
         assert!(matches!(e, Error::Verb { .. }) && e.raw_os_error() == Some(libc::ENOSYS), "{e:?}");
         assert_eq!((wrs.len(), ring.outstanding()), (2, 4));
+    }
+
+    /// What [`reading_send`] read from the last request it was handed: `wr_id`, opcode, flags,
+    /// SGE count, the SGE's address, length and lkey (zeros without one), remote address and
+    /// rkey.
+    type Seen = (u64, u32, u32, i32, u64, u32, u32, u64, u32);
+
+    thread_local! {
+        static LAST_SEND: std::cell::Cell<Option<Seen>> = const { std::cell::Cell::new(None) };
+    }
+
+    /// A provider that reads a single send request as a real one does (through `sg_list`),
+    /// records it, and refuses one of 5 bytes.
+    unsafe extern "C" fn reading_send(
+        _qp: *mut ffi::ibv_qp,
+        wr: *mut ffi::ibv_send_wr,
+        bad: *mut *mut ffi::ibv_send_wr,
+    ) -> i32 {
+        // SAFETY: the engine hands a valid request with `num_sge` entries at `sg_list`.
+        unsafe {
+            let w = &*wr;
+            assert!(w.next.is_null(), "a single post");
+            let sge = if w.num_sge > 0 { *w.sg_list } else { ffi::ibv_sge::default() };
+            let r = w.wr.rdma;
+            LAST_SEND.set(Some((
+                w.wr_id,
+                w.opcode.0,
+                w.send_flags,
+                w.num_sge,
+                sge.addr,
+                sge.length,
+                sge.lkey,
+                r.remote_addr,
+                r.rkey,
+            )));
+            if sge.length == 5 {
+                *bad = wr;
+                return libc::ENOMEM;
+            }
+        }
+        0
+    }
+
+    // A single prepared post hands the provider its request's staged request with this post's
+    // variable parts written, the fixed ones kept: from a request moved since its last post
+    // too (the SGE pointer is rewritten each time; under Miri a stale one fails). A refused
+    // post takes its slot back.
+    #[test]
+    fn single_prepared_posts_write_only_their_variable_parts() {
+        use crate::memory::RemoteSlice;
+        use crate::post::prepared::PreparedSend;
+        let reg = Registry::<Slot>::new(64);
+        let [ring] = reg.register([(4, false)]).unwrap();
+        let qp = std::ptr::null_mut();
+        let remote = RemoteSlice { addr: 0x1000, len: 64, rkey: 7 };
+        let write = PreparedSend::from_checked(5, 16, &SendRequest::write_inline(b"abc", remote)).unwrap();
+        let (opcode, signaled, inline) = (
+            ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE.0,
+            ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ffi::ibv_send_flags::IBV_SEND_INLINE.0,
+        );
+        let data = [9u8; 16];
+        let post = write.inline_post(5, 11, &data, 48).unwrap();
+        // SAFETY: no queue pair behind it (the provider ignores it); `post` checked for id 5,
+        // the only poster of `write`.
+        unsafe { post_prepared_one(qp, &ring, Some(reading_send), &post) }.unwrap();
+        let addr = data.as_ptr() as u64;
+        let seen = LAST_SEND.take().expect("posted");
+        assert_eq!(seen, (ring.device_wr_id(0), opcode, signaled | inline, 1, addr, 16, 0, 0x1030, 7));
+        assert_eq!(ring.outstanding(), 1);
+
+        // Moved, then posted empty at the end of the remote range.
+        let moved = Box::new(write);
+        let post = moved.inline_post(5, 12, &[], 64).unwrap();
+        // SAFETY: as above.
+        unsafe { post_prepared_one(qp, &ring, Some(reading_send), &post) }.unwrap();
+        let seen = LAST_SEND.take().expect("posted");
+        assert_eq!((seen.0, seen.3, seen.5, seen.7, seen.8), (ring.device_wr_id(1), 0, 0, 0x1040, 7));
+        assert_eq!(ring.outstanding(), 2);
+
+        // Refused: the slot is taken back; without a provider call nothing is posted.
+        let post = moved.inline_post(5, 13, &data[..5], 0).unwrap();
+        // SAFETY: as above.
+        let e = unsafe { post_prepared_one(qp, &ring, Some(reading_send), &post) }.unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOMEM));
+        assert_eq!(LAST_SEND.take().map(|s| (s.0, s.5)), Some((ring.device_wr_id(2), 5)));
+        // SAFETY: as above.
+        let e = unsafe { post_prepared_one(qp, &ring, None, &post) }.unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSYS));
+        assert_eq!(ring.outstanding(), 2);
     }
 }

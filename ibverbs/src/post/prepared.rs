@@ -2,6 +2,7 @@
 //! immediate data, UD address, local key) built and checked once, then posted many times with
 //! only the `wr_id`, the local range and the remote offset changing, checked cheaply.
 
+use std::cell::UnsafeCell;
 use std::fmt;
 use std::ptr::{addr_of_mut, NonNull};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -65,13 +66,34 @@ pub struct PreparedSend {
     /// For a request prepared with inline data: the most bytes a post may bring (the queue
     /// pair's `max_inline_data`). `None` for a request over a buffer.
     inline_cap: Option<u32>,
+    /// The request a single post hands the provider, kept from post to post so that a post
+    /// writes only what changes, as a C program reposts one prebuilt request. Written and read
+    /// only by [`PreparedPost::stage`], whose caller holds `&mut` the queue pair this request was
+    /// prepared for.
+    staged: UnsafeCell<Staged>,
 }
 
-// SAFETY: the raw pointers in `template` (the UD address handle) point to objects this value
-// keeps alive through its own `Arc`s, and are only read (copied into posts); the rest is owned
-// data and Send + Sync handles.
+/// A [`PreparedSend`]'s staged request: the template and its one SGE (`sg_list` is set by each
+/// post: the value may have moved since the last one).
+struct Staged {
+    wr: ffi::ibv_send_wr,
+    sge: ffi::ibv_sge,
+}
+
+impl Staged {
+    fn new(template: &ffi::ibv_send_wr, lkey: u32) -> UnsafeCell<Staged> {
+        UnsafeCell::new(Staged { wr: *template, sge: ffi::ibv_sge { addr: 0, length: 0, lkey } })
+    }
+}
+
+// SAFETY: the raw pointers in `template` and `staged` (the UD address handle) point to objects
+// this value keeps alive through its own `Arc`s, and are only read (copied into posts, or by
+// the provider during a post); `staged.wr.sg_list` points into the value itself, rewritten
+// before each use. The rest is owned data and Send + Sync handles.
 unsafe impl Send for PreparedSend {}
-// SAFETY: as above; shared access only reads.
+// SAFETY: as above; shared access only reads, except `staged`, which only
+// `PreparedPost::stage` touches, and its caller holds `&mut` the one queue pair the request was
+// prepared for (queue pair ids are unique in the process): one thread at a time.
 unsafe impl Sync for PreparedSend {}
 
 impl fmt::Debug for PreparedSend {
@@ -164,6 +186,7 @@ impl PreparedSend {
         Some(PreparedSend {
             qp,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            staged: Staged::new(&template, sges[0].lkey),
             template,
             lkey: sges[0].lkey,
             base: start,
@@ -194,6 +217,7 @@ impl PreparedSend {
         PreparedSend {
             qp,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            staged: Staged::new(&template, 0),
             template,
             lkey: 0,
             // A post's SGE address is `base + offset`: `post_prepared_inline` passes the data's
@@ -786,6 +810,39 @@ impl PreparedPost<'_> {
                 length: self.len,
                 lkey: p.lkey,
             });
+        }
+    }
+}
+
+impl PreparedPost<'_> {
+    /// Writes this post's variable parts (`device_wr_id`, flags, local range, remote address)
+    /// into its request's staged request, whose fixed parts were written when it was prepared;
+    /// returns the staged request, ready for `ibv_post_send` (a single post: `next` is null).
+    ///
+    /// # Safety
+    /// Nothing else accesses the request's staged request from the call until the caller's
+    /// last use of the returned pointer: the caller holds `&mut` the queue pair the request was
+    /// prepared for (it checked `self.prepared.qp` against that queue pair's id), and uses the
+    /// pointer only within that borrow.
+    #[inline]
+    pub(crate) unsafe fn stage(&self, device_wr_id: u64) -> *mut ffi::ibv_send_wr {
+        let p = self.prepared;
+        let staged = p.staged.get();
+        // SAFETY: the caller's contract makes this the only access; plain data, written through
+        // raw pointers into an initialised value.
+        unsafe {
+            let (wr, sge) = (addr_of_mut!((*staged).wr), addr_of_mut!((*staged).sge));
+            (*wr).wr_id = device_wr_id;
+            (*wr).sg_list = sge;
+            (*wr).num_sge = i32::from(self.len != 0);
+            (*wr).send_flags = self.flags;
+            (*sge).addr = p.base.wrapping_add(self.offset as u64);
+            (*sge).length = self.len;
+            if let Some(r) = p.limits.remote {
+                // Checked: remote_offset + len <= r.len (see fill_one).
+                (*wr).wr.rdma.remote_addr = r.addr.wrapping_add(self.remote_offset);
+            }
+            wr
         }
     }
 }

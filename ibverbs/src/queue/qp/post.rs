@@ -467,7 +467,8 @@ impl QueuePair {
         if p.qp != self.id || !p.limits.fits(post.offset, post.len, post.remote_offset) {
             return Err(post.error(self.id));
         }
-        self.post_checked_prepared(post)
+        // SAFETY: checked just above.
+        unsafe { self.post_checked_prepared(post) }
     }
 
     /// Posts a prepared request (`ibv_post_send()`) with `wr_id`, bringing its bytes: `data`,
@@ -499,15 +500,22 @@ impl QueuePair {
         // The post names `data` by address and borrows it (the provider copies inline data
         // during the post, within this call).
         let post = prepared.inline_post(self.id, wr_id, data, remote_offset)?;
-        self.post_checked_prepared(post)
+        // SAFETY: inline_post checked it for this queue pair.
+        unsafe { self.post_checked_prepared(post) }
     }
 
-    /// Posts one checked prepared post: on the stack, or through the builder table of an
-    /// extended QP.
+    /// Posts one checked prepared post: its request's staged request, or through the builder
+    /// table of an extended QP.
+    ///
+    /// # Safety
+    /// `post` was checked for this queue pair: prepared for it (`post.prepared.qp == self.id`),
+    /// its ranges within the request's limits.
     #[inline(always)]
-    fn post_checked_prepared(&mut self, mut post: PreparedPost<'_>) -> Result<()> {
+    unsafe fn post_checked_prepared(&mut self, mut post: PreparedPost<'_>) -> Result<()> {
         match &self.ex {
-            None => post_prepared_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &post),
+            // SAFETY: our live QP and send ring, its provider call; `&mut self` held and `post`
+            // checked for us (contract).
+            None => unsafe { post_prepared_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &post) },
             Some(ex) => ex::post_batch(
                 ex,
                 &self.send,
