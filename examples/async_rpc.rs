@@ -138,7 +138,7 @@ fn exchange(args: &Args, me: &Endpoint) -> Result<(Endpoint, u64, u32, u32), Str
             hello.extend_from_slice(&args.requests.to_le_bytes());
             hello.extend_from_slice(&args.size.to_le_bytes());
             hello.extend_from_slice(&args.concurrency.to_le_bytes());
-            common::net::write_all(&mut s, &hello, until).map_err(|e| io("sending our address", e))?;
+            common::net::write_all(&s, &hello, until).map_err(|e| io("sending our address", e))?;
             let mut buf = [0u8; Endpoint::ENCODED_LEN];
             read(&mut s, &mut buf)?;
             let peer = Endpoint::decode(&buf).map_err(|e| format!("the server's address: {e}"))?;
@@ -159,7 +159,7 @@ fn exchange(args: &Args, me: &Endpoint) -> Result<(Endpoint, u64, u32, u32), Str
             if !(16..=1 << 20).contains(&size) || !(1..=256).contains(&conc) {
                 return Err(format!("the client asked for size {size}, concurrency {conc}: out of range"));
             }
-            common::net::write_all(&mut s, &me.encode(), until).map_err(|e| io("sending our address", e))?;
+            common::net::write_all(&s, &me.encode(), until).map_err(|e| io("sending our address", e))?;
             Ok((peer, n, size, conc))
         }
     }

@@ -340,3 +340,50 @@ fn rdma_cm_on_one_side_only_is_refused_by_name() {
         assert!(t.elapsed() < Duration::from_secs(8), "took {:?}: {ctx}", t.elapsed());
     }
 }
+
+/// How many threads process `pid` has (its entries in `/proc/PID/task`).
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Regression: a heartbeat thread made every example process multi-threaded, so glibc's
+/// cancellable `write` (each doorbell of the provider) took its multi-threaded path, costing 5-9 %
+/// of the 2-byte message rate on SoftRoCE. Both sides of a run (a sender's hot loop, and a
+/// server that only waits) have one thread, the whole way through the run.
+#[test]
+fn perf_examples_run_single_threaded() {
+    for (name, args) in
+        [("write_bw", ["-s", "2", "-n", "3000000"]), ("send_lat", ["-s", "2", "-n", "1000000"])]
+    {
+        let _serial = lock();
+        let port = port().to_string();
+        let mut common = device_args();
+        common.extend(["-p".to_string(), port]);
+        common.extend(args.iter().map(|s| s.to_string()));
+        let mut server = Proc::spawn(name, &common);
+        let mut client_args = common.clone();
+        client_args.push("127.0.0.1".into());
+        let mut client = Proc::spawn(name, &client_args);
+        let header = if name.ends_with("_bw") { BW_HEADER } else { LAT_HEADER };
+        assert!(
+            client.wait_line(header.trim_end(), Duration::from_secs(30)),
+            "{name} never started its run: {:?}",
+            client.stdout
+        );
+        // Sampled through the run (both sides busy: the client posting and polling, the server
+        // polling or waiting for the end), while both are alive.
+        let mut samples = 0;
+        for _ in 0..10 {
+            std::thread::sleep(Duration::from_millis(100));
+            let (c, s) = (threads(client.child.id()), threads(server.child.id()));
+            if c == 0 || s == 0 {
+                break; // one has exited
+            }
+            assert_eq!((c, s), (1, 1), "{name}: threads of the client and the server");
+            samples += 1;
+        }
+        assert!(samples >= 3, "{name}: the run ended before it could be sampled ({samples} samples)");
+        client.kill();
+        server.kill();
+    }
+}

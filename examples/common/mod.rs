@@ -170,14 +170,14 @@ pub fn client_exchange_all(
 ) -> Result<Vec<Dest>, String> {
     let mut stream = net::connect(host, port, timeout)?;
     for me in mes {
-        net::write_all(&mut stream, &me.to_wire(), net::deadline_after(timeout))
+        net::write_all(&stream, &me.to_wire(), net::deadline_after(timeout))
             .map_err(|e| failed(e, timeout, "sending our address", "server"))?;
     }
     let mut remote = Vec::with_capacity(mes.len());
     for _ in mes {
         remote.push(read_address(&mut stream, timeout, "server")?);
     }
-    net::write_all(&mut stream, DONE, net::deadline_after(timeout))
+    net::write_all(&stream, DONE, net::deadline_after(timeout))
         .map_err(|e| failed(e, timeout, "sending \"done\"", "server"))?;
     Ok(remote)
 }
@@ -214,7 +214,7 @@ pub fn server_exchange_all(
     }
     connect(&remote).map_err(|e| format!("Couldn't connect to remote QP: {e}"))?;
     for me in mes {
-        net::write_all(&mut stream, &me.to_wire(), net::deadline_after(timeout))
+        net::write_all(&stream, &me.to_wire(), net::deadline_after(timeout))
             .map_err(|e| failed(e, timeout, "sending our address", "client"))?;
     }
     let mut done = [0u8; DONE.len()];

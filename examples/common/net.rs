@@ -113,13 +113,13 @@ pub enum ReadFailure {
 }
 
 /// Writes all of `buf`, waiting until `until` at most.
-pub fn write_all(stream: &mut TcpStream, mut buf: &[u8], until: Instant) -> Result<(), IoError> {
+pub fn write_all(stream: &TcpStream, mut buf: &[u8], until: Instant) -> Result<(), IoError> {
     while !buf.is_empty() {
         if Instant::now() >= until {
             return Err(IoError::TimedOut);
         }
         stream.set_write_timeout(Some(left(until))).map_err(IoError::Failed)?;
-        match stream.write(buf) {
+        match { stream }.write(buf) {
             Ok(0) => return Err(IoError::Closed),
             Ok(n) => buf = &buf[n..],
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

@@ -17,7 +17,8 @@
 //!    own, where it measured one);
 //! 4. client → server `End`, server → client `Ack`: the final sync; both tear down.
 //!
-//! Both sides send `Alive` frames every second or so from a thread (see [`oob`]).
+//! Both sides send `Alive` frames every second or so from the main thread, while waiting for a
+//! frame and from the hot loops (see [`oob`]; the examples start no thread).
 //!
 //! Device, port and GID index are checked before the server listens or the client connects.
 //! Every wait is bounded: the connect (`--connect-timeout`), the server's wait for a client
@@ -43,7 +44,7 @@ pub mod report;
 pub mod selection;
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpStream};
 use std::ops::Range;
 use std::os::fd::RawFd;
 use std::process::ExitCode;
@@ -111,6 +112,10 @@ pub struct Args {
     /// Post N work requests per post call, chained (one doorbell); the last of each is signaled.
     #[arg(short = 'l', long = "post-list", default_value_t = 1, value_name = "N")]
     pub post_list: u32,
+    /// Skip the peak bandwidth (bandwidth tests), printed as 0.00, as perftest's -N: its search
+    /// over windows of messages grows with the square of -n.
+    #[arg(short = 'N', long = "noPeak", alias = "no-peak")]
+    pub no_peak: bool,
     /// Send messages of at most this many bytes inline (latency tests) [default: 0, as perftest
     /// on SoftRoCE].
     #[arg(short = 'I', long = "inline-size", value_name = "BYTES")]
@@ -485,10 +490,17 @@ impl Rdma {
 /// the TCP connection closed (it exited or crashed), or the peer silent for `--timeout` (no
 /// `Alive` frame arrived: a dead host or a stopped process, even while the RDMA traffic, which
 /// the peer's kernel or device handles alone, still flows). Checked every few dozen idle polls,
-/// with the time-stamp counter, so it costs nothing measurable.
+/// with the time-stamp counter, so it costs nothing measurable; the checks also send our own
+/// `Alive` frames.
 #[derive(Debug)]
 pub struct Guard {
     fd: RawFd,
+    /// The socket for our `Alive` frames, how often they go (in ticks and as a duration), and
+    /// when the next is due.
+    writer: Arc<TcpStream>,
+    beat_every: u64,
+    beat_interval: Duration,
+    next_beat: u64,
     peer: &'static str,
     stall: u64,
     stall_secs: f64,
@@ -555,6 +567,10 @@ impl Guard {
     #[cold]
     fn check(&mut self, now: u64) -> Result<(), String> {
         self.next_check = now.wrapping_add(self.check_every);
+        if now >= self.next_beat {
+            oob::send_alive(&self.writer, self.beat_interval);
+            self.next_beat = now.wrapping_add(self.beat_every);
+        }
         if oob::socket_closed(self.fd) {
             return Err(format!("the {} closed the connection while {}", self.peer, self.what));
         }
@@ -605,6 +621,7 @@ pub struct Session {
     /// The current measurement: (size, messages over all queue pairs).
     current: (u64, u64),
     header_printed: bool,
+    no_peak: bool,
 }
 
 impl Session {
@@ -655,6 +672,7 @@ impl Session {
                 }
             }
         };
+        oob.beat(); // the peer waits for our setup (see alloc_ro)
         let rdma = match Rdma::create(kind, device, &params, args.ex, args.rdma_cm) {
             Ok(r) => r,
             Err(e) => {
@@ -676,7 +694,13 @@ impl Session {
             setup_timeout,
             current: (0, 0),
             header_printed: false,
+            no_peak: args.no_peak,
         })
+    }
+
+    /// Whether the sender's report leaves out the peak bandwidth (`-N`).
+    pub fn no_peak(&self) -> bool {
+        self.no_peak
     }
 
     /// The out-of-band timeout (`--timeout`).
@@ -686,8 +710,13 @@ impl Session {
 
     /// A guard for a hot loop.
     pub fn guard(&self) -> Guard {
+        let (writer, beat_interval) = self.oob.beat_writer();
         Guard {
             fd: self.oob.raw_fd(),
+            writer,
+            beat_every: self.clock.ticks_in(beat_interval),
+            beat_interval,
+            next_beat: 0,
             peer: self.oob.peer(),
             stall: self.clock.ticks_in(self.timeout),
             stall_secs: self.timeout.as_secs_f64(),
@@ -709,10 +738,14 @@ impl Session {
     /// Allocates and registers a local-only buffer (kept registered as long as the queue pairs).
     pub fn alloc_ro(&mut self, len: usize, access: AccessFlags) -> Result<Arc<MemoryRegion>, String> {
         memory::check(len as u64, "a buffer")?;
+        // The peer may be waiting for our setup: alive before and after each long step.
+        self.oob.beat();
         let buf = OwnedBuffer::zeroed(len)
             .map_err(|e| format!("Couldn't allocate a buffer of {len} bytes: {e}"))?;
+        self.oob.beat();
         let mr =
             self.rdma.pd.register(buf, access).map_err(|e| format!("Couldn't register {len} bytes: {e}"))?;
+        self.oob.beat();
         let mr = Arc::new(mr);
         self.keep.push(Buf::Ro(mr.clone()));
         Ok(mr)
@@ -722,7 +755,9 @@ impl Session {
     /// queue pairs).
     pub fn alloc_rw(&mut self, len: usize, access: AccessFlags) -> Result<Arc<RemoteMemoryRegion>, String> {
         memory::check(len as u64, "a buffer")?;
+        self.oob.beat(); // as in alloc_ro
         let mr = self.rdma.pd.allocate_remote(len, access);
+        self.oob.beat();
         let mr =
             Arc::new(mr.map_err(|e| format!("Couldn't allocate and register a buffer of {len} bytes: {e}"))?);
         self.keep.push(Buf::Rw(mr.clone()));

@@ -1,4 +1,4 @@
-# Shared by sweep.sh, compare.sh and profile_lat.sh (sourced, not run): one server + client run
+# Shared by sweep.sh, compare.sh and profile.sh (sourced, not run): one server + client run
 # of a perftest-style tool on this machine, and the CPU placement every tool gets.
 #
 # The sourcing script sets `work` (a directory for the outputs) and `run_timeout` (seconds one

@@ -88,13 +88,15 @@ impl BwReport {
 
 /// The bandwidth of a sender, as perftest's `print_report_bw`: `tposted[i]` is when message `i` was
 /// posted, `tcompleted[j]` when the completion covering message `j` was polled (a completion of a
-/// signaled request covers the unsignaled ones before it), in counter ticks.
+/// signaled request covers the unsignaled ones before it), in counter ticks. The peak is 0
+/// without `peak` (perftest's `-N`).
 pub fn bw_report(
     size: u64,
     tposted: &[u64],
     tcompleted: &[u64],
     post_list: usize,
     cq_mod: usize,
+    peak: bool,
     clock: &Clock,
 ) -> BwReport {
     let n = tposted.len().min(tcompleted.len());
@@ -105,11 +107,12 @@ pub fn bw_report(
     // Peak: the fastest window of consecutive messages, posted i..=j. perftest tries every start i
     // (every post_list-th) against every completion j (every cq_mod-th, and the last); for very long
     // runs we space the starts out to keep this quadratic search in the tens of millions of steps.
+    // Without `peak`, no start is tried.
     let step_j = cq_mod.max(1);
     let pairs = (n / post_list.max(1)) as f64 * (n / step_j) as f64;
     let stride = post_list.max(1) * ((pairs / 5e7).ceil() as usize).max(1);
     let mut best = f64::INFINITY;
-    let mut i = 0;
+    let mut i = if peak { 0 } else { n };
     while i < n {
         let first_j = (i + 1).div_ceil(step_j) * step_j - 1;
         let mut j = first_j;
