@@ -756,6 +756,21 @@ impl PreparedPost<'_> {
                 (*sge).lkey = p.lkey;
                 *id = p.id;
             }
+            self.write_variable(raw, sge, wr_id);
+        }
+    }
+
+    /// Writes this post's variable parts (`wr_id`, flags, local range, remote address) into
+    /// `raw` and its SGE `sge`, whose other fields hold its request's template: a chain's
+    /// scratch entry or a single post's staged request.
+    ///
+    /// # Safety
+    /// `raw` and `sge` are valid for writes, and nothing else accesses them meanwhile.
+    #[inline(always)]
+    unsafe fn write_variable(&self, raw: *mut ffi::ibv_send_wr, sge: *mut ffi::ibv_sge, wr_id: u64) {
+        let p = self.prepared;
+        // SAFETY: the caller's contract; plain data written field by field.
+        unsafe {
             (*raw).wr_id = wr_id;
             (*raw).num_sge = i32::from(self.len != 0);
             (*raw).send_flags = self.flags;
@@ -826,22 +841,13 @@ impl PreparedPost<'_> {
     /// pointer only within that borrow.
     #[inline]
     pub(crate) unsafe fn stage(&self, device_wr_id: u64) -> *mut ffi::ibv_send_wr {
-        let p = self.prepared;
-        let staged = p.staged.get();
+        let staged = self.prepared.staged.get();
         // SAFETY: the caller's contract makes this the only access; plain data, written through
         // raw pointers into an initialised value.
         unsafe {
             let (wr, sge) = (addr_of_mut!((*staged).wr), addr_of_mut!((*staged).sge));
-            (*wr).wr_id = device_wr_id;
             (*wr).sg_list = sge;
-            (*wr).num_sge = i32::from(self.len != 0);
-            (*wr).send_flags = self.flags;
-            (*sge).addr = p.base.wrapping_add(self.offset as u64);
-            (*sge).length = self.len;
-            if let Some(r) = p.limits.remote {
-                // Checked: remote_offset + len <= r.len (see fill_one).
-                (*wr).wr.rdma.remote_addr = r.addr.wrapping_add(self.remote_offset);
-            }
+            self.write_variable(wr, sge, device_wr_id);
             wr
         }
     }
