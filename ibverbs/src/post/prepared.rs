@@ -777,54 +777,12 @@ impl PreparedPost<'_> {
             (*sge).addr = p.base.wrapping_add(self.offset as u64);
             (*sge).length = self.len;
             if let Some(r) = p.limits.remote {
-                // Checked: remote_offset + len <= r.len (see fill_one), which also serves atomics.
-                (*raw).wr.rdma.remote_addr = r.addr.wrapping_add(self.remote_offset);
-            }
-        }
-    }
-}
-
-impl PreparedPost<'_> {
-    /// [`Request::fill_raw`] into uninitialised memory (a single post's stack request): writes
-    /// every field of `*raw` and of its one SGE `*sge`, so nothing is zeroed first.
-    ///
-    /// # Safety
-    /// `raw` and `sge` are valid for writes; `*raw` points its `sg_list` at `sge` on return.
-    #[inline]
-    pub(crate) unsafe fn fill_one(
-        &self,
-        raw: *mut ffi::ibv_send_wr,
-        sge: *mut ffi::ibv_sge,
-        device_wr_id: u64,
-    ) {
-        let p = self.prepared;
-        let t = &p.template;
-        let remote = p.limits.remote.map(|r| r.addr.wrapping_add(self.remote_offset));
-        // SAFETY: valid for writes (contract); plain data, every field written once through
-        // `addr_of_mut!` (no reference to uninitialised memory is made).
-        unsafe {
-            addr_of_mut!((*raw).wr_id).write(device_wr_id);
-            addr_of_mut!((*raw).next).write(std::ptr::null_mut());
-            addr_of_mut!((*raw).sg_list).write(sge);
-            addr_of_mut!((*raw).num_sge).write(i32::from(self.len != 0));
-            addr_of_mut!((*raw).opcode).write(t.opcode);
-            addr_of_mut!((*raw).send_flags).write(self.flags);
-            addr_of_mut!((*raw).__bindgen_anon_1).write(t.__bindgen_anon_1);
-            addr_of_mut!((*raw).wr).write(t.wr);
-            addr_of_mut!((*raw).qp_type).write(t.qp_type);
-            addr_of_mut!((*raw).__bindgen_anon_2).write(t.__bindgen_anon_2);
-            if let Some(addr) = remote {
                 // Checked: remote_offset + len <= r.len, and r.addr + r.len does not wrap (a
                 // RemoteSlice from decode or slice; a hand-made one at worst names a bad address,
                 // which the peer refuses). `remote_addr` is the first field of both `rdma` and
                 // `atomic`: one store serves either (asserted below).
-                addr_of_mut!((*raw).wr.rdma.remote_addr).write(addr);
+                (*raw).wr.rdma.remote_addr = r.addr.wrapping_add(self.remote_offset);
             }
-            sge.write(ffi::ibv_sge {
-                addr: p.base.wrapping_add(self.offset as u64),
-                length: self.len,
-                lkey: p.lkey,
-            });
         }
     }
 }
@@ -853,7 +811,7 @@ impl PreparedPost<'_> {
     }
 }
 
-// `fill_one` and `fill_entry` write an atomic's remote address through `wr.rdma`.
+// `write_variable` writes an atomic's remote address through `wr.rdma`.
 const _: () = assert!(
     std::mem::offset_of!(ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1, remote_addr) == 0
         && std::mem::offset_of!(ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2, remote_addr) == 0
@@ -863,11 +821,26 @@ impl Request for PreparedPost<'_> {
     type Raw = ffi::ibv_send_wr;
     const VERB: &'static str = "ibv_post_send";
 
+    /// The template's fields, then the post's (as a chain's scratch entry is filled), pointing
+    /// `raw` at `sges[0]`.
     #[inline]
     fn fill_raw(&self, raw: &mut Self::Raw, sges: &mut [ffi::ibv_sge; MAX_SGE], device_wr_id: u64) {
-        // SAFETY: both are valid for writes (references); fill_one writes every field of `raw`
-        // and `sges[0]`, the SGE it points `raw` at.
-        unsafe { self.fill_one(raw, sges.as_mut_ptr(), device_wr_id) };
+        let p = self.prepared;
+        let t = &p.template;
+        raw.next = std::ptr::null_mut();
+        raw.opcode = t.opcode;
+        raw.__bindgen_anon_1 = t.__bindgen_anon_1;
+        raw.wr = t.wr;
+        raw.qp_type = t.qp_type;
+        raw.__bindgen_anon_2 = t.__bindgen_anon_2;
+        // One pointer for the link and the writes below, so that none invalidates the link.
+        let sge = sges.as_mut_ptr();
+        raw.sg_list = sge;
+        // SAFETY: `raw` and `sge` come from references we hold exclusively.
+        unsafe {
+            (*sge).lkey = p.lkey;
+            self.write_variable(raw, sge, device_wr_id);
+        }
     }
 
     fn link(raw: &mut Self::Raw, next: *mut Self::Raw) {
@@ -926,6 +899,34 @@ mod tests {
         let send = PreparedSend::from_checked(5, 16, &SendRequest::send_inline(&[]).imm(3)).unwrap();
         assert!(send.inline_post(5, 0, &data[..16], 0).is_ok());
         assert!(matches!(refused(send.inline_post(5, 0, &data[..1], 1)), Error::InvalidArgument { .. }));
+    }
+
+    /// `Request::fill_raw` (an extended queue pair's post) writes the template's fields and the
+    /// post's over whatever the entry held before, and points the request at its first SGE,
+    /// read back through that pointer (under Miri, a stale pointer fails).
+    #[test]
+    fn fill_raw_writes_the_whole_request_over_an_old_one() {
+        let remote = RemoteSlice { addr: 0x1000, len: 64, rkey: 7 };
+        let write = PreparedSend::from_checked(5, 16, &SendRequest::write_inline(b"abc", remote)).unwrap();
+        let data = [9u8; 8];
+        let post = write.inline_post(5, 11, &data, 8).unwrap();
+        let mut raw = ffi::ibv_send_wr {
+            wr_id: 1,
+            next: NonNull::dangling().as_ptr(),
+            num_sge: 3,
+            opcode: ffi::ibv_wr_opcode::IBV_WR_SEND,
+            send_flags: !0,
+            ..Default::default()
+        };
+        let mut sges = [ffi::ibv_sge { addr: 1, length: 2, lkey: 3 }; MAX_SGE];
+        post.fill_raw(&mut raw, &mut sges, 77);
+        assert_eq!((raw.wr_id, raw.num_sge, raw.opcode), (77, 1, ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE));
+        assert!(raw.next.is_null());
+        assert_eq!(raw.send_flags, write.template.send_flags);
+        // SAFETY: `rdma` is the union member of an RDMA Write; `sg_list` points into `sges`.
+        let (rdma, sge) = unsafe { (raw.wr.rdma, *raw.sg_list) };
+        assert_eq!((rdma.remote_addr, rdma.rkey), (0x1008, 7));
+        assert_eq!((sge.addr, sge.length, sge.lkey), (data.as_ptr() as u64, 8, 0));
     }
 
     /// `fits` (the chain loop's fast path) and `check` agree, at and around every boundary,
