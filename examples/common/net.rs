@@ -114,12 +114,13 @@ pub enum ReadFailure {
 
 /// Writes all of `buf`, waiting until `until` at most.
 pub fn write_all(stream: &TcpStream, mut buf: &[u8], until: Instant) -> Result<(), IoError> {
+    let mut out = stream; // `Write` is implemented for `&TcpStream`
     while !buf.is_empty() {
         if Instant::now() >= until {
             return Err(IoError::TimedOut);
         }
         stream.set_write_timeout(Some(left(until))).map_err(IoError::Failed)?;
-        match { stream }.write(buf) {
+        match out.write(buf) {
             Ok(0) => return Err(IoError::Closed),
             Ok(n) => buf = &buf[n..],
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

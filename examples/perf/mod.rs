@@ -44,7 +44,7 @@ pub mod report;
 pub mod selection;
 
 use std::fmt::Write as _;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::ops::Range;
 use std::os::fd::RawFd;
 use std::process::ExitCode;
@@ -495,12 +495,8 @@ impl Rdma {
 #[derive(Debug)]
 pub struct Guard {
     fd: RawFd,
-    /// The socket for our `Alive` frames, how often they go (in ticks and as a duration), and
-    /// when the next is due.
-    writer: Arc<TcpStream>,
-    beat_every: u64,
-    beat_interval: Duration,
-    next_beat: u64,
+    /// Our `Alive` frames, sent by the checks.
+    beat: oob::Beat,
     peer: &'static str,
     stall: u64,
     stall_secs: f64,
@@ -567,10 +563,7 @@ impl Guard {
     #[cold]
     fn check(&mut self, now: u64) -> Result<(), String> {
         self.next_check = now.wrapping_add(self.check_every);
-        if now >= self.next_beat {
-            oob::send_alive(&self.writer, self.beat_interval);
-            self.next_beat = now.wrapping_add(self.beat_every);
-        }
+        self.beat.if_due();
         if oob::socket_closed(self.fd) {
             return Err(format!("the {} closed the connection while {}", self.peer, self.what));
         }
@@ -710,13 +703,9 @@ impl Session {
 
     /// A guard for a hot loop.
     pub fn guard(&self) -> Guard {
-        let (writer, beat_interval) = self.oob.beat_writer();
         Guard {
             fd: self.oob.raw_fd(),
-            writer,
-            beat_every: self.clock.ticks_in(beat_interval),
-            beat_interval,
-            next_beat: 0,
+            beat: self.oob.beat_for_guard(),
             peer: self.oob.peer(),
             stall: self.clock.ticks_in(self.timeout),
             stall_secs: self.timeout.as_secs_f64(),

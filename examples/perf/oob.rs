@@ -30,15 +30,12 @@ use super::proto::{encode_frame, read_frame, ByteSource, FrameError, ReadError, 
 pub struct Oob {
     /// For reading.
     stream: TcpStream,
-    /// The same socket for writing, shared with the hot loops' guards (for their `Alive` frames).
-    writer: Arc<TcpStream>,
+    /// The same socket for writing (every frame we send), and our `Alive` frames' schedule.
+    beat: Beat,
     /// The longest silence of the peer we accept.
     timeout: Duration,
     /// "server" or "client".
     peer: &'static str,
-    /// How often we send `Alive` frames, and when we last sent a frame.
-    interval: Duration,
-    last_sent: Instant,
 }
 
 impl Oob {
@@ -61,22 +58,22 @@ impl Oob {
     fn new(stream: TcpStream, timeout: Duration, peer: &'static str) -> Result<Oob, String> {
         stream.set_nodelay(true).map_err(|e| format!("socket: {e}"))?;
         let writer = Arc::new(stream.try_clone().map_err(|e| format!("socket: {e}"))?);
-        let interval = beat_interval(timeout);
-        Ok(Oob { stream, writer, timeout, peer, interval, last_sent: Instant::now() })
+        // A quarter of --timeout, between 10 ms and a second.
+        let interval = (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let beat = Beat { writer, interval, last_sent: Instant::now() };
+        Ok(Oob { stream, beat, timeout, peer })
     }
 
-    /// The socket for a hot loop's `Alive` frames ([`send_alive`]), and how often to send them.
-    pub fn beat_writer(&self) -> (Arc<TcpStream>, Duration) {
-        (self.writer.clone(), self.interval)
+    /// The `Alive` frames of a hot loop's guard: on the same socket, at the same interval, on
+    /// a schedule of their own.
+    pub fn beat_for_guard(&self) -> Beat {
+        self.beat.clone()
     }
 
     /// Sends an `Alive` frame if none has gone for a beat's interval: around work that sends
     /// nothing for a while (a setup step, a report's computation).
     pub fn beat(&mut self) {
-        if self.last_sent.elapsed() >= self.interval {
-            send_alive(&self.writer, self.interval);
-            self.last_sent = Instant::now();
-        }
+        self.beat.if_due();
     }
 
     /// The peer's IP address (the server's, for `-R`).
@@ -92,8 +89,8 @@ impl Oob {
     /// Sends one frame (waiting at most `--timeout` for room in the socket).
     pub fn send(&mut self, tag: Tag, payload: &[u8]) -> Result<(), String> {
         let frame = encode_frame(tag, payload);
-        let sent = net::write_all(&self.writer, &frame, net::deadline_after(self.timeout));
-        self.last_sent = Instant::now();
+        let sent = net::write_all(&self.beat.writer, &frame, net::deadline_after(self.timeout));
+        self.beat.last_sent = Instant::now();
         sent.map_err(|e| match e {
             IoError::Closed => self.why_closed(&format!("sending {tag:?}")),
             IoError::TimedOut => format!(
@@ -107,9 +104,7 @@ impl Oob {
 
     /// After the peer closed the connection under a send: its `Error` frame, if it sent one.
     fn why_closed(&mut self, doing: &str) -> String {
-        let mut beats =
-            Beats { writer: &self.writer, interval: self.interval, last_sent: &mut self.last_sent };
-        let mut src = Source::new(&mut self.stream, &mut beats, Duration::from_millis(500), None);
+        let mut src = Source::new(&mut self.stream, &mut self.beat, Duration::from_millis(500), None);
         match read_frame(&mut src, &[], || {}) {
             Err(FrameError::Peer(msg)) => format!("the {} failed: {msg}", self.peer),
             _ => format!("the {} closed the connection ({doing})", self.peer),
@@ -125,9 +120,7 @@ impl Oob {
         what: &str,
         cap: Option<Duration>,
     ) -> Result<(Tag, Vec<u8>), String> {
-        let mut beats =
-            Beats { writer: &self.writer, interval: self.interval, last_sent: &mut self.last_sent };
-        let mut src = Source::new(&mut self.stream, &mut beats, self.timeout, cap);
+        let mut src = Source::new(&mut self.stream, &mut self.beat, self.timeout, cap);
         let got = read_frame(&mut src, expect, || {});
         let cap_passed = src.cap.is_some_and(|c| Instant::now() >= c);
         got.map_err(|e| match e {
@@ -167,62 +160,54 @@ impl Oob {
         let msg = msg.as_bytes();
         let frame = encode_frame(Tag::Error, &msg[..msg.len().min(super::proto::MAX_ERROR_LEN)]);
         let until = net::deadline_after(self.timeout.min(Duration::from_secs(1)));
-        let _ = net::write_all(&self.writer, &frame, until);
+        let _ = net::write_all(&self.beat.writer, &frame, until);
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 }
 
-/// How often a side sends `Alive` frames with a `--timeout` of `timeout`: a quarter of it,
-/// between 10 ms and a second.
-fn beat_interval(timeout: Duration) -> Duration {
-    (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
-}
-
-/// Sends one `Alive` frame on `writer`, waiting at most `wait` for room (best effort: a peer that
-/// does not read is found out by the waits).
-pub fn send_alive(writer: &TcpStream, wait: Duration) {
-    let _ = net::write_all(writer, &encode_frame(Tag::Alive, &[]), net::deadline_after(wait));
-}
-
-/// The `Alive` frames a wait sends: on `writer`, every `interval` since `last_sent`.
-struct Beats<'a> {
-    writer: &'a TcpStream,
+/// When and where a side sends its `Alive` frames: on `writer`, every `interval` since
+/// `last_sent` (best effort: a peer that does not read is found out by the waits).
+#[derive(Debug, Clone)]
+pub struct Beat {
+    writer: Arc<TcpStream>,
     interval: Duration,
-    last_sent: &'a mut Instant,
+    last_sent: Instant,
 }
 
-impl Beats<'_> {
+impl Beat {
     /// When the next frame is due.
-    fn next(&self) -> Instant {
-        *self.last_sent + self.interval
+    fn due(&self) -> Instant {
+        self.last_sent + self.interval
     }
 
-    fn send(&mut self) {
-        send_alive(self.writer, self.interval);
-        *self.last_sent = Instant::now();
+    /// Sends an `Alive` frame if one is due, waiting at most an interval for room.
+    pub fn if_due(&mut self) {
+        if Instant::now() >= self.due() {
+            let _ = net::write_all(
+                &self.writer,
+                &encode_frame(Tag::Alive, &[]),
+                net::deadline_after(self.interval),
+            );
+            self.last_sent = Instant::now();
+        }
     }
 }
 
 /// The socket as a [`ByteSource`]: each read waits until the peer's silence exceeds `liveness`
 /// (any byte restarts that clock) or `cap` passes, sending our `Alive` frames meanwhile.
-struct Source<'a, 'b> {
+struct Source<'a> {
     stream: &'a mut TcpStream,
-    beats: &'a mut Beats<'b>,
+    beat: &'a mut Beat,
     liveness: Duration,
     live_until: Instant,
     cap: Option<Instant>,
 }
 
-impl<'a, 'b> Source<'a, 'b> {
-    fn new(
-        stream: &'a mut TcpStream,
-        beats: &'a mut Beats<'b>,
-        liveness: Duration,
-        cap: Option<Duration>,
-    ) -> Self {
+impl<'a> Source<'a> {
+    fn new(stream: &'a mut TcpStream, beat: &'a mut Beat, liveness: Duration, cap: Option<Duration>) -> Self {
         Source {
             stream,
-            beats,
+            beat,
             liveness,
             live_until: net::deadline_after(liveness),
             cap: cap.map(net::deadline_after),
@@ -230,15 +215,13 @@ impl<'a, 'b> Source<'a, 'b> {
     }
 }
 
-impl ByteSource for Source<'_, '_> {
+impl ByteSource for Source<'_> {
     fn fill(&mut self, buf: &mut [u8]) -> Result<(), ReadError> {
         let mut got = 0;
         while got < buf.len() {
             let until = self.cap.map_or(self.live_until, |c| c.min(self.live_until));
-            if Instant::now() >= self.beats.next() {
-                self.beats.send();
-            }
-            match net::read_some(self.stream, &mut buf[got..], until.min(self.beats.next())) {
+            self.beat.if_due();
+            match net::read_some(self.stream, &mut buf[got..], until.min(self.beat.due())) {
                 Ok(n) => {
                     got += n;
                     self.live_until = net::deadline_after(self.liveness);
