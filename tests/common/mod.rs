@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use ibverbs::cm::{self, CmId, ConnParam, Listener};
 use ibverbs::{
     Completion, CompletionQueue, ConnectOptions, Context, Endpoint, Error, Gid, Mtu, ProtectionDomain,
-    QpCaps, QpState, QpType, QueuePair, IWARP_MANUAL_CONNECT,
+    QpCaps, QpState, QpType, QueuePair, QueuePairBuilder, IWARP_MANUAL_CONNECT,
 };
 
 /// Opens the test device: `IBVERBS_TEST_DEVICE` (set by the harness) or the first one.
@@ -208,12 +208,27 @@ pub fn connect_qps(
     cq_b: &CompletionQueue,
     caps: QpCaps,
 ) -> (QueuePair, QueuePair, Option<[CmId; 2]>) {
+    connect_built(
+        pd,
+        || pd.create_qp(cq_a, QpType::RC).caps(caps),
+        || pd.create_qp(cq_b, QpType::RC).caps(caps),
+    )
+}
+
+/// [`connect_qps`] of the RC queue pairs the builders `a` and `b` describe (e.g. with a
+/// receive CQ of its own): built and connected by hand, or on iWARP built on RDMA-CM ids
+/// (`pd` from [`pair_context`]) and connected through them.
+pub fn connect_built<'q>(
+    pd: &ProtectionDomain,
+    a: impl FnOnce() -> QueuePairBuilder<'q>,
+    b: impl FnOnce() -> QueuePairBuilder<'q> + Send,
+) -> (QueuePair, QueuePair, Option<[CmId; 2]>) {
     if is_iwarp() {
-        let (a, b, ids) = cm_connect_qps(pd, cq_a, cq_b, caps);
+        let (a, b, ids) = cm_connect_built(pd, a, b);
         return (a, b, Some(ids));
     }
-    let mut a = pd.create_qp(cq_a, QpType::RC).caps(caps).build().unwrap();
-    let mut b = pd.create_qp(cq_b, QpType::RC).caps(caps).build().unwrap();
+    let mut a = a().build().unwrap();
+    let mut b = b().build().unwrap();
     let o = opts();
     let (ea, eb) = (a.endpoint(&o).unwrap(), b.endpoint(&o).unwrap());
     a.connect(&eb, &o).unwrap();
@@ -228,6 +243,21 @@ fn cm_connect_qps(
     cq_b: &CompletionQueue,
     caps: QpCaps,
 ) -> (QueuePair, QueuePair, [CmId; 2]) {
+    cm_connect_built(
+        pd,
+        || pd.create_qp(cq_a, QpType::RC).caps(caps),
+        || pd.create_qp(cq_b, QpType::RC).caps(caps),
+    )
+}
+
+/// [`connect_built`] through RDMA-CM: `b` accepts on an ephemeral port of [`test_ip`], `a`
+/// connects to it; reads and atomics outstanding: as many as the device allows (up to 16), as
+/// [`QueuePair::connect`] does.
+fn cm_connect_built<'q>(
+    pd: &ProtectionDomain,
+    a: impl FnOnce() -> QueuePairBuilder<'q>,
+    b: impl FnOnce() -> QueuePairBuilder<'q> + Send,
+) -> (QueuePair, QueuePair, [CmId; 2]) {
     let wait = scaled(Duration::from_secs(10));
     let listener = Listener::bind((test_ip(), 0).into()).expect("rdma_listen on the test address");
     let addr = listener.local_addr().unwrap();
@@ -235,10 +265,17 @@ fn cm_connect_qps(
     let rd = u8::try_from(dev.max_qp_rd_atom().min(dev.max_qp_init_rd_atom()).clamp(1, 16)).unwrap_or(16);
     let param = ConnParam { responder_resources: rd, initiator_depth: rd, ..ConnParam::default() };
     std::thread::scope(|s| {
-        let server = s.spawn(|| listener.accept(pd, cq_b, caps, &param, wait));
-        let (id_a, a) = cm::connect(addr, pd, cq_a, caps, &param, wait).expect("rdma_connect");
-        let (id_b, b, _) = server.join().unwrap().expect("rdma_accept");
-        (a, b, [id_a, id_b])
+        let server = s.spawn(|| {
+            let (id, _) = listener.request(wait).expect("a connection request");
+            let mut qp = b().build_on(&id).expect("the accepting queue pair");
+            cm::accept_request(&id, &mut qp, &param, wait).expect("rdma_accept");
+            (id, qp)
+        });
+        let id_a = cm::resolve(addr, wait).expect("rdma_resolve_addr/route");
+        let mut qa = a().build_on(&id_a).expect("the connecting queue pair");
+        cm::establish(&id_a, &mut qa, &param, wait).expect("rdma_connect");
+        let (id_b, qb) = server.join().unwrap();
+        (qa, qb, [id_a, id_b])
     })
 }
 

@@ -931,13 +931,21 @@ fn device_runs(
 
 /// The device test binaries of the siw stage (soft-iWARP, `siw0`): the core verbs, RDMA-CM, the
 /// CM examples against rdmacm-utils (rping at 1/4096/65536 bytes, rdma_server/client, ours and
-/// C's in both roles), receive pools and the allocation-free hot path. They connect through
-/// RDMA-CM on iWARP (`tests/common::pair`) and report what iWARP lacks (`IBVERBS-UNSUPPORTED:`).
-/// The other binaries connect queue pairs by hand (or need extended CQs, memory windows, UD) and
-/// have not been ported to iWARP yet; plain runs only (no valgrind pass on siw). Whole stage with
-/// its boot: 29–55 s measured (2026-11-30; the whole `cargo xtask test` took 22 min 39 s).
-pub const SIW_BINARIES: [&str; 5] =
-    ["device_core", "device_cm", "device_cm_examples", "device_pool", "device_alloc"];
+/// C's in both roles), receive pools, the allocation-free hot path, prepared requests and scoped
+/// borrows. They connect through RDMA-CM on iWARP (`tests/common::pair`, `connect_built`) and
+/// report what iWARP or siw lacks (`IBVERBS-UNSUPPORTED:`). The other binaries connect queue
+/// pairs by hand (or need extended CQs, memory windows, UD) and have not been ported to iWARP
+/// yet; plain runs only (no valgrind pass on siw). Whole stage with its boot: 29–55 s measured
+/// with the first five (2026-11-30; the whole `cargo xtask test` took 22 min 39 s).
+pub const SIW_BINARIES: [&str; 7] = [
+    "device_core",
+    "device_cm",
+    "device_cm_examples",
+    "device_pool",
+    "device_alloc",
+    "device_prepared",
+    "device_scope",
+];
 
 /// The siw stage: [`SIW_BINARIES`] in one boot of a VM with `siw0` instead of `rxe0`.
 fn run_siw_stage(opts: &TestOptions, root: &Path, device: &[Artifact], summary: &mut Summary) {

@@ -31,7 +31,8 @@ use crate::post::wr::{LocalBuf, Op, RecvRequest, SendRequest, MAX_SGE};
 /// A Send or RDMA Write from an `Arc<MemoryRegion>` goes inline (`IBV_SEND_INLINE`: the CPU
 /// copies the bytes during the post, as perftest does for small messages) when a post's length
 /// is at most the queue pair's `max_inline_data`
-/// ([`QueuePairBuilder::max_inline_data`](crate::QueuePairBuilder::max_inline_data)). Nothing can
+/// ([`QueuePairBuilder::max_inline_data`](crate::QueuePairBuilder::max_inline_data); none, not even
+/// an empty one, where that is 0). Nothing can
 /// write such a region while it is shared. An `Arc<RemoteMemoryRegion>`'s bytes are never copied
 /// inline: another thread may be writing them, and the provider's copy is not atomic.
 ///
@@ -180,8 +181,12 @@ impl PreparedSend {
         };
         // Inline copies read the bytes with the CPU: only from a region nobody can write.
         let inlines = matches!(wr.op, Op::Send | Op::SendInv(_) | Op::Write(_));
-        let inline_below =
-            if inlines && matches!(buf, SharedBuf::Local(_)) { u64::from(max_inline) + 1 } else { 0 };
+        // None at all on a queue pair without inline room, not even an empty post.
+        let inline_below = if inlines && max_inline > 0 && matches!(buf, SharedBuf::Local(_)) {
+            u64::from(max_inline) + 1
+        } else {
+            0
+        };
         let inline_flags = template.send_flags | ffi::ibv_send_flags::IBV_SEND_INLINE.0;
         Some(PreparedSend {
             qp,

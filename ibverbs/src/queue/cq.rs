@@ -134,7 +134,8 @@ impl CompletionQueue {
                     ..Default::default()
                 };
                 // SAFETY: as for ibv_create_cq; `attr` is a valid attribute struct (comp_mask 0).
-                let rawx = cvt_p(verb, unsafe { ffi::ibv_create_cq_ex(ctx.as_raw(), &mut attr) })?;
+                let rawx = cvt_p(verb, unsafe { ffi::ibv_create_cq_ex(ctx.as_raw(), &mut attr) })
+                    .map_err(|e| e.or_unsupported("extended CQs"))?;
                 // SAFETY: an extended CQ starts with its `struct ibv_cq` (ibv_cq_ex_to_cq is a cast).
                 let raw = unsafe { NonNull::new_unchecked(ffi::ibv_cq_ex_to_cq(rawx.as_ptr())) };
                 // SAFETY: the ibv_cq_ex lives as long as the CQ, which holds the table.
@@ -644,10 +645,11 @@ impl Context {
     /// `ibv_poll_cq`, which providers serve on extended CQs too.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] for [`WcFlags::COMPLETION_TIMESTAMP`] on a device whose
+    /// [`Error::Unsupported`] where the provider has no extended CQs (`EOPNOTSUPP`, e.g. siw;
+    /// capability "extended CQs"), for [`WcFlags::COMPLETION_TIMESTAMP`] on a device whose
     /// `completion_timestamp_mask` is 0 (SoftRoCE), or when the provider leaves out a poll call
     /// or an accessor asked for; otherwise as [`create_cq`](Self::create_cq), with
-    /// `ibv_create_cq_ex` as the verb (e.g. `EOPNOTSUPP` where the provider has no extended CQs).
+    /// `ibv_create_cq_ex` as the verb.
     #[doc(alias = "ibv_create_cq_ex")]
     #[doc(alias = "ibv_cq_init_attr_ex")]
     pub fn create_cq_ex(

@@ -220,7 +220,10 @@ impl Scope<'_, '_> {
             return (Err(timeout), panic);
         }
         // No flush: RESET makes the device forget every request (the rings are retired; their
-        // stale completions are recognised as such).
+        // stale completions are recognised as such). siw (Linux 6.1) accepts RESET and ignores it,
+        // and flushes nothing posted after its QP reached ERROR (its queues are in user memory);
+        // there the ERROR state set above is what stops the device: siw moves no data for a QP in
+        // ERROR (transmit and receive suspended, the connection dropped), and never leaves it.
         let _ = self.qp.reset_unchecked();
         if self.qp.state == QpState::RESET || self.qp.state == QpState::UNUSABLE {
             self.send_end = None;
