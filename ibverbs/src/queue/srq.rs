@@ -274,12 +274,14 @@ impl SharedReceiveQueue {
     /// Queries the SRQ's attributes (`ibv_query_srq()`).
     ///
     /// # Errors
-    /// [`Error::Verb`] when the verb fails.
+    /// [`Error::Unsupported`] where the provider does not answer the query (`EOPNOTSUPP`, e.g.
+    /// siw; capability "querying an SRQ"); [`Error::Verb`] when the verb fails otherwise.
     #[doc(alias = "ibv_query_srq")]
     pub fn query(&self) -> Result<SrqAttr> {
         let mut attr = ffi::ibv_srq_attr::default();
         // SAFETY: valid SRQ and out-pointer.
-        cvt("ibv_query_srq", unsafe { ffi::ibv_query_srq(self.as_raw(), &mut attr) })?;
+        cvt("ibv_query_srq", unsafe { ffi::ibv_query_srq(self.as_raw(), &mut attr) })
+            .map_err(|e| e.or_unsupported("querying an SRQ"))?;
         Ok(SrqAttr { max_wr: attr.max_wr, max_sge: attr.max_sge, srq_limit: attr.srq_limit })
     }
 
