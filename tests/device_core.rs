@@ -134,11 +134,7 @@ fn send_recv_with_and_without_immediate() {
         p.b.post_recv(RecvRequest::new(Local::whole(recv)).wr_id(10 + i as u64)).unwrap();
         let mut src = p.pd.allocate(1000).unwrap();
         src.copy_from_slice(&data);
-        let mut wr = SendRequest::send(Local::whole(src)).wr_id(20 + i as u64);
-        if let Some(imm) = imm {
-            wr = wr.imm(imm);
-        }
-        p.a.post_send(wr).unwrap();
+        p.a.post_send(maybe_imm(SendRequest::send(Local::whole(src)).wr_id(20 + i as u64), imm)).unwrap();
         let mut sc = poll_one(&mut p.cq_a);
         assert_eq!(sc.status(), WcStatus::SUCCESS, "{sc:?}");
         assert_eq!(sc.opcode(), WcOpcode::SEND);

@@ -83,11 +83,7 @@ fn prepared_atomics_and_sends() {
     // Sends, with immediate data where the transport has it (not iWARP).
     let imm = has_immediate(&p.ctx).then_some(9);
     let msg = Arc::new(p.pd.register(b"hello prepared".to_vec(), AccessFlags::LOCAL_WRITE).unwrap());
-    let mut wr = SendRequest::send(Local::whole(msg.clone()));
-    if let Some(imm) = imm {
-        wr = wr.imm(imm);
-    }
-    let send = p.a.prepare_send(wr).unwrap();
+    let send = p.a.prepare_send(maybe_imm(SendRequest::send(Local::whole(msg.clone())), imm)).unwrap();
     for i in 0..5 {
         p.b.post_recv(ibverbs::RecvRequest::new(Local::whole(p.pd.allocate(64).unwrap()))).unwrap();
         p.a.post_prepared(&send, i, 6, 8, 0).unwrap();
@@ -293,10 +289,11 @@ fn chains_mixing_prepared_requests_post_each_with_its_own_template() {
     // With immediate data where the transport has it (not iWARP): then the second Write takes a
     // receive too.
     let with_imm = has_immediate(&p.ctx);
-    let imm = |wr: SendRequest<'static>, imm| if with_imm { wr.imm(imm) } else { wr };
+    let (imm_w2, imm_send) = (with_imm.then_some(77), with_imm.then_some(5));
     let w1 = p.a.prepare_send(SendRequest::write(Local::whole(src.clone()), t1.remote())).unwrap();
-    let w2 = p.a.prepare_send(imm(SendRequest::write(Local::whole(src.clone()), t2.remote()), 77)).unwrap();
-    let send = p.a.prepare_send(imm(SendRequest::send(Local::whole(src.clone())), 5)).unwrap();
+    let w2 = SendRequest::write(Local::whole(src.clone()), t2.remote());
+    let w2 = p.a.prepare_send(maybe_imm(w2, imm_w2)).unwrap();
+    let send = p.a.prepare_send(maybe_imm(SendRequest::send(Local::whole(src.clone())), imm_send)).unwrap();
     let (mut e1, mut e2) = (vec![0u8; 4096], vec![0u8; 4096]);
     let mut received = Vec::new();
     for round in 0..12u64 {
@@ -317,7 +314,7 @@ fn chains_mixing_prepared_requests_post_each_with_its_own_template() {
                     w2.at(i, off, len, roff)
                 }
                 _ => {
-                    received.push((src[off..][..len as usize].to_vec(), with_imm.then_some(5)));
+                    received.push((src[off..][..len as usize].to_vec(), imm_send));
                     imms += 1;
                     send.at(i, off, len, 0)
                 }
@@ -533,12 +530,7 @@ fn requests_prepared_with_inline_data_bring_their_bytes_at_each_post() {
     // Sends, with immediate data where the transport has it (not iWARP), into the peer's
     // receives.
     let imm = has_immediate(&p.ctx).then_some(0x55);
-    let send =
-        p.a.prepare_send(match imm {
-            Some(imm) => SendRequest::send_inline(&[]).imm(imm),
-            None => SendRequest::send_inline(&[]),
-        })
-        .unwrap();
+    let send = p.a.prepare_send(maybe_imm(SendRequest::send_inline(&[]), imm)).unwrap();
     for i in 0..10u64 {
         p.b.post_recv(RecvRequest::new(Local::whole(p.pd.allocate(64).unwrap()))).unwrap();
         let msg = pattern(1 + i as usize * 6, 40 + i as u8);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use ibverbs::cm::{self, CmId, ConnParam, Listener};
 use ibverbs::{
     Completion, CompletionQueue, ConnectOptions, Context, Endpoint, Error, Gid, Mtu, ProtectionDomain,
-    QpCaps, QpState, QpType, QueuePair, QueuePairBuilder, IWARP_MANUAL_CONNECT,
+    QpCaps, QpState, QpType, QueuePair, QueuePairBuilder, SendRequest, IWARP_MANUAL_CONNECT,
 };
 
 /// Opens the test device: `IBVERBS_TEST_DEVICE` (set by the harness) or the first one.
@@ -314,6 +314,15 @@ pub fn has_immediate(ctx: &Context) -> bool {
         return false;
     }
     true
+}
+
+/// `wr` with immediate data `imm` when there is one (`SendRequest::imm`), as it is otherwise:
+/// for tests that send immediate data only where the transport has it ([`has_immediate`]).
+pub fn maybe_imm(wr: SendRequest<'_>, imm: Option<u32>) -> SendRequest<'_> {
+    match imm {
+        Some(imm) => wr.imm(imm),
+        None => wr,
+    }
 }
 
 /// A deterministic byte pattern.

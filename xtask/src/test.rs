@@ -932,8 +932,9 @@ fn device_runs(
 /// The device test binaries of the siw stage (soft-iWARP, `siw0`): the core verbs, RDMA-CM, the
 /// CM examples against rdmacm-utils (rping at 1/4096/65536 bytes, rdma_server/client, ours and
 /// C's in both roles), receive pools, the allocation-free hot path, prepared requests, scoped
-/// borrows, shared receive queues and the soundness holes' regression tests. They connect through RDMA-CM on iWARP (`tests/common::pair`, `connect_built`) and
-/// report what iWARP or siw lacks (`IBVERBS-UNSUPPORTED:`). The other binaries connect queue
+/// borrows, shared receive queues and the soundness holes' regression tests. They connect
+/// through RDMA-CM on iWARP (`tests/common::pair`, `connect_built`) and report what iWARP or siw
+/// lacks (`IBVERBS-UNSUPPORTED:`). The other binaries connect queue
 /// pairs by hand (or need extended CQs, memory windows, UD) and have not been ported to iWARP
 /// yet; plain runs only (no valgrind pass on siw). Whole stage with its boot: 48 s with these
 /// nine, 104 tests (2026-12-02); 29–55 s with the first five (2026-11-30).
