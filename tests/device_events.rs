@@ -11,6 +11,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use ibverbs::cm::CmId;
 use ibverbs::{
     AccessFlags, AsyncEvent, AsyncEventType, AsyncObject, Completion, CompletionQueue, Error, Local,
     PortState, ProtectionDomain, QpState, QpType, QueuePair, RecvRequest, SendRequest, WcStatus,
@@ -29,16 +30,21 @@ fn within<T: Send + 'static>(what: &str, bound: Duration, f: impl FnOnce() -> T 
     }
 }
 
-/// An RC queue pair sending on `send_cq` and receiving on `recv_cq`.
-fn qp(pd: &ProtectionDomain, send_cq: &CompletionQueue, recv_cq: &CompletionQueue) -> QueuePair {
-    pd.create_qp(send_cq, QpType::RC).recv_cq(recv_cq).max_send_wr(8).max_recv_wr(8).build().unwrap()
-}
+/// The CQs of one queue pair: (send, receive).
+type Cqs<'c> = (&'c CompletionQueue, &'c CompletionQueue);
 
-fn connect(a: &mut QueuePair, b: &mut QueuePair) {
-    let o = opts();
-    let (ea, eb) = (a.endpoint(&o).unwrap(), b.endpoint(&o).unwrap());
-    a.connect(&eb, &o).unwrap();
-    b.connect(&ea, &o).unwrap();
+/// Two RC queue pairs of `pd`, 8 requests per queue and 16 bytes inline, connected to each other: `a` on the CQs
+/// `a_cqs`, `b` on `b_cqs`. By hand, or on iWARP through RDMA-CM (`pd` from [`pair_context`];
+/// the ids returned hold the connection).
+fn connected<'c>(
+    pd: &'c ProtectionDomain,
+    a_cqs: Cqs<'c>,
+    b_cqs: Cqs<'c>,
+) -> (QueuePair, QueuePair, Option<[CmId; 2]>) {
+    let build = |(send, recv): Cqs<'c>| {
+        pd.create_qp(send, QpType::RC).recv_cq(recv).max_send_wr(8).max_recv_wr(8).max_inline_data(16)
+    };
+    connect_built(pd, || build(a_cqs), || build(b_cqs))
 }
 
 fn recv(pd: &ProtectionDomain, qp: &mut QueuePair) {
@@ -47,20 +53,19 @@ fn recv(pd: &ProtectionDomain, qp: &mut QueuePair) {
 
 #[test]
 fn three_cqs_share_one_channel_each_waited_on_by_its_own_thread() {
-    let ctx = context();
+    let ctx = pair_context();
     let ch = ctx.create_comp_channel().unwrap();
     let pd = ctx.alloc_pd().unwrap();
-    let send_cq = ctx.create_cq(64, None).unwrap();
+    // Room for the three pairs' queues but b's receives (8 + 8 + 8 each).
+    let send_cq = ctx.create_cq(72, None).unwrap();
     let cqs: Vec<CompletionQueue> = (0..3).map(|_| ctx.create_cq(16, Some(&ch)).unwrap()).collect();
-    let mut senders = Vec::new();
-    let mut receivers = Vec::new();
+    let (mut senders, mut receivers, mut ids) = (Vec::new(), Vec::new(), Vec::new());
     for cq in &cqs {
-        let mut a = qp(&pd, &send_cq, &send_cq);
-        let mut b = qp(&pd, &send_cq, cq);
-        connect(&mut a, &mut b);
+        let (a, mut b, cm) = connected(&pd, (&send_cq, &send_cq), (&send_cq, cq));
         recv(&pd, &mut b);
         senders.push(a);
         receivers.push(b);
+        ids.push(cm);
     }
     let bound = scaled(Duration::from_secs(10));
     let waiters: Vec<_> = cqs
@@ -96,14 +101,12 @@ fn three_cqs_share_one_channel_each_waited_on_by_its_own_thread() {
 
 #[test]
 fn poll_wait_returns_empty_at_its_deadline_and_completions_from_another_thread() {
-    let ctx = context();
+    let ctx = pair_context();
     let ch = ctx.create_comp_channel().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let send_cq = ctx.create_cq(32, None).unwrap();
     let mut cq = ctx.create_cq(32, Some(&ch)).unwrap();
-    let mut a = qp(&pd, &send_cq, &send_cq);
-    let mut b = qp(&pd, &send_cq, &cq);
-    connect(&mut a, &mut b);
+    let (mut a, mut b, _cm) = connected(&pd, (&send_cq, &send_cq), (&send_cq, &cq));
     let mut out: [Completion; 4] = Default::default();
 
     // Nothing comes: empty at the deadline, not before, not long after.
@@ -128,27 +131,38 @@ fn poll_wait_returns_empty_at_its_deadline_and_completions_from_another_thread()
     let mut a = sender.join().unwrap();
 
     // Solicited-only: an unsolicited Send does not end the wait, the solicited one does; both
-    // come back from the one poll after it.
-    recv(&pd, &mut b);
-    recv(&pd, &mut b);
-    let sender = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(50));
-        a.post_send(SendRequest::send_inline(b"quiet")).unwrap();
-        std::thread::sleep(Duration::from_millis(400));
-        a.post_send(SendRequest::send_inline(b"wake up").solicited()).unwrap();
-        a
-    });
-    let t = Instant::now();
-    let got = cq.poll_wait_with(&mut out, scaled(Duration::from_secs(10)), true).unwrap();
-    let waited = t.elapsed();
-    let lens: Vec<u32> = got.iter().map(|c| c.byte_len()).collect();
-    println!("solicited-only wait returned {lens:?} after {waited:?}");
-    assert!(
-        waited >= Duration::from_millis(400),
-        "the unsolicited Send ended the wait: {waited:?}, {lens:?}"
-    );
-    assert_eq!(lens, [5, 7]);
-    let _a = sender.join().unwrap();
+    // come back from the one poll after it. Not on siw (Linux 6.1): its receive completions
+    // never raise a solicited-only event (siw_rqe_complete tests SIGNALLED, not SOLICITED).
+    let mut sends = 1;
+    if is_iwarp() {
+        unsupported(
+            &ctx,
+            "solicited-only completion events",
+            "siw: a receive completion does not test the solicited bit",
+        );
+    } else {
+        recv(&pd, &mut b);
+        recv(&pd, &mut b);
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            a.post_send(SendRequest::send_inline(b"quiet")).unwrap();
+            std::thread::sleep(Duration::from_millis(400));
+            a.post_send(SendRequest::send_inline(b"wake up").solicited()).unwrap();
+            a
+        });
+        let t = Instant::now();
+        let got = cq.poll_wait_with(&mut out, scaled(Duration::from_secs(10)), true).unwrap();
+        let waited = t.elapsed();
+        let lens: Vec<u32> = got.iter().map(|c| c.byte_len()).collect();
+        println!("solicited-only wait returned {lens:?} after {waited:?}");
+        assert!(
+            waited >= Duration::from_millis(400),
+            "the unsolicited Send ended the wait: {waited:?}, {lens:?}"
+        );
+        assert_eq!(lens, [5, 7]);
+        let _a = sender.join().unwrap();
+        sends += 2;
+    }
 
     // The raw variant, and the refusal on a CQ without a channel.
     let mut raw: [ibverbs::WorkCompletion; 2] = Default::default();
@@ -157,19 +171,17 @@ fn poll_wait_returns_empty_at_its_deadline_and_completions_from_another_thread()
     assert!(matches!(no_channel.req_notify(false), Err(Error::InvalidArgument { .. })));
     assert!(matches!(no_channel.poll_wait(&mut out, Duration::ZERO), Err(Error::InvalidArgument { .. })));
     let mut send_cq = send_cq;
-    poll_n(&mut send_cq, 3);
+    poll_n(&mut send_cq, sends);
 }
 
 #[test]
 fn the_as_fd_descriptor_wakes_poll_and_cannot_consume_an_event() {
-    let ctx = context();
+    let ctx = pair_context();
     let ch = ctx.create_comp_channel().unwrap();
     let pd = ctx.alloc_pd().unwrap();
-    let send_cq = ctx.create_cq(16, None).unwrap();
+    let send_cq = ctx.create_cq(24, None).unwrap();
     let mut cq = ctx.create_cq(16, Some(&ch)).unwrap();
-    let mut a = qp(&pd, &send_cq, &send_cq);
-    let mut b = qp(&pd, &send_cq, &cq);
-    connect(&mut a, &mut b);
+    let (mut a, mut b, _cm) = connected(&pd, (&send_cq, &send_cq), (&send_cq, &cq));
     recv(&pd, &mut b);
     let fd = ch.as_fd();
     assert_ne!(fd.as_raw_fd(), ch.as_raw_fd(), "AsFd is not the channel's own descriptor");
@@ -202,17 +214,16 @@ fn the_as_fd_descriptor_wakes_poll_and_cannot_consume_an_event() {
 #[test]
 fn destroying_cqs_with_events_read_and_not_acknowledged_does_not_hang() {
     within("drop of CQs with unacknowledged events", scaled(Duration::from_secs(20)), || {
-        let ctx = context();
+        let ctx = pair_context();
         let ch = ctx.create_comp_channel().unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let send_cq = ctx.create_cq(256, None).unwrap();
         let mut cqs: Vec<CompletionQueue> = (0..3).map(|_| ctx.create_cq(128, Some(&ch)).unwrap()).collect();
-        let mut pairs = Vec::new();
+        let (mut pairs, mut ids) = (Vec::new(), Vec::new());
         for cq in &cqs {
-            let mut a = qp(&pd, &send_cq, &send_cq);
-            let mut b = qp(&pd, &send_cq, cq);
-            connect(&mut a, &mut b);
+            let (a, b, cm) = connected(&pd, (&send_cq, &send_cq), (&send_cq, cq));
             pairs.push((a, b));
+            ids.push(cm);
         }
         // Several events per CQ, read and counted, none acknowledged by a req_notify after them
         // (the arming before each acknowledges the earlier ones: the last one stays pending).
@@ -345,15 +356,13 @@ fn port_error_and_active_arrive_when_the_netdev_goes_down_and_up() {
 
 #[test]
 fn a_hostile_remote_write_and_dropping_objects_while_holding_their_events() {
-    let ctx = context();
+    let ctx = pair_context();
     let events = ctx.async_events().unwrap();
     while events.try_get().unwrap().is_some() {}
     let pd = ctx.alloc_pd().unwrap();
     let mut cq_a = ctx.create_cq(16, None).unwrap();
     let cq_b = ctx.create_cq(16, None).unwrap();
-    let mut a = qp(&pd, &cq_a, &cq_a);
-    let mut b = qp(&pd, &cq_b, &cq_b);
-    connect(&mut a, &mut b);
+    let (mut a, b, cm) = connected(&pd, (&cq_a, &cq_a), (&cq_b, &cq_b));
     let target = pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap();
     // Beyond the region, and with a wrong rkey.
     let mut beyond = target.remote();
@@ -361,7 +370,14 @@ fn a_hostile_remote_write_and_dropping_objects_while_holding_their_events() {
     a.post_send(SendRequest::write(Local::whole(pd.allocate(16).unwrap()), beyond)).unwrap();
     let c = poll_one(&mut cq_a);
     println!("requester completion of a write beyond the region: {:?}", c.status());
-    assert_eq!(c.status(), WcStatus::REM_ACCESS_ERR, "{c:?}");
+    if let Some([id_a, _]) = &cm {
+        // iWARP: the write completes once handed to TCP; the responder's refusal ends the
+        // connection.
+        assert_eq!(c.status(), WcStatus::SUCCESS, "{c:?}");
+        wait_disconnected(id_a);
+    } else {
+        assert_eq!(c.status(), WcStatus::REM_ACCESS_ERR, "{c:?}");
+    }
     let seen = collect(&events, scaled(Duration::from_secs(1)), |s| s.iter().any(|e| e.qp_num().is_some()));
     let about_b: Vec<&AsyncEvent> = seen.iter().filter(|e| e.is_for_qp(&b)).collect();
     let about_a: Vec<&AsyncEvent> = seen.iter().filter(|e| e.is_for_qp(&a)).collect();
@@ -384,8 +400,11 @@ fn a_hostile_remote_write_and_dropping_objects_while_holding_their_events() {
     let (state_a, state_b) = (a.query_state().unwrap(), b.query_state().unwrap());
     println!("after the violation: requester {state_a:?}, responder {state_b:?}");
     // What rxe (6.1) really does: both QPs go to the error state, the requester learns it from
-    // its completion, and no asynchronous QP event is raised (printed below when so).
-    assert_eq!((state_a, state_b), (QpState::ERR, QpState::ERR));
+    // its completion, and no asynchronous QP event is raised (printed below when so). siw
+    // reports no state (always RESET).
+    if !is_iwarp() {
+        assert_eq!((state_a, state_b), (QpState::ERR, QpState::ERR));
+    }
     if about_b.is_empty() {
         println!("RXE DELIVERED NO ASYNC EVENT (e.g. IBV_EVENT_QP_ACCESS_ERR) FOR THE RESPONDER QP of a remote access violation");
     }
@@ -398,20 +417,27 @@ fn a_hostile_remote_write_and_dropping_objects_while_holding_their_events() {
         drop((a, b));
         drop((cq_a, cq_b));
         drop(held);
+        drop(cm);
     });
 }
 
 #[test]
 fn sq_drained_names_its_qp_and_the_qp_drops_while_the_event_is_held() {
-    let ctx = context();
+    let ctx = pair_context();
+    if is_iwarp() {
+        // Through ffi: the crate has no SQD transition to refuse.
+        return unsupported(
+            &ctx,
+            "SQ_DRAINED (RTS -> SQD)",
+            "iWARP: siw maps SQD to CLOSING, which ends the connection",
+        );
+    }
     let events = ctx.async_events().unwrap();
     while events.try_get().unwrap().is_some() {}
     let pd = ctx.alloc_pd().unwrap();
     let mut cq_a = ctx.create_cq(16, None).unwrap();
     let cq_b = ctx.create_cq(16, None).unwrap();
-    let mut a = qp(&pd, &cq_a, &cq_a);
-    let mut b = qp(&pd, &cq_b, &cq_b);
-    connect(&mut a, &mut b);
+    let (mut a, b, _cm) = connected(&pd, (&cq_a, &cq_a), (&cq_b, &cq_b));
     let target = pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap();
     a.post_send(SendRequest::write(Local::whole(pd.allocate(16).unwrap()), target.remote())).unwrap();
     assert!(poll_one(&mut cq_a).is_ok());
@@ -453,10 +479,11 @@ fn sq_drained_names_its_qp_and_the_qp_drops_while_the_event_is_held() {
 #[test]
 fn cqs_dropped_while_another_thread_reads_their_events_never_hang() {
     within("CQ drops racing a channel reader", scaled(Duration::from_secs(30)), || {
-        let ctx = context();
+        let ctx = pair_context();
         let ch = ctx.create_comp_channel().unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let send_cq = ctx.create_cq(256, None).unwrap();
+        // Room for every round's queues (8 + 8 + 8): nothing polls it before the end.
+        let send_cq = ctx.create_cq(25 * 24, None).unwrap();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let reader = {
             let (ch, stop) = (ch.clone(), stop.clone());
@@ -473,9 +500,7 @@ fn cqs_dropped_while_another_thread_reads_their_events_never_hang() {
         let rounds = 25u32;
         for i in 0..rounds {
             let cq = ctx.create_cq(8, Some(&ch)).unwrap();
-            let mut a = qp(&pd, &send_cq, &send_cq);
-            let mut b = qp(&pd, &send_cq, &cq);
-            connect(&mut a, &mut b);
+            let (mut a, mut b, _cm) = connected(&pd, (&send_cq, &send_cq), (&send_cq, &cq));
             cq.req_notify(false).unwrap();
             recv(&pd, &mut b);
             a.post_send(SendRequest::send_inline(b"race")).unwrap();
@@ -496,14 +521,12 @@ fn cqs_dropped_while_another_thread_reads_their_events_never_hang() {
 
 #[test]
 fn poll_wait_is_woken_when_another_reader_takes_its_event() {
-    let ctx = context();
+    let ctx = pair_context();
     let ch = ctx.create_comp_channel().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let send_cq = ctx.create_cq(64, None).unwrap();
     let mut cq = ctx.create_cq(16, Some(&ch)).unwrap();
-    let mut a = qp(&pd, &send_cq, &send_cq);
-    let mut b = qp(&pd, &send_cq, &cq);
-    connect(&mut a, &mut b);
+    let (mut a, mut b, _cm) = connected(&pd, (&send_cq, &send_cq), (&send_cq, &cq));
     let mut stolen = 0;
     for round in 0..5 {
         recv(&pd, &mut b);

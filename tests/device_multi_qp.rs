@@ -8,13 +8,33 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{context, opts, pattern, scaled, time_scale};
+use common::{context, is_iwarp, opts, pattern, scaled, time_scale, unsupported};
 use ibverbs::striped::{
     EndpointList, StripeBuf, StripeOptions, StripedCompletion, StripedConnection, StripedOp,
 };
-use ibverbs::{AccessFlags, ProtectionDomain, RemoteMemoryRegion, RemoteSlice, WcStatus};
+use ibverbs::{
+    AccessFlags, Error, ProtectionDomain, RemoteMemoryRegion, RemoteSlice, WcStatus, IWARP_MANUAL_CONNECT,
+};
 
 const THRESHOLD: usize = 16 << 10;
+
+/// On iWARP, where a striped connection cannot connect its queue pairs (it connects them by
+/// hand; iWARP connects only through RDMA-CM): checks the typed error, reports the feature (see
+/// [`unsupported`]) and returns `true`. `false` on any other device.
+fn iwarp_lacks_striping(pd: &ProtectionDomain) -> bool {
+    if !is_iwarp() {
+        return false;
+    }
+    let a = StripedConnection::new(pd, &StripeOptions { qps: 2, ..StripeOptions::default() }).unwrap();
+    let e = a.endpoints(&opts()).unwrap_err();
+    assert!(matches!(e, Error::Unsupported { capability: IWARP_MANUAL_CONNECT, .. }), "{e:?}");
+    unsupported(
+        &pd.context(),
+        "striped connections",
+        "iWARP: the queue pairs of a StripedConnection connect by hand",
+    );
+    true
+}
 
 /// Two connected striped ends on one protection domain.
 fn ends(pd: &ProtectionDomain, qps: u32) -> (StripedConnection, StripedConnection) {
@@ -54,6 +74,9 @@ fn target(pd: &ProtectionDomain, len: usize) -> Arc<RemoteMemoryRegion> {
 fn writes_and_reads_arrive_whole_with_one_completion_per_request() {
     let ctx = context();
     let pd = ctx.alloc_pd().unwrap();
+    if iwarp_lacks_striping(&pd) {
+        return;
+    }
     let all = [1, 100, 4096, THRESHOLD, THRESHOLD + 1, 100_003, (1 << 20) + 7];
     // Under valgrind (time scale > 1): below, just above and well above the threshold.
     let sizes: &[usize] = if time_scale() > 1 { &[100, THRESHOLD + 1, 100_003] } else { &all };
@@ -117,6 +140,9 @@ fn writes_and_reads_arrive_whole_with_one_completion_per_request() {
 fn round_robin_without_split_spreads_whole_requests() {
     let ctx = context();
     let pd = ctx.alloc_pd().unwrap();
+    if iwarp_lacks_striping(&pd) {
+        return;
+    }
     let stripe = StripeOptions { qps: 4, split_data: false, depth: 16, ..StripeOptions::default() };
     let mut a = StripedConnection::new(&pd, &stripe).unwrap();
     let mut b = StripedConnection::new(&pd, &stripe).unwrap();
@@ -140,6 +166,9 @@ fn round_robin_without_split_spreads_whole_requests() {
 fn a_failing_piece_makes_one_error_completion_and_buffers_come_back() {
     let ctx = context();
     let pd = ctx.alloc_pd().unwrap();
+    if iwarp_lacks_striping(&pd) {
+        return;
+    }
     let region = 64 << 10;
     let dst = target(&pd, region);
     for qps in [2, 4, 8] {
@@ -174,6 +203,9 @@ fn a_failing_piece_makes_one_error_completion_and_buffers_come_back() {
 fn requests_that_cannot_be_posted_hand_the_buffer_back() {
     let ctx = context();
     let pd = ctx.alloc_pd().unwrap();
+    if iwarp_lacks_striping(&pd) {
+        return;
+    }
     let (mut a, _b) = ends(&pd, 2);
     let dst = target(&pd, 4096);
     // Remote range shorter than the buffer.
@@ -201,6 +233,9 @@ fn requests_that_cannot_be_posted_hand_the_buffer_back() {
 fn dropping_with_requests_outstanding_is_sound() {
     let ctx = context();
     let pd = ctx.alloc_pd().unwrap();
+    if iwarp_lacks_striping(&pd) {
+        return;
+    }
     let rounds = if time_scale() > 1 { 2 } else { 10 };
     let len = 256 << 10;
     let dst = target(&pd, len);

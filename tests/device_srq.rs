@@ -334,6 +334,9 @@ fn posting_checks_are_typed() {
         other => panic!("{other:?}"),
     }
     // Reset keeps working on an SRQ queue pair (only its send queue is renewed).
+    if iwarp_refuses_reset(&ctx, &mut qp) {
+        return;
+    }
     qp.reset().unwrap();
     qp.init(&opts()).unwrap();
 }

@@ -17,22 +17,22 @@ use ibverbs::{Completion, Local, MemoryRegion, QpType, QueuePair, RecvRequest, S
 fn one_producer_and_two_consumer_threads_share_an_srq() {
     const DEPTH: u32 = 16;
     let messages: u64 = if time_scale() > 1 { 40 } else { 400 };
-    let ctx = context();
+    let ctx = pair_context();
     let pd = ctx.alloc_pd().unwrap();
     let mut srq = pd.create_srq(DEPTH, 1).unwrap();
     let cq_r = [ctx.create_cq(64, None).unwrap(), ctx.create_cq(64, None).unwrap()];
     let mut cq_s = ctx.create_cq(128, None).unwrap();
-    let o = opts();
-    let mut receivers = Vec::new();
+    let (mut receivers, mut ids) = (Vec::new(), Vec::new());
     let mut senders: Vec<QueuePair> = Vec::new();
     for q in 0..4 {
-        let mut r = pd.create_qp(&cq_r[q % 2], QpType::RC).max_send_wr(1).srq(&srq).build().unwrap();
-        let mut s = pd.create_qp(&cq_s, QpType::RC).max_send_wr(16).max_recv_wr(1).build().unwrap();
-        let (er, es) = (r.endpoint(&o).unwrap(), s.endpoint(&o).unwrap());
-        r.connect(&es, &o).unwrap();
-        s.connect(&er, &o).unwrap();
+        let (r, s, cm) = connect_built(
+            &pd,
+            || pd.create_qp(&cq_r[q % 2], QpType::RC).max_send_wr(1).srq(&srq),
+            || pd.create_qp(&cq_s, QpType::RC).max_send_wr(16).max_recv_wr(1),
+        );
         receivers.push(r);
         senders.push(s);
+        ids.push(cm);
     }
     let (back_tx, back_rx) = mpsc::channel::<MemoryRegion>();
     for _ in 0..DEPTH {

@@ -421,7 +421,8 @@
 //! [`cm::CmId::connect`] / [`accept`](cm::CmId::accept) with
 //! [`QueuePair::cm_established`] after `ESTABLISHED`). [`QueuePair::connect`] and
 //! [`QueuePair::endpoint`] refuse it with [`Error::Unsupported`] naming [`IWARP_MANUAL_CONNECT`];
-//! nothing is changed. iWARP has RC queue pairs only (no UC, UD or address handles), no
+//! nothing is changed. [`QueuePair::reset`] is refused the same way ([`IWARP_RESET`]): siw
+//! accepts RESET and ignores it. iWARP has RC queue pairs only (no UC, UD or address handles), no
 //! immediate data, no RNR retry (a send that finds no receive posted ends the connection) and, on
 //! siw, no atomics or memory windows. An RDMA Write completes once the data is handed to TCP: a
 //! responder's access error ends the connection (a `DISCONNECTED` event) instead of a
@@ -701,5 +702,5 @@ pub use post::{
 pub use queue::{
     Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpState, QpType, QueuePair,
     QueuePairBuilder, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
-    IWARP_MANUAL_CONNECT,
+    IWARP_MANUAL_CONNECT, IWARP_RESET,
 };

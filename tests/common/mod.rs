@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use ibverbs::cm::{self, CmId, ConnParam, Listener};
 use ibverbs::{
     Completion, CompletionQueue, ConnectOptions, Context, Endpoint, Error, Gid, Mtu, ProtectionDomain,
-    QpCaps, QpState, QpType, QueuePair, QueuePairBuilder, SendRequest, IWARP_MANUAL_CONNECT,
+    QpCaps, QpState, QpType, QueuePair, QueuePairBuilder, SendRequest, IWARP_MANUAL_CONNECT, IWARP_RESET,
 };
 
 /// Opens the test device: `IBVERBS_TEST_DEVICE` (set by the harness) or the first one.
@@ -134,6 +134,23 @@ pub fn iwarp_lacks(feature: &str, why: &str) -> bool {
     );
     assert_eq!(qp.state(), QpState::RESET, "a refused connect changes nothing");
     unsupported(&ctx, feature, format!("iWARP: {why}"));
+    true
+}
+
+/// For a test of [`QueuePair::reset`] on `qp` (a queue pair made by hand, not on an RDMA-CM id):
+/// on an iWARP device, checks that the crate refuses the reset with its typed error (siw accepts
+/// RESET and ignores it), reports the test as unsupported and returns `true`; the test then
+/// returns. `false` on any other device, where nothing is done.
+pub fn iwarp_refuses_reset(ctx: &Context, qp: &mut QueuePair) -> bool {
+    if !is_iwarp() {
+        return false;
+    }
+    let e = qp.reset().unwrap_err();
+    assert!(
+        matches!(e, Error::Unsupported { capability: IWARP_RESET, .. }),
+        "QueuePair::reset on iWARP: {e:?}"
+    );
+    unsupported(ctx, "resetting a queue pair", "iWARP: siw accepts RESET and ignores it");
     true
 }
 
@@ -330,7 +347,8 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
-/// The netdev under port 1 of `dev` (from sysfs).
+/// The netdev under port 1 of `dev`: from sysfs (RoCE GIDs name it), or on iWARP, whose GIDs
+/// do not, the interface that holds [`test_ip`] (`ip -o addr`; the harness puts siw0 over it).
 pub fn netdev(dev: &str) -> String {
     for idx in 0..4 {
         let path = format!("/sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs/{idx}");
@@ -341,16 +359,31 @@ pub fn netdev(dev: &str) -> String {
             }
         }
     }
+    if is_iwarp() {
+        let out = std::process::Command::new(ip_command()).args(["-o", "addr", "show"]).output().unwrap();
+        let ip = test_ip().to_string();
+        // Lines read `N: NAME inet ADDR/PREFIX ...`.
+        let text = String::from_utf8_lossy(&out.stdout);
+        let found = text.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 3 && f[3].split('/').next() == Some(ip.as_str())).then(|| f[1].to_string())
+        });
+        return found.unwrap_or_else(|| panic!("no interface holds {ip} (the netdev of {dev}): {text}"));
+    }
     panic!("no netdev found under /sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs");
+}
+
+/// The `ip` command's path.
+fn ip_command() -> &'static str {
+    ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("no `ip` command")
 }
 
 /// `ip link set DEV STATE`.
 pub fn ip_link(dev: &str, state: &str) {
-    let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .expect("no `ip` command");
-    let st = std::process::Command::new(ip).args(["link", "set", dev, state]).status().unwrap();
+    let st = std::process::Command::new(ip_command()).args(["link", "set", dev, state]).status().unwrap();
     assert!(st.success(), "ip link set {dev} {state}: {st}");
 }
 

@@ -5,7 +5,7 @@ mod post;
 mod scope;
 mod state;
 
-pub use state::IWARP_MANUAL_CONNECT;
+pub use state::{IWARP_MANUAL_CONNECT, IWARP_RESET};
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -239,9 +239,10 @@ impl<'a> QueuePairBuilder<'a> {
     /// CQ cannot hold every completion of its queue pairs (the send and receive depths add up on
     /// a shared CQ); [`Error::Verb`] from `ibv_create_qp()` (e.g. `EINVAL` for capacities above
     /// the device's limits).
-    /// With [`send_ops`](Self::send_ops): [`Error::Verb`] from `ibv_create_qp_ex()` (e.g.
-    /// `EOPNOTSUPP` where the provider has no extended QPs), or [`Error::Unsupported`] when the
-    /// provider leaves out a builder every post needs.
+    /// With [`send_ops`](Self::send_ops): [`Error::Unsupported`] where the provider has no
+    /// extended QPs (capability "extended QPs": `EOPNOTSUPP` from `ibv_create_qp_ex()`, e.g.
+    /// siw) or leaves out a builder every post needs; otherwise [`Error::Verb`] from
+    /// `ibv_create_qp_ex()`.
     #[doc(alias = "ibv_create_qp")]
     #[doc(alias = "ibv_create_qp_ex")]
     pub fn build(self) -> Result<QueuePair> {
@@ -269,7 +270,8 @@ impl<'a> QueuePairBuilder<'a> {
                 };
                 // SAFETY: valid context, PD and CQs (kept alive by the QP's Arcs); `ex` is a valid
                 // attribute struct whose comp_mask names the fields set.
-                let raw = cvt_p("ibv_create_qp_ex", unsafe { ffi::ibv_create_qp_ex(ctx, &mut ex) })?;
+                let raw = cvt_p("ibv_create_qp_ex", unsafe { ffi::ibv_create_qp_ex(ctx, &mut ex) })
+                    .map_err(|e| e.or_unsupported("extended QPs"))?;
                 init.cap = ex.cap;
                 Ok(raw)
             });

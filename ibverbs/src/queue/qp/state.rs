@@ -14,6 +14,11 @@ use crate::queue::qp::{random_psn, QpState, QpType, QueuePair};
 /// ([`crate::cm`]).
 pub const IWARP_MANUAL_CONNECT: &str = "manual RTR/RTS on iWARP (connect through RDMA-CM: ibverbs::cm)";
 
+/// The capability [`QueuePair::reset`] names in [`Error::Unsupported`] on an iWARP device: its
+/// queue pairs are reused through RDMA-CM, and siw (Linux 6.1) accepts RESET but ignores it,
+/// keeping what was posted.
+pub const IWARP_RESET: &str = "RESET on iWARP (siw ignores it; use a new RDMA-CM id and queue pair)";
+
 impl QueuePair {
     /// This QP's connection details for a peer, on `opts.port` with `opts`' GID choice.
     ///
@@ -251,10 +256,17 @@ impl QueuePair {
     /// # Errors
     /// [`Error::Verb`] when the device rejects the transition; [`Error::CqTooSmall`] or
     /// [`Error::TooManyQueuePairs`] if the fresh queues cannot be registered (the QP is then left
-    /// in RESET, unable to post); [`Error::CmManaged`] for a queue pair created on an RDMA-CM id.
+    /// in RESET, unable to post); [`Error::CmManaged`] for a queue pair created on an RDMA-CM id;
+    /// [`Error::Unsupported`] (capability [`IWARP_RESET`]) on an iWARP device, where no queue
+    /// pair made by hand can be connected (see [`connect`](Self::connect)), so none is worth
+    /// resetting, and where siw's `ibv_modify_qp()` to RESET succeeds without changing anything:
+    /// the receives posted stay queued in the device, and a QP in ERROR stays there.
     #[doc(alias = "ibv_modify_qp")]
     pub fn reset(&mut self) -> Result<()> {
         self.check_not_cm()?;
+        if self.context().is_iwarp() {
+            return Err(Error::Unsupported { verb: "ibv_modify_qp", capability: IWARP_RESET });
+        }
         self.reset_unchecked()
     }
 
