@@ -1,7 +1,9 @@
-//! Device tests of the async adaptor (`ibverbs::aio`), over a real verbs device (SoftRoCE in
-//! the `cargo xtask test` VM): transfers through the tokio and async-io backends with their data
-//! checked, several queue pairs on one CQ and channel driven by many tasks, futures dropped while
-//! the device writes into their buffers, and no busy polling (process CPU time against wall time).
+//! Device tests of the async adaptor (`ibverbs::aio`), over a real verbs device (SoftRoCE or
+//! soft-iWARP in the `cargo xtask test` VM): transfers through the tokio and async-io backends with
+//! their data checked, several queue pairs on one CQ and channel driven by many tasks, futures
+//! dropped while the device writes into their buffers, and no busy polling (process CPU time
+//! against wall time). On iWARP the queue pairs connect through RDMA-CM, and every receive is
+//! posted before the peer's send can reach it (iWARP has no RNR retry).
 //!
 //! Needs the features `tokio` and `async-io` (`cargo test --features tokio,async-io`).
 
@@ -10,16 +12,39 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{context, opts, pattern, scaled, time_scale};
+use common::{connect_qps, context, is_iwarp, opts, pair_context, pattern, scaled, time_scale};
 use ibverbs::aio::{AsyncCompletionQueue, AsyncQueuePair, Driver};
+use ibverbs::cm::CmId;
 use ibverbs::{
-    AccessFlags, Completion, CompletionChannel, CompletionQueue, Context, Local, ProtectionDomain, QpType,
-    QueuePair, RecvRequest, SendRequest, WcOpcode,
+    AccessFlags, Completion, CompletionChannel, CompletionQueue, Context, Local, ProtectionDomain, QpCaps,
+    QpType, QueuePair, RecvRequest, SendRequest, WcOpcode,
 };
 
 /// `n` iterations, divided by the harness's time scale (valgrind) but at least `min`.
 fn iterations(n: usize, min: usize) -> usize {
     (n / time_scale() as usize).max(min)
+}
+
+/// Two RC queue pairs of `pd`, both on `cq`, with the capabilities `caps`, connected to each
+/// other: by hand, or on iWARP through RDMA-CM ([`connect_qps`]: `pd` from [`pair_context`], and
+/// the ids kept as long as the queue pairs are used).
+fn connect_pair(
+    pd: &ProtectionDomain,
+    cq: &CompletionQueue,
+    caps: QpCaps,
+) -> (QueuePair, QueuePair, Option<[CmId; 2]>) {
+    if is_iwarp() {
+        return connect_qps(pd, cq, cq, caps);
+    }
+    // Under valgrind (time scale > 1) a slowed receiver may not ack within opts()' 0.47 s
+    // budget (RETRY_EXC_ERR once in a fresh-clone run): 2^18 x 4.096 us per try instead.
+    let o = if time_scale() > 1 { ibverbs::ConnectOptions { timeout: 18, ..opts() } } else { opts() };
+    let build = || pd.create_qp(cq, QpType::RC).caps(caps).build().unwrap();
+    let (mut a, mut b) = (build(), build());
+    let (ea, eb) = (a.endpoint(&o).unwrap(), b.endpoint(&o).unwrap());
+    a.connect(&eb, &o).unwrap();
+    b.connect(&ea, &o).unwrap();
+    (a, b, None)
 }
 
 /// A CQ on its own channel, and `pairs` connected RC pairs of queue pairs all completing into it.
@@ -29,34 +54,24 @@ struct Setup {
     channel: CompletionChannel,
     cq: CompletionQueue,
     qps: Vec<(QueuePair, QueuePair)>,
+    /// On iWARP, the RDMA-CM ids of each pair: they hold the connections, so they stay in the
+    /// (partly moved) setup until the test ends.
+    _cm: Vec<Option<[CmId; 2]>>,
 }
 
 fn setup(pairs: usize, depth: u32) -> Setup {
-    let ctx = context();
+    let ctx = pair_context();
     let pd = ctx.alloc_pd().unwrap();
     let channel = ctx.create_comp_channel().unwrap();
     let cq = ctx.create_cq(4 * depth * pairs as u32, Some(&channel)).unwrap();
-    // Under valgrind (time scale > 1) a slowed receiver may not ack within opts()' 0.47 s
-    // budget (RETRY_EXC_ERR once in a fresh-clone run): 2^18 x 4.096 us per try instead.
-    let o = if time_scale() > 1 { ibverbs::ConnectOptions { timeout: 18, ..opts() } } else { opts() };
-    let qps = (0..pairs)
+    let caps = QpCaps { max_send_wr: depth, max_recv_wr: depth, max_inline_data: 64, ..QpCaps::default() };
+    let (qps, cm) = (0..pairs)
         .map(|_| {
-            let build = || {
-                pd.create_qp(&cq, QpType::RC)
-                    .max_send_wr(depth)
-                    .max_recv_wr(depth)
-                    .max_inline_data(64)
-                    .build()
-                    .unwrap()
-            };
-            let (mut a, mut b) = (build(), build());
-            let (ea, eb) = (a.endpoint(&o).unwrap(), b.endpoint(&o).unwrap());
-            a.connect(&eb, &o).unwrap();
-            b.connect(&ea, &o).unwrap();
-            (a, b)
+            let (a, b, cm) = connect_pair(&pd, &cq, caps);
+            ((a, b), cm)
         })
-        .collect();
-    Setup { ctx, pd, channel, cq, qps }
+        .unzip();
+    Setup { ctx, pd, channel, cq, qps, _cm: cm }
 }
 
 /// Wraps the setup's queue pairs on one driver.
@@ -223,6 +238,8 @@ fn tokio_completion_stream() {
 
 /// Four pairs (eight queue pairs) on one CQ and one channel, a task per direction on a
 /// multi-threaded runtime, each with several requests in flight: every message arrives intact.
+/// The sender spends a credit, which the receiver grants per posted receive, on each send: it
+/// never sends into an empty receive queue (iWARP has no RNR retry).
 #[test]
 fn many_queue_pairs_one_cq_many_tasks() {
     let s = setup(4, 32);
@@ -235,8 +252,9 @@ fn many_queue_pairs_one_cq_many_tasks() {
         let eps = endpoints(&driver, qps);
         let mut tasks = Vec::new();
         for (k, (a, b)) in eps.into_iter().enumerate() {
+            let credits = Arc::new(tokio::sync::Semaphore::new(0));
             // Receiver: keeps 8 receives in flight, checks each message's pattern.
-            let (pd_r, b2) = (pd.clone(), b.clone());
+            let (pd_r, b2, granted) = (pd.clone(), b.clone(), credits.clone());
             tasks.push(tokio::spawn(async move {
                 let mut inflight = std::collections::VecDeque::new();
                 for _ in 0..8 {
@@ -244,6 +262,7 @@ fn many_queue_pairs_one_cq_many_tasks() {
                         b2.post_recv(RecvRequest::new(Local::whole(pd_r.allocate(256).unwrap()))).unwrap(),
                     );
                 }
+                granted.add_permits(8);
                 for i in 0..per_task {
                     let mut c = inflight.pop_front().unwrap().await.unwrap();
                     assert!(c.is_ok(), "{c:?}");
@@ -251,6 +270,7 @@ fn many_queue_pairs_one_cq_many_tasks() {
                     assert_eq!(buf.as_slice(), pattern(256, (k * 31 + i) as u8), "pair {k} message {i}");
                     if i + 8 < per_task {
                         inflight.push_back(b2.post_recv(RecvRequest::new(Local::whole(buf))).unwrap());
+                        granted.add_permits(1);
                     }
                 }
             }));
@@ -259,6 +279,7 @@ fn many_queue_pairs_one_cq_many_tasks() {
             tasks.push(tokio::spawn(async move {
                 let mut pending = std::collections::VecDeque::new();
                 for i in 0..per_task {
+                    credits.acquire().await.unwrap().forget();
                     let mut m = pd_s.allocate(256).unwrap();
                     m.as_mut_slice().copy_from_slice(&pattern(256, (k * 31 + i) as u8));
                     // Posted here, in order; awaited by a task of its own.
@@ -305,7 +326,8 @@ async fn yields(n: u64) {
 /// Futures dropped at random points while the device may still write into their buffers (RDMA
 /// Reads of 64 KiB, and receives that a Send fills after the drop): every later transfer's data is
 /// intact, and every buffer comes back to the queue pairs' accounting (outstanding counts and the
-/// driver's slots return to 0).
+/// driver's slots return to 0). On siw it pins that the crate fences every request after a Read
+/// (siw completes a Send once TCP has it, before an RDMA Read posted ahead of it).
 #[test]
 fn dropped_futures_leave_buffers_with_the_queue_pair() {
     const LEN: usize = 64 * 1024;
@@ -522,8 +544,8 @@ fn no_busy_polling() {
 /// stream, on `futures_lite::future::block_on` (no tokio).
 #[test]
 fn async_io_backend() {
-    let ctx = context();
-    let (pd2, channel, cq, (a, b)) = setup_async_io(&ctx);
+    let ctx = pair_context();
+    let (pd2, channel, cq, (a, b), _cm) = setup_async_io(&ctx);
     futures_lite::future::block_on(async {
         let driver = Driver::async_io(cq, &channel).unwrap();
         let a = AsyncQueuePair::new(a, &driver).map_err(|(_, e)| e).unwrap();
@@ -546,29 +568,24 @@ fn async_io_backend() {
     });
 }
 
-/// A pair on a fresh CQ + channel.
+/// A pair on a fresh CQ + channel of `ctx` (from [`pair_context`]), with its RDMA-CM ids on iWARP
+/// (kept as long as the pair is used).
 fn setup_async_io(
     ctx: &Context,
-) -> (ProtectionDomain, CompletionChannel, CompletionQueue, (QueuePair, QueuePair)) {
+) -> (ProtectionDomain, CompletionChannel, CompletionQueue, (QueuePair, QueuePair), Option<[CmId; 2]>) {
     let pd = ctx.alloc_pd().unwrap();
     let channel = ctx.create_comp_channel().unwrap();
     let cq = ctx.create_cq(64, Some(&channel)).unwrap();
-    // Under valgrind (time scale > 1) a slowed receiver may not ack within opts()' 0.47 s
-    // budget (RETRY_EXC_ERR once in a fresh-clone run): 2^18 x 4.096 us per try instead.
-    let o = if time_scale() > 1 { ibverbs::ConnectOptions { timeout: 18, ..opts() } } else { opts() };
-    let build = || pd.create_qp(&cq, QpType::RC).max_send_wr(16).max_recv_wr(16).build().unwrap();
-    let (mut a, mut b) = (build(), build());
-    let (ea, eb) = (a.endpoint(&o).unwrap(), b.endpoint(&o).unwrap());
-    a.connect(&eb, &o).unwrap();
-    b.connect(&ea, &o).unwrap();
-    (pd, channel, cq, (a, b))
+    let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, ..QpCaps::default() };
+    let (a, b, cm) = connect_pair(&pd, &cq, caps);
+    (pd, channel, cq, (a, b), cm)
 }
 
 /// The completion stream on the async-io backend.
 #[test]
 fn async_io_completion_stream() {
-    let ctx = context();
-    let (pd, channel, cq, (mut a, mut b)) = setup_async_io(&ctx);
+    let ctx = pair_context();
+    let (pd, channel, cq, (mut a, mut b), _cm) = setup_async_io(&ctx);
     futures_lite::future::block_on(async {
         let mut acq = AsyncCompletionQueue::async_io(cq, &channel).unwrap();
         for round in 0..iterations(100, 10) {
@@ -592,9 +609,9 @@ fn async_io_completion_stream() {
 }
 
 /// The asynchronous-event stream, on both backends: `ip link set <netdev> down` and `up` under
-/// rxe0's port deliver PORT_ERR then PORT_ACTIVE to a task awaiting `next()`, which waits
-/// without spinning (nothing comes while the link is untouched) and loses nothing when a
-/// `next()` future is dropped.
+/// the device's port (rxe's or siw's) deliver PORT_ERR then PORT_ACTIVE to a task awaiting
+/// `next()`, which waits without spinning (nothing comes while the link is untouched) and loses
+/// nothing when a `next()` future is dropped.
 #[test]
 fn async_event_stream_sees_the_port_go_down_and_up() {
     use ibverbs::aio::AsyncEventStream;

@@ -347,3 +347,35 @@ fn churning_qps_on_an_undrained_cq_is_bounded_and_recovers() {
     assert_eq!(cq.unreserved(), start);
     let _ctx: Context = ctx;
 }
+
+// Our probe, found porting the async tests to iWARP: siw completes a Send as soon as TCP took it,
+// while an RDMA Read posted before it still waits for its response. A completion ends every
+// earlier request of the send ring, so the Send's released the Read's buffer while the response
+// could still be written into it (siw then refused the deregistered buffer and ended the
+// connection). The safe level fences every request after a Read on siw: completions come in
+// posting order, and the Read's buffer comes back with its own completion, every byte there.
+#[test]
+fn send_queue_completions_come_in_posting_order_after_an_rdma_read() {
+    let ctx = pair_context();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut cq = ctx.create_cq(16, None).unwrap();
+    let (mut a, mut peer) = connected(&pd, &cq, 4, 4);
+    let len = 1 << 20;
+    let data = pattern(len, 5);
+    let source = pd.allocate_remote(len, AccessFlags::REMOTE_READ).unwrap();
+    source.write(0, &data).unwrap();
+    let rounds = if time_scale() > 1 { 2 } else { 8 };
+    for round in 0..rounds {
+        peer.qp.post_recv(RecvRequest::new(Local::whole(pd.allocate(8).unwrap())).wr_id(3)).unwrap();
+        a.post_send(SendRequest::read(Local::whole(pd.allocate(len).unwrap()), source.remote()).wr_id(1))
+            .unwrap();
+        a.post_send(SendRequest::send(Local::whole(pd.allocate(8).unwrap())).wr_id(2)).unwrap();
+        let mut got = poll_n(&mut cq, 2);
+        let order: Vec<u64> = got.iter().map(|c| c.wr_id()).collect();
+        assert_eq!(order, [1, 2], "round {round}: completions in posting order: {got:?}");
+        assert!(got.iter().all(|c| c.is_ok()), "round {round}: {got:?}");
+        let read = got[0].take_region().expect("the Read's buffer comes back with its completion");
+        assert!(read.as_slice() == &data[..], "round {round}: every byte of the Read");
+        assert!(poll_one(&mut peer.cq).is_ok());
+    }
+}

@@ -376,6 +376,48 @@ fn infiniband_ports_use_lid_addressing_unless_an_index_is_given() {
     );
 }
 
+/// A soft-iWARP port as siw shows it: Ethernet, one GID made from the MAC address, of type IB.
+fn siw_port() -> PortDesc {
+    let mut p = eth_port(1, vec![entry(0, "7ae7:c908:bc86::", GidType::IB)]);
+    p.gid_tbl_len = 1;
+    p.netdev = None;
+    p
+}
+
+#[test]
+fn iwarp_ports_take_no_gid_unless_an_index_is_given() {
+    let siw = DeviceDesc { iwarp: true, ..DeviceDesc::new("siw0", vec![siw_port()]) };
+    // As a RoCE port it would have no usable GID; as iWARP it is chosen, addressed by IP
+    // through RDMA-CM, whatever the RoCE settings say.
+    let as_roce =
+        Selection::default().evaluate(&Fabric { devices: vec![DeviceDesc::new("x", vec![siw_port()])] });
+    assert!(matches!(as_roce.rejected[0].problem, PortProblem::NoMatchingGid { .. }), "{as_roce:?}");
+    for gid in [
+        GidPolicy::default(),
+        GidPolicy {
+            family: Some(AddrFamily::Ipv6),
+            roce_version: Some(RoceVersion::V1),
+            ..GidPolicy::default()
+        },
+    ] {
+        let chosen =
+            Selection { gid, ..Selection::default() }.select(&Fabric { devices: vec![siw.clone()] }).unwrap();
+        assert_eq!((chosen[0].iwarp, chosen[0].gid_index()), (true, None));
+        assert_eq!(chosen[0].to_string(), "siw0 port 1, iWARP (RDMA-CM)");
+    }
+    // An explicit index is checked against the table, not against a RoCE type.
+    let index =
+        |i| Selection { gid: GidPolicy { index: Some(i), ..GidPolicy::default() }, ..Selection::default() };
+    let one = Fabric { devices: vec![siw] };
+    let chosen = index(0).select(&one).unwrap();
+    assert_eq!(
+        (chosen[0].gid_index(), chosen[0].to_string().as_str()),
+        (Some(0), "siw0 port 1, GID[0], iWARP (RDMA-CM)")
+    );
+    let out = index(7).evaluate(&one);
+    assert_eq!(out.rejected[0].problem, PortProblem::GidIndexOutOfTable { index: 7, len: 1 });
+}
+
 /// mlx5_0 (port 1 RoCE, port 2 RoCE with its netdev down), mlx5_1 (InfiniBand), mlx5_10 (RoCE),
 /// rxe0 (SoftRoCE).
 fn fabric() -> Fabric {
@@ -755,6 +797,7 @@ fn fake_sysfs(root: &Path) {
         put(root, &format!("{p}/gid_attrs/types/{i}"), "RoCE v2\n");
         put(root, &format!("{p}/gid_attrs/ndevs/{i}"), "dummy0\n");
     }
+    put(root, &format!("{rxe}/node_type"), "1: CA\n");
     put(root, "sys/class/net/dummy0/operstate", "unknown\n");
     put(root, "sys/class/net/dummy0/mtu", "1500\n");
     put(root, "sys/class/net/dummy0/ifindex", "2\n");
@@ -801,6 +844,17 @@ fn a_fabric_reads_from_a_sysfs_tree() {
     let out = Selection::default().evaluate(&f);
     assert_eq!(names(&out.chosen), ["mlx5_0:1", "rxe0:1"]);
     assert_eq!(out.chosen[1].gid_index(), Some(1));
+    assert!(!rxe.iwarp && !mlx.iwarp);
+    // siw0: node type RNIC, one GID without a RoCE type.
+    let siw = "sys/class/infiniband/siw0";
+    put(&root, &format!("{siw}/node_type"), "4: RNIC\n");
+    put(&root, &format!("{siw}/ports/1/state"), "4: ACTIVE\n");
+    put(&root, &format!("{siw}/ports/1/link_layer"), "Ethernet\n");
+    put(&root, &format!("{siw}/ports/1/gids/0"), "7ae7:c908:bc86:0000:0000:0000:0000:0000\n");
+    let f = Fabric::from_sysfs(&root).unwrap();
+    assert!(f.device("siw0").unwrap().iwarp);
+    let chosen = Selection { hca: hca("siw"), ..Selection::default() }.select(&f).unwrap();
+    assert_eq!((chosen[0].device.as_str(), chosen[0].iwarp, chosen[0].gid_index()), ("siw0", true, None));
     // A device whose files are broken is described with its error.
     fs::remove_dir_all(root.join("sys/class/infiniband/mlx5_0/ports/1/gids")).unwrap();
     let f = Fabric::from_sysfs(&root).unwrap();

@@ -690,7 +690,7 @@ pub use memory::odp;
 pub use memory::{
     page_size, AccessFlags, BoundWindow, Chunk, DeviceMemory, DeviceMemoryRegion, DmabufRegion,
     ExposedRegion, MemoryRegion, MemoryWindow, MwType, OwnedBuffer, RemoteByte, RemoteMemoryRegion,
-    RemoteSlice, WindowedRegion, MAX_BINDS, WINDOW_ACCESS,
+    RemoteSlice, WindowedRegion, IOVA_ELSEWHERE, MAX_BINDS, WINDOW_ACCESS,
 };
 pub use pd::ProtectionDomain;
 pub use pool::ReceivePool;

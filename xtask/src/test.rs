@@ -932,13 +932,16 @@ fn device_runs(
 /// The device test binaries of the siw stage (soft-iWARP, `siw0`): the core verbs, RDMA-CM, the
 /// CM examples against rdmacm-utils (rping at 1/4096/65536 bytes, rdma_server/client, ours and
 /// C's in both roles), receive pools, the allocation-free hot path, prepared requests, scoped
-/// borrows, shared receive queues and the soundness holes' regression tests. They connect
-/// through RDMA-CM on iWARP (`tests/common::pair`, `connect_built`) and report what iWARP or siw
-/// lacks (`IBVERBS-UNSUPPORTED:`). The other binaries connect queue
-/// pairs by hand (or need extended CQs, memory windows, UD) and have not been ported to iWARP
-/// yet; plain runs only (no valgrind pass on siw). Whole stage with its boot: 48 s with these
-/// nine, 104 tests (2026-12-02); 29–55 s with the first five (2026-11-30).
-pub const SIW_BINARIES: [&str; 9] = [
+/// borrows, shared receive queues, the soundness holes' regression tests, threads, completion and
+/// asynchronous events, the async adaptor, the extended data path, memory windows, striped
+/// connections and the device capabilities. They connect through RDMA-CM on iWARP
+/// (`tests/common::pair`, `connect_built`) and report what iWARP or siw lacks
+/// (`IBVERBS-UNSUPPORTED:`: extended QPs and CQs, memory windows, striped connections, which
+/// connect by hand...). Not here: `device_select` (RoCE GID selection, extra rxe devices),
+/// `device_soak`, `device_perf` and the example binaries (rxe's tools and perftest). Plain runs
+/// only (no valgrind pass on siw). Whole stage with its boot: 48 s with the first nine, 104 tests
+/// (2026-12-02); 29–55 s with the first five (2026-11-30).
+pub const SIW_BINARIES: [&str; 17] = [
     "device_core",
     "device_cm",
     "device_cm_examples",
@@ -948,6 +951,14 @@ pub const SIW_BINARIES: [&str; 9] = [
     "device_scope",
     "device_srq",
     "device_soundness",
+    "device_threads",
+    "device_threads_srq",
+    "device_events",
+    "device_async",
+    "device_ex",
+    "device_mw",
+    "device_multi_qp",
+    "device_caps",
 ];
 
 /// The siw stage: [`SIW_BINARIES`] in one boot of a VM with `siw0` instead of `rxe0`.

@@ -20,7 +20,7 @@ pub use chunk::Chunk;
 pub use device_memory::{DeviceMemory, DeviceMemoryRegion};
 pub use dmabuf::DmabufRegion;
 pub(crate) use mr::{check_range, MrInner};
-pub use mr::{AccessFlags, MemoryRegion, RemoteByte, RemoteMemoryRegion};
+pub use mr::{AccessFlags, MemoryRegion, RemoteByte, RemoteMemoryRegion, IOVA_ELSEWHERE};
 pub use remote::RemoteSlice;
 pub(crate) use window::Pending;
 pub use window::{

@@ -11,6 +11,12 @@ use crate::memory::racy::{ByteUnit, RacyBytes};
 use crate::memory::{OwnedBuffer, RemoteSlice};
 use crate::pd::{PdInner, ProtectionDomain};
 
+/// The capability [`ProtectionDomain::register_iova`] and
+/// [`register_remote_iova`](ProtectionDomain::register_remote_iova) name in
+/// [`Error::Unsupported`] for an IOVA other than the buffer's address on a device that ignores
+/// it (siw).
+pub const IOVA_ELSEWHERE: &str = "an IOVA other than the buffer's address (siw registers at the address)";
+
 bitflags::bitflags! {
     /// Access rights of a memory region (`enum ibv_access_flags`).
     ///
@@ -108,6 +114,11 @@ impl MrInner {
             crate::memory::odp::check_odp(pd, verb)?;
         }
         let addr = buf.ptr.as_ptr();
+        if let Some(iova) = iova {
+            if iova != addr as u64 && pd.context().is_siw() {
+                return Err(Error::Unsupported { verb, capability: IOVA_ELSEWHERE });
+            }
+        }
         let raw = match iova {
             // SAFETY: the PD is valid; the buffer is valid for `len` bytes and stays allocated
             // (owned by the returned MrInner) until after ibv_dereg_mr in Drop.
@@ -358,7 +369,10 @@ impl ProtectionDomain {
     ///
     /// # Errors
     /// As [`register`](Self::register); `EINVAL` or `EFAULT` from the provider for an IOVA it
-    /// cannot map (e.g. not page-aligned like the buffer).
+    /// cannot map (e.g. not page-aligned like the buffer); [`Error::Unsupported`] (capability
+    /// [`IOVA_ELSEWHERE`]) for an IOVA other than the buffer's address on siw, which registers
+    /// every region at its virtual address and ignores the IOVA (Linux 6.1 `siw_reg_user_mr`),
+    /// so that peers addressing it by IOVA would be refused.
     #[doc(alias = "ibv_reg_mr_iova2")]
     #[doc(alias = "ibv_reg_mr_iova")]
     pub fn register_iova(

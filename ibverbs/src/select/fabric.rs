@@ -55,6 +55,9 @@ pub struct DeviceDesc {
     pub ports: Vec<PortDesc>,
     /// Why the device could not be described (opened or queried), if it could not.
     pub error: Option<String>,
+    /// An iWARP device (node type RNIC, e.g. siw): its queue pairs connect through RDMA-CM,
+    /// which addresses them by IP, so the selection chooses no GID for its ports.
+    pub iwarp: bool,
 }
 
 /// One port of a [`DeviceDesc`].
@@ -112,6 +115,7 @@ impl Fabric {
                     node_guid: d.guid(),
                     ports: Vec::new(),
                     error: Some(e.to_string()),
+                    iwarp: false,
                 })
             })
             .collect();
@@ -148,6 +152,7 @@ impl Fabric {
                     node_guid: Guid::default(),
                     ports: Vec::new(),
                     error: Some(format!("reading {}/{name}: {e}", class.display())),
+                    iwarp: false,
                 })
             })
             .collect();
@@ -177,7 +182,7 @@ impl Fabric {
 impl DeviceDesc {
     /// A device with `ports`, a zero GUID and no error (for descriptions written by hand).
     pub fn new(name: &str, ports: Vec<PortDesc>) -> DeviceDesc {
-        DeviceDesc { name: name.to_string(), node_guid: Guid::default(), ports, error: None }
+        DeviceDesc { name: name.to_string(), node_guid: Guid::default(), ports, error: None, iwarp: false }
     }
 
     /// Describes an open device: `ibv_query_device()`, then `ibv_query_port()` and the GID table
@@ -207,7 +212,13 @@ impl DeviceDesc {
                 netdev,
             });
         }
-        Ok(DeviceDesc { name: ctx.name().to_string(), node_guid: attr.node_guid(), ports, error: None })
+        Ok(DeviceDesc {
+            name: ctx.name().to_string(),
+            node_guid: attr.node_guid(),
+            ports,
+            error: None,
+            iwarp: ctx.is_iwarp(),
+        })
     }
 }
 
@@ -329,7 +340,9 @@ fn sysfs_device(root: &Path, name: &str) -> io::Result<DeviceDesc> {
         };
         ports.push(PortDesc { port, state, link_layer, lid, active_mtu: None, gid_tbl_len, gids, netdev });
     }
-    Ok(DeviceDesc { name: name.to_string(), node_guid, ports, error: None })
+    // "4: RNIC" (include/rdma/ib_verbs.h RDMA_NODE_RNIC).
+    let iwarp = read(&dir.join("node_type")).is_ok_and(|t| t.split(':').next() == Some("4"));
+    Ok(DeviceDesc { name: name.to_string(), node_guid, ports, error: None, iwarp })
 }
 
 #[cfg(test)]

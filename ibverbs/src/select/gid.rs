@@ -253,14 +253,7 @@ impl GidPolicy {
     pub fn choose(&self, port: &PortDesc) -> Result<Option<GidEntry>, PortProblem> {
         let ethernet = port.link_layer == LinkLayer::ETHERNET;
         if let Some(index) = self.index {
-            if index >= port.gid_tbl_len {
-                return Err(PortProblem::GidIndexOutOfTable { index, len: port.gid_tbl_len });
-            }
-            let entry = port
-                .gids
-                .iter()
-                .find(|e| e.index == index && !e.gid.is_zero())
-                .ok_or(PortProblem::GidEmpty { index })?;
+            let entry = populated(port, index)?;
             let wanted = self.roce_version.unwrap_or(RoceVersion::V2);
             if ethernet && entry.gid_type != wanted.gid_type() {
                 return Err(PortProblem::GidType { index, found: entry.gid_type, wanted });
@@ -288,6 +281,17 @@ impl GidPolicy {
             }
         }
         Err(PortProblem::NoMatchingGid { wanted: self.describe_auto(), table: describe_table(&port.gids) })
+    }
+
+    /// [`choose`](Self::choose) for a port of an iWARP device: no GID (RDMA-CM addresses it by
+    /// IP) unless an index is given, which must be in the table and not empty; the family,
+    /// range and RoCE version do not apply.
+    ///
+    /// # Errors
+    /// [`GidIndexOutOfTable`](PortProblem::GidIndexOutOfTable) and
+    /// [`GidEmpty`](PortProblem::GidEmpty) for an explicit index.
+    pub fn choose_iwarp(&self, port: &PortDesc) -> Result<Option<GidEntry>, PortProblem> {
+        self.index.map(|index| populated(port, index).copied()).transpose()
     }
 
     /// What the automatic choice looks for, e.g. `a RoCE v2 GID of family AF_INET in 10.0.0.0/8`.
@@ -326,4 +330,12 @@ pub(crate) fn describe_table(gids: &[GidEntry]) -> String {
     } else {
         items.join(", ")
     }
+}
+
+/// The entry at `index` of `port`'s GID table, which must be in the table and not empty.
+fn populated(port: &PortDesc, index: u32) -> Result<&GidEntry, PortProblem> {
+    if index >= port.gid_tbl_len {
+        return Err(PortProblem::GidIndexOutOfTable { index, len: port.gid_tbl_len });
+    }
+    port.gids.iter().find(|e| e.index == index && !e.gid.is_zero()).ok_or(PortProblem::GidEmpty { index })
 }

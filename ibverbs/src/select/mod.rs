@@ -51,6 +51,10 @@
 //!    network device);
 //! 4. its active MTU is at least the [`mtu`](Selection::mtu) asked for, if any;
 //! 5. the [`GidPolicy`] finds its GID (on Ethernet) or it is addressed by LID (InfiniBand).
+//!    An iWARP device's port ([`DeviceDesc::iwarp`], e.g. siw) takes no GID: its queue pairs
+//!    connect through RDMA-CM ([`crate::cm`]), which addresses them by IP; only an explicit
+//!    index is checked (in the table, not empty), and the address family, range and RoCE
+//!    version do not apply.
 //!
 //! Every port not kept is reported with the [`PortProblem`] that excluded it, so a program can
 //! say *why* nothing is usable ([`Error::NoUsablePort`]). The selection works on a [`Fabric`]
@@ -99,10 +103,14 @@ pub struct Choice {
     pub link_layer: LinkLayer,
     /// The port's LID (InfiniBand).
     pub lid: u16,
-    /// The GID chosen; `None` means addressing by LID (InfiniBand).
+    /// The GID chosen; `None` means addressing by LID (InfiniBand), or by IP through RDMA-CM
+    /// on an iWARP device.
     pub gid: Option<GidEntry>,
     /// The port's active MTU, if known.
     pub active_mtu: Option<Mtu>,
+    /// An iWARP device: connect its queue pairs through RDMA-CM ([`crate::cm`]), not with
+    /// [`connect_options`](Self::connect_options).
+    pub iwarp: bool,
 }
 
 impl Choice {
@@ -126,11 +134,14 @@ impl Choice {
 }
 
 impl fmt::Display for Choice {
-    /// E.g. `rxe0 port 1, GID[1] 192.0.2.1 (RoCE v2)` or `mlx5_0 port 1, LID 12`.
+    /// E.g. `rxe0 port 1, GID[1] 192.0.2.1 (RoCE v2)`, `mlx5_0 port 1, LID 12` or
+    /// `siw0 port 1, iWARP (RDMA-CM)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} port {}", self.device, self.port)?;
         match self.gid {
+            Some(g) if self.iwarp => write!(f, ", GID[{}], iWARP (RDMA-CM)", g.index),
             Some(g) => write!(f, ", GID[{}] {} ({})", g.index, g.gid.ip(), g.gid_type.as_str()),
+            None if self.iwarp => write!(f, ", iWARP (RDMA-CM)"),
             None => write!(f, ", LID {}", self.lid),
         }
     }
@@ -395,7 +406,7 @@ impl Selection {
                 return Err(PortProblem::MtuAboveActive { requested, active });
             }
         }
-        let gid = self.gid.choose(port)?;
+        let gid = if device.iwarp { self.gid.choose_iwarp(port)? } else { self.gid.choose(port)? };
         Ok(Choice {
             device: device.name.clone(),
             port: port.port,
@@ -403,6 +414,7 @@ impl Selection {
             lid: port.lid,
             gid,
             active_mtu: port.active_mtu,
+            iwarp: device.iwarp,
         })
     }
 }

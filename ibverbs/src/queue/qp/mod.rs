@@ -508,9 +508,16 @@ impl<'a> QueuePairBuilder<'a> {
             }
         };
         // SAFETY: the QP is valid; its context's ops table belongs to the provider.
-        let (post_send_fn, post_recv_fn) = unsafe {
+        let (provider_post_send, post_recv_fn) = unsafe {
             let ops = &(*(*raw.as_ptr()).context).ops;
             (ops.post_send, ops.post_recv)
+        };
+        // siw: the safe level posts through `fenced_post_send` (see there); ex QPs do not exist.
+        let post_send_fn = match provider_post_send {
+            Some(_) if ex.is_none() && self.pd.context().is_siw() => {
+                Some(post::fenced_post_send as PostSendFn)
+            }
+            f => f,
         };
         let actual = QpCaps {
             max_send_wr: init.cap.max_send_wr,
@@ -525,6 +532,7 @@ impl<'a> QueuePairBuilder<'a> {
             raw,
             id: next_queue_id(),
             post_send_fn,
+            provider_post_send,
             post_recv_fn,
             ex,
             send,
@@ -569,7 +577,11 @@ pub struct QueuePair {
     /// Unique for the process's lifetime (never reused, unlike the `ibv_qp` address): what a
     /// prepared request is checked against.
     pub(crate) id: u64,
+    /// What the safe level posts sends through: the provider's `post_send`, or on siw
+    /// [`post::fenced_post_send`] in front of it.
     post_send_fn: Option<PostSendFn>,
+    /// The provider's `post_send`, for the `unsafe` level.
+    provider_post_send: Option<PostSendFn>,
     post_recv_fn: Option<PostRecvFn>,
     /// The builder table of an extended QP ([`QueuePairBuilder::send_ops`]): sends go through it.
     ex: Option<ExQp>,

@@ -20,6 +20,49 @@ use crate::post::Slot;
 use crate::post::{RecvRequest, ScopedRecv, ScopedSend, SendIterError, SendRequest};
 use crate::queue::qp::{PostError, QpCaps, QpState, QpType, QueuePair};
 
+/// The safe level's `post_send` on siw: fences (`IBV_SEND_FENCE`) every request of the chain
+/// but RDMA Reads and atomics, then calls the provider's `post_send`.
+///
+/// siw completes a Send or RDMA Write as soon as TCP has taken it, while an RDMA Read posted
+/// before it still waits for its response (Linux 6.1 `siw_qp_sq_process`): the send queue's
+/// completions come out of order. The rings cannot take that: a completion ends every earlier
+/// request of its queue ([`Ring`]), so the Read's buffer would be handed back, or a scope
+/// would return, while the response may still be written into it. A fenced request starts only
+/// once every earlier Read and atomic has completed (siw: its ORQ is empty), which puts the
+/// completions back in posting order; a fence with no Read outstanding costs nothing.
+///
+/// # Safety
+/// As the provider's `post_send`: `qp` is a live queue pair of a siw context, `wr` heads a valid,
+/// `NULL`-terminated chain of requests this call may modify (the safe level's own), and
+/// `bad_wr` is valid for a write.
+pub(crate) unsafe extern "C" fn fenced_post_send(
+    qp: *mut ffi::ibv_qp,
+    wr: *mut ffi::ibv_send_wr,
+    bad_wr: *mut *mut ffi::ibv_send_wr,
+) -> i32 {
+    use ffi::ibv_wr_opcode as O;
+    let mut w = wr;
+    while !w.is_null() {
+        // SAFETY: a valid chain the caller lets us modify (contract).
+        unsafe {
+            let op = (*w).opcode;
+            if op != O::IBV_WR_RDMA_READ
+                && op != O::IBV_WR_ATOMIC_CMP_AND_SWP
+                && op != O::IBV_WR_ATOMIC_FETCH_AND_ADD
+            {
+                (*w).send_flags |= ffi::ibv_send_flags::IBV_SEND_FENCE.0;
+            }
+            w = (*w).next;
+        }
+    }
+    // SAFETY: a live QP (contract): its context's ops table belongs to the provider.
+    match unsafe { (*(*qp).context).ops.post_send } {
+        // SAFETY: the provider's post_send with the caller's valid arguments.
+        Some(f) => unsafe { f(qp, wr, bad_wr) },
+        None => libc::EOPNOTSUPP,
+    }
+}
+
 impl QueuePair {
     /// Posts `wr` on the send queue through `post` (a verb other than `ibv_post_send` that
     /// posts there, e.g. `ibv_bind_mw`), with the state check of every safe post.
@@ -638,7 +681,7 @@ impl QueuePair {
     ) -> Result<()> {
         // Not `ok_or(Error::...)`: that builds (and drops) the error on every call, which
         // callgrind counts on this path.
-        let Some(f) = self.post_send_fn else {
+        let Some(f) = self.provider_post_send else {
             return Err(Error::InvalidArgument { verb: "ibv_post_send", reason: "no post_send" });
         };
         // SAFETY: the caller's contract.
@@ -722,4 +765,85 @@ fn pin_to(pins: &std::sync::Mutex<Vec<Pin>>, ring: &Ring<Slot>, new: [Option<Pin
     // The outstanding count only falls while the caller holds &QueuePair (posting takes &mut),
     // and a slot released by the consumer no longer needs its request's buffer.
     keep_pins(pins, ring.outstanding() == 0, new.into_iter().flatten());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::RemoteSlice;
+    use crate::post::registry::Registry;
+    use crate::post::MAX_SGE;
+    use std::sync::Mutex;
+
+    /// (opcode, send_flags) of every request the provider was handed, in order.
+    static SEEN: Mutex<Vec<(u32, u32)>> = Mutex::new(Vec::new());
+
+    /// A provider that walks the chain as a real one does and records what it read.
+    unsafe extern "C" fn recording(
+        _qp: *mut ffi::ibv_qp,
+        mut wr: *mut ffi::ibv_send_wr,
+        _bad: *mut *mut ffi::ibv_send_wr,
+    ) -> i32 {
+        let mut seen = SEEN.lock().unwrap();
+        // SAFETY: the caller hands a valid NULL-terminated chain.
+        unsafe {
+            while !wr.is_null() {
+                seen.push(((*wr).opcode.0, (*wr).send_flags));
+                wr = (*wr).next;
+            }
+        }
+        0
+    }
+
+    // siw completes sends out of order after an RDMA Read: the safe level fences every request
+    // but Reads and atomics (see fenced_post_send). Run under Miri: the flags are written through
+    // the pointers the engine hands the provider.
+    #[test]
+    fn on_siw_every_request_but_reads_and_atomics_is_fenced() {
+        use ffi::ibv_wr_opcode as O;
+        let fence = ffi::ibv_send_flags::IBV_SEND_FENCE.0;
+        let signaled = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let mut ctx = ffi::ibv_context::default();
+        ctx.ops.post_send = Some(recording);
+        let mut qp = ffi::ibv_qp { context: &mut ctx, ..Default::default() };
+        let qp = std::ptr::addr_of_mut!(qp);
+
+        // A raw chain of each opcode.
+        let ops = [O::IBV_WR_RDMA_READ, O::IBV_WR_RDMA_WRITE, O::IBV_WR_SEND, O::IBV_WR_ATOMIC_CMP_AND_SWP];
+        let mut wrs: Vec<ffi::ibv_send_wr> = ops
+            .iter()
+            .map(|&opcode| ffi::ibv_send_wr { opcode, send_flags: signaled, ..Default::default() })
+            .collect();
+        let base = wrs.as_mut_ptr();
+        for i in 0..ops.len() - 1 {
+            // SAFETY: i + 1 < len.
+            unsafe { (*base.add(i)).next = base.add(i + 1) };
+        }
+        let mut bad = std::ptr::null_mut();
+        SEEN.lock().unwrap().clear();
+        // SAFETY: a fake QP whose context's post_send records; a valid chain of ours.
+        assert_eq!(unsafe { fenced_post_send(qp, base, &mut bad) }, 0);
+        let want: Vec<(u32, u32)> = vec![
+            (O::IBV_WR_RDMA_READ.0, signaled),
+            (O::IBV_WR_RDMA_WRITE.0, signaled | fence),
+            (O::IBV_WR_SEND.0, signaled | fence),
+            (O::IBV_WR_ATOMIC_CMP_AND_SWP.0, signaled),
+        ];
+        assert_eq!(*SEEN.lock().unwrap(), want);
+
+        // Through the engine: a chain of inline Sends and Writes.
+        let reg = Registry::<Slot>::new(64);
+        let [ring] = reg.register([(8, false)]).unwrap();
+        let mut scratch = vec![ffi::ibv_send_wr::default(); 8];
+        let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 8];
+        let remote = RemoteSlice { addr: 0x1000, len: 64, rkey: 7 };
+        let mut chain = vec![SendRequest::send_inline(b"x"), SendRequest::write_inline(b"y", remote)];
+        SEEN.lock().unwrap().clear();
+        post_chain(qp, &ring, Some(fenced_post_send), &mut scratch, &mut sges, &mut chain).unwrap();
+        let seen = SEEN.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2);
+        assert!(seen.iter().all(|&(_, flags)| flags & fence != 0), "{seen:?}");
+        // The ring holds the two posts until a poll releases them with the registry.
+        assert_eq!(ring.outstanding(), 2);
+    }
 }
