@@ -422,7 +422,10 @@
 //! [`QueuePair::cm_established`] after `ESTABLISHED`). [`QueuePair::connect`] and
 //! [`QueuePair::endpoint`] refuse it with [`Error::Unsupported`] naming [`IWARP_MANUAL_CONNECT`];
 //! nothing is changed. [`QueuePair::reset`] is refused the same way ([`IWARP_RESET`]): siw
-//! accepts RESET and ignores it. iWARP has RC queue pairs only (no UC, UD or address handles), no
+//! accepts RESET and ignores it. siw completes a Send or RDMA Write before an RDMA Read posted
+//! ahead of it; the safe level therefore posts every request but Reads and atomics with
+//! `IBV_SEND_FENCE` on siw, which keeps completions in posting order (the `unsafe` level posts
+//! requests as they are). iWARP has RC queue pairs only (no UC, UD or address handles), no
 //! immediate data, no RNR retry (a send that finds no receive posted ends the connection) and, on
 //! siw, no atomics or memory windows. An RDMA Write completes once the data is handed to TCP: a
 //! responder's access error ends the connection (a `DISCONNECTED` event) instead of a

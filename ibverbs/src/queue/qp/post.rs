@@ -656,7 +656,9 @@ impl QueuePair {
     ///   registered (with the `lkey` given) in this QP's protection domain;
     /// - that memory stays registered and allocated until the request's completion is polled (for
     ///   unsignaled requests: until a later signaled request of this QP completes), or until this
-    ///   QP is dropped;
+    ///   QP is dropped; on siw a later request completes before an RDMA Read or atomic posted
+    ///   ahead of it unless it carries `IBV_SEND_FENCE`, so there an unfenced later completion
+    ///   does not end a Read or atomic (the safe level fences for that reason);
     /// - memory the device writes (receive/Read/atomic targets) is not read or written through
     ///   Rust references meanwhile; memory it reads is not written meanwhile — in particular no
     ///   request writes into a [`MemoryRegion`](crate::MemoryRegion) that safe code can borrow
