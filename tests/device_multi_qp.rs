@@ -8,46 +8,58 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{context, is_iwarp, opts, pattern, scaled, time_scale, unsupported};
+use common::{connect_built, is_iwarp, opts, pair_context, pattern, scaled, time_scale, unsupported};
+use ibverbs::cm::CmId;
 use ibverbs::striped::{
     EndpointList, StripeBuf, StripeOptions, StripedCompletion, StripedConnection, StripedOp,
 };
 use ibverbs::{
-    AccessFlags, Error, ProtectionDomain, RemoteMemoryRegion, RemoteSlice, WcStatus, IWARP_MANUAL_CONNECT,
+    AccessFlags, Error, ProtectionDomain, QpType, RemoteMemoryRegion, RemoteSlice, WcStatus,
+    IWARP_MANUAL_CONNECT,
 };
 
 const THRESHOLD: usize = 16 << 10;
 
-/// On iWARP, where a striped connection cannot connect its queue pairs (it connects them by
-/// hand; iWARP connects only through RDMA-CM): checks the typed error, reports the feature (see
-/// [`unsupported`]) and returns `true`. `false` on any other device.
-fn iwarp_lacks_striping(pd: &ProtectionDomain) -> bool {
-    if !is_iwarp() {
-        return false;
-    }
-    let a = StripedConnection::new(pd, &StripeOptions { qps: 2, ..StripeOptions::default() }).unwrap();
-    let e = a.endpoints(&opts()).unwrap_err();
-    assert!(matches!(e, Error::Unsupported { capability: IWARP_MANUAL_CONNECT, .. }), "{e:?}");
-    unsupported(
-        &pd.context(),
-        "striped connections",
-        "iWARP: the queue pairs of a StripedConnection connect by hand",
-    );
-    true
+/// Two connected striped ends with `qps` queue pairs on one protection domain.
+fn ends(pd: &ProtectionDomain, qps: u32) -> (StripedConnection, StripedConnection, Vec<[CmId; 2]>) {
+    ends_with(pd, &StripeOptions { qps, threshold: THRESHOLD, depth: 16, ..StripeOptions::default() })
 }
 
-/// Two connected striped ends on one protection domain.
-fn ends(pd: &ProtectionDomain, qps: u32) -> (StripedConnection, StripedConnection) {
-    let stripe = StripeOptions { qps, threshold: THRESHOLD, depth: 16, ..StripeOptions::default() };
-    let mut a = StripedConnection::new(pd, &stripe).unwrap();
-    let mut b = StripedConnection::new(pd, &stripe).unwrap();
-    // Through the wire encoding, as a real exchange would.
+/// Two connected striped ends with `stripe` on one protection domain: through the wire encoding
+/// of their endpoints, as a real exchange would; on iWARP (`pd` from [`pair_context`]) of queue
+/// pairs connected through RDMA-CM ([`StripedConnection::from_queue_pairs`]; the ids returned
+/// hold the connections).
+fn ends_with(
+    pd: &ProtectionDomain,
+    stripe: &StripeOptions,
+) -> (StripedConnection, StripedConnection, Vec<[CmId; 2]>) {
+    if is_iwarp() {
+        let a = StripedConnection::new(pd, stripe).unwrap();
+        let e = a.endpoints(&opts()).unwrap_err();
+        assert!(matches!(e, Error::Unsupported { capability: IWARP_MANUAL_CONNECT, .. }), "{e:?}");
+        let ctx = pd.context();
+        let room = stripe.qps * (stripe.depth + 1);
+        let (cq_a, cq_b) = (ctx.create_cq(room, None).unwrap(), ctx.create_cq(room, None).unwrap());
+        let (mut qa, mut qb, mut ids) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..stripe.qps {
+            let build = |cq| move || pd.create_qp(cq, QpType::RC).max_send_wr(stripe.depth).max_recv_wr(1);
+            let (a, b, cm) = connect_built(pd, build(&cq_a), build(&cq_b));
+            qa.push(a);
+            qb.push(b);
+            ids.extend(cm);
+        }
+        let a = StripedConnection::from_queue_pairs(cq_a, qa, stripe).unwrap();
+        let b = StripedConnection::from_queue_pairs(cq_b, qb, stripe).unwrap();
+        return (a, b, ids);
+    }
+    let mut a = StripedConnection::new(pd, stripe).unwrap();
+    let mut b = StripedConnection::new(pd, stripe).unwrap();
     let ea = EndpointList::decode(&a.endpoints(&opts()).unwrap().encode()).unwrap();
     let eb = EndpointList::decode(&b.endpoints(&opts()).unwrap().encode()).unwrap();
-    assert_eq!(ea.0.len(), qps as usize);
+    assert_eq!(ea.0.len(), stripe.qps as usize);
     a.connect(&eb, &opts()).unwrap();
     b.connect(&ea, &opts()).unwrap();
-    (a, b)
+    (a, b, Vec::new())
 }
 
 /// Polls until `n` request completions arrived (10 s, scaled); checks that no more come.
@@ -72,18 +84,15 @@ fn target(pd: &ProtectionDomain, len: usize) -> Arc<RemoteMemoryRegion> {
 
 #[test]
 fn writes_and_reads_arrive_whole_with_one_completion_per_request() {
-    let ctx = context();
+    let ctx = pair_context();
     let pd = ctx.alloc_pd().unwrap();
-    if iwarp_lacks_striping(&pd) {
-        return;
-    }
     let all = [1, 100, 4096, THRESHOLD, THRESHOLD + 1, 100_003, (1 << 20) + 7];
     // Under valgrind (time scale > 1): below, just above and well above the threshold.
     let sizes: &[usize] = if time_scale() > 1 { &[100, THRESHOLD + 1, 100_003] } else { &all };
     let max = *sizes.iter().max().unwrap();
     let dst = target(&pd, max);
     for qps in [1, 2, 4, 8] {
-        let (mut a, _b) = ends(&pd, qps);
+        let (mut a, _b, _cm) = ends(&pd, qps);
         for (k, &len) in sizes.iter().enumerate() {
             let seed = (qps as u8).wrapping_mul(17).wrapping_add(k as u8);
             let data = pattern(len, seed);
@@ -138,17 +147,10 @@ fn writes_and_reads_arrive_whole_with_one_completion_per_request() {
 
 #[test]
 fn round_robin_without_split_spreads_whole_requests() {
-    let ctx = context();
+    let ctx = pair_context();
     let pd = ctx.alloc_pd().unwrap();
-    if iwarp_lacks_striping(&pd) {
-        return;
-    }
     let stripe = StripeOptions { qps: 4, split_data: false, depth: 16, ..StripeOptions::default() };
-    let mut a = StripedConnection::new(&pd, &stripe).unwrap();
-    let mut b = StripedConnection::new(&pd, &stripe).unwrap();
-    let (ea, eb) = (a.endpoints(&opts()).unwrap(), b.endpoints(&opts()).unwrap());
-    a.connect(&eb, &opts()).unwrap();
-    b.connect(&ea, &opts()).unwrap();
+    let (mut a, _b, _cm) = ends_with(&pd, &stripe);
     let len = 100_001;
     let dst = target(&pd, len);
     let data = pattern(len, 3);
@@ -164,16 +166,17 @@ fn round_robin_without_split_spreads_whole_requests() {
 
 #[test]
 fn a_failing_piece_makes_one_error_completion_and_buffers_come_back() {
-    let ctx = context();
+    let ctx = pair_context();
     let pd = ctx.alloc_pd().unwrap();
-    if iwarp_lacks_striping(&pd) {
-        return;
+    if is_iwarp() {
+        let why = "iWARP: the responder's refusal ends the connection, the Write completes once sent";
+        return unsupported(&ctx, "remote access error completion", why);
     }
     let region = 64 << 10;
     let dst = target(&pd, region);
     for qps in [2, 4, 8] {
         // The remote range runs past the region: only the last piece(s) fail.
-        let (mut a, _b) = ends(&pd, qps);
+        let (mut a, _b, _cm) = ends(&pd, qps);
         let len = 2 * region + 3;
         let beyond = RemoteSlice { len: len as u64, ..dst.remote() };
         a.post_write(pd.allocate(len).unwrap(), beyond, 1).unwrap();
@@ -183,7 +186,7 @@ fn a_failing_piece_makes_one_error_completion_and_buffers_come_back() {
         assert_eq!(c.take_region().expect("buffer back after an error").len(), len);
 
         // A Read with a wrong rkey, on a fresh connection, then more requests behind it.
-        let (mut a, _b) = ends(&pd, qps);
+        let (mut a, _b, _cm) = ends(&pd, qps);
         let bad = RemoteSlice { rkey: dst.remote().rkey ^ 0x5555, ..dst.remote() };
         a.post_read(pd.allocate(region).unwrap(), bad, 2).unwrap();
         for i in 0..3 {
@@ -201,12 +204,9 @@ fn a_failing_piece_makes_one_error_completion_and_buffers_come_back() {
 
 #[test]
 fn requests_that_cannot_be_posted_hand_the_buffer_back() {
-    let ctx = context();
+    let ctx = pair_context();
     let pd = ctx.alloc_pd().unwrap();
-    if iwarp_lacks_striping(&pd) {
-        return;
-    }
-    let (mut a, _b) = ends(&pd, 2);
+    let (mut a, _b, _cm) = ends(&pd, 2);
     let dst = target(&pd, 4096);
     // Remote range shorter than the buffer.
     let e = a.post_write(pd.allocate(8192).unwrap(), dst.remote(), 1).unwrap_err();
@@ -223,6 +223,24 @@ fn requests_that_cannot_be_posted_hand_the_buffer_back() {
     let e = a.post_write(shared.clone(), dst.remote(), 16).unwrap_err();
     assert!(matches!(e.error, ibverbs::Error::QueueFull { .. }), "{e}");
     assert_eq!(wait(&mut a, 16).len(), 16);
+    // Queue pairs that do not make a connection of these options.
+    let ctx = pd.context();
+    let (cq, other) = (ctx.create_cq(64, None).unwrap(), ctx.create_cq(64, None).unwrap());
+    let qp = |cq: &ibverbs::CompletionQueue, depth| {
+        pd.create_qp(cq, QpType::RC).max_send_wr(depth).max_recv_wr(1).build().unwrap()
+    };
+    let stripe = StripeOptions { qps: 2, depth: 16, ..StripeOptions::default() };
+    let refused = |qps: Vec<ibverbs::QueuePair>, cq| {
+        let r = StripedConnection::from_queue_pairs(cq, qps, &stripe).map(drop);
+        assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    };
+    refused(vec![qp(&cq, 16)], ctx.create_cq(4, None).unwrap()); // one of two
+    refused(vec![qp(&cq, 16), qp(&other, 16)], cq); // another CQ
+    let cq = ctx.create_cq(64, None).unwrap();
+    refused(vec![qp(&cq, 16), qp(&cq, 4)], cq); // room for fewer requests than the depth
+    if is_iwarp() {
+        return;
+    }
     // A peer list of the wrong length.
     let (mut c, d) =
         (StripedConnection::new(&pd, &StripeOptions { qps: 3, ..Default::default() }).unwrap(), &a);
@@ -231,18 +249,15 @@ fn requests_that_cannot_be_posted_hand_the_buffer_back() {
 
 #[test]
 fn dropping_with_requests_outstanding_is_sound() {
-    let ctx = context();
+    let ctx = pair_context();
     let pd = ctx.alloc_pd().unwrap();
-    if iwarp_lacks_striping(&pd) {
-        return;
-    }
     let rounds = if time_scale() > 1 { 2 } else { 10 };
     let len = 256 << 10;
     let dst = target(&pd, len);
     let shared = Arc::new(pd.allocate(len).unwrap());
     for round in 0..rounds {
         let qps = [1, 2, 4, 8][round % 4];
-        let (mut a, b) = ends(&pd, qps);
+        let (mut a, b, _cm) = ends(&pd, qps);
         for i in 0..8 {
             if i % 2 == 0 {
                 a.post_write(shared.clone(), dst.remote(), i).unwrap();

@@ -439,7 +439,10 @@
 //! ## Striped connections (several queue pairs per connection)
 //! [`striped::StripedConnection`] spreads one connection over N RC queue pairs
 //! (`NCCL_IB_QPS_PER_CONNECTION`), splitting large RDMA Writes and Reads into aligned, equal
-//! pieces (`NCCL_IB_SPLIT_DATA_ON_QPS`) and reporting one completion per request. It adds no
+//! pieces (`NCCL_IB_SPLIT_DATA_ON_QPS`) and reporting one completion per request. It connects
+//! its queue pairs by hand, or takes queue pairs connected through RDMA-CM
+//! ([`StripedConnection::from_queue_pairs`](striped::StripedConnection::from_queue_pairs), the
+//! one way on iWARP). It adds no
 //! `unsafe`: each piece is a safe post holding either a clone of a shared source
 //! (`Arc<MemoryRegion>`, device reads only) or an owned, disjoint [`Chunk`] of the caller's
 //! region; the region is rebuilt and handed back only when no chunk of it exists any more

@@ -4,8 +4,9 @@
 //!
 //! Setup (this file): N RC queue pairs on one protection domain and one completion queue
 //! (`ibv_create_cq`, `ibv_create_qp`), their [`EndpointList`] for the out-of-band exchange, and
-//! the connection (`ibv_modify_qp` to RTS, per queue pair). Posting and polling are in
-//! `post.rs`; the split rule and the request ring in `plan.rs`.
+//! the connection (`ibv_modify_qp` to RTS, per queue pair); or, for queue pairs connected
+//! through RDMA-CM (the one way on iWARP), [`StripedConnection::from_queue_pairs`]. Posting and
+//! polling are in `post.rs`; the split rule and the request ring in `plan.rs`.
 //!
 //! # Ownership
 //! The module adds no `unsafe`: every piece is posted with the safe level
@@ -182,6 +183,19 @@ pub struct StripedConnection {
     opts: StripeOptions,
 }
 
+/// Refuses `qps` outside 1..=[`EndpointList::MAX`] and a `depth` outside 1..=65 536, naming
+/// `verb`.
+fn check_options(opts: &StripeOptions, verb: &'static str) -> Result<()> {
+    let bad = |reason| Err(Error::InvalidArgument { verb, reason });
+    if opts.qps == 0 || opts.qps as usize > EndpointList::MAX {
+        return bad("qps must be in 1..=64");
+    }
+    if opts.depth == 0 || opts.depth > 1 << 16 {
+        return bad("depth must be in 1..=65536");
+    }
+    Ok(())
+}
+
 impl std::fmt::Debug for StripedConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StripedConnection")
@@ -202,27 +216,63 @@ impl StripedConnection {
     /// (or above 65 536); [`Error::Verb`] when the device refuses the CQ or a queue pair.
     #[doc(alias = "ibv_create_qp")]
     pub fn new(pd: &ProtectionDomain, opts: &StripeOptions) -> Result<StripedConnection> {
-        let bad = |reason| Err(Error::InvalidArgument { verb: "StripedConnection::new", reason });
-        if opts.qps == 0 || opts.qps as usize > EndpointList::MAX {
-            return bad("qps must be in 1..=64");
-        }
-        if opts.depth == 0 || opts.depth > 1 << 16 {
-            return bad("depth must be in 1..=65536");
-        }
+        check_options(opts, "StripedConnection::new")?;
         let per_qp = opts.depth + 1;
         let cq = pd.context().create_cq(opts.qps * per_qp, None)?;
         let qps = (0..opts.qps)
             .map(|_| pd.create_qp(&cq, QpType::RC).max_send_wr(opts.depth).max_recv_wr(1).build())
             .collect::<Result<Vec<_>>>()?;
+        Ok(Self::assemble(cq, qps, opts))
+    }
+
+    /// Makes a striped connection of queue pairs the caller created and connected, e.g. on
+    /// RDMA-CM ids ([`QueuePairBuilder::build_on`](crate::QueuePairBuilder::build_on), then
+    /// [`crate::cm`]), the one way to connect them on iWARP: `opts.qps` RC queue pairs of one
+    /// protection domain whose send queues complete into `cq`, each with room for `opts.depth`
+    /// requests. Which of the peer's queue pairs each is connected to does not matter: the
+    /// pieces address the peer's memory by its remote key. RDMA-CM ids the queue pairs were built
+    /// on hold their connections: keep them as long as this connection is used.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for `opts` that [`new`](Self::new) refuses, a number of queue
+    /// pairs other than `opts.qps`, or a queue pair that is not RC, completes its sends into
+    /// another CQ than `cq`, has room for fewer than `opts.depth` send requests or belongs to
+    /// another protection domain than the first.
+    pub fn from_queue_pairs(
+        cq: CompletionQueue,
+        qps: Vec<QueuePair>,
+        opts: &StripeOptions,
+    ) -> Result<StripedConnection> {
+        const VERB: &str = "StripedConnection::from_queue_pairs";
+        check_options(opts, VERB)?;
+        let bad = |reason| Err(Error::InvalidArgument { verb: VERB, reason });
+        if qps.len() != opts.qps as usize {
+            return bad("the number of queue pairs is not opts.qps");
+        }
+        for qp in &qps {
+            if qp.qp_type() != QpType::RC || !qp.sends_into(&cq) || !qp.same_pd(&qps[0]) {
+                return bad(
+                    "every queue pair is RC, of the first one's protection domain, sending into the CQ",
+                );
+            }
+            if qp.caps().max_send_wr < opts.depth {
+                return bad("a queue pair has room for fewer send requests than opts.depth");
+            }
+        }
+        Ok(Self::assemble(cq, qps, opts))
+    }
+
+    /// The connection of checked parts.
+    fn assemble(cq: CompletionQueue, qps: Vec<QueuePair>, opts: &StripeOptions) -> StripedConnection {
         let batch = (opts.qps as usize * 4).clamp(16, 256);
-        Ok(StripedConnection {
+        StripedConnection {
             qps,
             cq,
             slots: plan::Slots::new(opts.depth),
             wcs: (0..batch).map(|_| Completion::default()).collect(),
             next: 0,
             opts: opts.clone(),
-        })
+        }
     }
 
     /// The endpoints of the queue pairs, in order, for the peer's [`connect`](Self::connect)

@@ -779,6 +779,16 @@ impl QueuePair {
         self.recv.outstanding()
     }
 
+    /// Whether this queue pair's send queue completes into `cq`.
+    pub(crate) fn sends_into(&self, cq: &CompletionQueue) -> bool {
+        Arc::ptr_eq(&self.send_cq, &cq.inner)
+    }
+
+    /// Whether this queue pair and `other` belong to one protection domain.
+    pub(crate) fn same_pd(&self, other: &QueuePair) -> bool {
+        Arc::ptr_eq(&self.pd, &other.pd)
+    }
+
     /// The raw `struct ibv_qp *`; valid while this QP lives. What `ffi` calls may not do with
     /// it: see the crate's *Safety model* (raw handles).
     pub fn as_raw(&self) -> *mut ffi::ibv_qp {
