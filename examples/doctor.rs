@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use ibverbs::diag::{FileState, SystemReport};
-use ibverbs::select::{Config, DeviceDesc, Fabric, HcaSelector, Outcome, PortDesc, PortProblem};
+use ibverbs::select::{Choice, Config, DeviceDesc, Fabric, HcaSelector, Outcome, PortDesc, PortProblem};
 use ibverbs::{GidType, LinkLayer};
 
 /// Check this host's RDMA setup: device files, kernel modules, the locked-memory limit, each
@@ -128,7 +128,12 @@ fn main() -> ExitCode {
             println!("  usable ports:      {n}: {}", list(&outcome.chosen));
             println!("  would use:         {first}");
             let o = config.connect_options(first);
-            println!(
+            if first.iwarp {
+                println!(
+                    "  connect options:   none: iWARP queue pairs connect through RDMA-CM (ibverbs::cm)"
+                );
+            } else {
+                println!(
                 "  connect options:   port {}, GID index {}, path MTU {}, timeout {} ({}), retry_cnt {}, \
                  rnr_retry {}, sl {}, traffic class {}, P_Key index {}",
                 o.port,
@@ -142,6 +147,7 @@ fn main() -> ExitCode {
                 o.traffic_class,
                 o.pkey_index
             );
+            }
         }
         None => {
             fatal = true;
@@ -215,7 +221,7 @@ fn print_host(r: &SystemReport) {
 }
 
 /// The ports chosen, as `rxe0 port 1, rxe1 port 1`.
-fn list(chosen: &[ibverbs::select::Choice]) -> String {
+fn list(chosen: &[Choice]) -> String {
     chosen.iter().map(|c| format!("{} port {}", c.device, c.port)).collect::<Vec<_>>().join(", ")
 }
 
@@ -268,16 +274,11 @@ fn print_device(device: &DeviceDesc, report: &SystemReport, outcome: &Outcome) {
         return;
     }
     for port in &device.ports {
-        print_port(port);
+        print_port(port, device.iwarp);
         let chosen = outcome.chosen.iter().find(|c| c.device == device.name && c.port == port.port);
         let rejected = outcome.rejected.iter().find(|r| r.device == device.name && r.port == Some(port.port));
         match (chosen, rejected) {
-            (Some(c), _) => match c.gid {
-                Some(g) => {
-                    println!("    => usable: GID[{}] {} ({})", g.index, g.gid.ip(), g.gid_type.as_str())
-                }
-                None => println!("    => usable: LID {}", c.lid),
-            },
+            (Some(c), _) => println!("    => usable: {}", usable(c)),
             (None, Some(r)) => match r.problem {
                 PortProblem::NotListed | PortProblem::Excluded { .. } => println!("    => {}", r.problem),
                 _ => println!("    => NOT USABLE: {}", r.problem),
@@ -287,12 +288,21 @@ fn print_device(device: &DeviceDesc, report: &SystemReport, outcome: &Outcome) {
     }
 }
 
+/// How a chosen port is addressed: `GID[1] 192.0.2.1 (RoCE v2)`, `LID 12` or `iWARP (RDMA-CM)`.
+fn usable(c: &Choice) -> String {
+    match c.gid {
+        _ if c.iwarp => "iWARP: connect through RDMA-CM (ibverbs::cm), addressed by IP".to_string(),
+        Some(g) => format!("GID[{}] {} ({})", g.index, g.gid.ip(), g.gid_type.as_str()),
+        None => format!("LID {}", c.lid),
+    }
+}
+
 /// A device the kernel has but libibverbs does not list.
 fn print_kernel_only(device: &DeviceDesc, report: &SystemReport) {
     println!("device {}: in the kernel only, device file {}", device.name, device_file(&device.name, report));
     println!("  NOT USABLE: {}", kernel_only_reason(&device.name, report));
     for port in &device.ports {
-        print_port(port);
+        print_port(port, device.iwarp);
     }
 }
 
@@ -313,9 +323,13 @@ fn kernel_only_reason(device: &str, report: &SystemReport) -> String {
     }
 }
 
-/// A port's state, link layer, MTU, network device and GID table.
-fn print_port(port: &PortDesc) {
+/// A port's state, link layer, MTU, network device and GID table (of an iWARP device's port if
+/// `iwarp`).
+fn print_port(port: &PortDesc, iwarp: bool) {
     let link = match port.link_layer {
+        LinkLayer::ETHERNET if iwarp => {
+            "Ethernet (iWARP: RDMA over TCP, connects through RDMA-CM)".to_string()
+        }
         LinkLayer::ETHERNET => "Ethernet (RoCE: addressing by GID)".to_string(),
         LinkLayer::INFINIBAND | LinkLayer::UNSPECIFIED => format!("InfiniBand (LID {})", port.lid),
         other => format!("unknown ({})", other.0),

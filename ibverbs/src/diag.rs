@@ -329,22 +329,10 @@ fn file_state(path: &Path) -> FileState {
 pub(crate) fn verb_hint(verb: &str, source: &io::Error) -> String {
     let errno = source.raw_os_error().unwrap_or(0);
     match verb {
-        "ibv_reg_mr" | "ibv_reg_mr_iova" | "ibv_reg_dmabuf_mr"
+        "ibv_reg_mr" | "ibv_reg_mr_iova" | "ibv_reg_mr_iova2" | "ibv_reg_dmabuf_mr"
             if errno == libc::ENOMEM || errno == libc::EPERM =>
         {
-            let Ok(m) = Memlock::current() else { return String::new() };
-            if m.limits_registration() {
-                format!(
-                    " (registered memory is locked memory, and the locked-memory limit \
-                     RLIMIT_MEMLOCK is {m}: {})",
-                    Memlock::how_to_raise()
-                )
-            } else {
-                format!(
-                    " (RLIMIT_MEMLOCK is {m}, so the locked-memory limit is not the cause: the \
-                     device may be out of memory-region resources, see max_mr and max_mr_size)"
-                )
-            }
+            Memlock::current().map_or_else(|_| String::new(), |m| registration_hint(&m))
         }
         "ibv_create_cq" | "ibv_create_qp" | "ibv_create_srq" if errno == libc::ENOMEM => {
             match Memlock::current() {
@@ -378,9 +366,50 @@ pub(crate) fn not_found_hint(available: &str) -> String {
     }
 }
 
+/// What a registration refused with `ENOMEM` or `EPERM` adds to its message under the limit `m`.
+fn registration_hint(m: &Memlock) -> String {
+    if m.limits_registration() {
+        format!(
+            " (registered memory is locked memory, and the locked-memory limit \
+             RLIMIT_MEMLOCK is {m}: {})",
+            Memlock::how_to_raise()
+        )
+    } else if m.soft.is_some() {
+        // siw (Linux 6.1 siw_umem_get) counts registrations against the soft limit whatever
+        // the capabilities.
+        format!(
+            " (RLIMIT_MEMLOCK is {m}: the capability lifts the limit for most drivers, but not \
+             for siw, which counts every registration against it; {}. Otherwise the device may \
+             be out of memory-region resources, see max_mr and max_mr_size)",
+            Memlock::how_to_raise()
+        )
+    } else {
+        format!(
+            " (RLIMIT_MEMLOCK is {m}, so the locked-memory limit is not the cause: the device may \
+             be out of memory-region resources, see max_mr and max_mr_size)"
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_registration_names_the_limit_as_it_applies() {
+        let lim = |soft: Option<u64>, cap_ipc_lock| Memlock { soft, hard: soft, cap_ipc_lock };
+        let limited = registration_hint(&lim(Some(64 << 10), false));
+        assert!(
+            limited.contains("RLIMIT_MEMLOCK is 64 KiB") && limited.contains("ulimit -l unlimited"),
+            "{limited}"
+        );
+        // The capability: most drivers ignore the limit, siw does not.
+        let lifted = registration_hint(&lim(Some(8 << 20), true));
+        assert!(lifted.contains("lifted by CAP_IPC_LOCK") && lifted.contains("not for siw"), "{lifted}");
+        assert!(lifted.contains("max_mr") && lifted.contains("ulimit -l unlimited"), "{lifted}");
+        let unlimited = registration_hint(&lim(None, false));
+        assert!(unlimited.contains("not the cause") && !unlimited.contains("siw"), "{unlimited}");
+    }
 
     #[test]
     fn byte_counts_read_like_ulimit() {
