@@ -212,10 +212,17 @@ fn print_host(r: &SystemReport) {
         if r.uverbs_loaded { "" } else { " (ib_uverbs NOT loaded)" }
     );
     match &r.memlock {
-        Some(m) => println!(
-            "  locked memory:     {m} (RLIMIT_MEMLOCK, `ulimit -l`){}",
-            if m.limits_registration() { "" } else { ": registrations are not limited" }
-        ),
+        Some(m) => {
+            let note = if m.limits_registration() {
+                ""
+            } else if m.soft.is_some() && r.modules.iter().any(|x| x == "siw") {
+                ": registrations are not limited, except siw's (it counts them against the limit \
+                 whatever the capabilities)"
+            } else {
+                ": registrations are not limited"
+            };
+            println!("  locked memory:     {m} (RLIMIT_MEMLOCK, `ulimit -l`){note}")
+        }
         None => println!("  locked memory:     unknown (getrlimit failed)"),
     }
 }

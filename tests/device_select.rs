@@ -148,14 +148,15 @@ fn the_fabric_describes_the_device_as_verbs_and_sysfs_do() {
     );
     assert_eq!((p.active_mtu, p.gid_tbl_len), (Some(attr.active_mtu()), attr.gid_tbl_len()));
     assert_eq!(p.gids, ctx.gid_table(1).unwrap());
-    let netdev = p.netdev.as_ref().expect("the netdev of a RoCE port");
+    assert_eq!(d.iwarp, ctx.is_iwarp());
+    let netdev = p.netdev.as_ref().expect("the netdev of an Ethernet port (RoCE: its GIDs; iWARP: its MAC)");
     assert_eq!(netdev.name, "dummy0");
     assert_eq!(netdev.mtu.map(|m| m >= 1500), Some(true));
 
     // sysfs agrees on everything it shows (not the MTU).
     let sysfs = Fabric::from_sysfs(Path::new("/")).unwrap();
     let s = sysfs.device(ctx.name()).unwrap();
-    assert_eq!((s.node_guid, s.error.as_ref()), (d.node_guid, None));
+    assert_eq!((s.node_guid, s.error.as_ref(), s.iwarp), (d.node_guid, None, d.iwarp));
     let sp = &s.ports[0];
     assert_eq!(
         (sp.port, sp.state, sp.link_layer, sp.lid, sp.gid_tbl_len),
@@ -178,6 +179,15 @@ fn the_environment_selects_the_device_and_gid_the_harness_uses() {
     let ports = c.select().unwrap();
     assert_eq!(ports.len(), 1);
     let p = &ports[0];
+    if common::is_iwarp() {
+        // No GID: RDMA-CM addresses it by IP; the options keep the variables all the same.
+        assert_eq!((p.device.as_str(), p.port, p.gid_index(), p.iwarp), (dev.as_str(), 1, None, true));
+        assert_eq!(p.to_string(), format!("{dev} port 1, iWARP (RDMA-CM)"));
+        let (ctx, opts) = c.open().unwrap();
+        assert_eq!(ctx.name(), dev);
+        assert_eq!((opts.port, opts.gid_index, opts.timeout, opts.retry_cnt), (1, None, 15, 6));
+        return;
+    }
     assert_eq!((p.device.as_str(), p.port, p.gid_index()), (dev.as_str(), 1, Some(gid_index())));
     let g = p.gid.unwrap();
     assert_eq!(g.gid_type, GidType::ROCE_V2);
@@ -202,6 +212,18 @@ fn gid_family_range_and_version_choose_among_the_devices_gids() {
         v.extend_from_slice(vars);
         config(&v).unwrap().select().map(|p| p[0].gid_index())
     };
+    if common::is_iwarp() {
+        // The RoCE settings do not apply to an iWARP port, which takes no GID.
+        for vars in [
+            ("NCCL_IB_ADDR_FAMILY", "AF_INET6"),
+            ("NCCL_IB_ADDR_RANGE", "10.0.0.0/8"),
+            ("NCCL_IB_ROCE_VERSION_NUM", "1"),
+        ] {
+            assert_eq!(pick(&[vars]).unwrap(), None, "{vars:?}");
+        }
+        let why = "iWARP ports take no GID: RDMA-CM addresses them by IP";
+        return common::unsupported(&common::context(), "RoCE GID selection", why);
+    }
     // SoftRoCE: [0] the link-local IPv6 GID, [1] the IPv4 one, both RoCE v2.
     assert_eq!(pick(&[("NCCL_IB_ADDR_FAMILY", "AF_INET6")]).unwrap(), Some(0));
     assert_eq!(pick(&[("NCCL_IB_ADDR_RANGE", "192.0.2.0/24")]).unwrap(), Some(1));
@@ -227,11 +249,16 @@ fn explicit_settings_the_port_cannot_honour_are_named() {
     let ctx = common::context();
     let dev = ctx.name().to_string();
     let hca = format!("={dev}");
-    // An empty GID entry (SoftRoCE has 2 of 1024).
+    // An empty GID entry (SoftRoCE has 2 of 1024); beyond the table on siw (1 entry).
     let e = config(&[("IBVERBS_HCA", &hca), ("NCCL_IB_GID_INDEX", "7")]).unwrap().select().unwrap_err();
     let Error::NoUsablePort { rejected, .. } = &e else { panic!("{e:?}") };
-    assert_eq!(rejected[0].problem, PortProblem::GidEmpty { index: 7 }, "{e}");
-    assert!(e.to_string().contains("GID index 7 is empty"), "{e}");
+    if common::is_iwarp() {
+        assert_eq!(rejected[0].problem, PortProblem::GidIndexOutOfTable { index: 7, len: 1 }, "{e}");
+        assert!(e.to_string().contains("GID index 7 is beyond the GID table"), "{e}");
+    } else {
+        assert_eq!(rejected[0].problem, PortProblem::GidEmpty { index: 7 }, "{e}");
+        assert!(e.to_string().contains("GID index 7 is empty"), "{e}");
+    }
     // An MTU above the port's active MTU (1024 on a 1500-byte netdev).
     let active = ctx.query_port(1).unwrap().active_mtu();
     let fabric = Fabric::query().unwrap();
@@ -269,22 +296,29 @@ fn nccl_syntax_selects_among_several_devices() {
     let dev = device();
     let _rxe1 = ExtraRxe::add();
     let p0 = format!("{dev}:1");
-    assert_eq!(chosen(&[]), [p0.as_str(), "rxe1:1"]);
-    assert_eq!(chosen(&[("NCCL_IB_HCA", "rxe")]), [p0.as_str(), "rxe1:1"]);
+    // Natural name order: rxe0 before rxe1, rxe1 before siw0.
+    let mut both = [p0.as_str(), "rxe1:1"];
+    both.sort_by(|a, b| ibverbs::select::natural_cmp(a, b));
+    assert_eq!(chosen(&[]), both);
+    let prefixed: Vec<&str> = both.iter().copied().filter(|p| p.starts_with("rxe")).collect();
+    assert_eq!(chosen(&[("NCCL_IB_HCA", "rxe")]), prefixed);
     assert_eq!(chosen(&[("NCCL_IB_HCA", "=rxe1")]), ["rxe1:1"]);
     assert_eq!(chosen(&[("NCCL_IB_HCA", "rxe1:1")]), ["rxe1:1"]);
     assert_eq!(chosen(&[("NCCL_IB_HCA", "^rxe1")]), [p0.as_str()]);
     assert_eq!(chosen(&[("NCCL_IB_HCA", &format!("^={dev}"))]), ["rxe1:1"]);
     assert_eq!(chosen(&[("IBVERBS_HCA", "=rxe1"), ("NCCL_IB_HCA", &format!("={dev}"))]), ["rxe1:1"]);
-    // The address range picks the device whose address is in it.
-    assert_eq!(chosen(&[("NCCL_IB_ADDR_RANGE", "198.51.100.0/24")]), ["rxe1:1"]);
+    // The address range picks the RoCE device whose address is in it (an iWARP port takes no GID:
+    // the range does not apply to it).
+    let in_range = if common::is_iwarp() { both.to_vec() } else { vec!["rxe1:1"] };
+    assert_eq!(chosen(&[("NCCL_IB_ADDR_RANGE", "198.51.100.0/24")]), in_range);
     let fabric = Fabric::query().unwrap();
     let c = config(&[("NCCL_IB_ADDR_RANGE", "198.51.100.0/24")]).unwrap();
     let out = c.selection.evaluate(&fabric);
-    assert!(out
+    let refused = out
         .rejected
         .iter()
-        .any(|r| r.device == dev && matches!(r.problem, PortProblem::NoMatchingGid { .. })));
+        .any(|r| r.device == dev && matches!(r.problem, PortProblem::NoMatchingGid { .. }));
+    assert_eq!(refused, !common::is_iwarp(), "{out:?}");
     assert_eq!(out.chosen[0].gid.unwrap().gid.ip().to_string(), EXTRA_IP);
     // A port that does not exist: nothing usable, and the entry is reported.
     let c = config(&[("NCCL_IB_HCA", "rxe1:2")]).unwrap();
@@ -345,7 +379,9 @@ fn a_registration_refused_for_the_memlock_limit_names_rlimit_memlock() {
         let msg = e.to_string();
         (e, msg)
     });
-    assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+    // siw refuses with ENOMEM (siw_umem_get), the core's ib_umem_get with EPERM.
+    let want = if common::is_iwarp() { libc::ENOMEM } else { libc::EPERM };
+    assert_eq!(e.raw_os_error(), Some(want), "{e}");
     assert!(msg.contains("RLIMIT_MEMLOCK is 0 bytes"), "{msg}");
     // Restored: registrations work again.
     pd.allocate(1 << 20).unwrap();
@@ -501,7 +537,8 @@ fn devinfo_and_devices_list_what_the_selection_uses() {
         .lacks(&[&hca0]);
     // A device whose port is down is not what a job would use.
     _rxe1.set_netdev(false);
-    tool("devinfo", &[], &[("NCCL_IB_HCA", "rxe")], None).expect(0, &[&hca0]).lacks(&["rxe1"]);
+    let listed = format!("{dev},rxe1");
+    tool("devinfo", &[], &[("NCCL_IB_HCA", &listed)], None).expect(0, &[&hca0]).lacks(&["rxe1"]);
     tool("devinfo", &[], &[("NCCL_IB_HCA", "=rxe1")], None)
         .expect(1, &["no usable RDMA port", "dummy1 is down"]);
     _rxe1.set_netdev(true);
@@ -517,6 +554,22 @@ fn doctor_reports_a_usable_device() {
     let r = tool("doctor", &[], &[], None);
     eprintln!("{}", r.describe()); // shown with --nocapture
     let ip = std::env::var("IBVERBS_TEST_IP").unwrap_or_else(|_| "192.0.2.1".into());
+    if common::is_iwarp() {
+        r.expect(
+            0,
+            &[
+                &format!("device {dev}: node GUID "),
+                "port 1: ACTIVE, Ethernet (iWARP: RDMA over TCP, connects through RDMA-CM)",
+                "network device: dummy0",
+                "=> usable: iWARP: connect through RDMA-CM",
+                &format!("would use:         {dev} port 1, iWARP (RDMA-CM)"),
+                "connect options:   none: iWARP queue pairs connect through RDMA-CM",
+                "problems: none",
+                &format!("verdict: usable: {dev} port 1"),
+            ],
+        );
+        return;
+    }
     r.expect(
         0,
         &[
@@ -592,10 +645,15 @@ fn doctor_names_a_low_memlock_limit_and_its_fix() {
             }
         }),
     );
-    r.expect(
-        0,
-        &["locked memory:     64 KiB, lifted by CAP_IPC_LOCK", "registration:      1 MiB on", ": ok"],
-    );
+    if common::is_iwarp() {
+        // Not on siw: it counts registrations against the limit whatever the capabilities.
+        r.expect(1, &["64 KiB, lifted by CAP_IPC_LOCK", "except siw's", "1 MiB on", "FAILED", "not for siw"]);
+    } else {
+        r.expect(
+            0,
+            &["locked memory:     64 KiB, lifted by CAP_IPC_LOCK", "registration:      1 MiB on", ": ok"],
+        );
+    }
     // Without CAP_IPC_LOCK, as an unprivileged job: the registration fails, named with its fix.
     let r = tool("doctor", &[], &[], Some(low_memlock));
     eprintln!("{}", r.describe());

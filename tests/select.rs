@@ -851,8 +851,17 @@ fn a_fabric_reads_from_a_sysfs_tree() {
     put(&root, &format!("{siw}/ports/1/state"), "4: ACTIVE\n");
     put(&root, &format!("{siw}/ports/1/link_layer"), "Ethernet\n");
     put(&root, &format!("{siw}/ports/1/gids/0"), "7ae7:c908:bc86:0000:0000:0000:0000:0000\n");
+    put(&root, "sys/class/net/eth9/address", "7a:e7:c9:08:bc:86\n");
+    put(&root, "sys/class/net/eth9/operstate", "up\n");
     let f = Fabric::from_sysfs(&root).unwrap();
-    assert!(f.device("siw0").unwrap().iwarp);
+    let siw = f.device("siw0").unwrap();
+    assert!(siw.iwarp);
+    // Its GID has no type in sysfs (IB, as the verbs say); its netdev is the one of its MAC.
+    assert_eq!(siw.ports[0].gids[0].gid_type, GidType::IB);
+    assert_eq!(
+        siw.ports[0].netdev.as_ref().map(|n| (n.name.as_str(), n.oper_state.as_str())),
+        Some(("eth9", "up"))
+    );
     let chosen = Selection { hca: hca("siw"), ..Selection::default() }.select(&f).unwrap();
     assert_eq!((chosen[0].device.as_str(), chosen[0].iwarp, chosen[0].gid_index()), ("siw0", true, None));
     // A device whose files are broken is described with its error.

@@ -353,7 +353,7 @@ pub mod diagnosis {
     //! | symptom | error | what the message adds |
     //! |---|---|---|
     //! | no device at all | [`Error::DeviceNotFound`](crate::Error::DeviceNotFound) with `available: "none"` | whether `/dev/infiniband` exists (not passed to the container?), whether the kernel has devices and `ib_uverbs`, how to load them |
-    //! | registration refused | [`Error::Verb`](crate::Error::Verb) of `ibv_reg_mr` with `ENOMEM`/`EPERM` | the current `RLIMIT_MEMLOCK` and how to raise it: `ulimit -l unlimited`, `LimitMEMLOCK=infinity`, `docker run --ulimit memlock=-1` — or that the limit is not the cause |
+    //! | registration refused | [`Error::Verb`](crate::Error::Verb) of `ibv_reg_mr` with `ENOMEM`/`EPERM` | the current `RLIMIT_MEMLOCK` and how to raise it: `ulimit -l unlimited`, `LimitMEMLOCK=infinity`, `docker run --ulimit memlock=-1` — or that the limit is not the cause (with `CAP_IPC_LOCK`: not the cause but on siw, which counts registrations against it anyway) |
     //! | a setting is wrong | [`Error::Setting`](crate::Error::Setting) | the variable, its value, the position of the problem |
     //! | nothing selected is usable | [`Error::NoUsablePort`](crate::Error::NoUsablePort) | every port and its [`PortProblem`](crate::select::PortProblem): not listed, excluded, not ACTIVE (with the network device's state), MTU above the active MTU, GID index empty or not RoCE v2, no GID in the family and range |
     //! | a port named by flags cannot be used | [`Error::Port`](crate::Error::Port) | its [`PortProblem`](crate::select::PortProblem) |

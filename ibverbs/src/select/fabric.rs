@@ -77,11 +77,12 @@ pub struct PortDesc {
     pub gid_tbl_len: u32,
     /// The populated GID entries.
     pub gids: Vec<GidEntry>,
-    /// The network device under a RoCE port, if known.
+    /// The network device under a RoCE or iWARP port, if known.
     pub netdev: Option<Netdev>,
 }
 
-/// The network device under a RoCE port (e.g. `eth0`, or `dummy0` for SoftRoCE in the test VM).
+/// The network device under a RoCE or iWARP port (e.g. `eth0`, or `dummy0` for SoftRoCE and
+/// soft-iWARP in the test VM).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Netdev {
     /// The interface name.
@@ -186,20 +187,22 @@ impl DeviceDesc {
     }
 
     /// Describes an open device: `ibv_query_device()`, then `ibv_query_port()` and the GID table
-    /// of each port; the network device of a RoCE port comes from its GIDs and sysfs.
+    /// of each port; the network device of a RoCE port comes from its GIDs and sysfs, that of an
+    /// iWARP port from the MAC address in its GID.
     ///
     /// # Errors
     /// The error of the first verb that fails.
     pub fn from_context(ctx: &Context) -> Result<DeviceDesc> {
         let attr = ctx.query_device()?;
+        let iwarp = ctx.is_iwarp();
         let mut ports = Vec::new();
         for port in 1..=attr.phys_port_cnt() {
             let a = ctx.query_port(port)?;
             let gids = ctx.gid_table(port)?;
-            let netdev = if a.link_layer() == LinkLayer::ETHERNET {
-                netdev(Path::new("/"), ctx.name(), port, &gids)
-            } else {
-                None
+            let netdev = match a.link_layer() {
+                LinkLayer::ETHERNET if iwarp => iwarp_netdev(Path::new("/"), &gids),
+                LinkLayer::ETHERNET => netdev(Path::new("/"), ctx.name(), port, &gids),
+                _ => None,
             };
             ports.push(PortDesc {
                 port,
@@ -217,7 +220,7 @@ impl DeviceDesc {
             node_guid: attr.node_guid(),
             ports,
             error: None,
-            iwarp: ctx.is_iwarp(),
+            iwarp,
         })
     }
 }
@@ -240,6 +243,25 @@ fn netdev(root: &Path, device: &str, port: u8, gids: &[GidEntry]) -> Option<Netd
     });
     let ndevs = root.join(format!("sys/class/infiniband/{device}/ports/{port}/gid_attrs/ndevs"));
     let name = by_index.or_else(|| (0..4).find_map(|i| read(&ndevs.join(i.to_string())).ok()))?;
+    netdev_named(root, &name)
+}
+
+/// The network device of an iWARP port: the one whose MAC address its first GID carries (siw,
+/// Chelsio and Intel make an iWARP GID of the MAC address, zero-padded); their GIDs name no
+/// network device in sysfs.
+fn iwarp_netdev(root: &Path, gids: &[GidEntry]) -> Option<Netdev> {
+    let mac = gids.first()?.gid.0;
+    let mac =
+        format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]);
+    let mut names: Vec<String> = fs::read_dir(root.join("sys/class/net"))
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let name = names
+        .into_iter()
+        .find(|n| read(&root.join("sys/class/net").join(n).join("address")).is_ok_and(|a| a == mac))?;
     netdev_named(root, &name)
 }
 
@@ -284,6 +306,8 @@ fn sysfs_device(root: &Path, name: &str) -> io::Result<DeviceDesc> {
         .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
         .collect();
     numbers.sort_unstable();
+    // "4: RNIC" (include/rdma/ib_verbs.h RDMA_NODE_RNIC).
+    let iwarp = read(&dir.join("node_type")).is_ok_and(|t| t.split(':').next() == Some("4"));
     let mut ports = Vec::new();
     for port in numbers {
         let p = dir.join("ports").join(port.to_string());
@@ -317,8 +341,10 @@ fn sysfs_device(root: &Path, name: &str) -> io::Result<DeviceDesc> {
             if gid.is_zero() {
                 continue;
             }
+            // An iWARP GID has no type in sysfs; the verbs call it IB.
             let gid_type = match read(&p.join(format!("gid_attrs/types/{index}"))).ok().as_deref() {
                 Some("RoCE v2") => GidType::ROCE_V2,
+                _ if iwarp => GidType::IB,
                 _ if link_layer == LinkLayer::ETHERNET => GidType::ROCE_V1,
                 _ => GidType::IB,
             };
@@ -333,15 +359,15 @@ fn sysfs_device(root: &Path, name: &str) -> io::Result<DeviceDesc> {
             }
             gids.push(GidEntry { gid, index, port: u32::from(port), gid_type, ndev_ifindex });
         }
-        let netdev = if link_layer == LinkLayer::ETHERNET {
-            ndev.and_then(|n| netdev_named(root, &n)).or_else(|| netdev(root, name, port, &[]))
-        } else {
-            None
+        let netdev = match link_layer {
+            LinkLayer::ETHERNET if iwarp => iwarp_netdev(root, &gids),
+            LinkLayer::ETHERNET => {
+                ndev.and_then(|n| netdev_named(root, &n)).or_else(|| netdev(root, name, port, &[]))
+            }
+            _ => None,
         };
         ports.push(PortDesc { port, state, link_layer, lid, active_mtu: None, gid_tbl_len, gids, netdev });
     }
-    // "4: RNIC" (include/rdma/ib_verbs.h RDMA_NODE_RNIC).
-    let iwarp = read(&dir.join("node_type")).is_ok_and(|t| t.split(':').next() == Some("4"));
     Ok(DeviceDesc { name: name.to_string(), node_guid, ports, error: None, iwarp })
 }
 
