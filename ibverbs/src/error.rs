@@ -277,7 +277,7 @@ fn list_rejected(rejected: &[crate::select::Rejected]) -> String {
 impl Error {
     /// The error of a verb that reported failure through `errno`.
     pub(crate) fn last_os(verb: &'static str) -> Self {
-        Error::Verb { verb, source: io::Error::last_os_error() }
+        Error::Verb { verb, source: last_errno() }
     }
 
     /// The error of a verb that returned an errno value (positive or negated).
@@ -297,8 +297,7 @@ impl Error {
         n: usize,
         bad: *const T,
     ) -> (usize, Self) {
-        let source =
-            if ret == -1 { io::Error::last_os_error() } else { io::Error::from_raw_os_error(ret.abs()) };
+        let source = if ret == -1 { last_errno() } else { io::Error::from_raw_os_error(ret.abs()) };
         let posted = posted_before(base, n, bad);
         let error =
             if posted == n { Error::QueuedWithError { verb, source } } else { Error::Verb { verb, source } };
@@ -349,6 +348,16 @@ fn posted_before<T>(base: *const T, n: usize, bad: *const T) -> usize {
 }
 
 /// Checks a pointer returned by a verb: `NULL` becomes [`Error::Verb`] with `errno`.
+/// `errno` after a call that failed, or, where the library left it 0 (librdmacm's
+/// `rdma_create_qp` was seen to, on siw with several threads connecting), an error that says so
+/// rather than "Success".
+fn last_errno() -> io::Error {
+    match io::Error::last_os_error() {
+        e if e.raw_os_error() == Some(0) => io::Error::other("no errno given"),
+        e => e,
+    }
+}
+
 pub(crate) fn cvt_p<T>(verb: &'static str, p: *mut T) -> Result<std::ptr::NonNull<T>> {
     std::ptr::NonNull::new(p).ok_or_else(|| Error::last_os(verb))
 }
@@ -366,6 +375,18 @@ pub(crate) fn cvt(verb: &'static str, ret: i32) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_without_errno_says_so() {
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = 0 };
+        let e = Error::last_os("rdma_create_qp");
+        assert_eq!(e.to_string(), "rdma_create_qp failed: no errno given");
+        assert_eq!(e.raw_os_error(), None);
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = libc::ENOMEM };
+        assert_eq!(Error::last_os("rdma_create_qp").raw_os_error(), Some(libc::ENOMEM));
+    }
 
     #[test]
     fn a_provider_without_the_verb_is_reported_as_unsupported() {
