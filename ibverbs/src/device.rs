@@ -337,7 +337,7 @@ impl Context {
     /// whose quirks the crate works around: it registers every memory region at its virtual
     /// address, ignoring the IOVA of `ibv_reg_mr_iova2()` (Linux 6.1 `siw_reg_user_mr` leaves
     /// `rnic_va` unused), and completes send-queue requests out of order (see
-    /// `queue::qp::fenced_post_send`). Queries the device on iWARP only.
+    /// `queue::qp::post::fenced_post_send`). Queries the device on iWARP only.
     pub(crate) fn is_siw(&self) -> bool {
         const SIW_VENDOR_ID: u32 = 0x0062_6d74;
         self.is_iwarp() && self.query_device().is_ok_and(|a| a.vendor_id() == SIW_VENDOR_ID)

@@ -347,7 +347,6 @@ fn posted_before<T>(base: *const T, n: usize, bad: *const T) -> usize {
     }
 }
 
-/// Checks a pointer returned by a verb: `NULL` becomes [`Error::Verb`] with `errno`.
 /// `errno` after a call that failed, or, where the library left it 0 (librdmacm's
 /// `rdma_create_qp` was seen to, on siw with several threads connecting), an error that says so
 /// rather than "Success".
@@ -358,6 +357,7 @@ fn last_errno() -> io::Error {
     }
 }
 
+/// Checks a pointer returned by a verb: `NULL` becomes [`Error::Verb`] with `errno`.
 pub(crate) fn cvt_p<T>(verb: &'static str, p: *mut T) -> Result<std::ptr::NonNull<T>> {
     std::ptr::NonNull::new(p).ok_or_else(|| Error::last_os(verb))
 }

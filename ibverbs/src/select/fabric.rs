@@ -253,15 +253,14 @@ fn iwarp_netdev(root: &Path, gids: &[GidEntry]) -> Option<Netdev> {
     let mac = gids.first()?.gid.0;
     let mac =
         format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]);
-    let mut names: Vec<String> = fs::read_dir(root.join("sys/class/net"))
+    let net = root.join("sys/class/net");
+    let mut names: Vec<String> = fs::read_dir(&net)
         .ok()?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    let name = names
-        .into_iter()
-        .find(|n| read(&root.join("sys/class/net").join(n).join("address")).is_ok_and(|a| a == mac))?;
+    let name = names.into_iter().find(|n| read(&net.join(n).join("address")).is_ok_and(|a| a == mac))?;
     netdev_named(root, &name)
 }
 
