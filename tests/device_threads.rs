@@ -70,9 +70,9 @@ fn posting_and_polling_on_different_threads() {
     let received = Arc::new(AtomicU64::new(0));
     // The sender starts once the first receives are posted: iWARP has no RNR retry (a send that
     // finds no receive ends the connection).
-    let posted_first = Arc::new(Barrier::new(2));
+    let (posted_first, first_posted) = std::sync::mpsc::channel::<()>();
     let receiver = {
-        let (received, posted_first) = (received.clone(), posted_first.clone());
+        let received = received.clone();
         let pd = pd.clone();
         thread::spawn(move || {
             let mut posted = 0u64;
@@ -82,7 +82,7 @@ fn posting_and_polling_on_different_threads() {
                 b.post_recv(RecvRequest::new(Local::whole(pd.allocate(8).unwrap())).wr_id(posted)).unwrap();
                 posted += 1;
             }
-            posted_first.wait();
+            posted_first.send(()).unwrap();
             while received.load(Ordering::Relaxed) < n {
                 assert!(
                     Instant::now() < deadline,
@@ -132,7 +132,10 @@ fn posting_and_polling_on_different_threads() {
             cq_a
         })
     };
-    posted_first.wait();
+    // Bounded: a receiver that panicked drops its end, and the wait ends at once.
+    first_posted
+        .recv_timeout(scaled(Duration::from_secs(60)))
+        .expect("the receiver posted its first receives");
     let mut sent = 0;
     let deadline = Instant::now() + scaled(Duration::from_secs(60));
     while sent < n {
