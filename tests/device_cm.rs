@@ -702,3 +702,43 @@ fn a_migrated_id_reports_to_its_new_channel() {
     drop(qp);
     id.migrate(&third).expect("without its queue pair the id migrates");
 }
+
+/// Several threads connect through RDMA-CM at once, each keeping its connections (queue pairs
+/// on one CQ of its own, a PD shared by all) alive, and every connection moves its bytes.
+#[test]
+fn threads_connecting_at_once() {
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 8;
+    let ctx = cm::device_context(addr(0), wait()).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let start = Arc::new(std::sync::Barrier::new(THREADS));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (start, pd, ctx) = (start.clone(), pd.clone(), ctx.clone());
+            thread::spawn(move || {
+                let cq = ctx.create_cq(64 * ROUNDS as u32, None).unwrap();
+                start.wait();
+                let mut kept = Vec::new();
+                for r in 0..ROUNDS {
+                    let (l, a) = listener();
+                    let server = thread::scope(|s| {
+                        let h = s.spawn(|| l.accept(&pd, &cq, caps(), &ConnParam::default(), wait()));
+                        let c = cm::connect(a, &pd, &cq, caps(), &ConnParam::default(), wait());
+                        let s = h.join().unwrap();
+                        (c, s)
+                    });
+                    match server {
+                        (Ok(c), Ok(s)) => kept.push((c, s)),
+                        (c, s) => {
+                            panic!("thread {t} round {r}: connect {:?} / accept {:?}", c.err(), s.err())
+                        }
+                    }
+                }
+                kept.len()
+            })
+        })
+        .collect();
+    for w in workers {
+        assert_eq!(w.join().unwrap(), ROUNDS);
+    }
+}

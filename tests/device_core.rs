@@ -549,6 +549,44 @@ fn queue_and_cq_capacity_are_enforced() {
     assert_eq!(r, 4);
 }
 
+/// Many queues on one context: 200 one-page CQs on most devices. siw refuses the 145th (libsiw
+/// takes the memory-map key of page 144 for invalid, so one context holds 576 KiB of queues): the
+/// error says so, a queue pair is refused the same way, and destroying one CQ makes room again.
+#[test]
+fn many_queues_on_one_context() {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut cqs = Vec::new();
+    let refused = (0..200).find_map(|i| match ctx.create_cq(16, None) {
+        Ok(cq) => {
+            cqs.push(cq);
+            None
+        }
+        Err(e) => Some((i, e)),
+    });
+    let Some((i, e)) = refused else {
+        // A queue pair after them too.
+        pd.create_qp(&cqs[199], QpType::RC).max_send_wr(4).max_recv_wr(4).build().unwrap();
+        return;
+    };
+    assert!(matches!(e, Error::Verb { verb: "ibv_create_cq", .. }), "{e:?}");
+    assert_eq!(e.raw_os_error(), None, "{e:?}");
+    let text = e.to_string();
+    assert!(text.contains("libsiw refused") && text.contains("576 KiB"), "{text}");
+    assert_eq!(i, 144, "one-page CQs before the refusal: {text}");
+    let e = pd.create_qp(&cqs[0], QpType::RC).max_send_wr(4).max_recv_wr(4).build().unwrap_err();
+    assert!(matches!(e, Error::Verb { verb: "ibv_create_qp", .. }), "{e:?}");
+    assert!(e.to_string().contains("576 KiB"), "{e}");
+    // Page 144 is free again once the CQ at page 143 is gone: the next CQ takes 143.
+    cqs.pop();
+    cqs.push(ctx.create_cq(16, None).expect("a CQ after one was destroyed"));
+    unsupported(
+        &ctx,
+        "queues beyond 576 KiB per context",
+        format_args!("the CQ after {i} one-page CQs: {text}"),
+    );
+}
+
 #[test]
 fn unsignaled_requests_are_released_by_a_later_signaled_one() {
     let mut p = rc_pair(16);

@@ -8,6 +8,19 @@ use std::sync::Arc;
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::ffi;
 
+/// Why a queue's creation on siw fails without `errno`. siw's kernel driver numbers the
+/// memory-map keys of a context's queues by page, from 0, lowest free range first, and libsiw
+/// takes the key of page 144 (offset 0x90000, its `SIW_INVAL_UOBJ_KEY`) for "invalid": it
+/// destroys a queue given that key and returns failure with `errno` untouched. Measured on Linux
+/// 6.1: the 145th one-page CQ of a context fails, and every one after it while the first 144
+/// live.
+pub(crate) const SIW_QUEUE_SPACE: &str = "no errno given: libsiw refused the queue's memory-map \
+    key. siw numbers a context's queue mappings by page and libsiw takes page 144 (offset 0x90000) \
+    for its invalid key, so the CQs, queue pairs and SRQs of one context fit in 576 KiB (32 bytes \
+    per CQE, 120 per send and 112 per receive work request, queue depths rounded up to a power \
+    of two, each queue to whole pages): destroy some or make them smaller; a Context opened \
+    separately has its own 576 KiB, but RDMA-CM puts all its queue pairs of a device on one";
+
 /// The list of RDMA devices present on this host (`ibv_get_device_list()`).
 ///
 /// Freed with `ibv_free_device_list()` on drop; devices borrowed from it must be opened (which
@@ -341,6 +354,20 @@ impl Context {
     pub(crate) fn is_siw(&self) -> bool {
         const SIW_VENDOR_ID: u32 = 0x0062_6d74;
         self.is_iwarp() && self.query_device().is_ok_and(|a| a.vendor_id() == SIW_VENDOR_ID)
+    }
+
+    /// `e`, the failure of a queue's creation on this context (`ibv_create_cq`, `ibv_create_qp`,
+    /// `rdma_create_qp`, `ibv_create_srq`, called with `errno` cleared by
+    /// [`clear_errno`](crate::error::clear_errno)), with its cause where the crate knows it: on
+    /// siw, a failure without `errno` is libsiw refusing the memory-map key the kernel gave the
+    /// queue ([`SIW_QUEUE_SPACE`]).
+    pub(crate) fn explain_queue_failure(&self, e: Error) -> Error {
+        match e {
+            Error::Verb { verb, source } if source.raw_os_error().is_none() && self.is_siw() => {
+                Error::Verb { verb, source: std::io::Error::other(SIW_QUEUE_SPACE) }
+            }
+            e => e,
+        }
     }
 
     /// The raw `struct ibv_context *`, for use with [`ffi`](crate::ffi). It stays valid while

@@ -357,6 +357,14 @@ fn last_errno() -> io::Error {
     }
 }
 
+/// Sets this thread's `errno` to 0, before a verb whose provider can fail without setting it
+/// (libsiw's queue creation, see `Context::explain_queue_failure`), so that a value left from an
+/// earlier call is not taken for its error.
+pub(crate) fn clear_errno() {
+    // SAFETY: __errno_location returns this thread's errno slot, valid for the thread's life.
+    unsafe { *libc::__errno_location() = 0 };
+}
+
 /// Checks a pointer returned by a verb: `NULL` becomes [`Error::Verb`] with `errno`.
 pub(crate) fn cvt_p<T>(verb: &'static str, p: *mut T) -> Result<std::ptr::NonNull<T>> {
     std::ptr::NonNull::new(p).ok_or_else(|| Error::last_os(verb))
@@ -378,8 +386,7 @@ mod tests {
 
     #[test]
     fn a_failure_without_errno_says_so() {
-        // SAFETY: this thread's errno.
-        unsafe { *libc::__errno_location() = 0 };
+        clear_errno();
         let e = Error::last_os("rdma_create_qp");
         assert_eq!(e.to_string(), "rdma_create_qp failed: no errno given");
         assert_eq!(e.raw_os_error(), None);

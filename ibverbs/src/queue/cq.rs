@@ -115,13 +115,14 @@ impl CompletionQueue {
         let ch = channel.map_or(std::ptr::null_mut(), |c| c.inner.raw.as_ptr());
         let events = Arc::new(CqEvents::default());
         let cq_context = Arc::as_ptr(&events).cast_mut().cast();
+        crate::error::clear_errno();
         let (raw, ex) = match wc_flags {
             None => {
                 // SAFETY: valid context and (optional) channel, which the CQ keeps alive via its
                 // Arc; `cq_context` points to `events`, which the CQ keeps until after
                 // ibv_destroy_cq.
                 let raw = unsafe { ffi::ibv_create_cq(ctx.as_raw(), cqe, cq_context, ch, 0) };
-                (cvt_p(verb, raw)?, None)
+                (cvt_p(verb, raw).map_err(|e| ctx.explain_queue_failure(e))?, None)
             }
             Some(flags) => {
                 let flags = flags & WcFlags::all();
@@ -135,7 +136,7 @@ impl CompletionQueue {
                 };
                 // SAFETY: as for ibv_create_cq; `attr` is a valid attribute struct (comp_mask 0).
                 let rawx = cvt_p(verb, unsafe { ffi::ibv_create_cq_ex(ctx.as_raw(), &mut attr) })
-                    .map_err(|e| e.or_unsupported("extended CQs"))?;
+                    .map_err(|e| ctx.explain_queue_failure(e).or_unsupported("extended CQs"))?;
                 // SAFETY: an extended CQ starts with its `struct ibv_cq` (ibv_cq_ex_to_cq is a cast).
                 let raw = unsafe { NonNull::new_unchecked(ffi::ibv_cq_ex_to_cq(rawx.as_ptr())) };
                 // SAFETY: the ibv_cq_ex lives as long as the CQ, which holds the table.

@@ -167,6 +167,7 @@ impl ProtectionDomain {
         // no typed copy can make the padding uninitialised again.
         let mut init = std::mem::MaybeUninit::<ffi::ibv_srq_init_attr>::zeroed();
         let p = init.as_mut_ptr();
+        crate::error::clear_errno();
         // SAFETY: all-zero is a valid ibv_srq_init_attr (a null pointer and integers); the field
         // writes go through `p`, leaving the padding zero. Valid PD (kept alive by the SRQ's Arc).
         let raw = unsafe {
@@ -174,7 +175,7 @@ impl ProtectionDomain {
             (*p).attr.max_sge = max_sge;
             ffi::ibv_create_srq(self.as_raw(), p)
         };
-        let raw = cvt_p("ibv_create_srq", raw)?;
+        let raw = cvt_p("ibv_create_srq", raw).map_err(|e| self.context().explain_queue_failure(e))?;
         Ok(SharedReceiveQueue::from_raw(id, raw, max_wr, max_sge, self.inner.clone(), None))
     }
 }

@@ -471,9 +471,11 @@ impl<'a> QueuePairBuilder<'a> {
             (true, false) => [register_send_ring(&send_cq.registry, caps.max_send_wr, verb)?, none()],
             (false, _) => [none(), none()],
         };
+        crate::error::clear_errno();
         let raw = match create(&mut init) {
             Ok(r) => r,
             Err(e) => {
+                let e = self.pd.context().explain_queue_failure(e);
                 // The rings never reached the device.
                 if has_send {
                     send_cq.registry.unregister(&send);
