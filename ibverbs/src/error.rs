@@ -347,9 +347,9 @@ fn posted_before<T>(base: *const T, n: usize, bad: *const T) -> usize {
     }
 }
 
-/// `errno` after a call that failed, or, where the library left it 0 (librdmacm's
-/// `rdma_create_qp` was seen to, on siw with several threads connecting), an error that says so
-/// rather than "Success".
+/// `errno` after a call that failed, or, where the library left it 0 (libsiw's queue creation
+/// does when it refuses the memory-map key the kernel gave, see `device::SIW_QUEUE_SPACE`), an
+/// error that says so rather than "Success".
 fn last_errno() -> io::Error {
     match io::Error::last_os_error() {
         e if e.raw_os_error() == Some(0) => io::Error::other("no errno given"),
