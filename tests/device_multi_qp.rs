@@ -1,7 +1,8 @@
 //! Striped connections ([`StripedConnection`]) over a real device: two ends on one device
 //! (loopback on rxe0), N = 1, 2, 4, 8 queue pairs; Writes and Reads below and above the split
 //! threshold and not divisible by N, data checked; one completion per request; a failing piece
-//! makes one error completion and every buffer comes back; dropping with requests outstanding.
+//! makes one error completion and every buffer comes back; dropping with requests outstanding;
+//! another queue pair's completion on the connection's CQ is not taken for a piece.
 
 mod common;
 
@@ -275,4 +276,53 @@ fn dropping_with_requests_outstanding_is_sound() {
     }
     // The pieces' clones are released once their queue pairs are gone.
     assert_eq!(Arc::strong_count(&shared), 1);
+}
+
+/// A queue pair of the caller's that completes into the connection's CQ (made before the
+/// connection, on a CQ with room for it): its completion, with the `wr_id` of a live piece, is
+/// consumed (its buffer released) and not counted as that piece, so the request completes with
+/// its last real piece and hands its owned buffer back.
+#[test]
+fn another_queue_pairs_completion_on_the_cq_is_not_taken_for_a_piece() {
+    let ctx = pair_context();
+    let pd = ctx.alloc_pd().unwrap();
+    let stripe = StripeOptions { qps: 2, threshold: THRESHOLD, depth: 16, ..StripeOptions::default() };
+    let cq_a = ctx.create_cq(64, None).unwrap();
+    let cq_b = ctx.create_cq(64, None).unwrap();
+    let (mut qa, mut qb, mut ids) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let pd = &pd;
+        let build = |cq| move || pd.create_qp(cq, QpType::RC).max_send_wr(16).max_recv_wr(1);
+        let (a, b, cm) = connect_built(pd, build(&cq_a), build(&cq_b));
+        qa.push(a);
+        qb.push(b);
+        ids.extend(cm);
+    }
+    // The third pair stays the caller's: `x` sends into the connection's CQ.
+    let mut x = qa.pop().unwrap();
+    let _y = qb.pop().unwrap();
+    let mut a = StripedConnection::from_queue_pairs(cq_a, qa, &stripe).unwrap();
+    let _b = StripedConnection::from_queue_pairs(cq_b, qb, &stripe).unwrap();
+    let dst = target(&pd, 2 * THRESHOLD);
+    // `x`'s Write completes first, with wr_id 0: the wire id of the first request's piece on
+    // queue pair 0 (slot 0, generation 0).
+    x.post_send(
+        ibverbs::SendRequest::write(
+            ibverbs::Local::whole(pd.allocate(8).unwrap()),
+            dst.remote().slice(0, 8).unwrap(),
+        )
+        .wr_id(0),
+    )
+    .unwrap();
+    std::thread::sleep(scaled(Duration::from_millis(200)));
+    let mut src = pd.allocate(2 * THRESHOLD).unwrap();
+    src.copy_from_slice(&pattern(2 * THRESHOLD, 5));
+    a.post_write(src, dst.remote(), 77).unwrap();
+    let mut done = wait(&mut a, 1);
+    let c = &mut done[0];
+    assert_eq!((c.wr_id(), c.status(), c.len()), (77, WcStatus::SUCCESS, 2 * THRESHOLD as u64));
+    let back = c.take_region().expect("the owned buffer comes back with the request's last piece");
+    assert_eq!(&back[..], &pattern(2 * THRESHOLD, 5)[..]);
+    assert_eq!(dst.to_vec(), pattern(2 * THRESHOLD, 5));
+    assert_eq!(x.outstanding_sends(), 0, "x's completion was consumed and its buffer released");
 }

@@ -220,7 +220,14 @@ impl<'a> Device<'a> {
         // SAFETY: valid device pointer; the context is closed once in ContextInner::drop.
         let raw = unsafe { ffi::ibv_open_device(self.raw.as_ptr()) };
         let raw = cvt_p("ibv_open_device", raw)?;
-        Ok(Context { inner: Arc::new(ContextInner { raw, name: self.name().to_string(), cm_anchor: None }) })
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                raw,
+                name: self.name().to_string(),
+                cm_anchor: None,
+                siw: Default::default(),
+            }),
+        })
     }
 
     /// The raw `struct ibv_device *`.
@@ -267,6 +274,8 @@ pub(crate) struct ContextInner {
     /// that keeps it open. Such a context is never closed by this crate: dropping the anchor
     /// (`rdma_free_devices()`) hands it back to librdmacm.
     pub(crate) cm_anchor: Option<crate::cm::DeviceAnchor>,
+    /// Whether the device is siw, found by [`Context::is_siw`] once.
+    pub(crate) siw: std::sync::OnceLock<bool>,
 }
 
 // SAFETY: libibverbs contexts are thread-safe: every verb taking a context may be called from any
@@ -350,10 +359,12 @@ impl Context {
     /// whose quirks the crate works around: it registers every memory region at its virtual
     /// address, ignoring the IOVA of `ibv_reg_mr_iova2()` (Linux 6.1 `siw_reg_user_mr` leaves
     /// `rnic_va` unused), and completes send-queue requests out of order (see
-    /// `queue::qp::post::fenced_post_send`). Queries the device on iWARP only.
+    /// `queue::qp::post::fenced_post_send`). Queries the device once per context, on iWARP only.
     pub(crate) fn is_siw(&self) -> bool {
         const SIW_VENDOR_ID: u32 = 0x0062_6d74;
-        self.is_iwarp() && self.query_device().is_ok_and(|a| a.vendor_id() == SIW_VENDOR_ID)
+        *self.inner.siw.get_or_init(|| {
+            self.is_iwarp() && self.query_device().is_ok_and(|a| a.vendor_id() == SIW_VENDOR_ID)
+        })
     }
 
     /// `e`, the failure of a queue's creation on this context (`ibv_create_cq`, `ibv_create_qp`,

@@ -320,7 +320,10 @@ impl StripedConnection {
     }
 
     /// The completion queue its queue pairs share (for `req_notify` / channels; polling it
-    /// directly bypasses the per-request accounting: use [`poll`](Self::poll)).
+    /// directly bypasses the per-request accounting: use [`poll`](Self::poll)). Completions of
+    /// other queue pairs sending into it (the caller's, made on it) are consumed by `poll`, their
+    /// buffers released, and never counted as pieces (each piece's `wr_id` names its queue pair,
+    /// checked against the completion's `qp_num`).
     pub fn cq(&self) -> &CompletionQueue {
         &self.cq
     }

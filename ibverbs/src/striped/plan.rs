@@ -38,6 +38,11 @@ pub(crate) fn pieces(
     })
 }
 
+/// The queue pair (index) a piece's wire `wr_id` ([`Slots::wire_id`]) names.
+pub(crate) fn wire_qp(wire: u64) -> usize {
+    (wire >> 24) as usize & 0xff
+}
+
 /// What a slot remembers of one outstanding request.
 #[derive(Debug)]
 pub(crate) struct Slot<H> {
@@ -94,9 +99,13 @@ impl<H> Slots<H> {
         Some(i)
     }
 
-    /// The wire `wr_id` of slot `i`'s pieces.
-    pub(crate) fn wire_id(&self, i: u32) -> u64 {
-        (u64::from(self.slots[i as usize].gen) << 32) | u64::from(i)
+    /// The wire `wr_id` of slot `i`'s piece on queue pair `qp`: the slot's generation in the
+    /// high 32 bits, `qp` in bits 24..32 and `i` below, so that a completion names the queue
+    /// pair its piece was posted on ([`wire_qp`]) and one of another queue pair sharing the CQ
+    /// is told apart.
+    pub(crate) fn wire_id(&self, i: u32, qp: usize) -> u64 {
+        debug_assert!(i < 1 << 24 && qp < 1 << 8);
+        (u64::from(self.slots[i as usize].gen) << 32) | (qp as u64) << 24 | u64::from(i)
     }
 
     pub(crate) fn get_mut(&mut self, i: u32) -> &mut Slot<H> {
@@ -106,7 +115,7 @@ impl<H> Slots<H> {
     /// The slot a piece completion names, if it is the current request of that slot and has a
     /// piece outstanding.
     pub(crate) fn lookup(&mut self, wire: u64) -> Option<u32> {
-        let i = wire as u32;
+        let i = wire as u32 & 0xff_ffff;
         let s = self.slots.get(i as usize)?;
         (u64::from(s.gen) == wire >> 32 && s.pending > 0).then_some(i)
     }
@@ -169,10 +178,13 @@ mod tests {
     fn slots_reject_stale_and_foreign_ids() {
         let mut s: Slots<()> = Slots::new(2);
         let a = s.acquire(7, 1).unwrap();
-        let wire = s.wire_id(a);
+        let wire = s.wire_id(a, 0);
         assert_eq!(s.lookup(wire), None, "no piece outstanding yet");
         s.get_mut(a).pending = 1;
         assert_eq!(s.lookup(wire), Some(a));
+        let on_63 = s.wire_id(a, 63);
+        assert_eq!((wire_qp(wire), wire_qp(on_63)), (0, 63));
+        assert_eq!(s.lookup(on_63), Some(a), "every piece of a request names its slot");
         s.release(a);
         assert_eq!(s.lookup(wire), None, "freed");
         let b = s.acquire(8, 1).unwrap();

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::plan::pieces;
+use super::plan::{self, pieces};
 use super::{Hold, StripeBuf, StripedConnection};
 use crate::error::Error;
 use crate::{Local, QpState, RemoteSlice, SendRequest, WcStatus};
@@ -152,7 +152,6 @@ impl StripedConnection {
             StripeBuf::Shared(m) => Hold::Shared(m),
             StripeBuf::Owned(m) => Hold::Owned(Arc::from(m.inner)),
         };
-        let wire = self.slots.wire_id(slot);
         let o = &self.opts;
         let first = self.next;
         let mut posted = 0u32;
@@ -170,7 +169,7 @@ impl StripedConnection {
                     StripedOp::Read => SendRequest::read(local, r),
                 };
                 // A refused request comes back with its buffer (a clone or a chunk): dropped here.
-                self.qps[p.qp].post_send(wr.wr_id(wire)).map_err(|e| e.error)
+                self.qps[p.qp].post_send(wr.wr_id(self.slots.wire_id(slot, p.qp))).map_err(|e| e.error)
             });
             match posted_ok {
                 Ok(()) => posted += 1,
@@ -216,7 +215,10 @@ impl StripedConnection {
             for b in c.take_buffers() {
                 drop(b);
             }
-            if !c.is_tracked() {
+            // Only this connection's pieces: a completion of another queue pair sharing the CQ
+            // (made on `cq()` by the caller) whose wr_id happens to look like a piece's is skipped.
+            let ours = self.qps.get(plan::wire_qp(c.wr_id())).is_some_and(|qp| qp.qp_num() == c.qp_num());
+            if !c.is_tracked() || !ours {
                 continue;
             }
             let Some(i) = self.slots.lookup(c.wr_id()) else { continue };
