@@ -212,7 +212,11 @@ pub fn cm_pair(caps: QpCaps) -> Pair {
     let pd = ctx.alloc_pd().unwrap();
     let cq_a = ctx.create_cq(2 * caps.max_send_wr.max(caps.max_recv_wr), None).unwrap();
     let cq_b = ctx.create_cq(2 * caps.max_send_wr.max(caps.max_recv_wr), None).unwrap();
-    let (a, b, ids) = cm_connect_qps(&pd, &cq_a, &cq_b, caps);
+    let (a, b, ids) = cm_connect_built(
+        &pd,
+        || pd.create_qp(&cq_a, QpType::RC).caps(caps),
+        || pd.create_qp(&cq_b, QpType::RC).caps(caps),
+    );
     Pair { ctx, pd, cq_a, cq_b, a, b, cm: Some(ids) }
 }
 
@@ -251,20 +255,6 @@ pub fn connect_built<'q>(
     a.connect(&eb, &o).unwrap();
     b.connect(&ea, &o).unwrap();
     (a, b, None)
-}
-
-/// [`connect_qps`] through RDMA-CM.
-fn cm_connect_qps(
-    pd: &ProtectionDomain,
-    cq_a: &CompletionQueue,
-    cq_b: &CompletionQueue,
-    caps: QpCaps,
-) -> (QueuePair, QueuePair, [CmId; 2]) {
-    cm_connect_built(
-        pd,
-        || pd.create_qp(cq_a, QpType::RC).caps(caps),
-        || pd.create_qp(cq_b, QpType::RC).caps(caps),
-    )
 }
 
 /// [`connect_built`] through RDMA-CM: `b` accepts on an ephemeral port of [`test_ip`], `a`
