@@ -80,7 +80,8 @@ pub fn resolve(addr: SocketAddr, timeout: Duration) -> Result<CmId> {
 /// Sends the connection request of `id` (resolved by [`resolve`]) with `param` and waits, bounded
 /// by `timeout`, until the connection is established; `qp` (created on `id` with
 /// [`QueuePairBuilder::build_on`](crate::QueuePairBuilder::build_on)) is then in RTS. The second
-/// half of [`connect`].
+/// half of [`connect`]. On siw the bound does not cover `rdma_connect()` itself (see
+/// [`connect`]).
 ///
 /// # Errors
 /// As [`connect`]'s, after resolution; [`Error::InvalidArgument`] when `qp` is not `id`'s.
@@ -110,6 +111,12 @@ fn check_own_qp(id: &CmId, qp: &QueuePair) -> Result<()> {
 /// `param`, and waits for the connection to be established; every wait together is bounded by
 /// `timeout`. The queue pair is in RTS. ([`resolve`] and [`establish`] are its two halves, for
 /// callers that build the queue pair themselves.)
+///
+/// One wait is the kernel's, not ours: on siw (soft-iWARP) `rdma_connect()` makes the TCP
+/// connection synchronously, so to an address that does not answer it blocks until TCP gives up
+/// (about 131 s on Linux 6.1, then `ETIMEDOUT`), whatever `timeout` says. On InfiniBand and
+/// RoCE (measured on rxe) it returns at once, the outcome comes as an event, and the bound
+/// holds.
 ///
 /// `pd` and `cq` must come from the RDMA-CM context of the device that reaches `addr` (see
 /// [`device_context`]).

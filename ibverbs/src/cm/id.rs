@@ -237,7 +237,8 @@ impl CmId {
     /// RTS: record it with [`QueuePair::cm_established`](crate::QueuePair::cm_established)), [`REJECTED`](crate::cm::CmEventKind::REJECTED), `UNREACHABLE` or `CONNECT_ERROR`.
     ///
     /// On iWARP the TCP connection is made inside `rdma_connect()`: a port nobody listens on
-    /// fails there, not with a `REJECTED` event.
+    /// fails there, not with a `REJECTED` event. On siw the call blocks until TCP connects or
+    /// gives up (about 131 s for an address that does not answer, Linux 6.1).
     ///
     /// # Errors
     /// [`Error::PrivateDataTooLong`] before anything is sent; [`Error::InvalidArgument`] for
