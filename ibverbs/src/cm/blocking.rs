@@ -80,8 +80,8 @@ pub fn resolve(addr: SocketAddr, timeout: Duration) -> Result<CmId> {
 /// Sends the connection request of `id` (resolved by [`resolve`]) with `param` and waits, bounded
 /// by `timeout`, until the connection is established; `qp` (created on `id` with
 /// [`QueuePairBuilder::build_on`](crate::QueuePairBuilder::build_on)) is then in RTS. The second
-/// half of [`connect`]. On siw the bound does not cover `rdma_connect()` itself (see
-/// [`connect`]).
+/// half of [`connect`]. On siw the bound does not cover `rdma_connect()` itself, which blocks
+/// until TCP connects or gives up (see [`connect`], which keeps its bound there).
 ///
 /// # Errors
 /// As [`connect`]'s, after resolution; [`Error::InvalidArgument`] when `qp` is not `id`'s.
@@ -112,11 +112,12 @@ fn check_own_qp(id: &CmId, qp: &QueuePair) -> Result<()> {
 /// `timeout`. The queue pair is in RTS. ([`resolve`] and [`establish`] are its two halves, for
 /// callers that build the queue pair themselves.)
 ///
-/// One wait is the kernel's, not ours: on siw (soft-iWARP) `rdma_connect()` makes the TCP
-/// connection synchronously, so to an address that does not answer it blocks until TCP gives up
-/// (about 131 s on Linux 6.1, then `ETIMEDOUT`), whatever `timeout` says. On InfiniBand and
-/// RoCE (measured on rxe) it returns at once, the outcome comes as an event, and the bound
-/// holds.
+/// On siw (soft-iWARP) `rdma_connect()` makes the TCP connection before it returns, so to an
+/// address that does not answer it blocks until TCP gives up (about 131 s on Linux 6.1). There
+/// this function connects on a thread of its own that owns the id and the queue pair, and
+/// returns [`Error::Timeout`] at the bound while that thread waits out the kernel and then drops
+/// them (holding `pd` and `cq` until then). [`establish`] has no such thread: on siw its bound
+/// does not cover `rdma_connect()` itself.
 ///
 /// `pd` and `cq` must come from the RDMA-CM context of the device that reaches `addr` (see
 /// [`device_context`]).
@@ -140,8 +141,46 @@ pub fn connect(
     let deadline = Instant::now() + timeout;
     let id = resolve(addr, timeout)?;
     let mut qp = pd.create_qp(cq, QpType::RC).caps(caps).build_on(&id)?;
+    if pd.context().is_siw() {
+        return establish_apart(id, qp, param, deadline, timeout);
+    }
     establish(&id, &mut qp, param, deadline.saturating_duration_since(Instant::now()))?;
     Ok((id, qp))
+}
+
+/// [`establish`] on a thread that owns `id` and `qp`, waited for until `deadline`: siw's
+/// `rdma_connect()` blocks in the kernel's TCP connect (see [`connect`]). At the deadline the
+/// caller gets [`Error::Timeout`]; the thread's result, when it comes, finds no receiver and is
+/// dropped there (the queue pair, then the id).
+fn establish_apart(
+    id: CmId,
+    mut qp: QueuePair,
+    param: &ConnParam,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(CmId, QueuePair)> {
+    const VERB: &str = "rdma_connect";
+    // Room for the result, so the thread never waits for a receiver that is gone.
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let param = param.clone();
+    std::thread::Builder::new()
+        .name("rdma_connect".into())
+        .spawn(move || {
+            let r = establish(&id, &mut qp, &param, deadline.saturating_duration_since(Instant::now()));
+            // Err: the caller stopped waiting; the id and the queue pair are dropped here.
+            let _ = tx.send(r.map(|()| (id, qp)));
+        })
+        .map_err(|source| Error::Verb { verb: "pthread_create", source })?;
+    match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        Ok(r) => r,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            Err(Error::Timeout { verb: VERB, waited: timeout })
+        }
+        // The thread ended without a result: establish panicked.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            Err(Error::Verb { verb: VERB, source: std::io::Error::other("the connecting thread panicked") })
+        }
+    }
 }
 
 /// A listening RDMA-CM id (`rdma_bind_addr()` + `rdma_listen()`) that accepts RC connections.
