@@ -936,12 +936,12 @@ fn device_runs(
 /// asynchronous events, the async adaptor, the extended data path, memory windows, striped
 /// connections, the device capabilities, the device selection with the tools that use it
 /// (beside an rxe1 the tests add) and the soak (48 queue pairs through RDMA-CM, 150 000
-/// operations: 26 s). They connect through RDMA-CM on iWARP (`tests/common::pair`,
+/// operations: 18 s in CI). They connect through RDMA-CM on iWARP (`tests/common::pair`,
 /// `connect_built`) and report what iWARP or siw lacks (`IBVERBS-UNSUPPORTED:`: atomics, extended
 /// QPs and CQs, memory windows, RoCE GID selection, queues beyond 576 KiB per context...). Not
 /// here: `device_perf` and the example binaries (rxe's tools and perftest). Three of them also
-/// run under valgrind ([`SIW_VALGRIND`]). The plain runs with the boot: 102 s, 174 tests
-/// (2026-12-03).
+/// run under valgrind ([`SIW_VALGRIND`]). The plain runs: 99 s, 174 tests; the whole stage
+/// with its boot and valgrind: 243 s (CI, 2026-12-03).
 pub const SIW_BINARIES: [&str; 19] = [
     "device_core",
     "device_cm",
