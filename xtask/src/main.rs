@@ -88,7 +88,8 @@ Commands:
         write_bw, its server's bound when the client's host vanishes, and the library's
         tests/twohost_*.rs in both roles (link cuts, a process killed, a guest restarted); the
         publish checks (MSRV, docs without rdma-core, cargo publish --dry-run); in a second VM
-        boot the siw pass (the device tests of test::SIW_BINARIES on siw0, plain only); a summary.
+        boot the siw pass (the device tests of test::SIW_BINARIES on siw0; test::SIW_VALGRIND
+        under valgrind; the ThreadSanitizer builds, when that pass built them); a summary.
         --valgrind, --tsan, --miri, --twohost, --publish: run only these passes (any combination).
         TEST_ARGS go to each device test binary (e.g. a test name filter).
   demo [--vm] [--mtu N] [--timeout S]

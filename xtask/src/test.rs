@@ -487,7 +487,7 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
     }
 
     if passes.siw {
-        run_siw_stage(opts, &root, &device, &mut summary);
+        run_siw_stage(opts, &root, &device, tsan.as_ref(), &mut summary);
         interrupted()?;
     }
 
@@ -972,8 +972,16 @@ pub const SIW_BINARIES: [&str; 19] = [
 pub const SIW_VALGRIND: [&str; 3] = ["device_soundness", "device_prepared", "device_threads"];
 
 /// The siw stage: [`SIW_BINARIES`] in one boot of a VM with `siw0` instead of `rxe0`, then
-/// [`SIW_VALGRIND`] under valgrind.
-fn run_siw_stage(opts: &TestOptions, root: &Path, device: &[Artifact], summary: &mut Summary) {
+/// [`SIW_VALGRIND`] under valgrind, then the ThreadSanitizer builds of the threads tests
+/// (`tests/device_threads*.rs`, when that pass built them: 6 s on siw0, 2026-12-03), whose
+/// completions come in another order on siw (fenced sends, Reads that complete late).
+fn run_siw_stage(
+    opts: &TestOptions,
+    root: &Path,
+    device: &[Artifact],
+    tsan: Option<&TsanBuild>,
+    summary: &mut Summary,
+) {
     let Backend::Vm { mtu, .. } = opts.backend else {
         eprintln!("xtask: siw stage skipped: it needs the VM backend (--vm) on this host");
         summary.check("siw stage", Err("not run: this host has its own device; use --vm".into()));
@@ -1011,6 +1019,7 @@ fn run_siw_stage(opts: &TestOptions, root: &Path, device: &[Artifact], summary: 
             step: step(format!("{} (siw0, valgrind)", bin.name), script),
         });
     }
+    runs.extend(siw_tsan_runs(root, tsan, &opts.test_args, &step));
     let steps: Vec<Step> = runs.iter().map(|r| r.step.clone()).collect();
     let started = Instant::now();
     let report = vm::run(&steps, &backend, &mut |i, r| {
@@ -1042,6 +1051,31 @@ fn run_siw_stage(opts: &TestOptions, root: &Path, device: &[Artifact], summary: 
     }
     summary.check("siw stage (boot included)", Ok(()));
     summary.took(took);
+}
+
+/// The siw stage's ThreadSanitizer runs: each binary of the ThreadSanitizer build that is one of
+/// [`SIW_BINARIES`] (all of them, `tests/device_threads*.rs`), with the TSan prelude.
+fn siw_tsan_runs(
+    root: &Path,
+    tsan: Option<&TsanBuild>,
+    test_args: &[OsString],
+    step: &dyn Fn(String, Vec<u8>) -> Step,
+) -> Vec<DeviceRun> {
+    let Some(build) = tsan else { return Vec::new() };
+    let prelude = sanitizer_prelude(root, Kind::Tsan);
+    build
+        .tests
+        .iter()
+        .filter(|b| SIW_BINARIES.contains(&b.name.as_str()))
+        .map(|bin| DeviceRun {
+            what: format!("{} (siw0, ThreadSanitizer, in the VM)", bin.name),
+            kind: Kind::Tsan,
+            step: step(
+                format!("{} (siw0, ThreadSanitizer)", bin.name),
+                device_script(root, &prelude, &[], &bin.executable, test_args),
+            ),
+        })
+        .collect()
 }
 
 /// Device test binaries that call no verb in-process: their tests run the examples as child
@@ -1585,6 +1619,43 @@ mod tests {
         for name in SIW_VALGRIND {
             assert!(SIW_BINARIES.contains(&name), "{name} is not in the siw stage");
             assert!(!CHILD_ONLY.contains(&name), "{name} runs its verbs in child processes");
+        }
+    }
+
+    #[test]
+    fn siw_tsan_runs_are_the_tsan_builds_siw_binaries_with_the_tsan_prelude() {
+        let root = Path::new("/w");
+        let step = |label: String, script: Vec<u8>| Step {
+            label,
+            script,
+            timeout: Duration::from_secs(1),
+            output: Output::Live,
+        };
+        assert!(siw_tsan_runs(root, None, &[], &step).is_empty());
+        let build = TsanBuild {
+            tests: vec![
+                artifact("/w/Cargo.toml", "test", "device_threads"),
+                artifact("/w/Cargo.toml", "test", "device_threads_rxe_only"),
+                artifact("/w/Cargo.toml", "test", "device_threads_srq"),
+            ],
+            probe: "/t/probe".into(),
+            elapsed: Duration::ZERO,
+        };
+        let runs = siw_tsan_runs(root, Some(&build), &["filter".into()], &step);
+        let whats: Vec<&str> = runs.iter().map(|r| r.what.as_str()).collect();
+        assert_eq!(
+            whats,
+            [
+                "device_threads (siw0, ThreadSanitizer, in the VM)",
+                "device_threads_srq (siw0, ThreadSanitizer, in the VM)"
+            ]
+        );
+        for run in &runs {
+            assert!(run.kind == Kind::Tsan);
+            let script = String::from_utf8_lossy(&run.step.script);
+            assert!(script.contains("TSAN_OPTIONS="), "{script}");
+            assert!(script.contains("/t/device_threads"), "{script}");
+            assert!(script.ends_with(" --test-threads=1 filter"), "{script}");
         }
     }
 
