@@ -8,13 +8,19 @@
 //! harness builds first. `IBVERBS_TEST_DEVICE` (default `rxe0`) and `IBVERBS_TEST_GID_INDEX`
 //! (default 1) choose the device and GID. The tests run one at a time: busy-polling pairs running
 //! concurrently on a two-CPU VM would only slow each other down.
+//!
+//! On an iWARP device (soft-iWARP in the siw stage), whose queue pairs connect only through
+//! RDMA-CM, every run connects with `-R` at `IBVERBS_TEST_IP`; the runs on the extended data
+//! path (`--ex`, which takes no `-R`) are reported as unsupported there, and a side started
+//! without `-R` must refuse at once, naming iWARP. Whether the device is iWARP comes from sysfs
+//! (its node type is an RNIC): this binary opens no device itself (`CHILD_ONLY` in xtask).
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::mpsc;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Serializes the tests.
@@ -51,10 +57,47 @@ fn example(name: &str) -> PathBuf {
     path
 }
 
+/// The test device's name.
+fn device_name() -> String {
+    std::env::var("IBVERBS_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into())
+}
+
 fn device_args() -> Vec<String> {
-    let dev = std::env::var("IBVERBS_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into());
     let gid = std::env::var("IBVERBS_TEST_GID_INDEX").unwrap_or_else(|_| "1".into());
-    vec!["-d".into(), dev, "-x".into(), gid]
+    vec!["-d".into(), device_name(), "-x".into(), gid]
+}
+
+/// Whether the test device is iWARP: its sysfs node type is an RNIC (`4: RNIC`; an InfiniBand
+/// or RoCE device is `1: CA`). A device that is not there fails the test.
+fn iwarp() -> bool {
+    static IWARP: OnceLock<bool> = OnceLock::new();
+    *IWARP.get_or_init(|| {
+        let path = format!("/sys/class/infiniband/{}/node_type", device_name());
+        let node_type =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("no test device: {path}: {e}"));
+        node_type.contains("RNIC")
+    })
+}
+
+/// Reports a feature the device lacks, as `tests/common::unsupported` does (this binary opens
+/// no device, so it does not use `tests/common`): a line `cargo xtask test` lists in its summary.
+fn unsupported(feature: &str, why: &str) {
+    use std::io::Write;
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    let line = format!("IBVERBS-UNSUPPORTED: {} {feature} ({test}): {why}\n", device_name());
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(line.as_bytes());
+    let _ = out.flush();
+}
+
+/// The flags every side gets and the address the client connects to: none and 127.0.0.1, or
+/// on iWARP `-R` and the device's address (`IBVERBS_TEST_IP`).
+fn transport() -> (&'static [&'static str], String) {
+    if iwarp() {
+        (&["-R"], cm_host())
+    } else {
+        (&[], "127.0.0.1".into())
+    }
 }
 
 /// A running example whose output is collected by threads (stdout line by line, so that a test
@@ -161,7 +204,13 @@ fn result_row(stdout: &str, header: &str) -> Vec<f64> {
 /// Runs `name` as server and client with `args` (both sides; the client adds its level and the
 /// server's address) and checks both exit 0 and the client's row.
 fn run_ok(name: &str, args: &[&str], level: &str) {
-    run_ok_with(name, &[], args, level, "127.0.0.1");
+    if iwarp() && args.contains(&"--ex") {
+        let why =
+            "iWARP connects only through RDMA-CM (-R), which the extended data path (--ex) does not take";
+        return unsupported("extended QPs and CQs (--ex)", why);
+    }
+    let (both, host) = transport();
+    run_ok_with(name, both, args, level, &host);
 }
 
 /// [`run_ok`] with `both` given to both sides, and the client connecting to `host`.
@@ -253,12 +302,14 @@ fn send_lat_runs_at_both_levels() {
 fn vanishing_peer(name: &str, args: &[&str], kill_server: bool, within: Duration) {
     let _serial = lock();
     let port = port().to_string();
+    let (both, host) = transport();
     let mut common = device_args();
     common.extend(["-p".to_string(), port, "--timeout".to_string(), "30".to_string()]);
+    common.extend(both.iter().map(|s| s.to_string()));
     let mut server = Proc::spawn(name, &common);
     let mut client_args = common.clone();
     client_args.extend(args.iter().map(|s| s.to_string()));
-    client_args.push("127.0.0.1".into());
+    client_args.push(host);
     let mut client = Proc::spawn(name, &client_args);
     let header = if name.ends_with("_bw") { BW_HEADER } else { LAT_HEADER };
     let (watched, victim) = if kill_server { (&mut client, &mut server) } else { (&mut server, &mut client) };
@@ -308,10 +359,52 @@ fn rdma_cm_connects_every_perf_example() {
     run_ok_with("send_lat", &["-R"], &["-s", "64", "-n", "100"], "--safe", &host);
 }
 
-/// `-R` on one side only: both sides fail with a message that says so, promptly.
+/// `-R` without `-x`: RDMA-CM resolves the address itself, so the examples pick no GID they
+/// would need (an iWARP port has no RoCE v2 GID: `write_bw -R` used to refuse to start on siw);
+/// the header still shows the port's GID (its RoCE v2 IPv4 GID, or an iWARP port's GID 0).
+#[test]
+fn rdma_cm_needs_no_gid_index() {
+    let _serial = lock();
+    let common = ["-d".to_string(), device_name(), "-p".into(), port().to_string(), "-R".into()];
+    let server = Proc::spawn("write_bw", &common);
+    let mut client_args = common.to_vec();
+    client_args.extend(["-s", "4096", "-n", "100", "--safe"].map(String::from));
+    client_args.push(cm_host());
+    let (cs, cout, cerr) = Proc::spawn("write_bw", &client_args).finish(RUN_TIMEOUT);
+    let (ss, sout, serr) = server.finish(Duration::from_secs(20));
+    let ctx = format!("--- client:\n{cout}\n{cerr}\n--- server:\n{sout}\n{serr}");
+    assert!(cs.is_some_and(|s| s.success()), "client failed ({cs:?}): {ctx}");
+    assert!(ss.is_some_and(|s| s.success()), "server failed ({ss:?}): {ctx}");
+    assert_eq!(result_row(&cout, BW_HEADER)[0], 4096.0, "{ctx}");
+    let gid = cout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("GID: "))
+        .unwrap_or_else(|| panic!("no GID line: {ctx}"));
+    assert!(gid.split(':').any(|b| b != "00"), "the header's GID is all zeros: {ctx}");
+}
+
+/// `-R` on one side only: both sides fail with a message that says so, promptly. On iWARP the
+/// side without `-R` refuses before it connects: its message names iWARP and `-R`.
 #[test]
 fn rdma_cm_on_one_side_only_is_refused_by_name() {
     let host = cm_host();
+    if iwarp() {
+        for role in ["server", "client"] {
+            let _serial = lock();
+            let mut args = device_args();
+            args.extend(["-p".to_string(), port().to_string(), "-n".into(), "10".into()]);
+            if role == "client" {
+                args.push(host.clone());
+            }
+            let t = Instant::now();
+            let (status, out, err) = Proc::spawn("write_bw", &args).finish(RUN_TIMEOUT);
+            let ctx = format!("the {role} without -R on iWARP\n--- stdout:\n{out}\n--- stderr:\n{err}");
+            assert!(status.is_some_and(|s| !s.success()), "it must fail: {ctx}");
+            assert!(err.contains("is an iWARP device") && err.contains("use -R"), "it says why: {ctx}");
+            assert!(t.elapsed() < Duration::from_secs(8), "took {:?}: {ctx}", t.elapsed());
+        }
+        return;
+    }
     for (server_cm, client_cm, says) in
         [(true, false, "the server uses RDMA-CM (-R)"), (false, true, "the server does not use RDMA-CM")]
     {
@@ -357,12 +450,14 @@ fn perf_examples_run_single_threaded() {
     {
         let _serial = lock();
         let port = port().to_string();
+        let (both, host) = transport();
         let mut common = device_args();
         common.extend(["-p".to_string(), port]);
+        common.extend(both.iter().map(|s| s.to_string()));
         common.extend(args.iter().map(|s| s.to_string()));
         let mut server = Proc::spawn(name, &common);
         let mut client_args = common.clone();
-        client_args.push("127.0.0.1".into());
+        client_args.push(host);
         let mut client = Proc::spawn(name, &client_args);
         let header = if name.ends_with("_bw") { BW_HEADER } else { LAT_HEADER };
         assert!(

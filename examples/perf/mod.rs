@@ -78,7 +78,7 @@ pub struct Args {
     #[arg(short = 'i', long = "ib-port", value_name = "PORT",
           value_parser = clap::value_parser!(u8).range(1..))]
     pub ib_port: Option<u8>,
-    /// GID index (default: the RoCE v2 IPv4 GID on Ethernet ports, LID addressing on InfiniBand).
+    /// GID index (default: the RoCE v2 IPv4 GID on Ethernet ports, LID addressing on InfiniBand; with -R none is needed; an iWARP port's GID 0).
     #[arg(short = 'x', long = "gid-index", value_name = "INDEX")]
     pub gid_index: Option<u32>,
     /// Message size in bytes [default: 65536 for bandwidth, 2 for latency tests].
@@ -366,23 +366,39 @@ pub struct Device {
 
 impl Device {
     /// Opens the device of `-d` and checks the port of `-i` (it must be active) and the GID
-    /// index of `-x` (it must hold a GID).
+    /// index of `-x` (it must hold a GID). Without `-x`, an Ethernet port's RoCE v2 IPv4 GID,
+    /// except with `-R` (RDMA-CM resolves the address itself); an iWARP device needs `-R`.
     fn open(kind: TestKind, a: &Args) -> Result<Device, String> {
         // Flags win; where absent, IBVERBS_*/NCCL_IB_* (device, port, GID index, timeout, retries).
         let target = selection::target(a.ib_dev.as_deref(), a.ib_port, a.gid_index)?;
         let (ctx, port_num) = (target.ctx, target.port);
         let port = device::active_port(&ctx, port_num)?;
         let dev = ctx.query_device().map_err(|e| format!("Couldn't query {}: {e}", ctx.name()))?;
+        if ctx.is_iwarp() && !a.rdma_cm {
+            return Err(format!(
+                "{} is an iWARP device: its queue pairs connect only through RDMA-CM (use -R on both sides)",
+                ctx.name()
+            ));
+        }
         let gid_index = match target.gid_index {
             Some(i) => {
                 device::check_gid_index(&ctx, port_num, i)?;
                 Some(i)
             }
-            None if port.link_layer() == LinkLayer::ETHERNET => {
-                Some(ctx.roce_v2_ipv4_gid_index(port_num).map_err(|e| {
-                    format!("no RoCE v2 IPv4 GID on port {port_num} of {} (use -x): {e}", ctx.name())
-                })?)
-            }
+            // An iWARP port has no RoCE GID: its GID 0 (from its MAC address), for the header;
+            // RDMA-CM addresses it by IP.
+            None if ctx.is_iwarp() => device::check_gid_index(&ctx, port_num, 0).ok().map(|()| 0),
+            None if port.link_layer() == LinkLayer::ETHERNET => match ctx.roce_v2_ipv4_gid_index(port_num) {
+                Ok(i) => Some(i),
+                // With -R the GID is only shown: RDMA-CM resolves the address itself.
+                Err(_) if a.rdma_cm => None,
+                Err(e) => {
+                    return Err(format!(
+                        "no RoCE v2 IPv4 GID on port {port_num} of {} (use -x): {e}",
+                        ctx.name()
+                    ))
+                }
+            },
             None => None,
         };
         let rd_atomic = if kind == TestKind::ReadBw {
@@ -779,11 +795,13 @@ impl Session {
             let ep = if self.rdma.spec.rdma_cm {
                 // Connected already: the endpoint is for the header only (and iWARP devices,
                 // which connect through RDMA-CM alone, have no endpoint to give).
+                let r = &self.rdma;
+                let gid = r.gid_index.and_then(|i| r.ctx.query_gid(r.opts.port, i).ok());
                 Endpoint {
                     qpn: qp.qp_num(),
                     psn: 0,
                     lid: 0,
-                    gid: ibverbs::Gid([0; 16]),
+                    gid: gid.map_or(ibverbs::Gid([0; 16]), |e| e.gid),
                     mtu: self.rdma.port.active_mtu(),
                 }
             } else {

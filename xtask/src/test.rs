@@ -935,14 +935,15 @@ fn device_runs(
 /// borrows, shared receive queues, the soundness holes' regression tests, threads, completion and
 /// asynchronous events, the async adaptor, the extended data path, memory windows, striped
 /// connections, the device capabilities, the device selection with the tools that use it
-/// (beside an rxe1 the tests add) and the soak (48 queue pairs through RDMA-CM, 150 000
-/// operations: 18 s in CI). They connect through RDMA-CM on iWARP (`tests/common::pair`,
-/// `connect_built`) and report what iWARP or siw lacks (`IBVERBS-UNSUPPORTED:`: atomics, extended
-/// QPs and CQs, memory windows, RoCE GID selection, queues beyond 576 KiB per context...). Not
-/// here: `device_perf` and the example binaries (rxe's tools and perftest). Three of them also
+/// (beside an rxe1 the tests add), the soak (48 queue pairs through RDMA-CM, 150 000
+/// operations: 18 s in CI) and the perftest-style examples (`device_perf`, every run with `-R`:
+/// 17 s). They connect through RDMA-CM on iWARP (`tests/common::pair`, `connect_built`) and
+/// report what iWARP or siw lacks (`IBVERBS-UNSUPPORTED:`: atomics, extended QPs and CQs, memory
+/// windows, RoCE GID selection, queues beyond 576 KiB per context...). Not here: the binaries of
+/// rxe's tools and perftest (`device_examples*`, `device_example_faults`). Three of them also
 /// run under valgrind ([`SIW_VALGRIND`]). The plain runs: 99 s, 174 tests; the whole stage
 /// with its boot and valgrind: 243 s (CI, 2026-12-03).
-pub const SIW_BINARIES: [&str; 19] = [
+pub const SIW_BINARIES: [&str; 20] = [
     "device_core",
     "device_cm",
     "device_cm_examples",
@@ -962,6 +963,7 @@ pub const SIW_BINARIES: [&str; 19] = [
     "device_caps",
     "device_select",
     "device_soak",
+    "device_perf",
 ];
 
 /// The binaries of [`SIW_BINARIES`] the siw stage also runs under valgrind (memcheck, as the
