@@ -694,11 +694,16 @@ fn a_migrated_id_reports_to_its_new_channel() {
 }
 
 /// Several threads connect through RDMA-CM at once, each keeping its connections (queue pairs
-/// on one CQ of its own, a PD shared by all) alive, and every connection moves its bytes.
+/// on one CQ of its own, a PD shared by all) alive: every connect and accept succeeds.
 #[test]
 fn threads_connecting_at_once() {
     const THREADS: usize = 4;
-    const ROUNDS: usize = 8;
+    // On siw the queues of RDMA-CM's one context of the device get their mappings from one
+    // space of pages, and the queue whose mapping starts at page 144 fails (see device_core's
+    // many_queues_on_one_context). 8 rounds keep 64 queue pairs of 2 pages and 4 CQs of 5 pages
+    // alive, 148 pages: whether one starts at 144 depends on the threads' order, and once one
+    // did (siw0, 2026-12-03). 5 rounds keep 100 pages, well below.
+    let rounds = if is_iwarp() { 5 } else { 8 };
     let ctx = cm::device_context(addr(0), wait()).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let start = Arc::new(std::sync::Barrier::new(THREADS));
@@ -706,10 +711,10 @@ fn threads_connecting_at_once() {
         .map(|t| {
             let (start, pd, ctx) = (start.clone(), pd.clone(), ctx.clone());
             thread::spawn(move || {
-                let cq = ctx.create_cq(64 * ROUNDS as u32, None).unwrap();
+                let cq = ctx.create_cq(64 * rounds as u32, None).unwrap();
                 start.wait();
                 let mut kept = Vec::new();
-                for r in 0..ROUNDS {
+                for r in 0..rounds {
                     let (l, a) = listener();
                     let server = thread::scope(|s| {
                         let h = s.spawn(|| l.accept(&pd, &cq, caps(), &ConnParam::default(), wait()));
@@ -729,6 +734,6 @@ fn threads_connecting_at_once() {
         })
         .collect();
     for w in workers {
-        assert_eq!(w.join().unwrap(), ROUNDS);
+        assert_eq!(w.join().unwrap(), rounds);
     }
 }
