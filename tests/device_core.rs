@@ -323,7 +323,7 @@ fn inline_send_copies_at_post_time() {
 
 #[test]
 fn ud_send_recv_through_an_address_handle() {
-    if iwarp_lacks("UD", "iWARP has RC queue pairs only") {
+    if iwarp_lacks_qp_type(QpType::UD) {
         return;
     }
     let ctx = context();
@@ -358,7 +358,7 @@ fn ud_send_recv_through_an_address_handle() {
 
 #[test]
 fn uc_write() {
-    if iwarp_lacks("UC", "iWARP has RC queue pairs only") {
+    if iwarp_lacks_qp_type(QpType::UC) {
         return;
     }
     let mut p = pair(QpType::UC, 4, 1, 0);

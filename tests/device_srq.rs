@@ -419,7 +419,7 @@ fn a_receive_pool_keeps_an_srq_stocked_for_two_queue_pairs() {
 
 #[test]
 fn a_ud_qp_receives_through_an_srq() {
-    if iwarp_lacks("UD", "iWARP has RC queue pairs only") {
+    if iwarp_lacks_qp_type(QpType::UD) {
         return;
     }
     let ctx = context();

@@ -137,6 +137,29 @@ pub fn iwarp_lacks(feature: &str, why: &str) -> bool {
     true
 }
 
+/// For a test of UC or UD queue pairs (`qp_type`): on an iWARP device (RC only), checks that
+/// creating one gives the typed error (`Error::Unsupported`, capability "UC queue pairs" or "UD
+/// queue pairs"), then does what [`iwarp_lacks`] does; `false` on any other device.
+pub fn iwarp_lacks_qp_type(qp_type: QpType) -> bool {
+    if !is_iwarp() {
+        return false;
+    }
+    let (feature, capability) = match qp_type {
+        QpType::UC => ("UC", "UC queue pairs"),
+        QpType::UD => ("UD", "UD queue pairs"),
+        other => panic!("iwarp_lacks_qp_type is for UC and UD, not {other:?}"),
+    };
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4, None).unwrap();
+    let e = pd.create_qp(&cq, qp_type).max_send_wr(1).max_recv_wr(1).build().unwrap_err();
+    assert!(
+        matches!(e, Error::Unsupported { verb: "ibv_create_qp", capability: c } if c == capability),
+        "a {feature} queue pair on iWARP: {e:?}"
+    );
+    iwarp_lacks(feature, "iWARP has RC queue pairs only (creating one gives Error::Unsupported)")
+}
+
 /// For a test of [`QueuePair::reset`] on `qp` (a queue pair made by hand, not on an RDMA-CM id):
 /// on an iWARP device, checks that the crate refuses the reset with its typed error (siw accepts
 /// RESET and ignores it), reports the test as unsupported and returns `true`; the test then

@@ -45,6 +45,17 @@ impl QpType {
     fn is_xrc(self) -> bool {
         self == QpType::XRC_SEND || self == QpType::XRC_RECV
     }
+
+    /// What a device lacks that refuses to create a queue pair of this type (`EOPNOTSUPP`, as
+    /// iWARP devices, RC only, answer for UC and UD): the capability of [`Error::Unsupported`].
+    fn capability(self) -> &'static str {
+        match self {
+            QpType::RC => "RC queue pairs",
+            QpType::UC => "UC queue pairs",
+            QpType::UD => "UD queue pairs",
+            _ => "queue pairs of this type",
+        }
+    }
 }
 
 impl fmt::Debug for QpType {
@@ -237,8 +248,9 @@ impl<'a> QueuePairBuilder<'a> {
     /// # Errors
     /// [`Error::InvalidArgument`] for a zero send or receive depth; [`Error::CqTooSmall`] when a
     /// CQ cannot hold every completion of its queue pairs (the send and receive depths add up on
-    /// a shared CQ); [`Error::Verb`] from `ibv_create_qp()` (e.g. `EINVAL` for capacities above
-    /// the device's limits).
+    /// a shared CQ); [`Error::Unsupported`] for a type the device does not have (`EOPNOTSUPP`:
+    /// UC and UD on iWARP, capability "UC queue pairs" or "UD queue pairs"); [`Error::Verb`] from
+    /// `ibv_create_qp()` (e.g. `EINVAL` for capacities above the device's limits).
     /// With [`send_ops`](Self::send_ops): [`Error::Unsupported`] where the provider has no
     /// extended QPs (capability "extended QPs": `EOPNOTSUPP` from `ibv_create_qp_ex()`, e.g.
     /// siw) or leaves out a builder every post needs; otherwise [`Error::Verb`] from
@@ -276,10 +288,12 @@ impl<'a> QueuePairBuilder<'a> {
                 Ok(raw)
             });
         }
+        let capability = self.qp_type.capability();
         self.build_with("ibv_create_qp", None, |init| {
             // SAFETY: valid PD and CQs (kept alive by the QP's Arcs); `init` is a valid attribute
             // struct.
             cvt_p("ibv_create_qp", unsafe { ffi::ibv_create_qp(pd, init) })
+                .map_err(|e| e.or_unsupported(capability))
         })
     }
 
