@@ -346,6 +346,15 @@ fn print_port(port: &PortDesc, iwarp: bool) {
     if let Some(n) = &port.netdev {
         let ndev_mtu = n.mtu.map_or_else(String::new, |m| format!(", MTU {m}"));
         println!("    network device: {} ({}{ndev_mtu})", n.name, n.oper_state);
+        // Where RDMA-CM reaches the port (an iWARP port is addressed by IP alone).
+        match n.addresses() {
+            Ok(a) if a.is_empty() => println!("    IP addresses:   none (RDMA-CM cannot reach this port)"),
+            Ok(a) => {
+                let a: Vec<String> = a.iter().map(|a| a.to_string()).collect();
+                println!("    IP addresses:   {}", a.join(", "));
+            }
+            Err(e) => println!("    IP addresses:   unknown (getifaddrs: {e})"),
+        }
     }
     if port.gids.is_empty() {
         println!("    GID table: empty ({} entries)", port.gid_tbl_len);

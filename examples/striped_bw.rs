@@ -5,19 +5,30 @@
 //! Device, port, GID index, timeout and retries come from `IBVERBS_*`/`NCCL_IB_*`
 //! (`Config::from_env()`); `-d`/`-i`/`-g` win. Prints one row per (queue pairs, size): MB/s
 //! (10^6 bytes per second) of `-n` messages with `-t` requests in flight.
+//!
+//! On an iWARP device, whose queue pairs connect only through RDMA-CM, each pair of queue pairs
+//! connects through RDMA-CM at the port's address: `--ip`, else the first IPv4 address of the
+//! port's network device (`Netdev::ipv4`); the connections are made with
+//! `StripedConnection::from_queue_pairs`.
 
+use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ibverbs::select::Config;
+use ibverbs::cm::{self, CmId, ConnParam, Listener};
+use ibverbs::select::{Config, Fabric};
 use ibverbs::striped::{StripeOptions, StripedConnection};
-use ibverbs::AccessFlags;
+use ibverbs::{AccessFlags, Context, ProtectionDomain, QpCaps};
+
+/// How long each RDMA-CM step (resolving, connecting, accepting) may take.
+const CM_WAIT: Duration = Duration::from_secs(10);
 
 struct Args {
     device: Option<String>,
     port: Option<u8>,
     gid: Option<u32>,
+    ip: Option<IpAddr>,
     qps: Vec<u32>,
     sizes: Vec<usize>,
     iters: usize,
@@ -33,6 +44,7 @@ fn parse() -> Result<Args, String> {
         device: None,
         port: None,
         gid: None,
+        ip: None,
         qps: vec![1, 2, 4, 8],
         sizes: vec![64 << 10, 1 << 20],
         iters: 1000,
@@ -47,12 +59,13 @@ fn parse() -> Result<Args, String> {
             "-g" | "-x" | "--gid-idx" => {
                 a.gid = Some(val()?.parse().map_err(|_| "-g: bad GID index".to_string())?)
             }
+            "--ip" => a.ip = Some(val()?.parse().map_err(|_| "--ip: bad IP address".to_string())?),
             "--qps" => a.qps = list("--qps", &val()?)?,
             "-s" | "--size" => a.sizes = list("-s", &val()?)?,
             "-n" | "--iters" => a.iters = val()?.parse().map_err(|_| "-n: bad count".to_string())?,
             "-t" | "--tx-depth" => a.tx_depth = val()?.parse().map_err(|_| "-t: bad depth".to_string())?,
             "-h" | "--help" => {
-                println!("usage: striped_bw [-d DEV] [-i PORT] [-g GID] [--qps 1,2,4,8] [-s 65536,1048576] [-n ITERS] [-t DEPTH]");
+                println!("usage: striped_bw [-d DEV] [-i PORT] [-g GID] [--ip ADDR (iWARP)] [--qps 1,2,4,8] [-s 65536,1048576] [-n ITERS] [-t DEPTH]");
                 std::process::exit(0);
             }
             _ => return Err(format!("unknown option {flag}")),
@@ -84,9 +97,25 @@ fn run(a: &Args) -> Result<(), String> {
     if let Some(g) = a.gid {
         opts.gid_index = Some(g);
     }
+    // iWARP: RDMA-CM's context of the device (the queue pairs are made on its ids), and where.
+    let (ctx, cm_at) = if ctx.is_iwarp() {
+        let ip = match a.ip {
+            Some(ip) => ip,
+            None => port_ip(&ctx, opts.port)?,
+        };
+        let at = SocketAddr::new(ip, 0);
+        let cm_ctx = cm::device_context(at, CM_WAIT).map_err(|e| format!("RDMA-CM at {ip}: {e}"))?;
+        if cm_ctx.name() != ctx.name() {
+            return Err(format!("{ip} is an address of {}, not of {}", cm_ctx.name(), ctx.name()));
+        }
+        (cm_ctx, Some(at))
+    } else {
+        (ctx, None)
+    };
     let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
+    let how = cm_at.map_or_else(String::new, |at| format!(", connected through RDMA-CM at {}", at.ip()));
     println!(
-        "# striped_bw on {} port {}, {} messages per row, {} in flight",
+        "# striped_bw on {} port {}, {} messages per row, {} in flight{how}",
         ctx.name(),
         opts.port,
         a.iters,
@@ -100,12 +129,19 @@ fn run(a: &Args) -> Result<(), String> {
         let src = Arc::new(pd.allocate(size).map_err(|e| e.to_string())?);
         for &qps in &a.qps {
             let stripe = StripeOptions { qps, depth: a.tx_depth, ..config.stripe.clone() };
-            let mut x = StripedConnection::new(&pd, &stripe).map_err(|e| e.to_string())?;
-            let mut y = StripedConnection::new(&pd, &stripe).map_err(|e| e.to_string())?;
-            let ex = x.endpoints(&opts).map_err(|e| e.to_string())?;
-            let ey = y.endpoints(&opts).map_err(|e| e.to_string())?;
-            x.connect(&ey, &opts).map_err(|e| e.to_string())?;
-            y.connect(&ex, &opts).map_err(|e| e.to_string())?;
+            // The ids hold the RDMA-CM connections: kept for the row.
+            let (mut x, _y, _ids) = match cm_at {
+                Some(at) => cm_ends(&pd, &stripe, at)?,
+                None => {
+                    let mut x = StripedConnection::new(&pd, &stripe).map_err(|e| e.to_string())?;
+                    let mut y = StripedConnection::new(&pd, &stripe).map_err(|e| e.to_string())?;
+                    let ex = x.endpoints(&opts).map_err(|e| e.to_string())?;
+                    let ey = y.endpoints(&opts).map_err(|e| e.to_string())?;
+                    x.connect(&ey, &opts).map_err(|e| e.to_string())?;
+                    y.connect(&ex, &opts).map_err(|e| e.to_string())?;
+                    (x, y, Vec::new())
+                }
+            };
             let mut done = Vec::with_capacity(a.tx_depth as usize);
             let (mut posted, mut completed) = (0, 0);
             let start = Instant::now();
@@ -135,6 +171,63 @@ fn run(a: &Args) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The first IPv4 address of the network device under `port` of `ctx`'s device, where RDMA-CM
+/// reaches an iWARP port.
+fn port_ip(ctx: &Context, port: u8) -> Result<IpAddr, String> {
+    let fabric = Fabric::query().map_err(|e| e.to_string())?;
+    let netdev = fabric
+        .devices
+        .iter()
+        .find(|d| d.name == ctx.name())
+        .and_then(|d| d.ports.iter().find(|p| p.port == port))
+        .and_then(|p| p.netdev.as_ref())
+        .ok_or_else(|| {
+            format!("no network device found under port {port} of {}: give its address with --ip", ctx.name())
+        })?;
+    match netdev.ipv4() {
+        Ok(Some(ip)) => Ok(IpAddr::V4(ip)),
+        Ok(None) => {
+            Err(format!("{} (under {}) has no IPv4 address: give one with --ip", netdev.name, ctx.name()))
+        }
+        Err(e) => Err(format!("the addresses of {}: {e}", netdev.name)),
+    }
+}
+
+/// Two striped ends of `stripe.qps` queue pairs each, every pair connected through RDMA-CM at
+/// `at`'s address (iWARP): `x`'s queue pairs connect, `y`'s are accepted. Returns the ids,
+/// which hold the connections.
+fn cm_ends(
+    pd: &ProtectionDomain,
+    stripe: &StripeOptions,
+    at: SocketAddr,
+) -> Result<(StripedConnection, StripedConnection, Vec<CmId>), String> {
+    let ctx = pd.context();
+    // As StripedConnection::new: room for each queue pair's sends and its one receive.
+    let cq = || ctx.create_cq(stripe.qps * (stripe.depth + 1), None).map_err(|e| e.to_string());
+    let (cq_x, cq_y) = (cq()?, cq()?);
+    let caps = QpCaps { max_send_wr: stripe.depth, max_recv_wr: 1, ..QpCaps::default() };
+    let param = ConnParam::default();
+    let listener = Listener::bind(at).map_err(|e| format!("rdma_listen at {}: {e}", at.ip()))?;
+    let at = listener.local_addr().ok_or("the listener has no address")?;
+    let (mut qx, mut qy, mut ids) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..stripe.qps {
+        let (connected, accepted) = std::thread::scope(|s| {
+            let server = s.spawn(|| listener.accept(pd, &cq_y, caps, &param, CM_WAIT));
+            let connected = cm::connect(at, pd, &cq_x, caps, &param, CM_WAIT);
+            (connected, server.join())
+        });
+        let (id_x, q_x) = connected.map_err(|e| format!("connecting: {e}"))?;
+        let (id_y, q_y, _) =
+            accepted.map_err(|_| "the accepting thread panicked")?.map_err(|e| format!("accepting: {e}"))?;
+        qx.push(q_x);
+        qy.push(q_y);
+        ids.extend([id_x, id_y]);
+    }
+    let x = StripedConnection::from_queue_pairs(cq_x, qx, stripe).map_err(|e| e.to_string())?;
+    let y = StripedConnection::from_queue_pairs(cq_y, qy, stripe).map_err(|e| e.to_string())?;
+    Ok((x, y, ids))
 }
 
 fn main() -> ExitCode {

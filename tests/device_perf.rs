@@ -2,7 +2,8 @@
 //! `send_lat`): each runs as server and client over a real verbs device (SoftRoCE in the
 //! `cargo xtask test` VM) with tiny sizes, at both posting levels, and must exit 0 with a result
 //! row in perftest's format; and a peer that vanishes mid-run must make the other side fail
-//! quickly instead of hanging. They fail, never skip, when there is no device.
+//! quickly instead of hanging. Also `striped_bw`, whose two ends live in one process. They
+//! fail, never skip, when there is no device.
 //!
 //! The examples are the binaries next to this test's (`target/<profile>/examples/`), which the
 //! harness builds first. `IBVERBS_TEST_DEVICE` (default `rxe0`) and `IBVERBS_TEST_GID_INDEX`
@@ -432,6 +433,34 @@ fn rdma_cm_on_one_side_only_is_refused_by_name() {
         assert!(serr.contains(says), "the server relays the client's reason: {ctx}");
         assert!(t.elapsed() < Duration::from_secs(8), "took {:?}: {ctx}", t.elapsed());
     }
+}
+
+/// `striped_bw` (both ends in one process): a row of MB/s per (queue pairs, size), in order; on
+/// iWARP every pair of queue pairs connects through RDMA-CM at the address of the device's
+/// network device, which it finds itself.
+#[test]
+fn striped_bw_prints_a_row_per_queue_pair_count_and_size() {
+    let _serial = lock();
+    let mut args = device_args();
+    args.extend(["--qps", "1,2,4", "-s", "4096,65536", "-n", "50"].map(String::from));
+    let (status, out, err) = Proc::spawn("striped_bw", &args).finish(RUN_TIMEOUT);
+    let ctx = format!("--- stdout:\n{out}\n--- stderr:\n{err}");
+    assert!(status.is_some_and(|s| s.success()), "striped_bw failed ({status:?}): {ctx}");
+    let header = format!("# striped_bw on {} port 1, 50 messages per row", device_name());
+    assert!(out.starts_with(&header), "{ctx}");
+    assert_eq!(out.contains(&format!("connected through RDMA-CM at {}", cm_host())), iwarp(), "{ctx}");
+    let rows: Vec<(u32, usize, f64)> = out
+        .lines()
+        .skip(2)
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f.len(), 3, "a row is qps, bytes, MB/s: {l:?} in {ctx}");
+            (f[0].parse().unwrap(), f[1].parse().unwrap(), f[2].parse().unwrap())
+        })
+        .collect();
+    let expected = [(1, 4096), (2, 4096), (4, 4096), (1, 65536), (2, 65536), (4, 65536)];
+    assert_eq!(rows.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>(), expected, "{ctx}");
+    assert!(rows.iter().all(|r| r.2 > 0.0), "{ctx}");
 }
 
 /// How many threads process `pid` has (its entries in `/proc/PID/task`).
