@@ -13,6 +13,8 @@
 //!    the crate reads ([`select`](crate::select)).
 //! 4. [GPUDirect RDMA](gpudirect) (dmabuf): what it is and where it stands in the crate.
 //! 5. [When it does not work](diagnosis): the `doctor` example and the crate's error messages.
+//! 6. [Connecting through RDMA-CM, and iWARP](rdma_cm): IP addresses instead of GIDs, and what
+//!    the third kind of RDMA network (RDMA over TCP) does differently.
 //!
 //! The quickest check of a machine is the `doctor` example, which runs the checks of chapters 1
 //! and 5 in one go and prints which device, port and GID a program would use:
@@ -384,4 +386,98 @@ pub mod diagnosis {
     //! `RNR_RETRY_EXC_ERR` (13) means it answered but had no receive posted;
     //! `REM_ACCESS_ERR` (10) means the rkey, address or access rights do not match the
     //! peer's region.
+}
+
+pub mod rdma_cm {
+    //! # 6. Connecting through RDMA-CM, and iWARP
+    //!
+    //! An RC queue pair can be connected in two ways:
+    //!
+    //! - **By hand**: each side gets its [`Endpoint`](crate::Endpoint) (queue pair number, PSN,
+    //!   LID or GID: [`QueuePair::endpoint`](crate::QueuePair::endpoint)), sends it to the peer
+    //!   over a channel of its own (a TCP socket, a job launcher), and calls
+    //!   [`QueuePair::connect`](crate::QueuePair::connect) with the peer's. This is what
+    //!   `ibv_rc_pingpong` and perftest do by default, and what NCCL does over its bootstrap
+    //!   sockets; the GID index, MTU and retry settings of [chapter 3](super::tuning) apply.
+    //! - **Through RDMA-CM** (librdmacm, the `rdma_cm` entry of `/dev/infiniband`): the server
+    //!   listens on an IP address and port of the RDMA port's network device, the client
+    //!   connects to it, and RDMA-CM finds the device, the GID and the path and moves both queue
+    //!   pairs to RTS — as a TCP connection would. This is `rping`, `perftest -R` and
+    //!   `rdma_server`/`rdma_client`; the crate's [`cm`](crate::cm) module.
+    //!
+    //! The primer's three kinds of RDMA network differ here. InfiniBand and RoCE take both
+    //! ways. **iWARP** (RDMA over TCP; soft-iWARP, `siw`, is its software device, as SoftRoCE,
+    //! `rxe`, is RoCE's) takes RDMA-CM only: its queue pairs ride on TCP connections that
+    //! RDMA-CM makes, and [`QueuePair::connect`](crate::QueuePair::connect) refuses them with
+    //! [`Error::Unsupported`](crate::Error::Unsupported). `ibv_devinfo` shows it as
+    //! `transport: iWARP (1)` ([`Context::is_iwarp`](crate::Context::is_iwarp)); its ports have no
+    //! RoCE GID, so the address a program needs is the IP address of the network device under
+    //! the port, which the `doctor` example prints (`IP addresses:`;
+    //! [`Netdev::addresses`](crate::select::Netdev::addresses)).
+    //!
+    //! ```no_run
+    //! use std::net::SocketAddr;
+    //! use std::time::Duration;
+    //!
+    //! use ibverbs::cm::{self, ConnParam, Listener};
+    //! use ibverbs::QpCaps;
+    //!
+    //! let wait = Duration::from_secs(10);
+    //! let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, ..QpCaps::default() };
+    //!
+    //! // Server: an address of the RDMA port's network device, and a port of its choosing.
+    //! fn serve(addr: SocketAddr, caps: QpCaps, wait: Duration) -> ibverbs::Result<()> {
+    //!     // The device behind `addr` as RDMA-CM opened it: the queue pair is made on an
+    //!     // RDMA-CM id, so its PD and CQ come from this context.
+    //!     let ctx = cm::device_context(addr, wait)?;
+    //!     let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(64, None)?);
+    //!     let listener = Listener::bind(addr)?;
+    //!     let (id, qp, _private_data) = listener.accept(&pd, &cq, caps, &ConnParam::default(), wait)?;
+    //!     // `qp` is connected (RTS): post and poll as on any queue pair. `id` holds the
+    //!     // connection: keep it while the queue pair is used.
+    //!     # let _ = (id, qp);
+    //!     Ok(())
+    //! }
+    //!
+    //! // Client: the server's address; the device is the one that routes to it.
+    //! fn dial(server: SocketAddr, caps: QpCaps, wait: Duration) -> ibverbs::Result<()> {
+    //!     let ctx = cm::device_context(server, wait)?;
+    //!     let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(64, None)?);
+    //!     let (id, qp) = cm::connect(server, &pd, &cq, caps, &ConnParam::default(), wait)?;
+    //!     # let _ = (id, qp);
+    //!     Ok(())
+    //! }
+    //! # let _ = (serve, dial, caps, wait);
+    //! ```
+    //!
+    //! Every wait is bounded by `wait`: an address nobody answers for is
+    //! [`Error::Timeout`](crate::Error::Timeout), a port nobody listens on
+    //! [`Error::Rejected`](crate::Error::Rejected). To build the queue pair yourself (an SRQ, other
+    //! capacities), use [`cm::resolve`](crate::cm::resolve), then
+    //! [`QueuePairBuilder::build_on`](crate::QueuePairBuilder::build_on) and
+    //! [`cm::establish`](crate::cm::establish).
+    //!
+    //! ## What iWARP does differently
+    //!
+    //! | | InfiniBand, RoCE | iWARP (siw measured) |
+    //! |---|---|---|
+    //! | queue pair types | RC, UC, UD (XRC on some adapters) | RC only: UC and UD are [`Error::Unsupported`](crate::Error::Unsupported) (`"UD queue pairs"`) |
+    //! | connecting | by hand or RDMA-CM | RDMA-CM only |
+    //! | immediate data | yes | no |
+    //! | atomics | most adapters (`atomic_cap`) | siw: none (`atomic_cap` NONE) |
+    //! | a Send that finds no receive posted | retried (`rnr_retry`), then `RNR_RETRY_EXC_ERR` | no retry: the connection ends, so post receives first |
+    //! | the peer refuses an access, or dies | an error completion of that request (`REM_ACCESS_ERR`, `RETRY_EXC_ERR`) | the connection ends (a `DISCONNECTED` event) and the requests still outstanding flush (`WR_FLUSH_ERR`); a Send or RDMA Write completed successfully once TCP took it, and on siw a request posted after the end is never completed |
+    //!
+    //! On siw the crate also works around three things of the Linux driver: it completes a Send
+    //! or RDMA Write before an RDMA Read posted ahead of it, so the safe level fences every
+    //! request but Reads and atomics (the completion order is then the posting order, which the
+    //! buffer hand-back relies on); all the queues of one context fit in 576 KiB (a creation
+    //! error says so — RDMA-CM puts every queue pair of a device on one context); and
+    //! `rdma_connect` blocks until TCP connects (up to about 131 s), which
+    //! [`cm::connect`](crate::cm::connect) keeps within its bound.
+    //!
+    //! The examples that run on iWARP: `rping`, `rdma_server` and `rdma_client` (against
+    //! rdmacm-utils' tools), the perftest-style `write_bw`, `read_bw`, `send_bw`, `write_lat` and
+    //! `send_lat` with `-R` (on both sides), and `striped_bw`. `rc_pingpong`, `srq_pingpong` and
+    //! `ud_pingpong` connect by hand, as the C tools they mirror, and stop with the error above.
 }
