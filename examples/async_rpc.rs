@@ -6,8 +6,11 @@
 //! the completion channel (`--events`, the default) or busy polling (`--busy-poll`). The client
 //! prints requests per second and latency percentiles; both print their CPU time.
 //!
-//! The queue pairs' addresses (and the run's parameters) are exchanged over TCP (`--port`).
-//! Every wait is bounded by `--timeout`; any failure is one line on stderr and a non-zero exit.
+//! The queue pairs' addresses (and the run's parameters) are exchanged over TCP (`--port`). With
+//! `-R` the queue pairs connect through RDMA-CM instead (the one way on iWARP): the server
+//! listens on an RDMA-CM port it sends in that exchange, and the client connects to it at the
+//! server's address (SERVER must then be an IP address of the server's RDMA port). Every wait is
+//! bounded by `--timeout`; any failure is one line on stderr and a non-zero exit.
 //!
 //! `--bench` runs, in one process over one device (two queue pairs connected to each other, no
 //! TCP), the same request/response load through the synchronous safe level (busy polling
@@ -18,7 +21,7 @@
 mod common;
 
 use std::collections::VecDeque;
-use std::net::TcpStream;
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,9 +29,10 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ibverbs::aio::{AsyncQueuePair, Driver};
+use ibverbs::cm::{self, CmId, ConnParam, Listener};
 use ibverbs::{
-    Completion, CompletionQueue, ConnectOptions, Context, Endpoint, Local, MemoryRegion, ProtectionDomain,
-    QpType, QueuePair, RecvRequest, SendRequest,
+    Completion, CompletionQueue, ConnectOptions, Context, Endpoint, Gid, Local, MemoryRegion, Mtu,
+    ProtectionDomain, QpType, QueuePair, RecvRequest, SendRequest,
 };
 
 #[derive(Parser, Debug, Clone)]
@@ -67,6 +71,12 @@ struct Args {
     /// The in-process comparison of the synchronous safe level and the async adaptor.
     #[arg(long)]
     bench: bool,
+    /// Connect the queue pairs through RDMA-CM (as perftest's -R), the one way on iWARP: the
+    /// server listens on an RDMA-CM port it sends in the TCP exchange, and the client connects to
+    /// it at SERVER, which must then be an IP address of the server's RDMA port. Both sides must
+    /// use it.
+    #[arg(short = 'R', long = "rdma-cm", conflicts_with = "bench")]
+    rdma_cm: bool,
 }
 
 fn main() -> ExitCode {
@@ -115,10 +125,35 @@ fn depth(args: &Args) -> u32 {
     2 * args.concurrency + 4
 }
 
-/// The client's message of the exchange: its endpoint and the run's parameters.
-const HELLO_LEN: usize = Endpoint::ENCODED_LEN + 16;
+/// The client's message of the exchange: its endpoint, the run's parameters and whether it
+/// connects through RDMA-CM (`-R`).
+const HELLO_LEN: usize = Endpoint::ENCODED_LEN + 20;
+/// The server's answer: its endpoint, its RDMA-CM port (0 without `-R`) and whether it uses `-R`.
+const REPLY_LEN: usize = Endpoint::ENCODED_LEN + 4;
 
-fn exchange(args: &Args, me: &Endpoint) -> Result<(Endpoint, u64, u32, u32), String> {
+/// What the exchange gives: the peer's endpoint, the run's parameters, and the server's
+/// RDMA-CM listener (server, `-R`) or port (client, `-R`).
+struct Exchanged {
+    peer: Endpoint,
+    n: u64,
+    size: u32,
+    conc: u32,
+    listener: Option<Listener>,
+    cm_port: u16,
+}
+
+/// Whether the peer's `-R` differs from ours: the message that says so.
+fn cm_mismatch(ours: bool, theirs: bool, peer: &str) -> Result<(), String> {
+    match (ours, theirs) {
+        (true, false) => {
+            Err(format!("the {peer} does not use RDMA-CM (-R): run both sides with -R, or neither"))
+        }
+        (false, true) => Err(format!("the {peer} uses RDMA-CM (-R): run both sides with -R, or neither")),
+        _ => Ok(()),
+    }
+}
+
+fn exchange(args: &Args, me: &Endpoint) -> Result<Exchanged, String> {
     let wait = Duration::from_secs(args.timeout);
     let until = Instant::now() + wait;
     let io = |what: &str, e: common::net::IoError| format!("{what}: {e:?} (--timeout {} s)", args.timeout);
@@ -138,11 +173,17 @@ fn exchange(args: &Args, me: &Endpoint) -> Result<(Endpoint, u64, u32, u32), Str
             hello.extend_from_slice(&args.requests.to_le_bytes());
             hello.extend_from_slice(&args.size.to_le_bytes());
             hello.extend_from_slice(&args.concurrency.to_le_bytes());
+            hello.extend_from_slice(&u32::from(args.rdma_cm).to_le_bytes());
             common::net::write_all(&s, &hello, until).map_err(|e| io("sending our address", e))?;
-            let mut buf = [0u8; Endpoint::ENCODED_LEN];
+            let mut buf = [0u8; REPLY_LEN];
             read(&mut s, &mut buf)?;
-            let peer = Endpoint::decode(&buf).map_err(|e| format!("the server's address: {e}"))?;
-            Ok((peer, args.requests, args.size, args.concurrency))
+            let peer = Endpoint::decode(&buf[..Endpoint::ENCODED_LEN])
+                .map_err(|e| format!("the server's address: {e}"))?;
+            let rest = &buf[Endpoint::ENCODED_LEN..];
+            let cm_port = u16::from_le_bytes([rest[0], rest[1]]);
+            cm_mismatch(args.rdma_cm, rest[2] != 0, "server")?;
+            let (n, size, conc) = (args.requests, args.size, args.concurrency);
+            Ok(Exchanged { peer, n, size, conc, listener: None, cm_port })
         }
         None => {
             let listener = common::net::listen(args.port)?;
@@ -156,11 +197,24 @@ fn exchange(args: &Args, me: &Endpoint) -> Result<(Endpoint, u64, u32, u32), Str
             let n = u64::from_le_bytes(rest[..8].try_into().unwrap());
             let size = u32::from_le_bytes(rest[8..12].try_into().unwrap());
             let conc = u32::from_le_bytes(rest[12..16].try_into().unwrap());
+            let client_cm = u32::from_le_bytes(rest[16..20].try_into().unwrap()) != 0;
+            // Listening before the answer names the port: the client connects as soon as it has it.
+            let listener = if args.rdma_cm && client_cm {
+                let any = SocketAddr::from(([0, 0, 0, 0], 0));
+                Some(Listener::bind(any).map_err(|e| format!("RDMA-CM: cannot listen: {e}"))?)
+            } else {
+                None
+            };
+            let cm_port = listener.as_ref().and_then(|l| l.local_addr()).map_or(0, |a| a.port());
+            let mut reply = me.encode().to_vec();
+            reply.extend_from_slice(&cm_port.to_le_bytes());
+            reply.extend_from_slice(&[u8::from(args.rdma_cm), 0]);
+            common::net::write_all(&s, &reply, until).map_err(|e| io("sending our address", e))?;
+            cm_mismatch(args.rdma_cm, client_cm, "client")?;
             if !(16..=1 << 20).contains(&size) || !(1..=256).contains(&conc) {
                 return Err(format!("the client asked for size {size}, concurrency {conc}: out of range"));
             }
-            common::net::write_all(&s, &me.encode(), until).map_err(|e| io("sending our address", e))?;
-            Ok((peer, n, size, conc))
+            Ok(Exchanged { peer, n, size, conc, listener, cm_port })
         }
     }
 }
@@ -172,28 +226,86 @@ struct Side {
     channel: ibverbs::CompletionChannel,
     cq: CompletionQueue,
     qp: QueuePair,
+    /// With `-R`: the RDMA-CM id the queue pair was made on, which holds its connection.
+    _id: Option<CmId>,
 }
 
-fn open_side(ctx: &Context, depth: u32) -> Result<Side, String> {
+/// The device objects of one side, and its queue pair: made by hand, or on the RDMA-CM `id`.
+fn open_side(ctx: &Context, depth: u32, id: Option<&CmId>) -> Result<Side, String> {
     let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
     let channel = ctx.create_comp_channel().map_err(|e| e.to_string())?;
     let cq = ctx.create_cq(2 * depth, Some(&channel)).map_err(|e| e.to_string())?;
-    let qp = pd
-        .create_qp(&cq, QpType::RC)
-        .max_send_wr(depth)
-        .max_recv_wr(depth)
-        .build()
-        .map_err(|e| format!("creating the queue pair: {e}"))?;
-    Ok(Side { _ctx: ctx.clone(), pd: Arc::new(pd), channel, cq, qp })
+    let b = pd.create_qp(&cq, QpType::RC).max_send_wr(depth).max_recv_wr(depth);
+    let qp = match id {
+        Some(id) => b.build_on(id),
+        None => b.build(),
+    }
+    .map_err(|e| format!("creating the queue pair: {e}"))?;
+    Ok(Side { _ctx: ctx.clone(), pd: Arc::new(pd), channel, cq, qp, _id: None })
+}
+
+/// `-R`: connects this side's queue pair through RDMA-CM after the exchange `x` (the server
+/// accepts on its listener, the client connects to the server's RDMA-CM port at `host`). The
+/// queue pair is made on the id, with the PD and CQ of the id's device context.
+fn cm_side(args: &Args, x: &Exchanged, depth: u32) -> Result<Side, String> {
+    let wait = Duration::from_secs(args.timeout);
+    // One outstanding RDMA Read or atomic each way: this example sends and receives only.
+    let param = ConnParam::default();
+    match (&x.listener, &args.server) {
+        (Some(l), _) => {
+            let (id, _) = l.request(wait).map_err(|e| format!("RDMA-CM: no connection request: {e}"))?;
+            let ctx = id.context().map_err(|e| e.to_string())?;
+            let mut side = match open_side(&ctx, depth, Some(&id)) {
+                Ok(side) => side,
+                Err(e) => {
+                    let _ = id.reject(&[]);
+                    return Err(e);
+                }
+            };
+            cm::accept_request(&id, &mut side.qp, &param, wait)
+                .map_err(|e| format!("RDMA-CM: accept: {e}"))?;
+            side._id = Some(id);
+            Ok(side)
+        }
+        (None, Some(host)) => {
+            let ip: IpAddr = host.parse().map_err(|_| {
+                format!("-R: {host} is not an IP address (RDMA-CM reaches the server's port by IP)")
+            })?;
+            let at = SocketAddr::new(ip, x.cm_port);
+            let id = cm::resolve(at, wait).map_err(|e| format!("RDMA-CM: resolving {at}: {e}"))?;
+            let ctx = id.context().map_err(|e| e.to_string())?;
+            let mut side = open_side(&ctx, depth, Some(&id))?;
+            cm::establish(&id, &mut side.qp, &param, wait)
+                .map_err(|e| format!("RDMA-CM: connecting to {at}: {e}"))?;
+            side._id = Some(id);
+            Ok(side)
+        }
+        (None, None) => Err("-R: the server has no RDMA-CM listener".into()),
+    }
 }
 
 fn run(args: &Args) -> Result<(), String> {
     let ctx = common::open_device(args.device.as_deref())?;
+    if ctx.is_iwarp() && !args.rdma_cm {
+        return Err(format!(
+            "{} is an iWARP device: its queue pairs connect only through RDMA-CM (use -R on both sides)",
+            ctx.name()
+        ));
+    }
     let o = connect_options(args);
-    let mut side = open_side(&ctx, depth(args))?;
-    let me = side.qp.endpoint(&o).map_err(|e| format!("our endpoint: {e}"))?;
-    let (peer, n, size, conc) = exchange(args, &me)?;
-    side.qp.connect(&peer, &o).map_err(|e| format!("connecting the queue pair: {e}"))?;
+    let (side, x) = if args.rdma_cm {
+        // Nothing to exchange but the parameters and the RDMA-CM port.
+        let me = Endpoint { qpn: 0, psn: 0, lid: 0, gid: Gid([0; 16]), mtu: Mtu::MTU_1024 };
+        let x = exchange(args, &me)?;
+        (cm_side(args, &x, depth(args))?, x)
+    } else {
+        let mut side = open_side(&ctx, depth(args), None)?;
+        let me = side.qp.endpoint(&o).map_err(|e| format!("our endpoint: {e}"))?;
+        let x = exchange(args, &me)?;
+        side.qp.connect(&x.peer, &o).map_err(|e| format!("connecting the queue pair: {e}"))?;
+        (side, x)
+    };
+    let (n, size, conc) = (x.n, x.size, x.conc);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     let busy = args.busy_poll;
     let mode = if busy { "busy-poll" } else { "events" };
@@ -426,7 +538,7 @@ fn figures(n: u64, wall: Duration, cpu: Duration, mut lat: Vec<Duration>) -> Fig
 fn loopback(args: &Args) -> Result<(Side, Side), String> {
     let ctx = common::open_device(args.device.as_deref())?;
     let o = connect_options(args);
-    let (mut a, mut b) = (open_side(&ctx, depth(args))?, open_side(&ctx, depth(args))?);
+    let (mut a, mut b) = (open_side(&ctx, depth(args), None)?, open_side(&ctx, depth(args), None)?);
     let (ea, eb) =
         (a.qp.endpoint(&o).map_err(|e| e.to_string())?, b.qp.endpoint(&o).map_err(|e| e.to_string())?);
     a.qp.connect(&eb, &o).map_err(|e| e.to_string())?;

@@ -1,6 +1,6 @@
 //! Device tests of the RDMA-CM examples (`rping`, `rdma_server`, `rdma_client`) against
 //! rdma-core's tools (rdmacm-utils) and each other, in both roles, over SoftRoCE (rxe0 on dummy0
-//! at 192.0.2.1). The examples run as child processes: this binary opens no device itself, so the
+//! at 192.0.2.1) and soft-iWARP (the siw stage), and of `async_rpc -R`. The examples run as child processes: this binary opens no device itself, so the
 //! valgrind pass leaves it out (`CHILD_ONLY` in `xtask/src/test.rs`); the library code they use
 //! runs in-process under valgrind in `tests/device_cm.rs`.
 
@@ -281,4 +281,41 @@ fn rdma_client_ours_with_c_server() {
 #[test]
 fn rdma_server_and_client_ours_with_ours() {
     rdma_server_client(true, true, 7342);
+}
+
+// ---- async_rpc -R: the async adaptor's example over queue pairs connected by RDMA-CM ----
+
+/// The test device's name (`IBVERBS_TEST_DEVICE`).
+fn device_name() -> String {
+    std::env::var("IBVERBS_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into())
+}
+
+/// `async_rpc -R` (built with the `tokio` feature): the server's and the client's queue pairs
+/// connect through RDMA-CM (the one way on iWARP) and the client's 300 requests are answered.
+/// Then `-R` on one side only: both sides fail within their `--timeout`, the side without `-R`
+/// saying why (on iWARP it refuses before it exchanges anything; elsewhere the exchange tells
+/// each side that the other differs).
+#[test]
+fn async_rpc_connects_through_rdma_cm() {
+    let prog = example("async_rpc");
+    let dev = device_name();
+    let server = Proc::spawn(&prog, &["-R", "-d", &dev, "-p", "18791", "--timeout", "20"]);
+    assert!(server.wait_for_line("waiting for a client", run_timeout()), "the server never listened");
+    let client_args = ["-R", "-d", &dev, "-p", "18791", "--timeout", "20", "-n", "300", "-c", "8", HOST];
+    let c = Proc::spawn(&prog, &client_args).finish(run_timeout());
+    let s = server.finish(run_timeout());
+    c.assert_ok();
+    s.assert_ok();
+    assert!(c.stdout.contains("requests/s; latency p50"), "{c:#?}");
+    assert!(s.stdout.contains("answered 300 requests"), "{s:#?}");
+
+    let bound = scaled(Duration::from_secs(3 + 5));
+    let server = Proc::spawn(&prog, &["-R", "-d", &dev, "-p", "18792", "--timeout", "3"]);
+    assert!(server.wait_for_line("waiting for a client", run_timeout()), "the server never listened");
+    let c = Proc::spawn(&prog, &["-d", &dev, "-p", "18792", "--timeout", "3", "-n", "30", HOST])
+        .finish(run_timeout());
+    let s = server.finish(run_timeout());
+    c.assert_failed_within(bound);
+    s.assert_failed_within(bound);
+    assert!(c.stderr.contains("-R"), "the client says why: {c:#?}");
 }

@@ -478,6 +478,6 @@ pub mod rdma_cm {
     //!
     //! The examples that run on iWARP: `rping`, `rdma_server` and `rdma_client` (against
     //! rdmacm-utils' tools), the perftest-style `write_bw`, `read_bw`, `send_bw`, `write_lat` and
-    //! `send_lat` with `-R` (on both sides), and `striped_bw`. `rc_pingpong`, `srq_pingpong` and
+    //! `send_lat` with `-R` (on both sides), `async_rpc -R` and `striped_bw`. `rc_pingpong`, `srq_pingpong` and
     //! `ud_pingpong` connect by hand, as the C tools they mirror, and stop with the error above.
 }
