@@ -32,7 +32,7 @@ use ibverbs::aio::{AsyncQueuePair, Driver};
 use ibverbs::cm::{self, CmId, ConnParam, Listener};
 use ibverbs::{
     Completion, CompletionQueue, ConnectOptions, Context, Endpoint, Gid, Local, MemoryRegion, Mtu,
-    ProtectionDomain, QpType, QueuePair, RecvRequest, SendRequest,
+    ProtectionDomain, QpCaps, QpType, QueuePair, RecvRequest, SendRequest,
 };
 
 #[derive(Parser, Debug, Clone)]
@@ -230,11 +230,20 @@ struct Side {
     _id: Option<CmId>,
 }
 
-/// The device objects of one side, and its queue pair: made by hand, or on the RDMA-CM `id`.
-fn open_side(ctx: &Context, depth: u32, id: Option<&CmId>) -> Result<Side, String> {
+/// The protection domain, completion channel and CQ (both queues' completions) of one side.
+fn side_parts(
+    ctx: &Context,
+    depth: u32,
+) -> Result<(ProtectionDomain, ibverbs::CompletionChannel, CompletionQueue), String> {
     let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
     let channel = ctx.create_comp_channel().map_err(|e| e.to_string())?;
     let cq = ctx.create_cq(2 * depth, Some(&channel)).map_err(|e| e.to_string())?;
+    Ok((pd, channel, cq))
+}
+
+/// The device objects of one side, and its queue pair: made by hand, or on the RDMA-CM `id`.
+fn open_side(ctx: &Context, depth: u32, id: Option<&CmId>) -> Result<Side, String> {
+    let (pd, channel, cq) = side_parts(ctx, depth)?;
     let b = pd.create_qp(&cq, QpType::RC).max_send_wr(depth).max_recv_wr(depth);
     let qp = match id {
         Some(id) => b.build_on(id),
@@ -272,13 +281,13 @@ fn cm_side(args: &Args, x: &Exchanged, depth: u32) -> Result<Side, String> {
                 format!("-R: {host} is not an IP address (RDMA-CM reaches the server's port by IP)")
             })?;
             let at = SocketAddr::new(ip, x.cm_port);
-            let id = cm::resolve(at, wait).map_err(|e| format!("RDMA-CM: resolving {at}: {e}"))?;
-            let ctx = id.context().map_err(|e| e.to_string())?;
-            let mut side = open_side(&ctx, depth, Some(&id))?;
-            cm::establish(&id, &mut side.qp, &param, wait)
+            // cm::connect keeps its bound on siw too, whose rdma_connect waits for TCP.
+            let ctx = cm::device_context(at, wait).map_err(|e| format!("RDMA-CM: resolving {at}: {e}"))?;
+            let (pd, channel, cq) = side_parts(&ctx, depth)?;
+            let caps = QpCaps { max_send_wr: depth, max_recv_wr: depth, ..QpCaps::default() };
+            let (id, qp) = cm::connect(at, &pd, &cq, caps, &param, wait)
                 .map_err(|e| format!("RDMA-CM: connecting to {at}: {e}"))?;
-            side._id = Some(id);
-            Ok(side)
+            Ok(Side { _ctx: ctx, pd: Arc::new(pd), channel, cq, qp, _id: Some(id) })
         }
         (None, None) => Err("-R: the server has no RDMA-CM listener".into()),
     }
