@@ -140,6 +140,8 @@ struct Exchanged {
     conc: u32,
     listener: Option<Listener>,
     cm_port: u16,
+    /// The exchange's connection, kept for the server's "ready" byte (see [`server`]).
+    stream: TcpStream,
 }
 
 /// Whether the peer's `-R` differs from ours: the message that says so.
@@ -183,7 +185,7 @@ fn exchange(args: &Args, me: &Endpoint) -> Result<Exchanged, String> {
             let cm_port = u16::from_le_bytes([rest[0], rest[1]]);
             cm_mismatch(args.rdma_cm, rest[2] != 0, "server")?;
             let (n, size, conc) = (args.requests, args.size, args.concurrency);
-            Ok(Exchanged { peer, n, size, conc, listener: None, cm_port })
+            Ok(Exchanged { peer, n, size, conc, listener: None, cm_port, stream: s })
         }
         None => {
             let listener = common::net::listen(args.port)?;
@@ -214,7 +216,7 @@ fn exchange(args: &Args, me: &Endpoint) -> Result<Exchanged, String> {
             if !(16..=1 << 20).contains(&size) || !(1..=256).contains(&conc) {
                 return Err(format!("the client asked for size {size}, concurrency {conc}: out of range"));
             }
-            Ok(Exchanged { peer, n, size, conc, listener, cm_port })
+            Ok(Exchanged { peer, n, size, conc, listener, cm_port, stream: s })
         }
     }
 }
@@ -315,6 +317,16 @@ fn run(args: &Args) -> Result<(), String> {
         (side, x)
     };
     let (n, size, conc) = (x.n, x.size, x.conc);
+    let stream = x.stream;
+    let mut client_stream = stream.try_clone().map_err(|e| format!("the exchange's connection: {e}"))?;
+    let until = || Instant::now() + Duration::from_secs(args.timeout);
+    // The server's receives are posted when it sends this byte, and the client sends nothing
+    // before it has it: a Send that finds no receive posted ends an iWARP connection (no RNR
+    // retry there), and costs an RNR retry elsewhere.
+    let ready = move || {
+        common::net::write_all(&stream, &[1], until())
+            .map_err(|e| format!("telling the client we are ready: {e:?}"))
+    };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     let busy = args.busy_poll;
     let mode = if busy { "busy-poll" } else { "events" };
@@ -327,9 +339,12 @@ fn run(args: &Args) -> Result<(), String> {
         let (cpu0, t0) = (cpu_time(), Instant::now());
         let work = async {
             if args.server.is_some() {
+                let mut byte = [0u8];
+                common::net::read_exact_checked(&mut client_stream, &mut byte, until(), |_| Ok(()))
+                    .map_err(|(_, f)| format!("waiting for the server to be ready: {f:?} (--timeout {} s)", args.timeout))?;
                 client(ep.clone(), side.pd.clone(), n, size, conc, limit).await
             } else {
-                server(ep.clone(), side.pd.clone(), n, size, conc).await.map(|()| Vec::new())
+                server(ep.clone(), side.pd.clone(), n, size, conc, ready).await.map(|()| Vec::new())
             }
         };
         let lat = tokio::time::timeout(whole, work)
@@ -372,20 +387,28 @@ fn check(c: &Completion, what: &str) -> Result<(), String> {
 }
 
 /// Answers `n` requests: a task per posted receive, each echoing the request from its own buffer.
+/// Answers `n` requests: `conc + 2` tasks, each with a receive posted, replying to what lands
+/// in it. `ready` is called once every task's first receive is posted.
 async fn server(
     ep: Arc<AsyncQueuePair>,
     pd: Arc<ProtectionDomain>,
     n: u64,
     size: u32,
     conc: u32,
+    ready: impl FnOnce() -> Result<(), String>,
 ) -> Result<(), String> {
     let served = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for _ in 0..conc + 2 {
-        let (ep, served, mut buf) = (ep.clone(), served.clone(), alloc(&pd, size)?);
+        let (ep, served) = (ep.clone(), served.clone());
+        // Posted here, not in the task: all are posted before `ready`.
+        let first = ep
+            .post_recv(RecvRequest::new(Local::whole(alloc(&pd, size)?)))
+            .map_err(|e| e.error.to_string())?;
         tasks.push(tokio::spawn(async move {
+            let mut op = first;
             loop {
-                let mut c = ep.recv(RecvRequest::new(Local::whole(buf))).await.map_err(|e| e.to_string())?;
+                let mut c = op.await.map_err(|e| e.to_string())?;
                 check(&c, "a receive")?;
                 let len = c.byte_len() as usize;
                 let req = c.take_region().ok_or("the receive's buffer did not come back")?;
@@ -394,13 +417,15 @@ async fn server(
                     .await
                     .map_err(|e| e.to_string())?;
                 check(&c, "a reply")?;
-                buf = c.take_region().ok_or("the reply's buffer did not come back")?;
+                let buf = c.take_region().ok_or("the reply's buffer did not come back")?;
                 if served.fetch_add(1, Ordering::AcqRel) + 1 >= n {
                     return Ok::<(), String>(());
                 }
+                op = ep.post_recv(RecvRequest::new(Local::whole(buf))).map_err(|e| e.error.to_string())?;
             }
         }));
     }
+    ready()?;
     // Done when one task has counted the last request; the others' receives stay posted, their
     // futures dropped (sound: the queue pair keeps the buffers).
     loop {
@@ -619,7 +644,7 @@ fn bench_async(args: &Args, busy: bool) -> Result<Figures, String> {
         let cep = Arc::new(AsyncQueuePair::new(c.qp, &cd).map_err(|(_, e)| e.to_string())?);
         let sep = Arc::new(AsyncQueuePair::new(s.qp, &sd).map_err(|(_, e)| e.to_string())?);
         let (cpu0, t0) = (cpu_time(), Instant::now());
-        let srv = tokio::spawn(server(sep, s.pd.clone(), n, size, conc));
+        let srv = tokio::spawn(server(sep, s.pd.clone(), n, size, conc, || Ok(())));
         let lat = tokio::time::timeout(limit * 10, client(cep, c.pd.clone(), n, size, conc, limit))
             .await
             .map_err(|_| "async bench: timed out".to_string())??;
