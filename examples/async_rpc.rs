@@ -297,12 +297,7 @@ fn cm_side(args: &Args, x: &Exchanged, depth: u32) -> Result<Side, String> {
 
 fn run(args: &Args) -> Result<(), String> {
     let ctx = common::open_device(args.device.as_deref())?;
-    if ctx.is_iwarp() && !args.rdma_cm {
-        return Err(format!(
-            "{} is an iWARP device: its queue pairs connect only through RDMA-CM (use -R on both sides)",
-            ctx.name()
-        ));
-    }
+    common::device::require_rdma_cm_on_iwarp(&ctx, args.rdma_cm)?;
     let o = connect_options(args);
     let (side, x) = if args.rdma_cm {
         // Nothing to exchange but the parameters and the RDMA-CM port.

@@ -285,11 +285,6 @@ fn rdma_server_and_client_ours_with_ours() {
 
 // ---- async_rpc -R: the async adaptor's example over queue pairs connected by RDMA-CM ----
 
-/// The test device's name (`IBVERBS_TEST_DEVICE`).
-fn device_name() -> String {
-    std::env::var("IBVERBS_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into())
-}
-
 /// `async_rpc -R` (built with the `tokio` feature): the server's and the client's queue pairs
 /// connect through RDMA-CM (the one way on iWARP) and the client's 300 requests are answered.
 /// Then `-R` on one side only: both sides fail within their `--timeout`, the side without `-R`
@@ -298,7 +293,7 @@ fn device_name() -> String {
 #[test]
 fn async_rpc_connects_through_rdma_cm() {
     let prog = example("async_rpc");
-    let dev = device_name();
+    let dev = test_device_name();
     let server = Proc::spawn(&prog, &["-R", "-d", &dev, "-p", "18791", "--timeout", "20"]);
     assert!(server.wait_for_line("waiting for a client", run_timeout()), "the server never listened");
     let client_args = ["-R", "-d", &dev, "-p", "18791", "--timeout", "20", "-n", "300", "-c", "8", HOST];

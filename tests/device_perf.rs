@@ -16,6 +16,8 @@
 //! without `-R` must refuse at once, naming iWARP. Whether the device is iWARP comes from sysfs
 //! (its node type is an RNIC): this binary opens no device itself (`CHILD_ONLY` in xtask).
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -23,6 +25,8 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+use common::{test_device_name, unsupported_on};
 
 /// Serializes the tests.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -58,14 +62,9 @@ fn example(name: &str) -> PathBuf {
     path
 }
 
-/// The test device's name.
-fn device_name() -> String {
-    std::env::var("IBVERBS_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into())
-}
-
 fn device_args() -> Vec<String> {
     let gid = std::env::var("IBVERBS_TEST_GID_INDEX").unwrap_or_else(|_| "1".into());
-    vec!["-d".into(), device_name(), "-x".into(), gid]
+    vec!["-d".into(), test_device_name(), "-x".into(), gid]
 }
 
 /// Whether the test device is iWARP: its sysfs node type is an RNIC (`4: RNIC`; an InfiniBand
@@ -73,22 +72,11 @@ fn device_args() -> Vec<String> {
 fn iwarp() -> bool {
     static IWARP: OnceLock<bool> = OnceLock::new();
     *IWARP.get_or_init(|| {
-        let path = format!("/sys/class/infiniband/{}/node_type", device_name());
+        let path = format!("/sys/class/infiniband/{}/node_type", test_device_name());
         let node_type =
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("no test device: {path}: {e}"));
         node_type.contains("RNIC")
     })
-}
-
-/// Reports a feature the device lacks, as `tests/common::unsupported` does (this binary opens
-/// no device, so it does not use `tests/common`): a line `cargo xtask test` lists in its summary.
-fn unsupported(feature: &str, why: &str) {
-    use std::io::Write;
-    let test = std::thread::current().name().unwrap_or("?").to_string();
-    let line = format!("IBVERBS-UNSUPPORTED: {} {feature} ({test}): {why}\n", device_name());
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(line.as_bytes());
-    let _ = out.flush();
 }
 
 /// The flags every side gets and the address the client connects to: none and 127.0.0.1, or
@@ -208,7 +196,7 @@ fn run_ok(name: &str, args: &[&str], level: &str) {
     if iwarp() && args.contains(&"--ex") {
         let why =
             "iWARP connects only through RDMA-CM (-R), which the extended data path (--ex) does not take";
-        return unsupported("extended QPs and CQs (--ex)", why);
+        return unsupported_on(&test_device_name(), "extended QPs and CQs (--ex)", why);
     }
     let (both, host) = transport();
     run_ok_with(name, both, args, level, &host);
@@ -366,7 +354,7 @@ fn rdma_cm_connects_every_perf_example() {
 #[test]
 fn rdma_cm_needs_no_gid_index() {
     let _serial = lock();
-    let common = ["-d".to_string(), device_name(), "-p".into(), port().to_string(), "-R".into()];
+    let common = ["-d".to_string(), test_device_name(), "-p".into(), port().to_string(), "-R".into()];
     let server = Proc::spawn("write_bw", &common);
     let mut client_args = common.to_vec();
     client_args.extend(["-s", "4096", "-n", "100", "--safe"].map(String::from));
@@ -446,7 +434,7 @@ fn striped_bw_prints_a_row_per_queue_pair_count_and_size() {
     let (status, out, err) = Proc::spawn("striped_bw", &args).finish(RUN_TIMEOUT);
     let ctx = format!("--- stdout:\n{out}\n--- stderr:\n{err}");
     assert!(status.is_some_and(|s| s.success()), "striped_bw failed ({status:?}): {ctx}");
-    let header = format!("# striped_bw on {} port 1, 50 messages per row", device_name());
+    let header = format!("# striped_bw on {} port 1, 50 messages per row", test_device_name());
     assert!(out.starts_with(&header), "{ctx}");
     assert_eq!(out.contains(&format!("connected through RDMA-CM at {}", cm_host())), iwarp(), "{ctx}");
     let rows: Vec<(u32, usize, f64)> = out

@@ -287,7 +287,7 @@ fn worker(
                 panic!(
                     "worker {w}: round {round} timed out, {pending} completions missing; kinds seen per pair \
                      (bitmask of 1<<kind): {seen:?}; states {states:?}; resources {:?}; dmesg (newest first):\n{}",
-                    resources(&device()),
+                    resources(&test_device_name()),
                     tail.join("\n")
                 );
             }
@@ -407,11 +407,6 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_default()
 }
 
-/// The device under test.
-fn device() -> String {
-    std::env::var("IBVERBS_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into())
-}
-
 /// Under valgrind (time scale 20) the soak is 80 times shorter: memcheck runs it about 20 times
 /// slower, and what it checks (every access) needs no length.
 fn scaled_down() -> u64 {
@@ -423,7 +418,7 @@ fn scaled_down() -> u64 {
 
 #[test]
 fn soak_many_qps_shared_cqs_mixed_operations() {
-    let dev = device();
+    let dev = test_device_name();
     let ops: u64 = std::env::var("IBVERBS_SOAK_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(150_000)
         / scaled_down();
     if is_iwarp() {

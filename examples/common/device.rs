@@ -42,3 +42,15 @@ pub fn check_gid_index(ctx: &Context, port: u8, index: u32) -> Result<(), String
         format!("no GID at index {index} of port {port} of {} (table of {len} entries): {e}", ctx.name())
     })
 }
+
+/// Refuses an iWARP device unless the program connects through RDMA-CM (`-R`): iWARP queue
+/// pairs connect no other way, and saying so up front beats failing at the first connect.
+pub fn require_rdma_cm_on_iwarp(ctx: &Context, rdma_cm: bool) -> Result<(), String> {
+    if ctx.is_iwarp() && !rdma_cm {
+        return Err(format!(
+            "{} is an iWARP device: its queue pairs connect only through RDMA-CM (use -R on both sides)",
+            ctx.name()
+        ));
+    }
+    Ok(())
+}

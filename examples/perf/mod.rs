@@ -374,12 +374,7 @@ impl Device {
         let (ctx, port_num) = (target.ctx, target.port);
         let port = device::active_port(&ctx, port_num)?;
         let dev = ctx.query_device().map_err(|e| format!("Couldn't query {}: {e}", ctx.name()))?;
-        if ctx.is_iwarp() && !a.rdma_cm {
-            return Err(format!(
-                "{} is an iWARP device: its queue pairs connect only through RDMA-CM (use -R on both sides)",
-                ctx.name()
-            ));
-        }
+        device::require_rdma_cm_on_iwarp(&ctx, a.rdma_cm)?;
         let gid_index = match target.gid_index {
             Some(i) => {
                 device::check_gid_index(&ctx, port_num, i)?;

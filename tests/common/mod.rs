@@ -10,6 +10,12 @@ use ibverbs::{
     QpCaps, QpState, QpType, QueuePair, QueuePairBuilder, SendRequest, IWARP_MANUAL_CONNECT, IWARP_RESET,
 };
 
+/// The test device's name: `IBVERBS_TEST_DEVICE` (set by the harness), `rxe0` when unset. For
+/// the tests that only start programs on it (they open no device themselves).
+pub fn test_device_name() -> String {
+    std::env::var("IBVERBS_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into())
+}
+
 /// Opens the test device: `IBVERBS_TEST_DEVICE` (set by the harness) or the first one.
 pub fn context() -> Context {
     let name = std::env::var("IBVERBS_TEST_DEVICE").ok();
@@ -413,9 +419,14 @@ impl Drop for LinkUp {
 /// "unsupported by the device" (never a silent pass). Written straight to the process's stdout,
 /// past libtest's capture, as `IBVERBS-UNSUPPORTED: <device> <feature> (<test>): <why>`.
 pub fn unsupported(ctx: &Context, feature: &str, why: impl std::fmt::Display) {
+    unsupported_on(ctx.name(), feature, why);
+}
+
+/// [`unsupported`] naming the device by name, for the tests that open no device themselves.
+pub fn unsupported_on(device: &str, feature: &str, why: impl std::fmt::Display) {
     use std::io::Write;
     let test = std::thread::current().name().unwrap_or("?").to_string();
-    let line = format!("IBVERBS-UNSUPPORTED: {} {feature} ({test}): {why}\n", ctx.name());
+    let line = format!("IBVERBS-UNSUPPORTED: {device} {feature} ({test}): {why}\n");
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(line.as_bytes());
     let _ = out.flush();
