@@ -966,15 +966,17 @@ pub const SIW_BINARIES: [&str; 20] = [
 ];
 
 /// The binaries of [`SIW_BINARIES`] the siw stage also runs under valgrind (memcheck, as the
-/// valgrind pass does on rxe0): the soundness holes' regression tests and threads, over siw's
-/// user-mapped queues and the fences the safe level adds on siw. 138 s together with their time
-/// scale of 20 (CI, 2026-12-03). `device_prepared` (38 s in CI, posting code rxe's valgrind run
-/// covers), `device_scope` (130 s), `device_cm` (56 s) and `device_srq` (39 s) also report 0
-/// errors there, and are left out for CI's time (30 min).
-pub const SIW_VALGRIND: [&str; 2] = ["device_soundness", "device_threads"];
+/// valgrind pass does on rxe0): the soundness holes' regression tests, threads and prepared
+/// requests, over siw's user-mapped queues and the fences the safe level adds on siw. The first
+/// runs in the stage's VM after its plain runs (92 s with the time scale of 20, CI 2026-12-03),
+/// the others in a second siw VM beside it (53 s and 38 s). `device_scope` (130 s), `device_cm`
+/// (56 s) and `device_srq` (39 s) also report 0 errors there, and are left out for CI's time
+/// (30 min).
+pub const SIW_VALGRIND: [&str; 3] = ["device_soundness", "device_threads", "device_prepared"];
 
 /// The siw stage: [`SIW_BINARIES`] in one boot of a VM with `siw0` instead of `rxe0`, then
-/// [`SIW_VALGRIND`] under valgrind, then the ThreadSanitizer builds of the threads tests
+/// [`SIW_VALGRIND`] under valgrind (all but the first in a second siw VM, which boots when the
+/// plain runs are over), then the ThreadSanitizer builds of the threads tests
 /// (`tests/device_threads*.rs`, when that pass built them: 6 s on siw0, 2026-12-03), whose
 /// completions come in another order on siw (fenced sends, Reads that complete late).
 fn run_siw_stage(
@@ -1013,7 +1015,8 @@ fn run_siw_stage(
         })
         .collect();
     let prelude = sanitizer_prelude(root, Kind::Valgrind);
-    for bin in bins.iter().filter(|b| SIW_VALGRIND.contains(&b.name.as_str())) {
+    // In SIW_VALGRIND's order: the first stays in this VM.
+    for bin in SIW_VALGRIND.iter().filter_map(|name| bins.iter().find(|b| b.name == *name)) {
         let script = device_script(root, &prelude, &valgrind_argv(root), &bin.executable, &opts.test_args);
         runs.push(DeviceRun {
             what: format!("{} (siw0, valgrind, in the VM)", bin.name),
@@ -1022,33 +1025,55 @@ fn run_siw_stage(
         });
     }
     runs.extend(siw_tsan_runs(root, tsan, &opts.test_args, &step));
-    let steps: Vec<Step> = runs.iter().map(|r| r.step.clone()).collect();
-    let started = Instant::now();
-    let report = vm::run(&steps, &backend, &mut |i, r| {
-        let status = run_status(r.code);
-        eprintln!("xtask: {} ... {status} ({:.1} s)", steps[i].label, r.elapsed.as_secs_f64());
+    // The second VM takes every valgrind run but the first (device_soundness, the longest).
+    let mut valgrind = 0;
+    let (runs, side): (Vec<DeviceRun>, Vec<DeviceRun>) = runs.into_iter().partition(|r| {
+        valgrind += usize::from(r.kind == Kind::Valgrind);
+        r.kind != Kind::Valgrind || valgrind == 1
     });
+    let steps: Vec<Step> = runs.iter().map(|r| r.step.clone()).collect();
+    let side_steps: Vec<Step> = side.iter().map(|r| r.step.clone()).collect();
+    let plain = runs.iter().take_while(|r| r.kind == Kind::Plain).count();
+    let started = Instant::now();
+    let (report, side_report) = run_beside(
+        (&steps, &backend, plain.checked_sub(1)),
+        (&side_steps, "-siw-valgrind2", 0..side_steps.len()),
+        &mut |i, r| {
+            let status = run_status(r.code);
+            eprintln!("xtask: {} ... {status} ({:.1} s)", steps[i].label, r.elapsed.as_secs_f64());
+        },
+    );
     let took = started.elapsed();
-    eprintln!("xtask: siw stage ({} runs, one boot): {:.1} s", steps.len(), took.as_secs_f64());
-    let report = match report {
-        Ok(report) => report,
-        Err(e) => {
-            summary.check("siw stage", Err(e));
-            return;
-        }
-    };
-    report.explain(&steps);
-    let vm_note = vm_note(&report.end, &steps);
-    for (i, run) in runs.into_iter().enumerate() {
-        match report.results.get(i) {
-            Some(r) => {
-                let (code, note) = device_verdict(&run, r, opts.timeout);
-                let stdout = String::from_utf8_lossy(&r.stdout);
-                summary.unsupported_from(&stdout);
-                summary.counted(run.what, code, parse_libtest(&stdout), note);
-                summary.took(r.elapsed);
+    eprintln!(
+        "xtask: siw stage ({} runs, {} boots): {:.1} s",
+        steps.len() + side_steps.len(),
+        1 + usize::from(!side.is_empty()),
+        took.as_secs_f64()
+    );
+    for (runs, report, steps) in [(runs, Some(report), &steps), (side, side_report, &side_steps)] {
+        let Some(report) = report else { continue };
+        let report = match report {
+            Ok(report) => report,
+            Err(e) => {
+                for run in runs {
+                    summary.counted(run.what, -1, None, format!("not run: {e}"));
+                }
+                continue;
             }
-            None => summary.counted(run.what, -1, None, vm_note.clone()),
+        };
+        report.explain(steps);
+        let vm_note = vm_note(&report.end, steps);
+        for (i, run) in runs.into_iter().enumerate() {
+            match report.results.get(i) {
+                Some(r) => {
+                    let (code, note) = device_verdict(&run, r, opts.timeout);
+                    let stdout = String::from_utf8_lossy(&r.stdout);
+                    summary.unsupported_from(&stdout);
+                    summary.counted(run.what, code, parse_libtest(&stdout), note);
+                    summary.took(r.elapsed);
+                }
+                None => summary.counted(run.what, -1, None, vm_note.clone()),
+            }
         }
     }
     summary.check("siw stage (boot included)", Ok(()));
@@ -1263,31 +1288,11 @@ fn run_device_job(
 
     let started = Instant::now();
     let mut verdicts: Vec<Result<(), String>> = Vec::new();
-    let (report, side_report) = std::thread::scope(|scope| {
-        // Dropping `go` lets the second VM start.
-        let (go, wait) = std::sync::mpsc::channel::<()>();
-        let side_job = (!side.is_empty()).then(|| {
-            let (side_steps, backend) = (&side_steps, &opts.backend);
-            scope.spawn(move || {
-                let _ = wait.recv();
-                let extras =
-                    vm::Extras { tag: Some(SIDE_TAG), console_suffix: "-valgrind2", ..Default::default() };
-                vm::run_with(side_steps, backend, &extras, &mut |i, r| {
-                    if (1..side_steps.len() - 1).contains(&i) {
-                        let status = run_status(r.code);
-                        let took = r.elapsed.as_secs_f64();
-                        eprintln!("xtask: {SIDE_TAG}{} ... {status} ({took:.1} s)", side_steps[i].label);
-                    }
-                })
-            })
-        });
-        let mut go = Some(go).filter(|_| plain > 0);
-        // Beside a second VM, whole lines only (an empty tag), so that the two never mix in a line.
-        let extras = vm::Extras { tag: side_job.as_ref().map(|_| ""), ..Default::default() };
-        let report = vm::run_with(&steps, &opts.backend, &extras, &mut |i, r| {
-            if i == plain {
-                go = None;
-            }
+    let (report, side_report) = run_beside(
+        // Step 0 is the baseline: step `plain` is the last plain run.
+        (&steps, &opts.backend, (plain > 0).then_some(plain)),
+        (&side_steps, "-valgrind2", 1..side_steps.len() - 1),
+        &mut |i, r| {
             if (first_self_test..leak_step).contains(&i) {
                 let verdict = self_tests[i - first_self_test].1(r);
                 let status = if verdict.is_ok() { "ok" } else { "FAILED" };
@@ -1297,12 +1302,8 @@ fn run_device_job(
                 let status = run_status(r.code);
                 eprintln!("xtask: {} ... {status} ({:.1} s)", steps[i].label, r.elapsed.as_secs_f64());
             }
-        });
-        drop(go);
-        let side_report = side_job
-            .map(|job| job.join().unwrap_or_else(|_| Err("the second VM's thread panicked".to_string())));
-        (report, side_report)
-    });
+        },
+    );
     let report = report?;
     eprintln!("xtask: {} steps in one boot: {:.1} s", steps.len(), started.elapsed().as_secs_f64());
     report.explain(&steps);
@@ -1333,6 +1334,50 @@ fn run_device_job(
         }
     }
     Ok(())
+}
+
+/// Runs `steps` in a VM of `backend` and, when `side_steps` is not empty, `side_steps` in a second
+/// VM of the same backend that boots once the first has finished its step `start_after` (its
+/// last plain run: the two VMs run side by side only under the sanitizers, never under a plain
+/// run's timing), or at once for `None`. `on_result` sees the first VM's results; the second
+/// prints a progress line, tagged [`SIDE_TAG`], for each of its steps in `side_progress`, and
+/// keeps its console log with `console_suffix`. Returns both reports (`None` for no second VM).
+#[allow(clippy::type_complexity)]
+fn run_beside(
+    (steps, backend, start_after): (&[Step], &Backend, Option<usize>),
+    (side_steps, console_suffix, side_progress): (&[Step], &'static str, std::ops::Range<usize>),
+    on_result: &mut dyn FnMut(usize, &StepResult),
+) -> (Result<vm::Report, String>, Option<Result<vm::Report, String>>) {
+    std::thread::scope(|scope| {
+        // Dropping `go` lets the second VM start.
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let side_job = (!side_steps.is_empty()).then(|| {
+            scope.spawn(move || {
+                let _ = wait.recv();
+                let extras = vm::Extras { tag: Some(SIDE_TAG), console_suffix, ..Default::default() };
+                vm::run_with(side_steps, backend, &extras, &mut |i, r| {
+                    if side_progress.contains(&i) {
+                        let status = run_status(r.code);
+                        let took = r.elapsed.as_secs_f64();
+                        eprintln!("xtask: {SIDE_TAG}{} ... {status} ({took:.1} s)", side_steps[i].label);
+                    }
+                })
+            })
+        });
+        let mut go = Some(go).filter(|_| start_after.is_some());
+        // Beside a second VM, whole lines only (an empty tag), so that the two never mix in a line.
+        let extras = vm::Extras { tag: side_job.as_ref().map(|_| ""), ..Default::default() };
+        let report = vm::run_with(steps, backend, &extras, &mut |i, r| {
+            if Some(i) == start_after {
+                go = None;
+            }
+            on_result(i, r);
+        });
+        drop(go);
+        let side_report = side_job
+            .map(|job| job.join().unwrap_or_else(|_| Err("the second VM's thread panicked".to_string())));
+        (report, side_report)
+    })
 }
 
 /// `ok`, or `FAILED (exit N)`, for a run's progress line.

@@ -812,7 +812,7 @@ mod tests {
     // the ring, nothing reads past that entry (run under Miri, an uninitialised read fails).
     #[test]
     fn light_slots_are_read_no_further_than_their_first_entry() {
-        let reg = Registry::<Slot>::new(64);
+        let reg = Registry::<Slot>::for_tests(64);
         let [ring] = reg.register([(8, false)]).unwrap();
         let writer = ring.light_writer();
         for pos in 0..5u32 {
@@ -849,7 +849,7 @@ mod tests {
     // (`clear_posted`); a partial post hands the rest back intact.
     #[test]
     fn a_send_chain_is_emptied_when_posted_and_handed_back_from_the_refused_one() {
-        let reg = Registry::<Slot>::new(64);
+        let reg = Registry::<Slot>::for_tests(64);
         let [ring] = reg.register([(16, false)]).unwrap();
         let mut scratch = vec![ffi::ibv_send_wr::default(); 16];
         let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 16];
@@ -877,7 +877,7 @@ mod tests {
     // walks the chain through the pointers the loop linked.
     #[test]
     fn requests_from_an_iterator_are_checked_and_written_as_they_come() {
-        let reg = Registry::<Slot>::new(64);
+        let reg = Registry::<Slot>::for_tests(64);
         let [ring] = reg.register([(16, false)]).unwrap();
         let mut scratch = vec![ffi::ibv_send_wr::default(); 16];
         let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 16];
@@ -932,7 +932,7 @@ mod tests {
     // Borrows violation).
     #[test]
     fn a_chain_is_walked_through_valid_pointers_and_a_partial_post_hands_the_rest_back() {
-        let reg = Registry::<Slot>::new(64);
+        let reg = Registry::<Slot>::for_tests(64);
         let [ring] = reg.register([(16, true)]).unwrap();
         let mut scratch = vec![ffi::ibv_recv_wr::default(); 16];
         let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 16];
@@ -974,7 +974,7 @@ mod tests {
     // not posted and their buffers handed back, while the device could still use them.
     #[test]
     fn requests_queued_before_a_failed_doorbell_stay_posted() {
-        let reg = Registry::<Slot>::new(64);
+        let reg = Registry::<Slot>::for_tests(64);
         let [ring] = reg.register([(16, true)]).unwrap();
         let mut scratch = vec![ffi::ibv_recv_wr::default(); 16];
         let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 16];
@@ -1052,7 +1052,7 @@ mod tests {
     fn single_prepared_posts_write_only_their_variable_parts() {
         use crate::memory::RemoteSlice;
         use crate::post::prepared::PreparedSend;
-        let reg = Registry::<Slot>::new(64);
+        let reg = Registry::<Slot>::for_tests(64);
         let [ring] = reg.register([(4, false)]).unwrap();
         let qp = std::ptr::null_mut();
         let remote = RemoteSlice { addr: 0x1000, len: 64, rkey: 7 };

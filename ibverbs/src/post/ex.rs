@@ -427,7 +427,7 @@ mod tests {
     fn a_batch_is_built_in_order_with_one_doorbell() {
         let mut q = fake_qp();
         let ex = setup(&mut q, SendOps::ALL_SAFE);
-        let reg = Registry::<Slot>::new(64);
+        let reg = Registry::<Slot>::for_tests(64);
         let [ring] = reg.register([(8, false)]).unwrap();
         let remote = crate::RemoteSlice { addr: 0x1000, len: 64, rkey: 9 };
         let data = *b"inline!!";
@@ -462,7 +462,7 @@ mod tests {
     fn an_operation_not_enabled_is_refused_before_wr_start() {
         let mut q = fake_qp();
         let ex = setup(&mut q, SendOps::SEND);
-        let reg = Registry::<Slot>::new(64);
+        let reg = Registry::<Slot>::for_tests(64);
         let [ring] = reg.register([(8, false)]).unwrap();
         let mut scratch = vec![ffi::ibv_send_wr::default(); 8];
         let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 8];
@@ -484,7 +484,7 @@ mod tests {
         let mut q = fake_qp();
         let ex = setup(&mut q, SendOps::ALL_SAFE);
         COMPLETE_RET.with(|r| *r.borrow_mut() = libc::ENOMEM);
-        let reg = Registry::<Slot>::new(64);
+        let reg = Registry::<Slot>::for_tests(64);
         let [ring] = reg.register([(8, false)]).unwrap();
         let mut scratch = vec![ffi::ibv_send_wr::default(); 8];
         let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 8];
@@ -507,7 +507,7 @@ mod tests {
     fn a_batch_that_does_not_fit_takes_nothing() {
         let mut q = fake_qp();
         let ex = setup(&mut q, SendOps::ALL_SAFE);
-        let reg = Registry::<Slot>::new(64);
+        let reg = Registry::<Slot>::for_tests(64);
         let [ring] = reg.register([(2, false)]).unwrap();
         let mut scratch = vec![ffi::ibv_send_wr::default(); 8];
         let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 8];

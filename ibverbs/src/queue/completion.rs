@@ -472,7 +472,7 @@ mod tests {
 
     #[test]
     fn untagged_completions_are_passed_through() {
-        let reg = Registry::<Slot>::new(8);
+        let reg = Registry::<Slot>::for_tests(8);
         let mut c = Completion::default();
         let wc = ffi::ibv_wc { wr_id: 77, ..Default::default() };
         // SAFETY: single consumer.

@@ -756,7 +756,7 @@ mod tests {
     // only partly written; the accessors then returned stack garbage (Miri: uninitialised read).
     #[test]
     fn fields_a_provider_does_not_write_read_as_zero() {
-        let reg = Registry::<Slot>::new(64);
+        let reg = Registry::<Slot>::for_tests(64);
         let mut out: [Completion; 20] = Default::default();
         let ids: Vec<u64> = (0..18).collect();
         // SAFETY: single consumer; the closure behaves as a provider.
@@ -775,7 +775,7 @@ mod tests {
     // the next one's, when the provider leaves it alone there.
     #[test]
     fn a_reused_scratch_reads_as_zero_where_the_provider_does_not_write() {
-        let reg = Registry::<Slot>::new(64);
+        let reg = Registry::<Slot>::for_tests(64);
         let mut scratch = WcScratch::new();
         let mut out: [Completion; 4] = Default::default();
         let full = |n: i32, wcs: *mut ffi::ibv_wc| {
@@ -804,7 +804,7 @@ mod tests {
 
     #[test]
     fn tagged_completions_find_their_slots_and_stale_ones_are_skipped() {
-        let reg = Registry::<Slot>::new(64);
+        let reg = Registry::<Slot>::for_tests(64);
         let ring = posted_ring(&reg, 4, true, &[100, 101]);
         let ids = [ring.device_wr_id(1), ring.device_wr_id(1), TAG | RECV | (77 << 32), 5];
         let mut out: [Completion; 8] = Default::default();
@@ -820,7 +820,7 @@ mod tests {
 
     #[test]
     fn a_provider_error_is_typed() {
-        let reg = Registry::<Slot>::new(8);
+        let reg = Registry::<Slot>::for_tests(8);
         let mut out: [Completion; 2] = Default::default();
         // SAFETY: single consumer.
         let e = unsafe { poll_into(&reg, &mut out, &mut WcScratch::new(), |_, _| -libc::EIO) }.unwrap_err();
@@ -829,7 +829,7 @@ mod tests {
 
     #[test]
     fn only_a_poll_that_finds_the_cq_empty_reclaims_retired_rings() {
-        let reg = Registry::<Slot>::new(8);
+        let reg = Registry::<Slot>::for_tests(8);
         let ring = posted_ring(&reg, 8, false, &[0, 0]);
         reg.retire(&ring);
         drop(ring);
@@ -865,7 +865,7 @@ mod tests {
     // empty.
     #[test]
     fn a_poll_with_room_for_one_behaves_as_the_batched_one() {
-        let reg = Registry::<Slot>::new(16);
+        let reg = Registry::<Slot>::for_tests(16);
         let ring = posted_ring(&reg, 4, true, &[100, 101]);
         let ids = [ring.device_wr_id(1), ring.device_wr_id(1), 5];
         let mut provider = mlx5_like(&ids);
@@ -925,8 +925,8 @@ mod tests {
     fn srq_completions_find_their_slots_on_any_attached_cq_in_any_order() {
         use crate::post::table::SlotTable;
         let table = Arc::new(SlotTable::<Slot>::new(4, 99));
-        let reg_a = Registry::<Slot>::new(8);
-        let reg_b = Registry::<Slot>::new(8);
+        let reg_a = Registry::<Slot>::for_tests(8);
+        let reg_b = Registry::<Slot>::for_tests(8);
         let att_a = reg_a.attach_srq(table.clone()).unwrap();
         let att_b = reg_b.attach_srq(table.clone()).unwrap();
         assert_eq!((reg_a.unreserved(), reg_b.unreserved()), (4, 4), "the SRQ's depth reserved in each CQ");
@@ -986,7 +986,7 @@ mod tests {
     fn attaching_an_srq_reports_the_whole_need() {
         use crate::post::registry::RegisterError;
         use crate::post::table::SlotTable;
-        let reg = Registry::<Slot>::new(10);
+        let reg = Registry::<Slot>::for_tests(10);
         let [_ring] = reg.register([(6, false)]).unwrap();
         let table = Arc::new(SlotTable::<Slot>::new(8, 1));
         assert_eq!(
@@ -1001,7 +1001,7 @@ mod tests {
         use crate::post::table::SlotTable;
         const N: u64 = 12;
         let table = Arc::new(SlotTable::<Slot>::new(16, 5));
-        let reg = Arc::new(Registry::<Slot>::new(32));
+        let reg = Arc::new(Registry::<Slot>::for_tests(32));
         let att = reg.attach_srq(table.clone()).unwrap();
         let ids: Vec<u64> = (0..N)
             .map(|k| {

@@ -437,7 +437,7 @@ mod tests {
         let mut q = fake_cq(vec![]);
         // SAFETY: the fake CQ outlives the table.
         let ex = unsafe { ExCq::new(&mut *q, WcFlags::STANDARD) }.unwrap();
-        let reg = Registry::<Slot>::new(8);
+        let reg = Registry::<Slot>::for_tests(8);
         let mut out: [Completion; 4] = Default::default();
         // SAFETY: single consumer.
         assert_eq!(unsafe { poll_into_ex(&ex, &reg, &mut out) }.unwrap(), 0);
@@ -446,7 +446,7 @@ mod tests {
 
     #[test]
     fn completions_are_read_between_start_and_end_and_find_their_slots() {
-        let reg = Registry::<Slot>::new(64);
+        let reg = Registry::<Slot>::for_tests(64);
         let ring = crate::queue::cq::posted_ring(&reg, 4, true, &[100, 101]);
         let mut q = fake_cq(vec![
             (ring.device_wr_id(1), OK, RECV_OP, Some(0xfeed)),
@@ -486,7 +486,7 @@ mod tests {
     /// calls it.
     #[test]
     fn fields_not_asked_for_are_not_read() {
-        let reg = Registry::<Slot>::new(8);
+        let reg = Registry::<Slot>::for_tests(8);
         for (flags, calls) in [(WcFlags::BYTE_LEN, 0), (WcFlags::BYTE_LEN | WcFlags::SRC_QP, 1)] {
             let mut q = fake_cq(vec![(3, OK, RECV_OP, None)]);
             q.read_src_qp = Some(logged_u32);
@@ -506,7 +506,7 @@ mod tests {
     /// for `IMM`, and otherwise reported absent, never as a 0 nobody read.
     #[test]
     fn immediate_data_and_invalidated_rkeys_are_read_or_reported_absent() {
-        let reg = Registry::<Slot>::new(8);
+        let reg = Registry::<Slot>::for_tests(8);
         for inv in [false, true] {
             for flags in [WcFlags::STANDARD, WcFlags::BYTE_LEN, WcFlags::BYTE_LEN | WcFlags::SRC_QP] {
                 let mut q = fake_cq(vec![(3, OK, RECV_OP, Some(0xfeed))]);
@@ -532,7 +532,7 @@ mod tests {
 
     #[test]
     fn a_full_array_ends_the_poll_without_seeing_the_cq_empty() {
-        let reg = Registry::<Slot>::new(8);
+        let reg = Registry::<Slot>::for_tests(8);
         let ring = crate::queue::cq::posted_ring(&reg, 8, false, &[0, 0]);
         reg.retire(&ring);
         drop(ring);
@@ -558,7 +558,7 @@ mod tests {
 
     #[test]
     fn start_poll_enoent_counts_as_seen_empty() {
-        let reg = Registry::<Slot>::new(8);
+        let reg = Registry::<Slot>::for_tests(8);
         let [ring] = reg.register([(8, false)]).unwrap();
         reg.retire(&ring);
         drop(ring);
@@ -573,7 +573,7 @@ mod tests {
 
     #[test]
     fn errors_are_typed_and_a_next_poll_error_keeps_what_was_read() {
-        let reg = Registry::<Slot>::new(8);
+        let reg = Registry::<Slot>::for_tests(8);
         let mut q = fake_cq(vec![(1, OK, SEND, None), (2, OK, SEND, None)]);
         q.start_poll = Some({
             unsafe extern "C" fn failing(_q: *mut ffi::ibv_cq_ex, _a: *mut ffi::ibv_poll_cq_attr) -> i32 {
@@ -608,7 +608,7 @@ mod tests {
         q.read_completion_ts = Some(ts);
         // SAFETY: as above.
         let ex = unsafe { ExCq::new(&mut *q, WcFlags::COMPLETION_TIMESTAMP) }.unwrap();
-        let reg = Registry::<Slot>::new(8);
+        let reg = Registry::<Slot>::for_tests(8);
         let mut out: [Completion; 1] = Default::default();
         // SAFETY: single consumer.
         assert_eq!(unsafe { poll_into_ex(&ex, &reg, &mut out) }.unwrap(), 1);

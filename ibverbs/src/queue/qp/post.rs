@@ -834,7 +834,7 @@ mod tests {
         assert_eq!(*SEEN.lock().unwrap(), want);
 
         // Through the engine: a chain of inline Sends and Writes.
-        let reg = Registry::<Slot>::new(64);
+        let reg = Registry::<Slot>::for_tests(64);
         let [ring] = reg.register([(8, false)]).unwrap();
         let mut scratch = vec![ffi::ibv_send_wr::default(); 8];
         let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 8];
