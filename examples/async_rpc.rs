@@ -381,7 +381,6 @@ fn check(c: &Completion, what: &str) -> Result<(), String> {
     }
 }
 
-/// Answers `n` requests: a task per posted receive, each echoing the request from its own buffer.
 /// Answers `n` requests: `conc + 2` tasks, each with a receive posted, replying to what lands
 /// in it. `ready` is called once every task's first receive is posted.
 async fn server(

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ibverbs::cm::{self, CmId, ConnParam, Listener};
-use ibverbs::select::{Config, Fabric};
+use ibverbs::select::{Config, DeviceDesc};
 use ibverbs::striped::{StripeOptions, StripedConnection};
 use ibverbs::{AccessFlags, Context, ProtectionDomain, QpCaps};
 
@@ -176,14 +176,9 @@ fn run(a: &Args) -> Result<(), String> {
 /// The first IPv4 address of the network device under `port` of `ctx`'s device, where RDMA-CM
 /// reaches an iWARP port.
 fn port_ip(ctx: &Context, port: u8) -> Result<IpAddr, String> {
-    let fabric = Fabric::query().map_err(|e| e.to_string())?;
-    let netdev = fabric
-        .devices
-        .iter()
-        .find(|d| d.name == ctx.name())
-        .and_then(|d| d.ports.iter().find(|p| p.port == port))
-        .and_then(|p| p.netdev.as_ref())
-        .ok_or_else(|| {
+    let desc = DeviceDesc::from_context(ctx).map_err(|e| e.to_string())?;
+    let netdev =
+        desc.ports.iter().find(|p| p.port == port).and_then(|p| p.netdev.as_ref()).ok_or_else(|| {
             format!("no network device found under port {port} of {}: give its address with --ip", ctx.name())
         })?;
     match netdev.ipv4() {

@@ -1,8 +1,9 @@
 //! Device tests of the RDMA-CM examples (`rping`, `rdma_server`, `rdma_client`) against
 //! rdma-core's tools (rdmacm-utils) and each other, in both roles, over SoftRoCE (rxe0 on dummy0
-//! at 192.0.2.1) and soft-iWARP (the siw stage), and of `async_rpc -R`. The examples run as child processes: this binary opens no device itself, so the
-//! valgrind pass leaves it out (`CHILD_ONLY` in `xtask/src/test.rs`); the library code they use
-//! runs in-process under valgrind in `tests/device_cm.rs`.
+//! at 192.0.2.1) and soft-iWARP (the siw stage), and of `async_rpc -R`. The examples run as
+//! child processes: this binary opens no device itself, so the valgrind pass leaves it out
+//! (`CHILD_ONLY` in `xtask/src/test.rs`); the library code they use runs in-process under
+//! valgrind in `tests/device_cm.rs`.
 
 mod common;
 

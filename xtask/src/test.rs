@@ -940,7 +940,7 @@ fn device_runs(
 /// 17 s). They connect through RDMA-CM on iWARP (`tests/common::pair`, `connect_built`) and
 /// report what iWARP or siw lacks (`IBVERBS-UNSUPPORTED:`: atomics, extended QPs and CQs, memory
 /// windows, RoCE GID selection, queues beyond 576 KiB per context...). Not here: the binaries of
-/// rxe's tools and perftest (`device_examples*`, `device_example_faults`). Two of them also
+/// rxe's tools and perftest (`device_examples*`, `device_example_faults`). Three of them also
 /// run under valgrind ([`SIW_VALGRIND`]). The plain runs: 137 s, 188 tests (CI, 2026-12-03).
 pub const SIW_BINARIES: [&str; 20] = [
     "device_core",
@@ -1062,19 +1062,8 @@ fn run_siw_stage(
             }
         };
         report.explain(steps);
-        let vm_note = vm_note(&report.end, steps);
-        for (i, run) in runs.into_iter().enumerate() {
-            match report.results.get(i) {
-                Some(r) => {
-                    let (code, note) = device_verdict(&run, r, opts.timeout);
-                    let stdout = String::from_utf8_lossy(&r.stdout);
-                    summary.unsupported_from(&stdout);
-                    summary.counted(run.what, code, parse_libtest(&stdout), note);
-                    summary.took(r.elapsed);
-                }
-                None => summary.counted(run.what, -1, None, vm_note.clone()),
-            }
-        }
+        let note = vm_note(&report.end, steps);
+        record_device_runs(&runs, &report, 0, &note, opts.timeout, summary);
     }
     summary.check("siw stage (boot included)", Ok(()));
     summary.took(took);
@@ -1308,7 +1297,7 @@ fn run_device_job(
     eprintln!("xtask: {} steps in one boot: {:.1} s", steps.len(), started.elapsed().as_secs_f64());
     report.explain(&steps);
     let note = vm_note(&report.end, &steps);
-    record_device_runs(&runs, &report, &note, opts.timeout, summary);
+    record_device_runs(&runs, &report, 1, &note, opts.timeout, summary);
     let mut verdicts = verdicts.into_iter();
     for (step, _) in &self_tests {
         summary.check(
@@ -1323,7 +1312,7 @@ fn run_device_job(
             eprintln!("xtask: {SIDE_TAG}{} steps in a second VM", side_steps.len());
             report.explain(&side_steps);
             let note = vm_note(&report.end, &side_steps);
-            record_device_runs(&side, &report, &note, opts.timeout, summary);
+            record_device_runs(&side, &report, 1, &note, opts.timeout, summary);
             let leaks = leak_verdict(&report, side_steps.len() - 1, &note);
             summary.check("leak check of the second valgrind VM: rdma resource show vs. baseline", leaks);
         }
@@ -1417,16 +1406,18 @@ fn split_valgrind(runs: Vec<DeviceRun>, backend: &Backend) -> (Vec<DeviceRun>, V
     (main, side)
 }
 
-/// Adds the summary lines of `runs`, the steps `1..=runs.len()` of `report`.
+/// Adds the summary lines of `runs`, the steps `first..first + runs.len()` of `report` (`first`
+/// is 1 after a baseline step, 0 without one).
 fn record_device_runs(
     runs: &[DeviceRun],
     report: &vm::Report,
+    first: usize,
     vm_note: &str,
     timeout: Duration,
     summary: &mut Summary,
 ) {
     for (i, run) in runs.iter().enumerate() {
-        match report.results.get(i + 1) {
+        match report.results.get(first + i) {
             Some(r) => {
                 let (code, note) = device_verdict(run, r, timeout);
                 let stdout = String::from_utf8_lossy(&r.stdout);
