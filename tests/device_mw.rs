@@ -128,6 +128,54 @@ fn type2_window_takes_writes_until_locally_invalidated_then_the_region_reads_in_
     drop(mw);
 }
 
+/// A type 2 window whose bind completion was emptied with `take_buffers` (not
+/// `take_bound_window`, which records the binding's key in the window) still never repeats a key:
+/// the next bind moves on from the key of the binding it was invalidated under, and the old key
+/// stays dead. (Before the fix the window kept its first key, so the rebind chose the invalidated
+/// binding's key again, and a peer holding it reached the new binding.)
+#[test]
+fn a_window_taken_with_take_buffers_still_never_repeats_a_key() {
+    let Pair { pd, mut a, mut b, mut cq_a, mut cq_b, cm: _cm, .. } = rc_pair(16);
+    if !has_windows(&pd, &[MwType::Type2]) {
+        return;
+    }
+    let region = exposed(&pd);
+    let mw = pd.alloc_mw(MwType::Type2).unwrap();
+    let k0 = mw.rkey();
+    let wr = SendRequest::bind_window(mw, &region, 0..WIN, AccessFlags::REMOTE_WRITE).unwrap();
+    b.post_send(wr.wr_id(1)).unwrap();
+    let mut c = poll_one(&mut cq_b);
+    assert!(c.is_ok(), "{c:?}");
+    let mut bufs: Vec<LocalBuf> = c.take_buffers().collect();
+    assert_eq!(bufs.len(), 1);
+    let Some(LocalBuf::Window(w)) = bufs.pop() else { panic!("the bind's window") };
+    let first = w.remote();
+    assert_ne!(first.rkey, k0);
+    assert_eq!(write(&pd, &mut a, &mut cq_a, &pattern(WIN, 5), first), WcStatus::SUCCESS);
+
+    b.post_send(SendRequest::local_invalidate(*w).unwrap().wr_id(2)).unwrap();
+    let mut c = poll_one(&mut cq_b);
+    assert!(c.is_ok(), "{c:?}");
+    let mw = c.take_invalidated_window().unwrap();
+    assert_eq!(mw.rkey(), first.rkey, "the window's key is its last binding's");
+
+    let wr = SendRequest::bind_window(mw, &region, WIN..2 * WIN, AccessFlags::REMOTE_WRITE).unwrap();
+    b.post_send(wr.wr_id(3)).unwrap();
+    let mut c = poll_one(&mut cq_b);
+    assert!(c.is_ok(), "{c:?}");
+    let w2 = c.take_bound_window().unwrap();
+    let second = w2.remote();
+    assert!(second.rkey != first.rkey && second.rkey != k0, "{k0:#x} {:#x} {:#x}", first.rkey, second.rkey);
+    assert_eq!(write(&pd, &mut a, &mut cq_a, &pattern(WIN, 6), second), WcStatus::SUCCESS);
+    // The first binding's key reaches nothing: the device refuses it.
+    let stale = RemoteSlice { addr: second.addr, len: second.len, rkey: first.rkey };
+    assert_eq!(write(&pd, &mut a, &mut cq_a, &pattern(WIN, 7), stale), WcStatus::REM_ACCESS_ERR);
+    w2.dealloc();
+    let private = region.into_private().unwrap();
+    assert_eq!(&private[..WIN], &pattern(WIN, 5)[..]);
+    assert_eq!(&private[WIN..2 * WIN], &pattern(WIN, 6)[..], "the refused write changed nothing");
+}
+
 #[test]
 fn type1_window_takes_writes_until_unbound() {
     let Pair { pd, mut a, mut b, mut cq_a, mut cq_b, cm: _cm, .. } = rc_pair(16);

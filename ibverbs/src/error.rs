@@ -40,7 +40,7 @@ pub enum Error {
     /// Counting them as not posted would hand back memory the device may still read or write.
     #[error("{verb} failed after the provider queued the work request(s), which stay posted: {source}")]
     QueuedWithError {
-        /// `"ibv_post_send"`, `"ibv_post_recv"` or `"ibv_post_srq_recv"`.
+        /// `"ibv_post_send"`, `"ibv_post_recv"`, `"ibv_post_srq_recv"` or `"ibv_wr_complete"`.
         verb: &'static str,
         /// The OS error it reported.
         #[source]
@@ -283,6 +283,13 @@ impl Error {
     /// The error of a verb that returned an errno value (positive or negated).
     pub(crate) fn from_ret(verb: &'static str, ret: i32) -> Self {
         Error::Verb { verb, source: io::Error::from_raw_os_error(ret.abs()) }
+    }
+
+    /// [`Error::QueuedWithError`] for a post verb that failed with `ret` after queuing its
+    /// requests (a `ret` of -1 reads `errno`, as in [`from_post`](Self::from_post)).
+    pub(crate) fn queued_with(verb: &'static str, ret: i32) -> Self {
+        let source = if ret == -1 { last_errno() } else { io::Error::from_raw_os_error(ret.abs()) };
+        Error::QueuedWithError { verb, source }
     }
 
     /// What a post verb that failed with `ret` and `bad` (its `bad_wr`) did with the chain of `n`

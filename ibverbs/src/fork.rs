@@ -58,11 +58,23 @@ pub fn fork_support() -> ForkSupport {
 /// afterwards is `MADV_DONTFORK`. Must come before the process registers any memory; on kernels
 /// where [`fork_support`] is [`ForkSupport::Unneeded`] it changes nothing.
 ///
+/// Call it at the start of `main`, before any thread exists that could use RDMA. Setting
+/// `RDMAV_FORK_SAFE=1` in the environment before the process starts does the same without code.
+///
+/// # Safety
+/// No other thread may be inside libibverbs or librdmacm (through this crate or any other code)
+/// during the call. libibverbs reads and writes the state `ibv_fork_init()` sets (its tree of
+/// `MADV_DONTFORK` ranges, its "too late" flag) without a lock when any memory is registered or
+/// deregistered, and when providers create or destroy queues: a concurrent call is a data race
+/// in C, which can leave registered pages without `MADV_DONTFORK` while [`fork_support`] reports
+/// [`ForkSupport::Enabled`].
+///
 /// # Errors
 /// [`Error::Verb`](crate::Error::Verb) from the verb (`EINVAL` when memory was registered
 /// already, or the kernel lacks `MADV_DONTFORK`).
 #[doc(alias = "ibv_fork_init")]
-pub fn fork_init() -> Result<()> {
-    // SAFETY: no arguments; sets libibverbs' global fork mode (it refuses once regions exist).
+pub unsafe fn fork_init() -> Result<()> {
+    // SAFETY: no arguments; sets libibverbs' global fork mode (it refuses once regions exist),
+    // with no other thread in libibverbs (the caller's contract).
     cvt("ibv_fork_init", unsafe { ffi::ibv_fork_init() })
 }

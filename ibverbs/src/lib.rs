@@ -167,9 +167,12 @@
 //! machinery unchanged: a request is built by the same code into the same `ibv_send_wr` (same
 //! checks, same `wr_id` naming its slot), its buffers move into the same slot ring *before* the
 //! doorbell, and a completion read by either poll path goes through the same registry lookup that
-//! hands them back. Differences, each with its rule: `ibv_wr_complete` posts all of a batch or
-//! none (`ibv_wr_post(3)`), so on failure every slot of the batch is withdrawn and every request
-//! gets its buffers back (the classic path keeps the requests before the provider's `bad_wr`);
+//! hands them back. Differences, each with its rule: `ibv_wr_post(3)` says `ibv_wr_complete`
+//! posts all of a batch or none, but rxe publishes the batch to the device before the doorbell
+//! system call whose failure it returns; with every reason a provider has to refuse a batch
+//! checked before `ibv_wr_start`, a failing `ibv_wr_complete` is taken as a failed doorbell, and
+//! the whole batch stays posted ([`Error::QueuedWithError`]: its slots keep its buffers, as on
+//! the classic path when the provider queued the requests before failing);
 //! an operation the QP was not created for is refused before `ibv_wr_start`
 //! ([`Error::SendOpNotEnabled`]), never passed to a builder the provider did not fill in;
 //! `ibv_end_poll` follows every successful `ibv_start_poll` (from a guard, also when a buffer's
@@ -329,9 +332,12 @@
 //! before their QP: rxe (kernel 6.1) blocks `ibv_destroy_qp` for about 50 s while a type 2
 //! window is still bound to the QP. **Objects of two contexts or protection
 //! domains**: a bind checks that the window and the region share a PD, and the post that the QP
-//! does too, before anything is posted. **Rkeys are reused**: each bind moves the window's 8-bit
-//! key on (`ibv_inc_rkey()`), and a type 2 window takes at most [`MAX_BINDS`] binds, so no key of
-//! a window repeats. **Remote invalidation** is reported on a *receive* completion that names
+//! does too, before anything is posted. **Rkeys are reused**: each bind of a type 2 window moves
+//! its 8-bit key on (`ibv_inc_rkey()`, from the key of its last binding however the window came
+//! back), and a type 2 window takes at most [`MAX_BINDS`] binds, so no key of a type 2 window
+//! repeats. A type 1 window's key is the provider's to choose (`ibv_bind_mw()`): it comes round
+//! again after 256 binds, and a peer that kept the key of that time reaches the new binding, as
+//! with any reused rkey; allocate a new type 1 window rather than rebinding one that often. **Remote invalidation** is reported on a *receive* completion that names
 //! only an rkey; the crate checks that it is a successful, safely posted completion of the QP
 //! the window is bound to, naming the window's rkey, and uses the evidence up. What it cannot
 //! check is *when* the Send was received: a completion still unpolled from before this window's

@@ -409,8 +409,13 @@ impl BoundWindow {
         self.into_unbound()
     }
 
-    /// The window, unbound: gives the registration up. Only for proven unbinding.
-    pub(crate) fn into_unbound(self) -> MemoryWindow {
+    /// The window, unbound: gives the registration up. Only for proven unbinding (or a bind never
+    /// posted).
+    pub(crate) fn into_unbound(mut self) -> MemoryWindow {
+        // A type 2 window's key becomes this binding's however the window came back
+        // (`take_bound_window` commits it, `Completion::take_buffers` does not): the next bind
+        // moves on from it, so no key of the window repeats. A bind never posted skips a key.
+        self.commit_rkey();
         let mut me = ManuallyDrop::new(self);
         // SAFETY: each field is taken once out of the ManuallyDrop, which is not used again.
         let (mw, mr) = unsafe { (ManuallyDrop::take(&mut me.mw), ManuallyDrop::take(&mut me.mr)) };

@@ -8,8 +8,14 @@
 //! slot is the same), its buffers move into its work queue's [`Ring`] before the doorbell, and the
 //! same completions hand them back. Only the hand-over to the provider differs: the `ibv_send_wr`
 //! is replayed as builder calls, and one `ibv_wr_complete` rings the doorbell for the whole batch.
-//! `ibv_wr_complete` is all or nothing (`ibv_wr_post(3)`: "If it fails, none of the WRs are
-//! posted"), so on failure every slot of the batch is withdrawn and its buffers go back.
+//! `ibv_wr_post(3)` says `ibv_wr_complete` is all or nothing ("If it fails, none of the WRs are
+//! posted"), but rxe makes the batch visible to the device (its producer index) *before* the
+//! doorbell system call whose failure it returns, so a batch refused there may still run. The
+//! checks before `ibv_wr_start` leave a provider no reason of its own to refuse a batch (every
+//! operation enabled, room in the queue, SGE counts and inline sizes within the QP's limits), so a
+//! failing `ibv_wr_complete` is taken as a failed doorbell: the batch stays posted, its slots keep
+//! its buffers until its completions (or the queue pair's end) release them, and the error is
+//! [`Error::QueuedWithError`], as on the classic path when the provider queued the requests.
 
 use crate::error::{Error, Result};
 use crate::ffi;
@@ -245,9 +251,10 @@ fn call<F>(f: Option<F>) -> F {
 
 /// Posts checked requests as one batch of builder calls with one doorbell (`ibv_wr_complete`), on
 /// `ring`'s send queue of the extended QP `ex`. The requests are first filled as classic work
-/// requests into `scratch` and `scratch_sges` (their first `wrs.len()` entries). On success every
-/// request's buffers are in the ring; on error nothing was posted and every request keeps its
-/// buffers.
+/// requests into `scratch` and `scratch_sges` (their first `wrs.len()` entries). On success, and
+/// on [`Error::QueuedWithError`] (a failed `ibv_wr_complete`: see the module doc), every
+/// request's buffers are in the ring and every request is posted; on any other error nothing was
+/// posted and every request keeps its buffers.
 // Inlined into its two callers (single post, chain); the classic path does not call it.
 #[inline]
 pub(crate) fn post_batch<R: Request<Raw = ffi::ibv_send_wr>>(
@@ -289,20 +296,16 @@ pub(crate) fn post_batch<R: Request<Raw = ffi::ibv_send_wr>>(
     if ret == 0 {
         return Ok(());
     }
-    // All or nothing (ibv_wr_post(3)): no request of the batch reached the device.
-    ring.set_head(head);
-    for (i, wr) in wrs.iter_mut().enumerate() {
-        // SAFETY: withdrawn positions, never seen by the device or the consumer.
-        let slot = unsafe { ring.take_back(head.wrapping_add(i as u32)) };
-        wr.give_back(slot, &scratch_sges[i]);
-    }
-    Err(Error::from_ret("ibv_wr_complete", ret))
+    // Not withdrawn: rxe may have queued the batch before its doorbell failed (module doc).
+    // Slots of requests that never reached the device are released by a later completion of
+    // this queue, or with the ring.
+    Err(Error::queued_with("ibv_wr_complete", ret))
 }
 
 /// [`post_batch`] of a whole chain: on success `wrs` is emptied here, in the same instance (the
 /// requests' drop glue then compiles as in the classic `post_chain`, about 100 instructions per
-/// request cheaper under callgrind than emptying it in the caller); on error it keeps every
-/// request.
+/// request cheaper under callgrind than emptying it in the caller), and on
+/// [`Error::QueuedWithError`] (every request posted); on any other error it keeps every request.
 #[inline(never)]
 pub(crate) fn post_chain<R: Request<Raw = ffi::ibv_send_wr>>(
     ex: &ExQp,
@@ -311,9 +314,18 @@ pub(crate) fn post_chain<R: Request<Raw = ffi::ibv_send_wr>>(
     scratch_sges: &mut [[ffi::ibv_sge; MAX_SGE]],
     wrs: &mut Vec<R>,
 ) -> Result<()> {
-    post_batch(ex, ring, scratch, scratch_sges, wrs)?;
-    wrs.clear();
-    Ok(())
+    match post_batch(ex, ring, scratch, scratch_sges, wrs) {
+        Ok(()) => {
+            wrs.clear();
+            Ok(())
+        }
+        Err(e @ Error::QueuedWithError { .. }) => {
+            // Every request is posted, its buffers in its slot: as the classic chain does.
+            R::clear_posted(wrs);
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]
@@ -476,11 +488,12 @@ mod tests {
         assert_eq!(wrs.len(), 2);
     }
 
-    // The provider refuses the batch at wr_complete: nothing was posted, so every slot is
-    // withdrawn and every request comes back whole (Miri checks that no slot is read twice or
-    // leaked; the buffer hand-back itself is the classic path's `give_back`).
+    // The provider fails at wr_complete. rxe publishes the batch before its doorbell system call
+    // can fail, so the batch may be queued: every slot stays published, holding its request's
+    // buffers, and the error says the requests are posted (Miri checks that no slot is read
+    // twice or leaked). A later completion of the queue releases the slots up to its own.
     #[test]
-    fn a_failed_wr_complete_withdraws_the_whole_batch() {
+    fn a_failed_wr_complete_leaves_the_batch_posted() {
         let mut q = fake_qp();
         let ex = setup(&mut q, SendOps::ALL_SAFE);
         COMPLETE_RET.with(|r| *r.borrow_mut() = libc::ENOMEM);
@@ -490,17 +503,22 @@ mod tests {
         let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 8];
         let mut wrs: Vec<crate::SendRequest> =
             (0..5).map(|i| crate::SendRequest::send_inline(b"x").wr_id(i)).collect();
-        let e = post_batch(&ex, &ring, &mut scratch, &mut sges, &mut wrs).unwrap_err();
+        let e = post_chain(&ex, &ring, &mut scratch, &mut sges, &mut wrs).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOMEM));
-        assert!(matches!(e, Error::Verb { verb: "ibv_wr_complete", .. }));
-        assert_eq!(ring.outstanding(), 0, "every slot withdrawn");
-        assert_eq!(ring.producer_state(), (0, 8));
-        assert_eq!(wrs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
+        assert!(matches!(e, Error::QueuedWithError { verb: "ibv_wr_complete", .. }), "{e:?}");
+        assert_eq!(ring.outstanding(), 5, "every slot stays published");
+        assert_eq!(ring.producer_state(), (5, 3));
+        assert!(wrs.is_empty(), "every request is posted");
         assert_eq!(calls().last(), Some(&Call::Complete));
-        // The ring is usable again from the same position.
+        // The ring goes on from there; the completion of the next post releases them all.
         COMPLETE_RET.with(|r| *r.borrow_mut() = 0);
-        post_batch(&ex, &ring, &mut scratch, &mut sges, &mut wrs).unwrap();
-        assert_eq!(ring.outstanding(), 5);
+        let mut more = vec![crate::SendRequest::send_inline(b"y").wr_id(9)];
+        post_chain(&ex, &ring, &mut scratch, &mut sges, &mut more).unwrap();
+        assert_eq!(ring.outstanding(), 6);
+        // SAFETY: the test is the ring's only consumer; position 5 is outstanding.
+        let slot = unsafe { ring.complete(5) }.expect("outstanding");
+        assert_eq!(slot.wr_id, 9);
+        assert_eq!(ring.outstanding(), 0);
     }
 
     #[test]

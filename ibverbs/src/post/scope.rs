@@ -541,13 +541,12 @@ impl<'s, 'env> Scope<'s, 'env> {
     #[allow(clippy::result_large_err)] // the request comes back whole, without boxing
     pub fn post_send(&mut self, wr: ScopedSend<'s>) -> Result<(), PostError<ScopedSend<'s>>> {
         let mut wr = wr;
-        match self.qp.post_scoped_send(&mut wr) {
-            Ok(end) => {
-                self.send_end = Some(end);
-                Ok(())
-            }
-            Err(error) => Err(PostError { error, request: wr }),
+        let (end, r) = self.qp.post_scoped_send(&mut wr);
+        if let Some(end) = end {
+            // Posted, also when the provider failed after queuing it (Error::QueuedWithError).
+            self.send_end = Some(end);
         }
+        r.map_err(|error| PostError { error, request: wr })
     }
 
     /// Posts a chain of send requests over borrowed memory with one `ibv_post_send()` (one
@@ -579,13 +578,12 @@ impl<'s, 'env> Scope<'s, 'env> {
     #[allow(clippy::result_large_err)]
     pub fn post_recv(&mut self, wr: ScopedRecv<'s>) -> Result<(), PostError<ScopedRecv<'s>>> {
         let mut wr = wr;
-        match self.qp.post_scoped_recv(&mut wr) {
-            Ok(end) => {
-                self.recv_end = Some(end);
-                Ok(())
-            }
-            Err(error) => Err(PostError { error, request: wr }),
+        let (end, r) = self.qp.post_scoped_recv(&mut wr);
+        if let Some(end) = end {
+            // Posted, also when the provider failed after queuing it (Error::QueuedWithError).
+            self.recv_end = Some(end);
         }
+        r.map_err(|error| PostError { error, request: wr })
     }
 
     /// Posts an owned request ([`QueuePair::post_send`]): its buffers come back with its

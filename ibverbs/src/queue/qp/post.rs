@@ -137,22 +137,29 @@ impl QueuePair {
     }
 
     /// Posts a scope's send request (see [`Scope::post_send`](crate::Scope::post_send)) with the
-    /// checks of [`post_send`](Self::post_send); returns the send ring's position after it.
-    pub(crate) fn post_scoped_send(&mut self, wr: &mut ScopedSend<'_>) -> Result<u32> {
-        self.check_send_state()?;
-        let count = wr.validate(&self.pd)?;
-        self.check_send_fit(&wr.wr, count)?;
-        match &self.ex {
-            None => post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, wr)?,
-            Some(ex) => ex::post_batch(
-                ex,
-                &self.send,
-                &mut self.chain,
-                &mut self.chain_sges,
-                std::slice::from_mut(wr),
-            )?,
-        }
-        Ok(self.send.producer_state().0)
+    /// checks of [`post_send`](Self::post_send); returns the send ring's position after it if
+    /// it was posted (also when the provider queued it and then failed), and the outcome.
+    pub(crate) fn post_scoped_send(&mut self, wr: &mut ScopedSend<'_>) -> (Option<u32>, Result<()>) {
+        let before = self.send.producer_state().0;
+        let r = (|| {
+            self.check_send_state()?;
+            let count = wr.validate(&self.pd)?;
+            self.check_send_fit(&wr.wr, count)?;
+            match &self.ex {
+                None => post_one(self.raw.as_ptr(), &self.send, self.post_send_fn, wr),
+                Some(ex) => ex::post_batch(
+                    ex,
+                    &self.send,
+                    &mut self.chain,
+                    &mut self.chain_sges,
+                    std::slice::from_mut(wr),
+                ),
+            }
+        })();
+        // Read whatever the outcome: a request the provider queued before failing
+        // (Error::QueuedWithError) is posted, and the scope's drain must wait for it.
+        let after = self.send.producer_state().0;
+        ((after != before).then_some(after), r)
     }
 
     /// Posts a chain of a scope's send requests with one doorbell (see
@@ -181,17 +188,23 @@ impl QueuePair {
     }
 
     /// Posts a scope's receive request (see [`Scope::post_recv`](crate::Scope::post_recv)) with
-    /// the checks of [`post_recv`](Self::post_recv); returns the receive ring's position after it.
-    pub(crate) fn post_scoped_recv(&mut self, wr: &mut ScopedRecv<'_>) -> Result<u32> {
-        self.check_recv_state()?;
-        if wr.validate(&self.pd)? > self.caps.max_recv_sge as usize {
-            return Err(Error::InvalidArgument {
-                verb: "ibv_post_recv",
-                reason: "more scatter/gather entries than the QP's max_recv_sge",
-            });
-        }
-        post_one(self.raw.as_ptr(), &self.recv, self.post_recv_fn, wr)?;
-        Ok(self.recv.producer_state().0)
+    /// the checks of [`post_recv`](Self::post_recv); returns the receive ring's position after
+    /// it if it was posted (also when the provider queued it and then failed), and the outcome.
+    pub(crate) fn post_scoped_recv(&mut self, wr: &mut ScopedRecv<'_>) -> (Option<u32>, Result<()>) {
+        let before = self.recv.producer_state().0;
+        let r = (|| {
+            self.check_recv_state()?;
+            if wr.validate(&self.pd)? > self.caps.max_recv_sge as usize {
+                return Err(Error::InvalidArgument {
+                    verb: "ibv_post_recv",
+                    reason: "more scatter/gather entries than the QP's max_recv_sge",
+                });
+            }
+            post_one(self.raw.as_ptr(), &self.recv, self.post_recv_fn, wr)
+        })();
+        // As in post_scoped_send: a receive queued before the provider failed is posted.
+        let after = self.recv.producer_state().0;
+        ((after != before).then_some(after), r)
     }
 
     /// Posts one send-queue work request (`ibv_post_send()`), safely: the QP keeps the request's
@@ -246,15 +259,16 @@ impl QueuePair {
     /// is the one the provider refused), with their buffers.
     ///
     /// On an extended queue pair ([`QueuePairBuilder::send_ops`](crate::QueuePairBuilder::send_ops))
-    /// the chain is one `ibv_wr_start` ... `ibv_wr_complete` sequence (one doorbell), which posts
-    /// all or nothing: on error `wrs` holds every request.
+    /// the chain is one `ibv_wr_start` ... `ibv_wr_complete` sequence (one doorbell): on an
+    /// error before it `wrs` holds every request; a failing `ibv_wr_complete` leaves every
+    /// request posted (rxe queues the batch before its doorbell can fail) and `wrs` empty.
     ///
     /// # Errors
     /// As [`post_send`](Self::post_send); checks that apply to every request run before anything
     /// is posted, and [`Error::QueueFull`] is reported before posting when the chain does not fit.
-    /// On an extended queue pair, [`Error::SendOpNotEnabled`] for a request whose operation the
-    /// QP was not created for, and [`Error::Verb`] naming `ibv_wr_complete` when the provider
-    /// refuses the batch.
+    /// [`Error::QueuedWithError`] when the provider queued every request and then failed (on an
+    /// extended queue pair: any failure of `ibv_wr_complete`). On an extended queue pair,
+    /// [`Error::SendOpNotEnabled`] for a request whose operation the QP was not created for.
     #[doc(alias = "ibv_post_send")]
     #[doc(alias = "ibv_wr_complete")]
     pub fn post_send_chain(&mut self, wrs: &mut Vec<SendRequest<'_>>) -> Result<()> {
