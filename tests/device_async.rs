@@ -185,6 +185,14 @@ fn queue_pair_on_another_cq_is_refused() {
         let driver = Driver::tokio(cq, &channel).unwrap();
         let (_qp, e) = AsyncQueuePair::new(qp, &driver).unwrap_err();
         assert!(matches!(e, ibverbs::Error::InvalidArgument { .. }), "{e}");
+        // A CQ watched through a channel it was not created on (or none) would wait forever:
+        // refused, for the driver and the stream alike.
+        let other_channel = ctx.create_comp_channel().unwrap();
+        let on_other = ctx.create_cq(16, Some(&other_channel)).unwrap();
+        let e = Driver::tokio(on_other, &channel).unwrap_err();
+        assert!(matches!(e, ibverbs::Error::InvalidArgument { verb: "ibv_req_notify_cq", .. }), "{e}");
+        let e = AsyncCompletionQueue::tokio(ctx.create_cq(16, None).unwrap(), &other_channel).unwrap_err();
+        assert!(matches!(e, ibverbs::Error::InvalidArgument { verb: "ibv_req_notify_cq", .. }), "{e}");
     });
 }
 

@@ -693,6 +693,51 @@ fn a_migrated_id_reports_to_its_new_channel() {
     id.migrate(&third).expect("without its queue pair the id migrates");
 }
 
+/// The blocking helpers read every event on an id's channel: an id that shares its channel with
+/// others is refused before anything is sent (its neighbours' events would be taken), and taken
+/// once the others are gone or it moved to a channel of its own.
+#[test]
+fn blocking_helpers_refuse_an_id_whose_channel_is_shared() {
+    let shared = EventChannel::new().unwrap();
+    let mut id = shared.create_id().unwrap();
+    let other = shared.create_id().unwrap();
+    id.resolve_addr(None, addr(7004), wait()).unwrap();
+    let ev = shared.get_event(Some(wait())).unwrap().expect("ADDR_RESOLVED");
+    assert!(ev.is_for(&id) && ev.kind() == CmEventKind::ADDR_RESOLVED, "{ev:?}");
+    let ctx = id.context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None).unwrap();
+    let mut qp = pd.create_qp(&cq, ibverbs::QpType::RC).caps(caps()).build().unwrap();
+    for r in [
+        cm::establish(&id, &mut qp, &ConnParam::default(), wait()),
+        cm::accept_request(&id, &mut qp, &ConnParam::default(), wait()),
+    ] {
+        match r {
+            Err(Error::InvalidArgument { reason, .. }) => {
+                assert!(reason.contains("shares its event channel"), "{reason}")
+            }
+            other => panic!("an id on a shared channel: {other:?}"),
+        }
+    }
+    // Alone on its channel again (the other id dropped), or moved to its own: past that check
+    // (refused next because `qp` is not the id's).
+    drop(other);
+    match cm::establish(&id, &mut qp, &ConnParam::default(), wait()) {
+        Err(Error::InvalidArgument { reason, .. }) => {
+            assert!(reason.contains("not created on this id"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let _again = shared.create_id().unwrap();
+    id.migrate(&EventChannel::new().unwrap()).unwrap();
+    match cm::accept_request(&id, &mut qp, &ConnParam::default(), wait()) {
+        Err(Error::InvalidArgument { reason, .. }) => {
+            assert!(reason.contains("not created on this id"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// Several threads connect through RDMA-CM at once, each keeping its connections (queue pairs
 /// on one CQ of its own, a PD shared by all) alive: every connect and accept succeeds.
 #[test]

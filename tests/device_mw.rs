@@ -319,6 +319,7 @@ fn binds_refuse_foreign_regions_ranges_and_rights_before_posting() {
     // Type 1 through the type 2 path, and the other way round.
     let (mw, e) = b.bind_mw(mw, &region, .., AccessFlags::REMOTE_WRITE, 0).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    let mw = mw.expect("a refused bind gives the window back");
     let mw1 = pd.alloc_mw(MwType::Type1).unwrap();
     let (_mw1, e) = SendRequest::bind_window(mw1, &region, .., AccessFlags::REMOTE_WRITE).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");

@@ -246,6 +246,22 @@ fn prepared_posts_from_an_iterator_are_written_as_they_come() {
     p.a.post_prepared_iter(std::iter::once(prepared.at(500, 0, 8, 0))).unwrap();
     assert_eq!(poll_one(&mut p.cq_a).wr_id(), 500);
     p.a.post_prepared_iter(std::iter::empty()).unwrap();
+    // An iterator whose size hint says one but yields two: the first is posted, the second
+    // refused with a typed error (not silently dropped).
+    struct Lying<I>(I);
+    impl<I: Iterator> Iterator for Lying<I> {
+        type Item = I::Item;
+        fn next(&mut self) -> Option<I::Item> {
+            self.0.next()
+        }
+        fn size_hint(&self) -> (usize, Option<usize>) {
+            (1, Some(1))
+        }
+    }
+    let e = p.a.post_prepared_iter(Lying([prepared.at(510, 0, 8, 0), prepared.at(511, 0, 8, 0)].into_iter()));
+    let e = e.unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }) && e.posted == 1, "{e:?}");
+    assert_eq!(poll_one(&mut p.cq_a).wr_id(), 510);
 
     // An iterator with no size hint, and a chain from an array.
     let mut k = 0u64;

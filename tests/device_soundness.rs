@@ -213,7 +213,7 @@ fn region_freed_by(pd: &ProtectionDomain, calls: Arc<AtomicU32>, panics: bool) -
             panic!("free callback panicked (allowed by its contract)");
         }
     };
-    // SAFETY: the memory is ours alone from now on and `free` releases it exactly once.
+    // SAFETY: initialised (from `vec!`), ours alone from now on, and `free` releases it once.
     let buf = unsafe { OwnedBuffer::from_raw_parts(ptr, len, Some(Box::new(free))) };
     pd.register(buf, AccessFlags::LOCAL_WRITE).unwrap()
 }

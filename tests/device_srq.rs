@@ -157,7 +157,7 @@ fn counted_region(pd: &ProtectionDomain, calls: Arc<AtomicU32>) -> MemoryRegion 
         drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) });
         calls.fetch_add(1, Ordering::SeqCst);
     };
-    // SAFETY: the memory is ours alone from now on and `free` releases it exactly once.
+    // SAFETY: initialised (from `vec!`), ours alone from now on, and `free` releases it once.
     let buf = unsafe { OwnedBuffer::from_raw_parts(ptr, len, Some(Box::new(free))) };
     pd.register(buf, AccessFlags::LOCAL_WRITE).unwrap()
 }
@@ -453,6 +453,13 @@ fn xrc_is_typed_unsupported_on_devices_without_it() {
         != 0;
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64, None).unwrap();
+    // Extended XRC queue pairs are refused before anything is created or registered (the CQ's
+    // room stays whole: a QP of its full depth still fits below).
+    match pd.create_qp(&cq, QpType::XRC_SEND).send_ops(ibverbs::SendOps::SEND).build() {
+        Err(Error::InvalidArgument { verb: "ibv_create_qp_ex", .. }) => {}
+        other => panic!("send_ops on XRC_SEND: {other:?}"),
+    }
+    assert_eq!(cq.unreserved(), cq.capacity());
     match ctx.open_xrcd() {
         Ok(xrcd) => {
             assert!(has_xrc);

@@ -521,9 +521,19 @@ impl Context {
         let len = usize::try_from(self.query_port(port)?.0.gid_tbl_len).unwrap_or(0);
         #[cfg(ibverbs_has_query_gid_table)]
         {
-            let all_ports = usize::from(self.query_device()?.0.phys_port_cnt.max(1));
-            // The verb returns the entries of every port: room for all of them.
-            let mut entries = vec![ffi::ibv_gid_entry::default(); len * all_ports];
+            // The verb returns the entries of every port (EINVAL without room for all of them):
+            // room for each port's table, which may differ in size from `port`'s.
+            let all_ports = self.query_device()?.0.phys_port_cnt.max(1);
+            let mut room = 0usize;
+            for p in 1..=all_ports {
+                let l = if p == port {
+                    len
+                } else {
+                    self.query_port(p).map_or(len, |a| usize::try_from(a.0.gid_tbl_len).unwrap_or(0))
+                };
+                room = room.saturating_add(l);
+            }
+            let mut entries = vec![ffi::ibv_gid_entry::default(); room];
             // SAFETY: valid context; `entries` has room for `entries.len()` entries of that size.
             let n = unsafe {
                 ffi::_ibv_query_gid_table(

@@ -160,7 +160,8 @@ impl Driver {
     /// descriptor with `backend`.
     ///
     /// # Errors
-    /// [`Error::Verb`] when the reactor refuses the descriptor.
+    /// [`Error::InvalidArgument`] when `cq` was not created on `channel`; [`Error::Verb`] when the
+    /// reactor refuses the descriptor.
     pub fn new(cq: CompletionQueue, channel: &CompletionChannel, backend: &dyn Backend) -> Result<Driver> {
         let core = CqCore::new(cq, channel, backend)?;
         let state = State {
@@ -391,7 +392,11 @@ impl AsyncQueuePair {
     }
 
     /// Runs `f` on the queue pair (state queries, outstanding counts). It holds the QP's lock:
-    /// `f` must not await.
+    /// `f` must not await, nor call this `AsyncQueuePair` (its lock is not reentrant: that call
+    /// would deadlock). `f` must not replace the queue pair (`mem::replace`, `mem::swap`): the
+    /// operations posted on the one it took out complete only while that one lives and
+    /// completes into this driver's CQ; once it is dropped, their futures stay pending until
+    /// dropped (never unsound: their buffers stay with the slots).
     pub fn with_qp<R>(&self, f: impl FnOnce(&mut QueuePair) -> R) -> R {
         f(&mut self.lock_qp())
     }

@@ -42,10 +42,14 @@
 //! and CQ errors, ...) the same way, over the same backends.
 //!
 //! # One channel per adaptor
-//! The channel given to an [`AsyncCompletionQueue`] or a [`Driver`] must serve that CQ only: the
-//! adaptor reads every event on it, so another CQ on the same channel would never learn of its
-//! own. (Registering one descriptor twice with the same reactor fails anyway.) Several queue pairs
-//! share one CQ and one channel through one [`Driver`].
+//! The channel given to an [`AsyncCompletionQueue`] or a [`Driver`] must be the one its CQ was
+//! created on (checked: [`Error::InvalidArgument`] otherwise), and serve that CQ only: the adaptor
+//! knows its CQ is no longer armed only from the events it reads itself, so another reader of the
+//! channel (a second CQ's [`poll_wait`](crate::CompletionQueue::poll_wait), a clone's
+//! `try_get_event`) that takes this CQ's event leaves the adaptor waiting for an event that was
+//! already raised (until the future is dropped). (Registering one descriptor twice with the same
+//! reactor fails anyway.) Several queue pairs share one CQ and one channel through one
+//! [`Driver`].
 // The backends are linked only where their features compile them (a link to a missing item
 // is a rustdoc warning).
 #![cfg_attr(feature = "tokio", doc = "\nThe tokio backend: [`tokio::Tokio`].")]
@@ -106,6 +110,13 @@ pub(crate) struct CqCore {
 
 impl CqCore {
     fn new(cq: CompletionQueue, channel: &CompletionChannel, backend: &dyn Backend) -> Result<CqCore> {
+        // Armed, the CQ raises its events on its own channel: watching another would wait forever.
+        if !cq.is_on(channel) {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_req_notify_cq",
+                reason: "the completion queue was not created on this completion channel",
+            });
+        }
         let seam = Seam::new(channel);
         let io = backend.watch(seam.watched()).map_err(reactor_error)?;
         Ok(CqCore { cq, seam, io, armed: false, busy: false })
@@ -191,7 +202,8 @@ impl AsyncCompletionQueue {
     /// (see the [module docs](self)).
     ///
     /// # Errors
-    /// [`Error::Verb`] when the reactor refuses the descriptor.
+    /// [`Error::InvalidArgument`] when `cq` was not created on `channel`; [`Error::Verb`] when the
+    /// reactor refuses the descriptor.
     pub fn new(cq: CompletionQueue, channel: &CompletionChannel, backend: &dyn Backend) -> Result<Self> {
         let core = CqCore::new(cq, channel, backend)?;
         Ok(AsyncCompletionQueue {

@@ -84,10 +84,13 @@ pub fn resolve(addr: SocketAddr, timeout: Duration) -> Result<CmId> {
 /// until TCP connects or gives up (see [`connect`], which keeps its bound there).
 ///
 /// # Errors
-/// As [`connect`]'s, after resolution; [`Error::InvalidArgument`] when `qp` is not `id`'s.
+/// As [`connect`]'s, after resolution; [`Error::InvalidArgument`] when `id` shares its event
+/// channel with other ids (whose events this function would take: wait for the events with
+/// [`EventChannel::get_event`] instead), or `qp` is not `id`'s.
 #[doc(alias = "rdma_connect")]
 pub fn establish(id: &CmId, qp: &mut QueuePair, param: &ConnParam, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
+    id.check_private_channel("rdma_connect")?;
     check_own_qp(id, qp)?;
     id.connect(param)?;
     expect(id, "rdma_connect", CmEventKind::ESTABLISHED, deadline, timeout)?;
@@ -278,11 +281,12 @@ impl Listener {
 ///
 /// # Errors
 /// [`Error::Timeout`] when the connection does not complete in time; [`Error::CmEvent`] for an
-/// error event; [`Error::InvalidArgument`] when `qp` is not `id`'s; the errors of
-/// [`CmId::accept`].
+/// error event; [`Error::InvalidArgument`] when `id` shares its event channel with other ids
+/// (as for [`establish`]) or `qp` is not `id`'s; the errors of [`CmId::accept`].
 #[doc(alias = "rdma_accept")]
 pub fn accept_request(id: &CmId, qp: &mut QueuePair, param: &ConnParam, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
+    id.check_private_channel("rdma_accept")?;
     check_own_qp(id, qp)?;
     id.accept(param)?;
     expect(id, "rdma_accept", CmEventKind::ESTABLISHED, deadline, timeout)?;

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -18,6 +19,9 @@ pub(crate) struct ChannelInner {
     lock: Mutex<()>,
     /// The epoll instance handed out as `AsFd`.
     ready: ReadinessFd,
+    /// Live ids reporting to this channel (changed under `lock`): the blocking helpers, which
+    /// read every event on an id's channel, take only ids that have theirs to themselves.
+    pub(crate) ids: AtomicUsize,
 }
 
 // SAFETY: an event channel is a descriptor; librdmacm's calls on it are thread-safe, and the
@@ -243,9 +247,9 @@ impl EventChannel {
             .map_err(|source| Error::Verb { verb: "fcntl", source })
             .and_then(|()| ReadinessFd::new(fd).map_err(|source| Error::Verb { verb: "epoll_ctl", source }));
         match ready {
-            Ok(ready) => {
-                Ok(EventChannel { inner: Arc::new(ChannelInner { raw, lock: Mutex::new(()), ready }) })
-            }
+            Ok(ready) => Ok(EventChannel {
+                inner: Arc::new(ChannelInner { raw, lock: Mutex::new(()), ready, ids: AtomicUsize::new(0) }),
+            }),
             Err(e) => {
                 // SAFETY: created above and owned by nothing else; destroyed once.
                 unsafe { ffi::rdma_destroy_event_channel(raw.as_ptr()) };
@@ -274,6 +278,7 @@ impl EventChannel {
         };
         cvt("rdma_create_id", ret)?;
         let raw = cvt_p("rdma_create_id", raw)?;
+        self.inner.ids.fetch_add(1, Ordering::Relaxed);
         Ok(CmId { inner: Arc::new(CmIdInner { raw, channel: self.inner.clone() }) })
     }
 
@@ -364,6 +369,7 @@ impl EventChannel {
         // does not wait.
         let ret = unsafe { ffi::rdma_migrate_id(new.as_ptr(), ch.inner.raw()) };
         cvt("rdma_migrate_id", ret).map_err(fail)?;
+        ch.inner.ids.fetch_add(1, Ordering::Relaxed);
         Ok(CmId { inner: Arc::new(CmIdInner { raw: new, channel: ch.inner }) })
     }
 

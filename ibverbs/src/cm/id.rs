@@ -30,6 +30,7 @@ impl Drop for CmIdInner {
         // it is gone (and `id->qp` cleared). Every event of the id was acknowledged when it was
         // read (get_event acknowledges under the lock we hold), so this does not block.
         unsafe { ffi::rdma_destroy_id(self.raw.as_ptr()) };
+        self.channel.ids.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -325,6 +326,8 @@ impl CmId {
             // every event of the id was acknowledged when it was read, so the call does not wait.
             let ret = unsafe { ffi::rdma_migrate_id(inner.raw.as_ptr(), channel.inner.raw()) };
             cvt("rdma_migrate_id", ret)?;
+            inner.channel.ids.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            channel.inner.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         // The id now reports to `channel`, which it keeps alive (the old one may go).
         inner.channel = channel.inner.clone();
@@ -360,6 +363,19 @@ impl CmId {
         let _g = self.inner.channel.lock();
         // SAFETY: as in local_addr.
         unsafe { read_sockaddr(ffi::rdma_get_peer_addr(self.raw())) }
+    }
+
+    /// [`Error::InvalidArgument`] naming `verb` when other ids report to this id's channel: the
+    /// blocking helpers read every event on it ([`next_event`](Self::next_event)), and would
+    /// take theirs.
+    pub(crate) fn check_private_channel(&self, verb: &'static str) -> Result<()> {
+        if self.inner.channel.ids.load(std::sync::atomic::Ordering::Relaxed) > 1 {
+            return Err(Error::InvalidArgument {
+                verb,
+                reason: "the id shares its event channel with other ids, whose events this helper would take: wait with EventChannel::get_event",
+            });
+        }
+        Ok(())
     }
 
     /// Waits (bounded by `timeout`) for the next event on the id's channel, which must be

@@ -63,8 +63,13 @@ impl OwnedBuffer {
     /// [`CompletionQueue::poll`](crate::CompletionQueue::poll) releasing it).
     ///
     /// # Safety
-    /// `ptr` is valid for reads and writes of `len` bytes, is used by nothing else from now until
-    /// `free` is called (or forever, without `free`), and `free` may run on any thread.
+    /// - `ptr` is valid for reads and writes of `len` bytes, and `len` is at most `isize::MAX`;
+    /// - those bytes are initialised (the region derefs to `[u8]`: memory fresh from `malloc` or
+    ///   `mmap` of an anonymous mapping is, from `malloc` only after it was written, e.g. zeroed);
+    /// - they are used by nothing else from now until `free` is called (or forever, without
+    ///   `free`): no other `OwnedBuffer`, Rust reference or registration of this crate covers
+    ///   any of them;
+    /// - `free` may run on any thread.
     pub unsafe fn from_raw_parts(
         ptr: NonNull<u8>,
         len: usize,
@@ -150,7 +155,8 @@ mod tests {
         let freed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let f2 = freed.clone();
         let mut mem = vec![0u8; 4];
-        // SAFETY: mem outlives the buffer; the closure only records the call.
+        // SAFETY: mem (initialised) outlives the buffer and nothing else uses it meanwhile; the
+        // closure only records the call.
         let raw = unsafe {
             OwnedBuffer::from_raw_parts(
                 NonNull::new(mem.as_mut_ptr()).unwrap(),

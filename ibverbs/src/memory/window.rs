@@ -555,8 +555,14 @@ impl Request for Type1Bind {
 }
 
 impl QueuePair {
+    /// Posts a type 1 bind or unbind; on error the window comes back, unless the provider may
+    /// have queued the request (`None`, with [`Error::QueuedWithError`]).
     #[allow(clippy::result_large_err)] // the window comes back
-    fn post_type1(&mut self, w: BoundWindow, wr_id: u64) -> std::result::Result<(), (BoundWindow, Error)> {
+    fn post_type1(
+        &mut self,
+        w: BoundWindow,
+        wr_id: u64,
+    ) -> std::result::Result<(), (Option<BoundWindow>, Error)> {
         let verb = "ibv_bind_mw";
         let reason = if self.qp_type() == QpType::UD {
             Some("memory windows are bound on connected queue pairs (RC, UC)")
@@ -566,17 +572,14 @@ impl QueuePair {
             None
         };
         if let Some(reason) = reason {
-            return Err((w, Error::InvalidArgument { verb, reason }));
+            return Err((Some(w), Error::InvalidArgument { verb, reason }));
         }
         let mut req = Type1Bind { window: Some(w), wr_id };
-        match self.post_send_via(post_type1, &mut req) {
-            Ok(()) => Ok(()),
-            Err(e) => match req.window.take() {
-                Some(w) => Err((w, e)),
-                // Unreachable: a request that was not posted keeps its window.
-                None => Ok(()),
-            },
-        }
+        // ibv_bind_mw names no failed request (no bad_wr), and rxe's posts it through its
+        // post_send, which can fail at the doorbell after queuing it: every failure of the
+        // verb itself counts as queued (Error::QueuedWithError), the window staying in its slot
+        // until the request's completion (or the queue pair's end) hands it back.
+        self.post_send_via(post_type1, &mut req).map_err(|e| (req.window.take(), e))
     }
 
     /// Binds the type 1 window `mw` to the bytes `range` of `region`, granting `access`
@@ -587,8 +590,11 @@ impl QueuePair {
     /// # Errors
     /// The window back, with [`Error::InvalidArgument`] (not type 1, region or window of another
     /// protection domain, rights the region cannot give, empty range, a UD queue pair),
-    /// [`Error::OutOfBounds`] (range outside the region), [`Error::QpState`] before RTS,
-    /// [`Error::QueueFull`], or [`Error::Verb`] from `ibv_bind_mw()`.
+    /// [`Error::OutOfBounds`] (range outside the region), [`Error::QpState`] before RTS or
+    /// [`Error::QueueFull`]. When `ibv_bind_mw()` itself fails, no window comes back (`None`)
+    /// and the error is [`Error::QueuedWithError`]: the verb does not say whether the provider
+    /// queued the bind (rxe can fail at its doorbell after queuing it), so it counts as posted,
+    /// and its completion hands the window back.
     #[doc(alias = "ibv_bind_mw")]
     #[allow(clippy::result_large_err)]
     pub fn bind_mw(
@@ -598,16 +604,16 @@ impl QueuePair {
         range: impl RangeBounds<usize>,
         access: AccessFlags,
         wr_id: u64,
-    ) -> std::result::Result<(), (MemoryWindow, Error)> {
+    ) -> std::result::Result<(), (Option<MemoryWindow>, Error)> {
         if mw.mw_type() != MwType::Type1 {
             let e = Error::InvalidArgument {
                 verb: "ibv_bind_mw",
                 reason: "type 2 windows are bound with SendRequest::bind_window",
             };
-            return Err((mw, e));
+            return Err((Some(mw), e));
         }
-        let w = mw.prepare_bind("ibv_bind_mw", region, range, access)?;
-        self.post_type1(w, wr_id).map_err(|(w, e)| (w.into_unposted(), e))
+        let w = mw.prepare_bind("ibv_bind_mw", region, range, access).map_err(|(mw, e)| (Some(mw), e))?;
+        self.post_type1(w, wr_id).map_err(|(w, e)| (w.map(BoundWindow::into_unposted), e))
     }
 
     /// Unbinds the type 1 window `w` (`ibv_bind_mw()` with length 0). Once the
@@ -617,25 +623,30 @@ impl QueuePair {
     ///
     /// # Errors
     /// The window back, still bound, with [`Error::InvalidArgument`] (not type 1, another
-    /// protection domain, a UD queue pair), [`Error::QpState`], [`Error::QueueFull`] or
-    /// [`Error::Verb`].
+    /// protection domain, a UD queue pair), [`Error::QpState`] or [`Error::QueueFull`]. When
+    /// `ibv_bind_mw()` itself fails, no window comes back (`None`) and the error is
+    /// [`Error::QueuedWithError`], as for [`bind_mw`](Self::bind_mw): the unbind counts as
+    /// posted, and its completion hands the window back.
     #[doc(alias = "ibv_bind_mw")]
     #[allow(clippy::result_large_err)]
     pub fn unbind_mw(
         &mut self,
         mut w: BoundWindow,
         wr_id: u64,
-    ) -> std::result::Result<(), (BoundWindow, Error)> {
+    ) -> std::result::Result<(), (Option<BoundWindow>, Error)> {
         if w.mw_type() != MwType::Type1 {
             let e = Error::InvalidArgument {
                 verb: "ibv_bind_mw",
                 reason: "type 2 windows are invalidated with SendRequest::local_invalidate",
             };
-            return Err((w, e));
+            return Err((Some(w), e));
         }
         w.pending = Pending::Invalidate;
-        self.post_type1(w, wr_id).map_err(|(mut w, e)| {
-            w.pending = Pending::None;
+        self.post_type1(w, wr_id).map_err(|(w, e)| {
+            let w = w.map(|mut w| {
+                w.pending = Pending::None;
+                w
+            });
             (w, e)
         })
     }

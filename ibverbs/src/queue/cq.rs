@@ -379,6 +379,11 @@ impl CompletionQueue {
         Ok(&mut out[..n])
     }
 
+    /// Whether this CQ was created on `channel`.
+    pub(crate) fn is_on(&self, channel: &CompletionChannel) -> bool {
+        self.inner.channel.as_ref().is_some_and(|c| Arc::ptr_eq(c, &channel.inner))
+    }
+
     /// Completions a scope's drain polled and kept for the caller, not returned by
     /// [`poll`](Self::poll) yet (see [`QueuePair::scope`](crate::QueuePair::scope)).
     pub fn kept(&self) -> usize {

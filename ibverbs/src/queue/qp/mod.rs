@@ -301,6 +301,13 @@ impl<'a> QueuePairBuilder<'a> {
     /// after the capability check.
     fn build_xrc(self) -> Result<QueuePair> {
         const VERB: &str = "ibv_create_qp_ex";
+        if self.send_ops.is_some() {
+            // build_xrc creates no extended part (its send_ops_flags are not passed).
+            return Err(Error::InvalidArgument {
+                verb: VERB,
+                reason: "XRC queue pairs are not created with send_ops here",
+            });
+        }
         crate::queue::xrc::check_xrc(&self.pd.context(), VERB)?;
         let target = self.qp_type == QpType::XRC_RECV;
         let xrcd = match (target, self.xrcd) {
@@ -513,8 +520,14 @@ impl<'a> QueuePairBuilder<'a> {
                     None => {
                         // SAFETY: created above, never posted to, destroyed once.
                         unsafe { ffi::ibv_destroy_qp(raw.as_ptr()) };
-                        send_cq.registry.unregister(&send);
-                        recv_cq.registry.unregister(&recv);
+                        // Only registered rings: a queue the QP lacks has a placeholder, which
+                        // unregister would count as a registered ring given back.
+                        if has_send {
+                            send_cq.registry.unregister(&send);
+                        }
+                        if has_recv {
+                            recv_cq.registry.unregister(&recv);
+                        }
                         return Err(Error::Unsupported {
                             verb,
                             capability: "the work-request builders of struct ibv_qp_ex (ibv_wr_start, ibv_wr_set_sge_list, ...)",

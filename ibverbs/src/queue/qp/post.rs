@@ -648,9 +648,18 @@ impl QueuePair {
         self.check_send_state().map_err(refuse)?;
         let mut posts = posts.into_iter();
         if posts.size_hint() == (1, Some(1)) {
+            let Some(one) = posts.next() else { return Ok(()) };
+            self.post_prepared_single(one).map_err(refuse)?;
+            // A size hint is no promise: an iterator that yields more is refused, not cut short.
             return match posts.next() {
-                Some(one) => self.post_prepared_single(one).map_err(refuse),
                 None => Ok(()),
+                Some(_) => Err(PreparedChainError {
+                    posted: 1,
+                    error: Error::InvalidArgument {
+                        verb: "ibv_post_send",
+                        reason: "the iterator yielded more posts than its size_hint's upper bound (1); only the first was posted",
+                    },
+                }),
             };
         }
         if self.ex.is_some() {

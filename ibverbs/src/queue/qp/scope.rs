@@ -215,9 +215,21 @@ impl Scope<'_, '_> {
         }
         let timeout = Error::Timeout { verb: "QueuePair::scope", waited: started.elapsed() };
         // Fail the QP: the device flushes what is left, each request completing in order.
-        let _ = self.qp.set_error();
+        let failed = self.qp.set_error().is_ok() || self.qp.state == QpState::ERR;
         if self.wait_released(self.bounds.flush, &mut panic) {
             return (Err(timeout), panic);
+        }
+        // On siw only the ERROR state stops the device (below); without it, nothing does.
+        let siw = crate::Context { inner: self.qp.pd_inner().ctx.clone() }.is_siw();
+        if siw && !failed {
+            let _ = writeln!(
+                std::io::stderr(),
+                "ibverbs: QueuePair::scope: siw neither completed nor flushed the requests posted over \
+                 borrowed memory, and refused the ERROR state (QP {}); aborting rather than returning \
+                 memory it may still write",
+                self.qp.qp_num()
+            );
+            std::process::abort()
         }
         // No flush: RESET makes the device forget every request (the rings are retired; their
         // stale completions are recognised as such). siw (Linux 6.1) accepts RESET and ignores it,
