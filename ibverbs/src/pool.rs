@@ -23,7 +23,8 @@ use crate::queue::{QueuePair, SharedReceiveQueue};
 /// loop {
 ///     for wc in cq.poll(&mut wcs)? {
 ///         if let Some(chunk) = wc.take_chunk() {
-///             let message = &chunk[..wc.byte_len() as usize];
+///             // At most the chunk (a UD receive counts its 40-byte header in byte_len too).
+///             let message = &chunk[..(wc.byte_len() as usize).min(chunk.len())];
 ///             // ... use the message in place ...
 ///             # let _ = message;
 ///             pool.put(chunk);

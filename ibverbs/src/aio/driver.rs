@@ -126,8 +126,11 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic under the lock (a buffer's drop callback) leaves the state consistent: every
-        // step that can panic runs outside it.
+        // A panic under the lock leaves the state consistent. Completions handed over are
+        // dropped outside it, but a poll under it may drop buffers itself (of unsignaled
+        // requests a completion releases, or of dropped queue pairs) and `with_cq` runs the
+        // caller's closure: a panic there unwinds out of the CQ's poll, which is panic-safe,
+        // before `dispatch` touched the slots.
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
@@ -144,6 +147,10 @@ impl Shared {
 /// background task: a future that waits polls the CQ itself (`ibv_poll_cq()`), hands the
 /// completions it finds to their futures, and when there is none arms the CQ and waits for the
 /// channel; when it finishes, another waiting task takes over the watch.
+///
+/// A poll may drop buffers while the driver's lock is held (those of unsignaled requests a
+/// completion releases, or of dropped queue pairs): an [`OwnedBuffer`](crate::OwnedBuffer) free
+/// callback must not call into this driver or its queue pairs (the lock is not reentrant).
 #[derive(Clone)]
 pub struct Driver {
     shared: Arc<Shared>,

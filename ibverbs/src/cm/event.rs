@@ -315,7 +315,8 @@ impl EventChannel {
             return Err(Error::InvalidArgument { verb: "rdma_get_cm_event", reason: "returned no event" });
         };
         // SAFETY: a valid event until it is acknowledged below; librdmacm zero-fills it
-        // (calloc), so the parameter union is initialised whichever member it wrote.
+        // (memset before each event is read), so the parameter union is initialised whichever
+        // member it wrote.
         let (kind, status, id, listen_id, conn) = unsafe {
             let e = &*ev.as_ptr();
             (CmEventKind(e.event.0), e.status, e.id, e.listen_id, e.param.conn)

@@ -329,7 +329,10 @@ impl CompletionQueue {
     /// On an extended CQ ([`Context::create_cq_ex`]) it polls with `ibv_start_poll`,
     /// `ibv_next_poll`, the `ibv_wc_read_*` accessors of the fields asked for, and
     /// `ibv_end_poll`, with the same hand-back of buffers; a call that ends on `ENOENT` has
-    /// seen the CQ empty.
+    /// seen the CQ empty. Buffers released there are dropped between `ibv_start_poll` and
+    /// `ibv_end_poll`, while the provider holds the CQ's lock: an [`OwnedBuffer`](crate::OwnedBuffer)
+    /// free callback must not make the provider take it again (mlx5's `ibv_destroy_qp` of a
+    /// queue pair that completes into this CQ does: the thread would spin on its own lock).
     #[doc(alias = "ibv_poll_cq")]
     #[doc(alias = "ibv_start_poll")]
     #[doc(alias = "ibv_next_poll")]

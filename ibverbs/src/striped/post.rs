@@ -21,9 +21,11 @@ pub enum StripedOp {
 pub struct StripedPostError {
     /// What went wrong.
     pub error: Error,
-    /// The request's buffer: always `Some` (an owned region is rebuilt from its chunks once the
-    /// refused pieces' chunks are dropped, which happens before this error is returned; `None`
-    /// would mean a chunk of it is still alive elsewhere, which the connection never allows).
+    /// The request's buffer: always `Some`. Nothing was posted, so every piece's chunk was
+    /// dropped before this error is returned and an owned region is whole again (a piece the
+    /// provider queued before failing counts as posted: the request is then accepted and
+    /// reports [`WcStatus::GENERAL_ERR`] in its completion). `None` would mean a chunk of it is
+    /// still alive elsewhere, which the connection never allows.
     pub buf: Option<StripeBuf>,
 }
 
@@ -51,7 +53,8 @@ impl StripedCompletion {
     /// [`WcStatus::SUCCESS`] when every piece succeeded, else the first bad status polled (a
     /// failed piece's status; the pieces flushed after it report `WR_FLUSH_ERR` later), or
     /// [`WcStatus::GENERAL_ERR`] when the provider refused to post a piece after earlier pieces
-    /// were posted.
+    /// were posted, or failed after queuing a piece ([`Error::QueuedWithError`]: the request
+    /// counts as posted, and completes once every posted piece did).
     pub fn status(&self) -> WcStatus {
         self.status
     }
@@ -173,6 +176,13 @@ impl StripedConnection {
             });
             match posted_ok {
                 Ok(()) => posted += 1,
+                // Queued by the provider before it failed: posted, its chunk or clone in its
+                // slot, its completion counted like the others'.
+                Err(e @ Error::QueuedWithError { .. }) => {
+                    posted += 1;
+                    first_error = Some(e);
+                    break;
+                }
                 Err(e) => {
                     first_error = Some(e);
                     break;

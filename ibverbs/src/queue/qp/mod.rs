@@ -655,8 +655,8 @@ pub struct QueuePair {
 // single-producer: every producer method takes &mut self. The scratch arrays are touched only under
 // &mut self and hold no pointers between calls that matter (they are rewritten on each use).
 unsafe impl Send for QueuePair {}
-// SAFETY: &self methods only query the QP or post through the `unsafe` level, which providers
-// make thread-safe.
+// SAFETY: &self methods only query the QP, post through the `unsafe` level (which providers
+// make thread-safe), or change the prepared requests' pin lists under their Mutex.
 unsafe impl Sync for QueuePair {}
 
 impl fmt::Debug for QueuePair {
