@@ -436,7 +436,8 @@ impl BoundWindow {
     ///
     /// # Safety
     /// `c` must come from `qp`'s receive CQ and from a receive posted on `qp` *after* this
-    /// window's bind was posted. (An older completion may name an earlier holder of the same
+    /// window's bind was posted (for a queue pair on a shared receive queue: a receive posted to
+    /// that SRQ after the bind, since any of its receives may complete for `qp`). (An older completion may name an earlier holder of the same
     /// rkey: a deallocated window whose index the device gave to this one, with the same 8-bit
     /// key; the checks above cannot tell them apart. Accepting it would let the region become
     /// private while the peer can still write it.)
