@@ -582,18 +582,12 @@ impl QueuePair {
     /// `post` was checked for this queue pair: prepared for it (`post.prepared.qp == self.id`),
     /// its ranges within the request's limits.
     #[inline(always)]
-    unsafe fn post_checked_prepared(&mut self, mut post: PreparedPost<'_>) -> Result<()> {
+    unsafe fn post_checked_prepared(&mut self, post: PreparedPost<'_>) -> Result<()> {
         match &self.ex {
             // SAFETY: our live QP and send ring, its provider call; `&mut self` held and `post`
             // checked for us (contract).
             None => unsafe { post_prepared_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &post) },
-            Some(ex) => ex::post_batch(
-                ex,
-                &self.send,
-                &mut self.chain,
-                &mut self.chain_sges,
-                std::slice::from_mut(&mut post),
-            ),
+            Some(ex) => post_prepared_ex(ex, &self.send, &mut self.chain, &mut self.chain_sges, post),
         }
     }
 
@@ -653,13 +647,7 @@ impl QueuePair {
             // A size hint is no promise: an iterator that yields more is refused, not cut short.
             return match posts.next() {
                 None => Ok(()),
-                Some(_) => Err(PreparedChainError {
-                    posted: 1,
-                    error: Error::InvalidArgument {
-                        verb: "ibv_post_send",
-                        reason: "the iterator yielded more posts than its size_hint's upper bound (1); only the first was posted",
-                    },
-                }),
+                Some(_) => Err(more_than_hinted()),
             };
         }
         if self.ex.is_some() {
@@ -804,6 +792,20 @@ fn pin_to(pins: &std::sync::Mutex<Vec<Pin>>, ring: &Ring<Slot>, new: [Option<Pin
     // The outstanding count only falls while the caller holds &QueuePair (posting takes &mut),
     // and a slot released by the consumer no longer needs its request's buffer.
     keep_pins(pins, ring.outstanding() == 0, new.into_iter().flatten());
+}
+
+/// `post_prepared_iter`'s error for an iterator whose size hint said one and that yielded more
+/// (out of line: its constant stores weighed on the chains' code, callgrind).
+#[cold]
+#[inline(never)]
+fn more_than_hinted() -> PreparedChainError {
+    PreparedChainError {
+        posted: 1,
+        error: Error::InvalidArgument {
+            verb: "ibv_post_send",
+            reason: "the iterator yielded more posts than its size_hint's upper bound (1); only the first was posted",
+        },
+    }
 }
 
 /// The error of a single prepared post refused by its checks ([`PreparedPost::error`]).
