@@ -304,14 +304,15 @@ fn another_queue_pairs_completion_on_the_cq_is_not_taken_for_a_piece() {
     let mut a = StripedConnection::from_queue_pairs(cq_a, qa, &stripe).unwrap();
     let _b = StripedConnection::from_queue_pairs(cq_b, qb, &stripe).unwrap();
     let dst = target(&pd, 2 * THRESHOLD);
-    // `x`'s Write completes first, with wr_id 0: the wire id of the first request's piece on
-    // queue pair 0 (slot 0, generation 0).
+    // `x`'s Write completes first, with the wire id of the first request's piece on queue pair
+    // 0 (the connection's mark 0x57 in the top byte, generation 0, queue pair 0, slot 0): only
+    // its queue pair number tells it apart. (A wr_id without the mark, e.g. 0, never names one.)
     x.post_send(
         ibverbs::SendRequest::write(
             ibverbs::Local::whole(pd.allocate(8).unwrap()),
             dst.remote().slice(0, 8).unwrap(),
         )
-        .wr_id(0),
+        .wr_id(0x57 << 56),
     )
     .unwrap();
     std::thread::sleep(scaled(Duration::from_millis(200)));

@@ -27,6 +27,9 @@ enum Entry {
 
 struct Slot {
     gen: u32,
+    /// The number of the queue pair the operation was posted on: a completion of another (or
+    /// of a request posted by other means) that carries the same `wr_id` is not its.
+    qp_num: u32,
     entry: Entry,
 }
 
@@ -39,26 +42,33 @@ struct State {
     driver: Option<u64>,
 }
 
+/// The top byte of every token: `wr_id`s of requests the driver did not post (the usual small
+/// numbers, offsets) never name one of its operations.
+const TOKEN_MARK: u64 = 0x41 << 56;
+/// A slot generation's bits in a token (24).
+const GEN_MASK: u32 = 0xff_ffff;
+
 fn token(idx: u32, gen: u32) -> u64 {
-    (u64::from(gen) << 32) | u64::from(idx)
+    TOKEN_MARK | u64::from(gen & GEN_MASK) << 32 | u64::from(idx)
 }
 
 impl State {
     fn slot(&mut self, tok: u64) -> Option<&mut Slot> {
         let s = self.slots.get_mut((tok & 0xffff_ffff) as usize)?;
-        (u64::from(s.gen) == tok >> 32).then_some(s)
+        (token((tok & 0xffff_ffff) as u32, s.gen) == tok).then_some(s)
     }
 
-    fn alloc(&mut self, user_wr_id: u64) -> u64 {
+    fn alloc(&mut self, user_wr_id: u64, qp_num: u32) -> u64 {
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
-                self.slots.push(Slot { gen: 0, entry: Entry::Free });
+                self.slots.push(Slot { gen: 0, qp_num: 0, entry: Entry::Free });
                 u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 operations in flight")
             }
         };
         let s = &mut self.slots[idx as usize];
         s.entry = Entry::Waiting(None, user_wr_id);
+        s.qp_num = qp_num;
         token(idx, s.gen)
     }
 
@@ -83,7 +93,9 @@ impl State {
                 continue;
             }
             let tok = c.wr_id();
-            let Some(slot) = self.slot(tok) else {
+            let Some(slot) = self.slot(tok).filter(|s| s.qp_num == c.qp_num()) else {
+                // Not one of the driver's operations: a request posted by other means (through
+                // `with_qp`, an SRQ's receive) whose `wr_id` happens to look like a token.
                 drop_later.push(c);
                 continue;
             };
@@ -98,7 +110,8 @@ impl State {
                     self.release(tok);
                 }
                 other => {
-                    // Cannot happen (one completion per signaled request); keep what was there.
+                    // One completion per signaled request: a second can only be of a request
+                    // posted by other means with this token as its wr_id. Keep what was there.
                     slot.entry = other;
                     drop_later.push(c);
                 }
@@ -183,7 +196,8 @@ impl Driver {
 
     /// Runs `f` on the driven CQ, e.g. to create queue pairs on it with
     /// [`ProtectionDomain::create_qp`](crate::ProtectionDomain::create_qp). (It holds the
-    /// driver's lock: `f` must not await or call back into the driver.)
+    /// driver's lock: `f` must not await or call back into the driver, nor wait on the CQ:
+    /// `poll_raw_wait` would read the channel's events behind the driver and block it.)
     pub fn with_cq<R>(&self, f: impl FnOnce(&CompletionQueue) -> R) -> R {
         f(&self.shared.lock().core.cq)
     }
@@ -234,8 +248,8 @@ impl Driver {
         st.slots.len() - st.free.len()
     }
 
-    fn begin(&self, user_wr_id: u64) -> u64 {
-        self.shared.lock().alloc(user_wr_id)
+    fn begin(&self, user_wr_id: u64, qp_num: u32) -> u64 {
+        self.shared.lock().alloc(user_wr_id, qp_num)
     }
 }
 
@@ -359,6 +373,8 @@ impl Drop for Op {
 /// [`unsignaled`](SendRequest::unsignaled) is refused: its future could never resolve).
 pub struct AsyncQueuePair {
     qp: Arc<Mutex<QueuePair>>,
+    /// The queue pair's number, which its operations' slots record.
+    qp_num: u32,
     driver: Driver,
 }
 
@@ -386,7 +402,8 @@ impl AsyncQueuePair {
             };
             return Err((qp, e));
         }
-        Ok(AsyncQueuePair { qp: Arc::new(Mutex::new(qp)), driver: driver.clone() })
+        let qp_num = qp.qp_num();
+        Ok(AsyncQueuePair { qp: Arc::new(Mutex::new(qp)), qp_num, driver: driver.clone() })
     }
 
     fn lock_qp(&self) -> MutexGuard<'_, QueuePair> {
@@ -400,10 +417,13 @@ impl AsyncQueuePair {
 
     /// Runs `f` on the queue pair (state queries, outstanding counts). It holds the QP's lock:
     /// `f` must not await, nor call this `AsyncQueuePair` (its lock is not reentrant: that call
-    /// would deadlock). `f` must not replace the queue pair (`mem::replace`, `mem::swap`): the
-    /// operations posted on the one it took out complete only while that one lives and
-    /// completes into this driver's CQ; once it is dropped, their futures stay pending until
-    /// dropped (never unsound: their buffers stay with the slots).
+    /// would deadlock). `f` should not post: the driver takes a completion for one of its
+    /// operations only by its token (`wr_id`) and queue pair, so a request posted here is
+    /// dropped with its completion (buffers included) unless its `wr_id` mimics a token, when it
+    /// may resolve that operation's future. Nor should `f` reset or replace the queue pair
+    /// (`reset`, `mem::replace`, `mem::swap`): operations the device then forgets, or posted on
+    /// a queue pair that is dropped, leave their futures pending until dropped (never unsound:
+    /// their buffers stay with the slots).
     pub fn with_qp<R>(&self, f: impl FnOnce(&mut QueuePair) -> R) -> R {
         f(&mut self.lock_qp())
     }
@@ -429,7 +449,7 @@ impl AsyncQueuePair {
             };
             return Err(PostError { error, request: wr });
         }
-        let tok = self.driver.begin(wr.wr_id);
+        let tok = self.driver.begin(wr.wr_id, self.qp_num);
         let wr = wr.wr_id(tok);
         self.post_retrying(tok, wr, |qp, wr| qp.post_send(wr)).map_err(|mut e| {
             e.request.wr_id = self.release(tok);
@@ -444,7 +464,7 @@ impl AsyncQueuePair {
     #[doc(alias = "ibv_post_recv")]
     #[allow(clippy::result_large_err)] // as QueuePair::post_recv
     pub fn post_recv(&self, wr: RecvRequest) -> std::result::Result<Op, PostError<RecvRequest>> {
-        let tok = self.driver.begin(wr.wr_id);
+        let tok = self.driver.begin(wr.wr_id, self.qp_num);
         let wr = wr.wr_id(tok);
         self.post_retrying(tok, wr, |qp, wr| qp.post_recv(wr)).map_err(|mut e| {
             e.request.wr_id = self.release(tok);
@@ -544,7 +564,7 @@ impl AsyncQueuePair {
     pub fn into_inner(self) -> std::result::Result<QueuePair, Self> {
         match Arc::try_unwrap(self.qp) {
             Ok(m) => Ok(m.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner)),
-            Err(qp) => Err(AsyncQueuePair { qp, driver: self.driver }),
+            Err(qp) => Err(AsyncQueuePair { qp, qp_num: self.qp_num, driver: self.driver }),
         }
     }
 }

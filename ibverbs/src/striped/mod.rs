@@ -236,8 +236,9 @@ impl StripedConnection {
     /// # Errors
     /// [`Error::InvalidArgument`] for `opts` that [`new`](Self::new) refuses, a number of queue
     /// pairs other than `opts.qps`, or a queue pair that is not RC, completes its sends into
-    /// another CQ than `cq`, has room for fewer than `opts.depth` send requests or belongs to
-    /// another protection domain than the first.
+    /// another CQ than `cq`, has room for fewer than `opts.depth` send requests, belongs to
+    /// another protection domain than the first, has requests outstanding or receives through
+    /// a shared receive queue (their completions would be taken for pieces).
     pub fn from_queue_pairs(
         cq: CompletionQueue,
         qps: Vec<QueuePair>,
@@ -257,6 +258,13 @@ impl StripedConnection {
             }
             if qp.caps().max_send_wr < opts.depth {
                 return bad("a queue pair has room for fewer send requests than opts.depth");
+            }
+            // The connection takes every tracked completion of its queue pairs on `cq` for a
+            // piece: none may come from anything else (an SRQ's receives, earlier requests).
+            if qp.uses_srq() || qp.outstanding_sends() != 0 || qp.outstanding_recvs() != 0 {
+                return bad(
+                    "a queue pair has requests outstanding or receives through a shared receive queue",
+                );
             }
         }
         Ok(Self::assemble(cq, qps, opts))

@@ -38,6 +38,17 @@ pub(crate) fn pieces(
     })
 }
 
+/// The top byte of every piece's wire `wr_id`: a completion of the connection's queue pairs
+/// with another `wr_id` (the usual small numbers, offsets) is never taken for a piece.
+const WIRE_MARK: u64 = 0x57 << 56;
+/// Bits 0..56 of a wire `wr_id`: the generation (24 bits), the queue pair and the slot.
+const GEN_AND_BELOW: u64 = (1 << 56) - 1;
+
+/// A slot generation's low 24 bits, as a wire `wr_id` carries them.
+fn gen_bits(gen: u32) -> u64 {
+    u64::from(gen) & 0xff_ffff
+}
+
 /// The queue pair (index) a piece's wire `wr_id` ([`Slots::wire_id`]) names.
 pub(crate) fn wire_qp(wire: u64) -> usize {
     (wire >> 24) as usize & 0xff
@@ -105,7 +116,7 @@ impl<H> Slots<H> {
     /// is told apart.
     pub(crate) fn wire_id(&self, i: u32, qp: usize) -> u64 {
         debug_assert!(i < 1 << 24 && qp < 1 << 8);
-        (u64::from(self.slots[i as usize].gen) << 32) | (qp as u64) << 24 | u64::from(i)
+        WIRE_MARK | gen_bits(self.slots[i as usize].gen) << 32 | (qp as u64) << 24 | u64::from(i)
     }
 
     pub(crate) fn get_mut(&mut self, i: u32) -> &mut Slot<H> {
@@ -115,9 +126,12 @@ impl<H> Slots<H> {
     /// The slot a piece completion names, if it is the current request of that slot and has a
     /// piece outstanding.
     pub(crate) fn lookup(&mut self, wire: u64) -> Option<u32> {
+        if wire & !GEN_AND_BELOW != WIRE_MARK {
+            return None;
+        }
         let i = wire as u32 & 0xff_ffff;
         let s = self.slots.get(i as usize)?;
-        (u64::from(s.gen) == wire >> 32 && s.pending > 0).then_some(i)
+        (gen_bits(s.gen) == (wire & GEN_AND_BELOW) >> 32 && s.pending > 0).then_some(i)
     }
 
     /// Frees slot `i`, returning what it held.
@@ -194,6 +208,12 @@ mod tests {
         s.get_mut(c).pending = 1;
         assert_eq!(s.lookup(wire), None, "a reused slot has a new generation");
         assert_eq!(s.lookup(u64::MAX), None);
+        // The usual wr_ids of other requests (0, small counters) never name a piece, even where
+        // their low bits match a live one's.
+        let live = s.wire_id(b, 0);
+        assert_eq!(s.lookup(live), Some(b));
+        assert_eq!(s.lookup(live & 0xffff_ffff), None);
+        assert_eq!(s.lookup(0), None);
         assert_eq!(s.outstanding(), 2);
     }
 }
