@@ -175,8 +175,8 @@ fn tokio_send_recv_write_read() {
 }
 
 /// A request posted behind the driver (through `with_qp`, wr_id 0: what the first operation's
-/// token was before tokens were marked) does not resolve an operation's future: its completion
-/// is dropped, and each future gets its own completion.
+/// token was before tokens were marked) does not resolve an operation's future: its completion,
+/// polled while the first operation waits, is dropped, and each future gets its own.
 #[test]
 fn a_request_posted_behind_the_driver_resolves_no_future() {
     let s = setup(1, 16);
@@ -185,19 +185,25 @@ fn a_request_posted_behind_the_driver_resolves_no_future() {
     rt.block_on(bounded("foreign completions", async {
         let driver = Driver::tokio(cq, &channel).unwrap();
         let (a, b) = endpoints(&driver, std::mem::take(&mut qps)).pop().unwrap();
+        // The driver's first operation.
         let recv = b.post_recv(RecvRequest::new(Local::whole(pd.allocate(64).unwrap())).wr_id(5)).unwrap();
-        a.with_qp(|qp| qp.post_send(SendRequest::send_inline(b"behind").wr_id(0))).unwrap();
+        // Behind it, on the other queue pair: an RDMA Write with wr_id 0, completed and polled
+        // while the receive still waits.
         let target = pd.allocate_remote(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
-        let mut src = pd.allocate(64).unwrap();
-        src.as_mut_slice().copy_from_slice(&pattern(64, 3));
-        let mut w = a.write(Local::whole(src), target.remote()).await.unwrap();
-        assert!(w.is_ok() && w.opcode() == WcOpcode::RDMA_WRITE, "{w:?}");
-        assert!(w.take_region().is_some(), "the write's own buffer");
+        let behind = SendRequest::write_inline(b"behind", target.remote().slice(0, 6).unwrap()).wr_id(0);
+        a.with_qp(|qp| qp.post_send(behind)).unwrap();
+        while a.outstanding_sends() > 0 {
+            driver.reap().unwrap();
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(&target.to_vec()[..6], b"behind");
+        // Now the receive's own message.
+        let sent = a.send(SendRequest::send_inline(b"hello").wr_id(9)).await.unwrap();
+        assert!(sent.is_ok() && sent.wr_id() == 9, "{sent:?}");
         let mut r = recv.await.unwrap();
         assert!(r.is_ok() && r.opcode() == WcOpcode::RECV && r.wr_id() == 5, "{r:?}");
-        assert_eq!(r.byte_len(), 6);
-        assert_eq!(&r.take_region().unwrap()[..6], b"behind");
-        assert_eq!(target.to_vec(), pattern(64, 3));
+        assert_eq!(r.byte_len(), 5);
+        assert_eq!(&r.take_region().unwrap()[..5], b"hello");
         assert_eq!(driver.in_flight(), 0);
     }));
 }
