@@ -66,7 +66,8 @@ struct Args {
     busy_poll: bool,
     /// Seconds any one wait may take (the server's wait for a client, each exchange, each
     /// request), and the whole run at most ten times that.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=common::net::MAX_WAIT_SECS))]
     timeout: u64,
     /// The in-process comparison of the synchronous safe level and the async adaptor.
     #[arg(long)]
@@ -215,6 +216,13 @@ fn exchange(args: &Args, me: &Endpoint) -> Result<Exchanged, String> {
             cm_mismatch(args.rdma_cm, client_cm, "client")?;
             if !(16..=1 << 20).contains(&size) || !(1..=256).contains(&conc) {
                 return Err(format!("the client asked for size {size}, concurrency {conc}: out of range"));
+            }
+            // The queues were sized from our own -c before the exchange (see `depth`).
+            if conc > args.concurrency {
+                return Err(format!(
+                    "the client asked for concurrency {conc}, more than this server's -c {}: start the server with -c {conc} or more",
+                    args.concurrency
+                ));
             }
             Ok(Exchanged { peer, n, size, conc, listener, cm_port, stream: s })
         }
@@ -510,7 +518,7 @@ async fn client(
             }
         }));
     }
-    let mut all = Vec::with_capacity(n as usize);
+    let mut all = Vec::with_capacity(n.min(1 << 20) as usize);
     for s in senders {
         match s.await {
             Ok(Ok(l)) => all.extend(l),
@@ -585,7 +593,7 @@ fn bench_sync(args: &Args) -> Result<Figures, String> {
     }
     let mut free: Vec<MemoryRegion> = (0..conc).map(|_| alloc(&c.pd, size)).collect::<Result<_, _>>()?;
     let mut start: VecDeque<Instant> = VecDeque::new();
-    let mut lat = Vec::with_capacity(n as usize);
+    let mut lat = Vec::with_capacity(n.min(1 << 20) as usize);
     let (mut sent, mut done) = (0u64, 0u64);
     let mut out: Vec<Completion> = (0..16).map(|_| Completion::default()).collect();
     let (cpu0, t0) = (cpu_time(), Instant::now());

@@ -147,7 +147,7 @@ fn run(args: &Args) -> Result<(), String> {
     };
     qp.init(&opts).map_err(|e| format!("Failed to modify QP to INIT: {e}"))?;
 
-    let mut rx = Receives::new(buf.clone(), size, args.rx_depth);
+    let mut rx = Receives::new(buf.clone(), size, args.rx_depth).checking_lengths(args.chk);
     rx.refill(&mut qp)?;
     if args.events {
         cq.req_notify(false).map_err(|e| format!("Couldn't request CQ notification: {e}"))?;

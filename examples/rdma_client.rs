@@ -29,7 +29,8 @@ struct Args {
     #[arg(short = 'p', default_value_t = 7471)]
     port: u16,
     /// Bound on every wait, in seconds
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     timeout: u64,
 }
 

@@ -62,7 +62,8 @@ struct Args {
     #[arg(short = 'P')]
     persistent: bool,
     /// Bound on every wait, in seconds
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     timeout: u64,
 }
 
@@ -170,6 +171,11 @@ impl Conn {
                                 "Received rkey {:x} addr {:x} len {} from peer",
                                 info.rkey, info.addr, info.size
                             );
+                        }
+                        // The protocol has at most two advertisements in flight (the server
+                        // uses one per step): more is a peer not speaking it, not a queue to grow.
+                        if self.infos.len() >= 2 {
+                            return Err("the peer sent advertisements faster than the protocol allows".into());
                         }
                         self.infos.push_back(info);
                         self.post_recv(mr)?;
@@ -304,7 +310,9 @@ fn serve(args: &Args, id: CmId, timeout: Duration) -> Res<()> {
         // The client's sink buffer: RDMA Write the data back.
         let Some(info) = c.info()? else { break };
         let buf = rdma_buf.take().ok_or("buffer lost")?;
-        let len = (c_str(&buf).len() + 1).min(size).min(info.size as usize);
+        // C's strlen(buf) + 1 within the bytes read: up to and including the first NUL.
+        let read = size.min(info.size as usize);
+        let len = buf[..read].iter().position(|&b| b == 0).map_or(read, |nul| nul + 1);
         let remote = RemoteSlice { addr: info.addr, len: len as u64, rkey: info.rkey };
         let local = Local::new(buf, 0..len).map_err(err("local range"))?;
         c.qp.post_send(SendRequest::write(local, remote).wr_id(WRITE))

@@ -71,8 +71,12 @@ fn parse() -> Result<Args, String> {
             _ => return Err(format!("unknown option {flag}")),
         }
     }
-    if a.qps.iter().any(|&q| q == 0 || q > 64) || a.sizes.contains(&0) || a.iters == 0 || a.tx_depth == 0 {
-        return Err("--qps in 1..=64, sizes, -n and -t above 0".into());
+    if a.qps.iter().any(|&q| q == 0 || q > 64)
+        || a.sizes.contains(&0)
+        || a.iters == 0
+        || !(1..=1 << 16).contains(&a.tx_depth)
+    {
+        return Err("--qps in 1..=64, sizes and -n above 0, -t in 1..=65536".into());
     }
     Ok(a)
 }

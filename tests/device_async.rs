@@ -191,7 +191,7 @@ fn a_request_posted_behind_the_driver_resolves_no_future() {
         // while the receive still waits.
         let target = pd.allocate_remote(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
         let behind = SendRequest::write_inline(b"behind", target.remote().slice(0, 6).unwrap()).wr_id(0);
-        a.with_qp(|qp| qp.post_send(behind)).unwrap();
+        a.with_qp(|qp| qp.post_send(behind).map_err(|e| e.error)).unwrap();
         while a.outstanding_sends() > 0 {
             driver.reap().unwrap();
             tokio::task::yield_now().await;

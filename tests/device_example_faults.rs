@@ -288,6 +288,35 @@ fn servers_give_up_on_a_silent_client_after_their_timeout() {
     });
 }
 
+/// A client that only ever sends `Alive` frames (never its hello) is alive, but not waited for
+/// forever: the perf server's wait for a frame a working peer sends at once is capped by
+/// `--setup-timeout`. (The perf tools share this code: one of them is enough.)
+#[test]
+fn perf_servers_do_not_wait_forever_for_a_client_that_only_says_it_is_alive() {
+    require_device();
+    let tool = "write_bw";
+    let port = 18895;
+    let mut args = device_args(tool, port);
+    args.extend(strings(&["--timeout", "1", "--setup-timeout", "3", "--accept-timeout", "60"]));
+    let server = Running::spawn(example(tool), &args);
+    let s = raw_client(&server, port);
+    let alive = std::thread::spawn(move || {
+        let mut s = s;
+        let until = Instant::now() + Duration::from_secs(30);
+        // Alive: tag 8, an empty payload.
+        while Instant::now() < until && s.write_all(&[8, 0, 0, 0, 0]).is_ok() {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    let within = Duration::from_secs(3) + PROMPTLY;
+    let f = server.finish(within);
+    f.assert_clean_failure(within);
+    assert!(f.elapsed >= Duration::from_secs(3), "gave up before --setup-timeout: {}", f.describe());
+    assert!(f.stderr.contains("--setup-timeout"), "the message does not name the bound: {}", f.describe());
+    eprintln!("{tool} server: {}", f.stderr.trim());
+    let _ = alive.join();
+}
+
 #[test]
 fn clients_give_up_on_a_silent_server_after_their_timeout() {
     require_device();

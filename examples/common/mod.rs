@@ -242,12 +242,22 @@ pub struct Receives {
     len: usize,
     depth: u32,
     outstanding: u32,
+    /// `-c`: every received message must fill its receive (`len` bytes).
+    check_len: bool,
 }
 
 impl Receives {
+    /// With `on` (`-c`), [`pingpong`] fails on a message that does not fill its receive: one
+    /// buffer serves the sends and the receives, so a short message would leave the bytes the
+    /// check expects in place.
+    pub fn checking_lengths(mut self, on: bool) -> Receives {
+        self.check_len = on;
+        self
+    }
+
     /// Receives of `len` bytes into `buf`, keeping `depth` posted.
     pub fn new(buf: Arc<RemoteMemoryRegion>, len: usize, depth: u32) -> Receives {
-        Receives { buf, len, depth, outstanding: 0 }
+        Receives { buf, len, depth, outstanding: 0, check_len: false }
     }
 
     /// Posts receives until `depth` are outstanding, in one chain.
@@ -354,6 +364,13 @@ pub fn pingpong(
             match wc.wr_id() {
                 SEND_WRID => scnt += 1,
                 RECV_WRID => {
+                    if rx.check_len && wc.byte_len() as usize != rx.len {
+                        return Err(format!(
+                            "a message of {} bytes arrived, not {} (-c checks every message's length: is the peer's -s the same?)",
+                            wc.byte_len(),
+                            rx.len
+                        ));
+                    }
                     rx.outstanding -= 1;
                     if rx.outstanding <= 1 {
                         rx.refill(qp)?;

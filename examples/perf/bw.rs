@@ -329,7 +329,8 @@ impl SendPath for RawPath<'_> {
     #[inline]
     fn post(&mut self, q: usize, k: u64, n: usize) -> Result<(), String> {
         let blk = q * self.run.post_list as usize;
-        debug_assert!(n >= 1 && blk + n <= self.wr.len());
+        // A real check (one compare): the writes below go through raw pointers.
+        assert!(n >= 1 && blk + n <= self.wr.len(), "a post of {n} requests at {blk} in {}", self.wr.len());
         // All accesses below go through these two pointers (no references into the vectors are
         // created meanwhile), so the links written into the chain stay valid for the device.
         let wrs = self.wr.as_mut_ptr();

@@ -653,11 +653,13 @@ impl Session {
         let (role, mut oob, params) = match (&args.host, client_params) {
             (Some(host), Some(params)) => {
                 let mut oob = Oob::connect(host, args.port, connect_timeout, timeout)?;
+                oob.set_reply_cap(setup_timeout);
                 oob.send(Tag::Hello, &params.encode(kind))?;
                 (Role::Client, oob, params)
             }
             _ => {
                 let mut oob = Oob::accept(args.port, accept_timeout, timeout)?;
+                oob.set_reply_cap(setup_timeout);
                 let own_level = if args.safe {
                     Some(Level::Safe)
                 } else if args.raw {
@@ -665,7 +667,7 @@ impl Session {
                 } else {
                     None
                 };
-                let hello = oob.recv_one(Tag::Hello, "the client's hello", None)?;
+                let hello = oob.recv_one(Tag::Hello, "the client's hello", Some(setup_timeout))?;
                 match Params::decode(kind, &hello, own_level) {
                     Ok(p) => (Role::Server, oob, p),
                     Err(e) => {
@@ -988,7 +990,11 @@ impl Session {
             Role::Client => {
                 let Some(&(size, iters)) = self.plan.get(self.next) else {
                     self.oob.send(Tag::End, &[])?;
-                    self.oob.recv_one(Tag::Ack, "the server's final acknowledgement", None)?;
+                    self.oob.recv_one(
+                        Tag::Ack,
+                        "the server's final acknowledgement",
+                        self.oob.reply_cap(),
+                    )?;
                     return Ok(None);
                 };
                 self.next += 1;
@@ -997,7 +1003,7 @@ impl Session {
             }
             Role::Server => {
                 let what = "the client's next measurement (or its end)";
-                let (tag, b) = self.oob.recv(&[Tag::Run, Tag::End], what, None)?;
+                let (tag, b) = self.oob.recv(&[Tag::Run, Tag::End], what, self.oob.reply_cap())?;
                 if tag == Tag::End {
                     self.oob.send(Tag::Ack, &[])?;
                     return Ok(None);
@@ -1048,7 +1054,11 @@ impl Session {
         let theirs = match self.role {
             Role::Client => {
                 self.oob.send(Tag::Done, &payload)?;
-                self.oob.recv_one(Tag::Ack, "the server's acknowledgement of the measurement", None)?
+                self.oob.recv_one(
+                    Tag::Ack,
+                    "the server's acknowledgement of the measurement",
+                    self.oob.reply_cap(),
+                )?
             }
             Role::Server => {
                 let t = self.oob.recv_one(Tag::Done, "the end of the client's measurement", None)?;
@@ -1089,7 +1099,10 @@ impl Session {
 pub fn ready(role: Role, oob: &mut Oob) -> Result<(), String> {
     match role {
         Role::Server => oob.send(Tag::Ready, &[]),
-        Role::Client => oob.recv_one(Tag::Ready, "the server to be ready", None).map(drop),
+        Role::Client => {
+            let cap = oob.reply_cap();
+            oob.recv_one(Tag::Ready, "the server to be ready", cap).map(drop)
+        }
     }
 }
 

@@ -36,6 +36,9 @@ pub struct Oob {
     timeout: Duration,
     /// "server" or "client".
     peer: &'static str,
+    /// How long a reply the peer sends at once may take, whatever its `Alive` frames say
+    /// (`--setup-timeout`, see [`reply_cap`](Self::reply_cap)).
+    reply: Option<Duration>,
 }
 
 impl Oob {
@@ -61,7 +64,19 @@ impl Oob {
         // A quarter of --timeout, between 10 ms and a second.
         let interval = (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
         let beat = Beat { writer, interval, last_sent: Instant::now() };
-        Ok(Oob { stream, beat, timeout, peer })
+        Ok(Oob { stream, beat, timeout, peer, reply: None })
+    }
+
+    /// Caps the waits for frames a working peer sends at once (hello, run, ready, acknowledgements)
+    /// at `cap`, however many `Alive` frames it sends meanwhile: a peer that only ever says it is
+    /// alive is not waited for forever.
+    pub fn set_reply_cap(&mut self, cap: Duration) {
+        self.reply = Some(cap);
+    }
+
+    /// The cap of [`set_reply_cap`](Self::set_reply_cap), for [`recv`](Self::recv).
+    pub fn reply_cap(&self) -> Option<Duration> {
+        self.reply
     }
 
     /// The `Alive` frames of a hot loop's guard: on the same socket, at the same interval, on

@@ -49,7 +49,7 @@ fn expect(
 /// not resolve.
 #[doc(alias = "rdma_resolve_addr")]
 pub fn device_context(addr: SocketAddr, timeout: Duration) -> Result<Context> {
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::cm::deadline_in(timeout);
     let id = EventChannel::new()?.create_id()?;
     id.resolve_addr(None, addr, timeout)?;
     expect(&id, "rdma_resolve_addr", CmEventKind::ADDR_RESOLVED, deadline, timeout)?;
@@ -68,7 +68,7 @@ pub fn device_context(addr: SocketAddr, timeout: Duration) -> Result<Context> {
 /// be started.
 #[doc(alias = "rdma_resolve_route")]
 pub fn resolve(addr: SocketAddr, timeout: Duration) -> Result<CmId> {
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::cm::deadline_in(timeout);
     let id = EventChannel::new()?.create_id()?;
     id.resolve_addr(None, addr, timeout)?;
     expect(&id, "rdma_resolve_addr", CmEventKind::ADDR_RESOLVED, deadline, timeout)?;
@@ -89,7 +89,7 @@ pub fn resolve(addr: SocketAddr, timeout: Duration) -> Result<CmId> {
 /// [`EventChannel::get_event`] instead), or `qp` is not `id`'s.
 #[doc(alias = "rdma_connect")]
 pub fn establish(id: &CmId, qp: &mut QueuePair, param: &ConnParam, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::cm::deadline_in(timeout);
     id.check_private_channel("rdma_connect")?;
     check_own_qp(id, qp)?;
     id.connect(param)?;
@@ -141,7 +141,7 @@ pub fn connect(
     param: &ConnParam,
     timeout: Duration,
 ) -> Result<(CmId, QueuePair)> {
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::cm::deadline_in(timeout);
     let id = resolve(addr, timeout)?;
     let mut qp = pd.create_qp(cq, QpType::RC).caps(caps).build_on(&id)?;
     if pd.context().is_siw() {
@@ -241,7 +241,7 @@ impl Listener {
         param: &ConnParam,
         timeout: Duration,
     ) -> Result<(CmId, QueuePair, Vec<u8>)> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::cm::deadline_in(timeout);
         let (id, private_data) = self.request(timeout)?;
         let mut qp = match pd.create_qp(cq, QpType::RC).caps(caps).build_on(&id) {
             Ok(qp) => qp,
@@ -264,7 +264,7 @@ impl Listener {
     /// [`Error::Timeout`] when no request arrives in time; [`Error::CmEvent`] for another event.
     #[doc(alias = "rdma_get_cm_event")]
     pub fn request(&self, timeout: Duration) -> Result<(CmId, Vec<u8>)> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::cm::deadline_in(timeout);
         let mut ev = expect(&self.id, "rdma_listen", CmEventKind::CONNECT_REQUEST, deadline, timeout)?;
         let id = ev.take_new_id().ok_or(Error::InvalidArgument {
             verb: "rdma_get_cm_event",
@@ -285,7 +285,7 @@ impl Listener {
 /// (as for [`establish`]) or `qp` is not `id`'s; the errors of [`CmId::accept`].
 #[doc(alias = "rdma_accept")]
 pub fn accept_request(id: &CmId, qp: &mut QueuePair, param: &ConnParam, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::cm::deadline_in(timeout);
     id.check_private_channel("rdma_accept")?;
     check_own_qp(id, qp)?;
     id.accept(param)?;

@@ -382,7 +382,7 @@ impl CmId {
     /// private to the id; `Err(Error::Timeout)` when none comes.
     pub(crate) fn next_event(&self, verb: &'static str, timeout: Duration) -> Result<crate::cm::CmEvent> {
         let ch = self.channel();
-        let deadline = std::time::Instant::now() + timeout;
+        let deadline = crate::cm::deadline_in(timeout);
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if let Some(ev) = ch.get_event(Some(left))? {

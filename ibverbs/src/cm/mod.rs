@@ -212,6 +212,13 @@ pub(crate) unsafe fn read_sockaddr(p: *const ffi::sockaddr) -> Option<SocketAddr
 }
 
 /// A timeout in milliseconds for librdmacm (`int`), at least 1 ms.
+/// The instant `timeout` from now, for any `timeout` (a huge one, e.g. `Duration::MAX`, waits
+/// about 136 years instead of overflowing `Instant`).
+pub(crate) fn deadline_in(timeout: std::time::Duration) -> std::time::Instant {
+    const LONGEST: std::time::Duration = std::time::Duration::from_secs(1 << 32);
+    std::time::Instant::now() + timeout.min(LONGEST)
+}
+
 pub(crate) fn timeout_ms(t: std::time::Duration) -> i32 {
     i32::try_from(t.as_millis()).unwrap_or(i32::MAX).max(1)
 }
@@ -219,6 +226,16 @@ pub(crate) fn timeout_ms(t: std::time::Duration) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn any_timeout_makes_a_deadline() {
+        let now = std::time::Instant::now();
+        assert!(deadline_in(std::time::Duration::MAX) > now + std::time::Duration::from_secs(1 << 31));
+        let soon = deadline_in(std::time::Duration::from_millis(5));
+        assert!(soon >= now + std::time::Duration::from_millis(5));
+        assert_eq!(timeout_ms(std::time::Duration::MAX), i32::MAX);
+        assert_eq!(timeout_ms(std::time::Duration::ZERO), 1);
+    }
 
     #[test]
     fn socket_addresses_round_trip_through_the_c_layout() {
