@@ -459,6 +459,12 @@ fn xrc_is_typed_unsupported_on_devices_without_it() {
         Err(Error::InvalidArgument { verb: "ibv_create_qp_ex", .. }) => {}
         other => panic!("send_ops on XRC_SEND: {other:?}"),
     }
+    // So is .srq() on an XRC type (neither has a receive queue for it to replace).
+    let plain_srq = pd.create_srq(8, 1).unwrap();
+    match pd.create_qp(&cq, QpType::XRC_RECV).srq(&plain_srq).build() {
+        Err(Error::InvalidArgument { verb: "ibv_create_qp_ex", .. }) => {}
+        other => panic!(".srq() on XRC_RECV: {other:?}"),
+    }
     assert_eq!(cq.unreserved(), cq.capacity());
     match ctx.open_xrcd() {
         Ok(xrcd) => {

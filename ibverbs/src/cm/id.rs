@@ -121,8 +121,9 @@ impl CmId {
     }
 
     /// The raw `struct rdma_cm_id *`. What `ffi` calls may not do with it: destroy it, create
-    /// or destroy a queue pair on it, migrate it, or call anything while another thread may use
-    /// the id (the crate serialises its own calls with the channel's lock).
+    /// or destroy a queue pair or an SRQ on it (librdmacm would give a later queue pair made on
+    /// the id that SRQ behind the crate's back), migrate it, or call anything while another
+    /// thread may use the id (the crate serialises its own calls with the channel's lock).
     pub fn as_raw(&self) -> *mut ffi::rdma_cm_id {
         self.raw()
     }

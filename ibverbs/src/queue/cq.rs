@@ -454,9 +454,10 @@ impl CompletionQueue {
     /// `unsafe` and has the contract of [`poll_raw`](Self::poll_raw): completions of safely
     /// posted requests consumed that way do not hand their buffers back until a later completion
     /// of the same queue is polled with [`poll`](Self::poll) or the QP is dropped; and a
-    /// `start_poll` ... `end_poll` sequence must not overlap a [`poll`](Self::poll) of this CQ
-    /// on another thread (`poll` takes `&mut self`, so an overlap needs the pointer shared
-    /// across threads), nor call an accessor of a field not asked for at creation.
+    /// `start_poll` ... `end_poll` sequence must not overlap any other poll of this CQ, on any
+    /// thread ([`poll`](Self::poll), [`poll_raw`](Self::poll_raw), `poll_raw_wait`: on the same
+    /// thread the provider would spin on the CQ lock `ibv_start_poll` holds), nor call an
+    /// accessor of a field not asked for at creation.
     #[doc(alias = "ibv_cq_ex")]
     pub fn cq_ex_raw(&self) -> Option<*mut ffi::ibv_cq_ex> {
         self.inner.ex.as_ref().map(|e| e.raw)

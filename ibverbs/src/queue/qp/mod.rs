@@ -308,6 +308,14 @@ impl<'a> QueuePairBuilder<'a> {
                 reason: "XRC queue pairs are not created with send_ops here",
             });
         }
+        if self.srq.is_some() {
+            // Neither XRC type has a receive queue of its own to replace (a target's receives
+            // arrive on the XRC SRQs of its domain): .srq() would only reserve CQ room.
+            return Err(Error::InvalidArgument {
+                verb: VERB,
+                reason: "XRC queue pairs take no .srq() (XRC_RECV receives through its XRC domain's SRQs)",
+            });
+        }
         crate::queue::xrc::check_xrc(&self.pd.context(), VERB)?;
         let target = self.qp_type == QpType::XRC_RECV;
         let xrcd = match (target, self.xrcd) {
@@ -471,6 +479,14 @@ impl<'a> QueuePairBuilder<'a> {
                 return Err(Error::InvalidArgument {
                     verb,
                     reason: "the shared receive queue belongs to another protection domain",
+                });
+            }
+            // Refused before the attachment reserves CQ room the kernel's refusal would leave
+            // taken until the SRQ goes.
+            if srq._xrcd.is_some() {
+                return Err(Error::InvalidArgument {
+                    verb,
+                    reason: "an XRC SRQ serves XRC_RECV queue pairs through their XRC domain, not .srq()",
                 });
             }
             init.srq = srq.raw.as_ptr();
@@ -840,10 +856,11 @@ impl QueuePair {
     /// handles alive, `wr_id` bit 63 clear, CQ room within
     /// [`CompletionQueue::unreserved`](crate::CompletionQueue::unreserved)), plus: each
     /// `ibv_wr_start` ... `ibv_wr_complete` (or `ibv_wr_abort`) sequence runs on one thread and
-    /// never overlaps another sequence on this QP — in particular not a safe
-    /// [`post_send`](Self::post_send) from another thread (which needs `&mut self`, so an
-    /// overlap needs the pointer to be shared across threads) — and uses only the operations
-    /// the QP was created for ([`send_ops`](Self::send_ops)).
+    /// never overlaps another sequence or post on this QP, on any thread — not a safe
+    /// [`post_send`](Self::post_send), nor [`post_send_unchecked`](Self::post_send_unchecked)
+    /// inside the sequence on the same thread (`ibv_wr_post(3)` forbids `ibv_post_send` there;
+    /// rxe's provider would spin on the lock its `ibv_wr_start` holds) — and uses only the
+    /// operations the QP was created for ([`send_ops`](Self::send_ops)).
     #[doc(alias = "ibv_qp_to_qp_ex")]
     pub fn qp_ex_raw(&self) -> Option<*mut ffi::ibv_qp_ex> {
         self.ex.map(|e| e.raw)
