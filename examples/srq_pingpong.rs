@@ -256,11 +256,8 @@ fn run(args: &Args) -> Result<(), String> {
             match wc.wr_id() {
                 SEND_WRID => scnt += 1,
                 RECV_WRID => {
-                    if args.chk && wc.byte_len() as usize != size {
-                        return Err(format!(
-                            "a message of {} bytes arrived, not {size} (-c checks every message's length: is the peer's -s the same?)",
-                            wc.byte_len()
-                        ));
+                    if args.chk {
+                        common::check_message_len(wc, size)?;
                     }
                     routs -= 1;
                     if routs <= args.num_qp {

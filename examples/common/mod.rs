@@ -247,9 +247,8 @@ pub struct Receives {
 }
 
 impl Receives {
-    /// With `on` (`-c`), [`pingpong`] fails on a message that does not fill its receive: one
-    /// buffer serves the sends and the receives, so a short message would leave the bytes the
-    /// check expects in place.
+    /// With `on` (`-c`), [`pingpong`] fails on a message that does not fill its receive
+    /// ([`check_message_len`]).
     pub fn checking_lengths(mut self, on: bool) -> Receives {
         self.check_len = on;
         self
@@ -364,12 +363,8 @@ pub fn pingpong(
             match wc.wr_id() {
                 SEND_WRID => scnt += 1,
                 RECV_WRID => {
-                    if rx.check_len && wc.byte_len() as usize != rx.len {
-                        return Err(format!(
-                            "a message of {} bytes arrived, not {} (-c checks every message's length: is the peer's -s the same?)",
-                            wc.byte_len(),
-                            rx.len
-                        ));
+                    if rx.check_len {
+                        check_message_len(wc, rx.len)?;
                     }
                     rx.outstanding -= 1;
                     if rx.outstanding <= 1 {
@@ -439,6 +434,19 @@ mod tests {
         assert_eq!(Dest::from_wire(&w).unwrap(), d);
         assert!(Dest::from_wire(b"zz").is_err());
     }
+}
+
+/// `-c` of the pingpong tools: a received message must fill its receive of `len` bytes (one
+/// buffer serves the sends and the receives, so a short message would leave the bytes the data
+/// check expects in place).
+pub fn check_message_len(wc: &Completion, len: usize) -> Result<(), String> {
+    if wc.byte_len() as usize == len {
+        return Ok(());
+    }
+    Err(format!(
+        "a message of {} bytes arrived, not {len} (-c checks every message's length: is the peer's -s the same?)",
+        wc.byte_len()
+    ))
 }
 
 /// The error of a failed completion, as the C pingpong tools print it.

@@ -288,8 +288,7 @@ impl Error {
     /// [`Error::QueuedWithError`] for a post verb that failed with `ret` after queuing its
     /// requests (a `ret` of -1 reads `errno`, as in [`from_post`](Self::from_post)).
     pub(crate) fn queued_with(verb: &'static str, ret: i32) -> Self {
-        let source = if ret == -1 { last_errno() } else { io::Error::from_raw_os_error(ret.abs()) };
-        Error::QueuedWithError { verb, source }
+        Error::QueuedWithError { verb, source: post_source(ret) }
     }
 
     /// What a post verb that failed with `ret` and `bad` (its `bad_wr`) did with the chain of `n`
@@ -304,7 +303,7 @@ impl Error {
         n: usize,
         bad: *const T,
     ) -> (usize, Self) {
-        let source = if ret == -1 { last_errno() } else { io::Error::from_raw_os_error(ret.abs()) };
+        let source = post_source(ret);
         let posted = posted_before(base, n, bad);
         let error =
             if posted == n { Error::QueuedWithError { verb, source } } else { Error::Verb { verb, source } };
@@ -351,6 +350,16 @@ fn posted_before<T>(base: *const T, n: usize, bad: *const T) -> usize {
         offset / size
     } else {
         n
+    }
+}
+
+/// The OS error of a post verb that returned `ret`: an errno value (positive or negated), or -1
+/// for a failed system call's (libsiw returns `write(2)`'s result), whose error is in `errno`.
+fn post_source(ret: i32) -> io::Error {
+    if ret == -1 {
+        last_errno()
+    } else {
+        io::Error::from_raw_os_error(ret.abs())
     }
 }
 

@@ -211,7 +211,6 @@ pub(crate) unsafe fn read_sockaddr(p: *const ffi::sockaddr) -> Option<SocketAddr
     }
 }
 
-/// A timeout in milliseconds for librdmacm (`int`), at least 1 ms.
 /// The instant `timeout` from now, for any `timeout` (a huge one, e.g. `Duration::MAX`, waits
 /// about 136 years instead of overflowing `Instant`).
 pub(crate) fn deadline_in(timeout: std::time::Duration) -> std::time::Instant {
@@ -219,6 +218,7 @@ pub(crate) fn deadline_in(timeout: std::time::Duration) -> std::time::Instant {
     std::time::Instant::now() + timeout.min(LONGEST)
 }
 
+/// A timeout in milliseconds for librdmacm (`int`), at least 1 ms.
 pub(crate) fn timeout_ms(t: std::time::Duration) -> i32 {
     i32::try_from(t.as_millis()).unwrap_or(i32::MAX).max(1)
 }

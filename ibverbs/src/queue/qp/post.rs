@@ -156,10 +156,7 @@ impl QueuePair {
                 ),
             }
         })();
-        // Read whatever the outcome: a request the provider queued before failing
-        // (Error::QueuedWithError) is posted, and the scope's drain must wait for it.
-        let after = self.send.producer_state().0;
-        ((after != before).then_some(after), r)
+        (scoped_end(&self.send, before), r)
     }
 
     /// Posts a chain of a scope's send requests with one doorbell (see
@@ -183,8 +180,7 @@ impl QueuePair {
                 post_chain(qp, &self.send, self.post_send_fn, &mut self.chain, &mut self.chain_sges, wrs)
             }
         });
-        let after = self.send.producer_state().0;
-        ((after != before).then_some(after), r)
+        (scoped_end(&self.send, before), r)
     }
 
     /// Posts a scope's receive request (see [`Scope::post_recv`](crate::Scope::post_recv)) with
@@ -202,9 +198,7 @@ impl QueuePair {
             }
             post_one(self.raw.as_ptr(), &self.recv, self.post_recv_fn, wr)
         })();
-        // As in post_scoped_send: a receive queued before the provider failed is posted.
-        let after = self.recv.producer_state().0;
-        ((after != before).then_some(after), r)
+        (scoped_end(&self.recv, before), r)
     }
 
     /// Posts one send-queue work request (`ibv_post_send()`), safely: the QP keeps the request's
@@ -792,6 +786,14 @@ fn pin_to(pins: &std::sync::Mutex<Vec<Pin>>, ring: &Ring<Slot>, new: [Option<Pin
     // The outstanding count only falls while the caller holds &QueuePair (posting takes &mut),
     // and a slot released by the consumer no longer needs its request's buffer.
     keep_pins(pins, ring.outstanding() == 0, new.into_iter().flatten());
+}
+
+/// The end a scope records after posting on `ring`, whose head was `before`: the ring's head
+/// when any request reached it, also when the post then failed (a request the provider queued
+/// before failing, `Error::QueuedWithError`, is posted, and the scope's drain must wait for it).
+fn scoped_end(ring: &Ring<Slot>, before: u32) -> Option<u32> {
+    let after = ring.producer_state().0;
+    (after != before).then_some(after)
 }
 
 /// `post_prepared_iter`'s error for an iterator whose size hint said one and that yielded more
