@@ -355,6 +355,9 @@ fn posted_before<T>(base: *const T, n: usize, bad: *const T) -> usize {
 
 /// The OS error of a post verb that returned `ret`: an errno value (positive or negated), or -1
 /// for a failed system call's (libsiw returns `write(2)`'s result), whose error is in `errno`.
+// Always: a call here from `from_post` moved the code of the 32-post prepared chains that
+// inline it (+1.1 instructions per WR under callgrind).
+#[inline(always)]
 fn post_source(ret: i32) -> io::Error {
     if ret == -1 {
         last_errno()
