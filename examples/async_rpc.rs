@@ -414,12 +414,19 @@ async fn server(
                 check(&c, "a receive")?;
                 let len = c.byte_len() as usize;
                 let req = c.take_region().ok_or("the receive's buffer did not come back")?;
-                let mut c = ep
-                    .send(SendRequest::send(Local::new(req, 0..len).map_err(|e| e.to_string())?))
-                    .await
-                    .map_err(|e| e.to_string())?;
+                // A message of no bytes is echoed with no entry (no post takes an entry of 0
+                // bytes); the buffer stays here.
+                let (reply, kept) = if len == 0 {
+                    (SendRequest::send_inline(&[]), Some(req))
+                } else {
+                    (SendRequest::send(Local::new(req, 0..len).map_err(|e| e.to_string())?), None)
+                };
+                let mut c = ep.send(reply).await.map_err(|e| e.to_string())?;
                 check(&c, "a reply")?;
-                let buf = c.take_region().ok_or("the reply's buffer did not come back")?;
+                let buf = match kept {
+                    Some(buf) => buf,
+                    None => c.take_region().ok_or("the reply's buffer did not come back")?,
+                };
                 if served.fetch_add(1, Ordering::AcqRel) + 1 >= n {
                     return Ok::<(), String>(());
                 }

@@ -36,6 +36,8 @@ use crate::queue::{Completion, CompletionQueue, PostError, QueuePair};
 /// remote-exposed region, racy by nature: shared, and still device-writable). The borrow `'b`
 /// lasts as long as the scope the request is posted in: the region can neither be touched (for
 /// `local_mut`), written (for `local`) nor dropped until the scope has drained.
+///
+/// As with [`Local`](crate::Local), a range of 0 bytes is refused by the posts.
 pub struct ScopedLocal<'b> {
     sge: ffi::ibv_sge,
     mr: &'b MrInner,
@@ -149,6 +151,7 @@ fn facts(sges: &[Option<ScopedLocal<'_>>; MAX_SGE], pd: &std::sync::Arc<PdInner>
         f.len += u64::from(s.sge.length);
         f.read_only |= !s.writable;
         f.foreign |= !s.mr.in_pd(pd);
+        f.empty |= s.sge.length == 0;
     }
     f
 }
@@ -377,6 +380,9 @@ impl<'b> ScopedRecv<'b> {
         }
         if f.foreign {
             return bad("a buffer's memory region belongs to another protection domain");
+        }
+        if f.empty {
+            return bad(crate::post::wr::EMPTY_ENTRY);
         }
         Ok(f.count)
     }

@@ -119,6 +119,12 @@ impl From<Arc<RemoteMemoryRegion>> for LocalBuf {
 }
 
 /// A bounds-checked range of a registered buffer: one scatter/gather entry (`struct ibv_sge`).
+///
+/// A range of 0 bytes can be built, but no post takes it ([`Error::InvalidArgument`]): Mellanox
+/// devices read an entry's length of 0 as 2 GiB, and mlx4 passes a receive entry's length to the
+/// device as is. A message of no bytes is a request with no entry
+/// ([`SendRequest::send_inline`] of an empty slice, [`RecvRequest::empty`]; siw refuses a
+/// receive with no entry, so there a receive of any length takes it).
 #[derive(Debug)]
 pub struct Local {
     pub(crate) buf: LocalBuf,
@@ -223,7 +229,15 @@ pub(crate) struct EntryFacts {
     pub(crate) foreign: bool,
     /// One of them is a memory window.
     pub(crate) window: bool,
+    /// One of them has 0 bytes.
+    pub(crate) empty: bool,
 }
+
+/// Why a request with an entry of 0 bytes is refused (both directions): Mellanox data
+/// segments read a byte count of 0 as 2 GiB, and mlx4's receive path passes the length as is,
+/// so the device could write past the entry, up to the end of its region, behind other borrows.
+pub(crate) const EMPTY_ENTRY: &str =
+    "a scatter/gather entry of 0 bytes (some devices read a length of 0 as 2 GiB): leave it out";
 
 /// The operation of a [`SendRequest`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -576,6 +590,7 @@ impl<'a> SendRequest<'a> {
             f.owned |= matches!(s.buf, LocalBuf::Owned(_) | LocalBuf::Chunk(_) | LocalBuf::Window(_));
             f.foreign |= !s.buf.mr().in_pd(pd);
             f.window |= matches!(s.buf, LocalBuf::Window(_));
+            f.empty |= s.len == 0;
         }
         self.check_entries(f, pd)
     }
@@ -587,9 +602,12 @@ impl<'a> SendRequest<'a> {
     #[inline(always)]
     pub(crate) fn check_entries(&self, f: EntryFacts, pd: &Arc<PdInner>) -> Result<usize> {
         let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_post_send", reason });
-        let EntryFacts { count, len: sge_len, read_only, owned, foreign, window } = f;
+        let EntryFacts { count, len: sge_len, read_only, owned, foreign, window, empty } = f;
         if window {
             return bad("a memory window is not a data buffer");
+        }
+        if empty {
+            return bad(EMPTY_ENTRY);
         }
         if foreign {
             return bad("a buffer's memory region belongs to another protection domain");
@@ -833,6 +851,7 @@ impl RecvRequest {
     }
 
     /// A receive with no buffer: takes a zero-length Send or an RDMA Write with immediate.
+    /// siw's provider refuses it ([`Error::Verb`], `EINVAL`): there, receive into a buffer.
     pub fn empty() -> Self {
         RecvRequest { sges: [None, None, None, None], wr_id: 0 }
     }
@@ -872,6 +891,9 @@ impl RecvRequest {
             }
             if matches!(s.buf, LocalBuf::Window(_)) {
                 return bad("a memory window is not a data buffer");
+            }
+            if s.len == 0 {
+                return bad(EMPTY_ENTRY);
             }
         }
         Ok(count)

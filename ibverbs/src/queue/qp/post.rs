@@ -678,6 +678,9 @@ impl QueuePair {
     ///   QP is dropped; on siw a later request completes before an RDMA Read or atomic posted
     ///   ahead of it unless it carries `IBV_SEND_FENCE`, so there an unfenced later completion
     ///   does not end a Read or atomic (the safe level fences for that reason);
+    /// - an SGE of length 0 counts as naming the 2 GiB from its address up to the end of its
+    ///   memory region (Mellanox devices read a byte count of 0 so; mlx4 passes a receive's as
+    ///   is): the conditions here hold for that memory too, or the chain has no such SGE;
     /// - memory the device writes (receive/Read/atomic targets) is not read or written through
     ///   Rust references meanwhile; memory it reads is not written meanwhile — in particular no
     ///   request writes into a [`MemoryRegion`](crate::MemoryRegion) that safe code can borrow
