@@ -710,3 +710,64 @@ fn async_event_stream_sees_the_port_go_down_and_up() {
     }
     while events.try_get().unwrap().is_some() {}
 }
+
+/// A queue pair replaced or reset through `with_qp` (even by a closure that panics afterwards)
+/// ends the operations waiting on it with an error instead of leaving their futures pending
+/// forever; a replacement on another CQ refuses posts until one on the driver's CQ is put back.
+#[test]
+fn replacing_or_resetting_the_queue_pair_in_with_qp_ends_its_waiting_operations() {
+    let s = setup(1, 8);
+    let Setup { ctx, pd, channel, cq, mut qps, .. } = s;
+    let rt = rt_current();
+    rt.block_on(bounded("with_qp replace and reset", async {
+        let driver = Driver::tokio(cq, &channel).unwrap();
+        let (a, b) = endpoints(&driver, std::mem::take(&mut qps)).pop().unwrap();
+        let forgotten = |r: ibverbs::Result<Completion>| {
+            matches!(&r, Err(ibverbs::Error::InvalidArgument { reason, .. }) if reason.contains("with_qp"))
+                .then_some(())
+                .ok_or(format!("{r:?}"))
+        };
+        let recv = |wr_id| RecvRequest::new(Local::whole(pd.allocate(64).unwrap())).wr_id(wr_id);
+
+        // Replaced by a queue pair of another CQ, and the closure panics after that.
+        let waiting = b.post_recv(recv(1)).unwrap();
+        let other_cq = ctx.create_cq(8, None).unwrap();
+        let stray = pd.create_qp(&other_cq, QpType::RC).max_send_wr(2).max_recv_wr(2).build().unwrap();
+        let mut taken = None;
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            b.with_qp(|qp| {
+                taken = Some(std::mem::replace(qp, stray));
+                panic!("after the replacement");
+            })
+        }));
+        assert!(r.is_err());
+        forgotten(waiting.await).unwrap();
+        let e = b.post_recv(recv(2)).unwrap_err();
+        assert!(
+            matches!(&e.error, ibverbs::Error::InvalidArgument { reason, .. } if reason.contains("driver's CQ")),
+            "{}",
+            e.error
+        );
+        assert_eq!(e.request.into_buffers().count(), 1, "the request comes back");
+
+        // Put back: posts work again. The receive of the ended operation is still queued in
+        // the device: a first message lands there (its completion is dropped), the next in a new
+        // receive.
+        let taken = taken.unwrap();
+        drop(b.with_qp(|qp| std::mem::replace(qp, taken)));
+        assert!(a.send(SendRequest::send_inline(b"stale")).await.unwrap().is_ok());
+        send_recv(&pd, &a, &b, &pattern(32, 5)).await;
+        driver.reap().unwrap();
+        assert_eq!(driver.in_flight(), 0, "every slot free");
+
+        // Reset: the device forgets the waiting receive.
+        if is_iwarp() {
+            common::unsupported(&ctx, "reset in with_qp", "iWARP: a queue pair on an RDMA-CM id is not reset by hand");
+            return;
+        }
+        let waiting = b.post_recv(recv(3)).unwrap();
+        b.with_qp(|qp| qp.reset()).unwrap();
+        forgotten(waiting.await).unwrap();
+        assert_eq!(driver.in_flight(), 0);
+    }));
+}

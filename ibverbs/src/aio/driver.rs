@@ -2,7 +2,9 @@
 
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context as TaskContext, Poll, Waker};
 
@@ -23,6 +25,9 @@ enum Entry {
     Done(Completion),
     /// The future was dropped: the completion is dropped when it comes.
     Abandoned,
+    /// Its queue pair was reset or replaced through [`AsyncQueuePair::with_qp`]: no completion
+    /// will come for it; the future resolves to an error.
+    Forgotten,
 }
 
 struct Slot {
@@ -119,6 +124,34 @@ impl State {
         }
     }
 
+    /// Ends the operations of queue pair `qp_num` that wait for a completion (the queue pair
+    /// was reset or replaced): their futures resolve to an error, the slots of dropped ones are
+    /// freed (a completion that still comes finds its slot's generation moved on and is
+    /// dropped). Returns the wakers of their tasks.
+    fn forget(&mut self, qp_num: u32) -> Vec<Waker> {
+        let mut wake = Vec::new();
+        let mut freed = Vec::new();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if s.qp_num != qp_num {
+                continue;
+            }
+            match std::mem::replace(&mut s.entry, Entry::Free) {
+                Entry::Waiting(w, _) => {
+                    s.entry = Entry::Forgotten;
+                    wake.extend(w);
+                }
+                Entry::Abandoned => freed.push(token(i as u32, s.gen)),
+                other => s.entry = other,
+            }
+        }
+        for tok in freed {
+            self.release(tok);
+        }
+        // If the watch (`self.driver`) was with one of them, its task, woken here, hands it over
+        // when its future resolves or is dropped (a dropped future's was handed over already).
+        wake
+    }
+
     /// When the operation `tok` stops waiting and it was the one the reactor would wake, another
     /// waiting task must take over the watch: returns its waker.
     fn hand_over(&mut self, tok: u64) -> Option<Waker> {
@@ -196,8 +229,9 @@ impl Driver {
 
     /// Runs `f` on the driven CQ, e.g. to create queue pairs on it with
     /// [`ProtectionDomain::create_qp`](crate::ProtectionDomain::create_qp). (It holds the
-    /// driver's lock: `f` must not await or call back into the driver, nor wait on the CQ:
-    /// `poll_raw_wait` would read the channel's events behind the driver and block it.)
+    /// driver's lock: `f` must not await or call back into the driver or its queue pairs (a
+    /// post locks its queue pair, then the driver), nor wait on the CQ: `poll_raw_wait` would
+    /// read the channel's events behind the driver and block it.)
     pub fn with_cq<R>(&self, f: impl FnOnce(&CompletionQueue) -> R) -> R {
         f(&self.shared.lock().core.cq)
     }
@@ -304,6 +338,15 @@ impl Future for Op {
                             *w = Some(cx.waker().clone());
                         }
                     }
+                    Some(Entry::Forgotten) => {
+                        st.release(tok);
+                        wake.extend(st.hand_over(tok));
+                        break Poll::Ready(Err(Error::InvalidArgument {
+                            verb: "ibv_poll_cq",
+                            reason: "the queue pair was reset or replaced in AsyncQueuePair::with_qp: \
+                                     the operation will not complete",
+                        }));
+                    }
                     _ => {
                         break Poll::Ready(Err(Error::InvalidArgument {
                             verb: "ibv_poll_cq",
@@ -353,7 +396,7 @@ impl Drop for Op {
                     *e = Entry::Abandoned;
                     None
                 }
-                Some(Entry::Done(_)) => Some(st.release(self.tok)),
+                Some(Entry::Done(_) | Entry::Forgotten) => Some(st.release(self.tok)),
                 _ => None,
             };
             (done, st.hand_over(self.tok))
@@ -373,8 +416,9 @@ impl Drop for Op {
 /// [`unsignaled`](SendRequest::unsignaled) is refused: its future could never resolve).
 pub struct AsyncQueuePair {
     qp: Arc<Mutex<QueuePair>>,
-    /// The queue pair's number, which its operations' slots record.
-    qp_num: u32,
+    /// Set when [`with_qp`](Self::with_qp) left a queue pair that does not complete into the
+    /// driver's CQ: posts are refused (their futures could never resolve).
+    detached: AtomicBool,
     driver: Driver,
 }
 
@@ -402,8 +446,11 @@ impl AsyncQueuePair {
             };
             return Err((qp, e));
         }
-        let qp_num = qp.qp_num();
-        Ok(AsyncQueuePair { qp: Arc::new(Mutex::new(qp)), qp_num, driver: driver.clone() })
+        Ok(AsyncQueuePair {
+            qp: Arc::new(Mutex::new(qp)),
+            detached: AtomicBool::new(false),
+            driver: driver.clone(),
+        })
     }
 
     fn lock_qp(&self) -> MutexGuard<'_, QueuePair> {
@@ -415,17 +462,32 @@ impl AsyncQueuePair {
         &self.driver
     }
 
-    /// Runs `f` on the queue pair (state queries, outstanding counts). It holds the QP's lock:
-    /// `f` must not await, nor call this `AsyncQueuePair` (its lock is not reentrant: that call
-    /// would deadlock). `f` should not post: the driver takes a completion for one of its
-    /// operations only by its token (`wr_id`) and queue pair, so a request posted here is
-    /// dropped with its completion (buffers included) unless its `wr_id` mimics a token, when it
-    /// may resolve that operation's future. Nor should `f` reset or replace the queue pair
-    /// (`reset`, `mem::replace`, `mem::swap`): operations the device then forgets, or posted on
-    /// a queue pair that is dropped, leave their futures pending until dropped (never unsound:
-    /// their buffers stay with the slots).
+    /// Runs `f` on the queue pair (state queries, outstanding counts, [`set_error`](QueuePair::set_error)
+    /// to flush every operation). It holds the QP's lock: `f` must not await, nor call this
+    /// `AsyncQueuePair` (its lock is not reentrant: that call would deadlock). `f` should not
+    /// post: the driver takes a completion for one of its operations only by its token
+    /// (`wr_id`) and queue pair, so a request posted here is dropped with its completion
+    /// (buffers included) unless its `wr_id` mimics a token, when it may resolve that
+    /// operation's future.
+    ///
+    /// When `f` resets the queue pair or replaces it (`reset`, `mem::replace`, `mem::swap`),
+    /// even by panicking afterwards, the operations still waiting resolve to
+    /// [`Error::InvalidArgument`]: the device forgot them, or they went with the queue pair
+    /// taken out. A replacement that does not complete into the driver's CQ makes later posts
+    /// fail with [`Error::InvalidArgument`] until `with_qp` puts one that does.
     pub fn with_qp<R>(&self, f: impl FnOnce(&mut QueuePair) -> R) -> R {
-        f(&mut self.lock_qp())
+        let mut qp = self.lock_qp();
+        let before = qp.incarnation();
+        // Caught so that the check below runs with the lock still held, outside any unwinding.
+        let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut qp)));
+        if !before.is(&qp) {
+            let attached = self.driver.with_cq(|cq| qp.completes_into(cq));
+            self.detached.store(!attached, Ordering::Relaxed);
+            let wake = self.driver.shared.lock().forget(before.qp_num);
+            drop(qp);
+            wake.into_iter().for_each(Waker::wake);
+        }
+        r.unwrap_or_else(|p| std::panic::resume_unwind(p))
     }
 
     fn op(&self, tok: u64) -> Op {
@@ -449,9 +511,13 @@ impl AsyncQueuePair {
             };
             return Err(PostError { error, request: wr });
         }
-        let tok = self.driver.begin(wr.wr_id, self.qp_num);
+        let qp = self.lock_qp();
+        if let Err(error) = self.check_attached("ibv_post_send") {
+            return Err(PostError { error, request: wr });
+        }
+        let tok = self.driver.begin(wr.wr_id, qp.qp_num());
         let wr = wr.wr_id(tok);
-        self.post_retrying(tok, wr, |qp, wr| qp.post_send(wr)).map_err(|mut e| {
+        self.post_retrying(qp, tok, wr, |qp, wr| qp.post_send(wr)).map_err(|mut e| {
             e.request.wr_id = self.release(tok);
             e
         })
@@ -464,26 +530,44 @@ impl AsyncQueuePair {
     #[doc(alias = "ibv_post_recv")]
     #[allow(clippy::result_large_err)] // as QueuePair::post_recv
     pub fn post_recv(&self, wr: RecvRequest) -> std::result::Result<Op, PostError<RecvRequest>> {
-        let tok = self.driver.begin(wr.wr_id, self.qp_num);
+        let qp = self.lock_qp();
+        if let Err(error) = self.check_attached("ibv_post_recv") {
+            return Err(PostError { error, request: wr });
+        }
+        let tok = self.driver.begin(wr.wr_id, qp.qp_num());
         let wr = wr.wr_id(tok);
-        self.post_retrying(tok, wr, |qp, wr| qp.post_recv(wr)).map_err(|mut e| {
+        self.post_retrying(qp, tok, wr, |qp, wr| qp.post_recv(wr)).map_err(|mut e| {
             e.request.wr_id = self.release(tok);
             e
         })
     }
 
-    /// Posts `wr` (carrying the slot token `tok`) with `post`; a full queue gets one
-    /// [`Driver::reap`] and one retry. On success the future of slot `tok`.
+    /// Refuses posts while [`with_qp`](Self::with_qp) has left a queue pair that does not
+    /// complete into the driver's CQ.
+    fn check_attached(&self, verb: &'static str) -> Result<()> {
+        if self.detached.load(Ordering::Relaxed) {
+            return Err(Error::InvalidArgument {
+                verb,
+                reason: "the queue pair put in with_qp does not complete into the driver's CQ",
+            });
+        }
+        Ok(())
+    }
+
+    /// Posts `wr` (carrying the slot token `tok`, made under the lock `qp` for its queue pair)
+    /// with `post`; a full queue gets one [`Driver::reap`] and one retry. On success the future
+    /// of slot `tok`.
     #[allow(clippy::result_large_err)] // PostError hands the request back, as QueuePair's
     fn post_retrying<R>(
         &self,
+        mut qp: MutexGuard<'_, QueuePair>,
         tok: u64,
         mut wr: R,
         post: impl Fn(&mut QueuePair, R) -> std::result::Result<(), PostError<R>>,
     ) -> std::result::Result<Op, PostError<R>> {
         let mut retried = false;
         loop {
-            let r = post(&mut self.lock_qp(), wr);
+            let r = post(&mut qp, wr);
             match r {
                 Ok(()) => return Ok(self.op(tok)),
                 Err(e) if matches!(e.error, Error::QueueFull { .. }) && !retried => {
@@ -564,7 +648,7 @@ impl AsyncQueuePair {
     pub fn into_inner(self) -> std::result::Result<QueuePair, Self> {
         match Arc::try_unwrap(self.qp) {
             Ok(m) => Ok(m.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner)),
-            Err(qp) => Err(AsyncQueuePair { qp, qp_num: self.qp_num, driver: self.driver }),
+            Err(qp) => Err(AsyncQueuePair { qp, detached: self.detached, driver: self.driver }),
         }
     }
 }

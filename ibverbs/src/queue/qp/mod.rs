@@ -752,6 +752,31 @@ impl QueuePair {
         Arc::ptr_eq(&self.send_cq, &cq.inner) && Arc::ptr_eq(&self.recv_cq, &cq.inner)
     }
 
+    /// What this queue pair's requests are posted to now: the QP itself (`id`) and its rings,
+    /// which a reset replaces. [`Incarnation::is`] tells whether a queue pair still is it.
+    pub(crate) fn incarnation(&self) -> Incarnation {
+        Incarnation { id: self.id, qp_num: self.qp_num(), send: self.send.clone(), recv: self.recv.clone() }
+    }
+}
+
+/// A queue pair and its rings at one moment ([`QueuePair::incarnation`]). Holding the rings
+/// keeps their addresses from being reused, so a comparison cannot mistake new rings for them.
+pub(crate) struct Incarnation {
+    id: u64,
+    /// The QP number of that queue pair.
+    pub(crate) qp_num: u32,
+    send: Arc<Ring<Slot>>,
+    recv: Arc<Ring<Slot>>,
+}
+
+impl Incarnation {
+    /// Whether `qp` is still the same queue pair with the same rings (not replaced, not reset).
+    pub(crate) fn is(&self, qp: &QueuePair) -> bool {
+        self.id == qp.id && Arc::ptr_eq(&self.send, &qp.send) && Arc::ptr_eq(&self.recv, &qp.recv)
+    }
+}
+
+impl QueuePair {
     /// The QP number.
     pub fn qp_num(&self) -> u32 {
         // SAFETY: valid QP; qp_num is a plain field written at creation.
