@@ -7,7 +7,8 @@
 //!
 //! `-d`/`-i` name the device and port to check instead of the environment's list; the
 //! registration probe (1 MiB by default: `--probe-size`, `--no-probe`) shows whether the
-//! locked-memory limit lets memory be registered.
+//! locked-memory limit lets memory be registered; a probe larger than the memory available
+//! (`MemAvailable`) is not run, and named as a problem.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -163,13 +164,24 @@ fn main() -> ExitCode {
     // Whether memory can be registered on the device it would use.
     if let Some(first) = chosen_first.filter(|_| !args.no_probe) {
         let size = usize::try_from(args.probe_size).unwrap_or(usize::MAX);
-        let result = first.open().and_then(|ctx| ctx.alloc_pd()).and_then(|pd| pd.allocate(size));
-        match result {
-            Ok(_) => println!("  registration:      {} on {}: ok", bytes(args.probe_size), first.device),
-            Err(e) => {
-                println!("  registration:      {} on {}: FAILED", bytes(args.probe_size), first.device);
-                problems.push(format!("registering {} on {}: {e}", bytes(args.probe_size), first.device));
-                fatal = true;
+        // Registering pins every page: more than the memory available would push the host
+        // into swapping or the OOM killer (root has no locked-memory limit to stop it).
+        if let Some(a) = available_memory().filter(|&a| args.probe_size > a) {
+            let a = bytes(a);
+            println!("  registration:      {} on {}: not run", bytes(args.probe_size), first.device);
+            problems.push(format!(
+                "the registration probe's {} is more than the {a} of memory available: pass a smaller --probe-size",
+                bytes(args.probe_size)
+            ));
+        } else {
+            let result = first.open().and_then(|ctx| ctx.alloc_pd()).and_then(|pd| pd.allocate(size));
+            match result {
+                Ok(_) => println!("  registration:      {} on {}: ok", bytes(args.probe_size), first.device),
+                Err(e) => {
+                    println!("  registration:      {} on {}: FAILED", bytes(args.probe_size), first.device);
+                    problems.push(format!("registering {} on {}: {e}", bytes(args.probe_size), first.device));
+                    fatal = true;
+                }
             }
         }
     }
@@ -235,6 +247,7 @@ fn list(chosen: &[Choice]) -> String {
 /// A byte count: `1 MiB`, `64 KiB`, or bytes.
 fn bytes(n: u64) -> String {
     match n {
+        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{} GiB", n >> 30),
         n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
         n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
         n => format!("{n} bytes"),
@@ -370,4 +383,21 @@ fn print_port(port: &PortDesc, iwarp: bool) {
         let dup = if seen.insert(ip) { "" } else { " (same address, other type)" };
         println!("    GID[{:3}] {:<40} {kind}{dup}", g.index, ip.to_string());
     }
+}
+
+/// The memory available to new allocations without swapping, in bytes: `MemAvailable` of
+/// `/proc/meminfo` (free pages and reclaimable caches), else the free pages
+/// (`sysconf(_SC_AVPHYS_PAGES)`); `None` when neither says.
+fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = meminfo.lines().find_map(|l| {
+        let rest = l.strip_prefix("MemAvailable:")?;
+        rest.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()
+    });
+    if let Some(kib) = kib {
+        return Some(kib.saturating_mul(1024));
+    }
+    // SAFETY: sysconf reads system values; no pointer is involved.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_AVPHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    (pages > 0 && page > 0).then(|| (pages as u64).saturating_mul(page as u64))
 }

@@ -594,6 +594,17 @@ fn doctor_reports_a_usable_device() {
 }
 
 #[test]
+fn doctor_does_not_pin_more_memory_than_the_host_has() {
+    let _ = device();
+    // 1 TiB: more than the guest's memory. Registering it (root has no locked-memory limit)
+    // would pin page after page until the OOM killer came.
+    tool("doctor", &["--probe-size", "1099511627776"], &[], None).expect(
+        0,
+        &["registration:      1024 GiB on", ": not run", "probe's 1024 GiB is more than the", "--probe-size"],
+    );
+}
+
+#[test]
 fn doctor_names_a_port_whose_netdev_is_down() {
     let dev = device();
     let rxe1 = ExtraRxe::add();
