@@ -151,7 +151,9 @@ fn facts(sges: &[Option<ScopedLocal<'_>>; MAX_SGE], pd: &std::sync::Arc<PdInner>
         f.len += u64::from(s.sge.length);
         f.read_only |= !s.writable;
         f.foreign |= !s.mr.in_pd(pd);
-        f.empty |= s.sge.length == 0;
+        if s.sge.length == 0 {
+            f.unusable = Some(crate::post::wr::EMPTY_ENTRY);
+        }
     }
     f
 }
@@ -381,8 +383,8 @@ impl<'b> ScopedRecv<'b> {
         if f.foreign {
             return bad("a buffer's memory region belongs to another protection domain");
         }
-        if f.empty {
-            return bad(crate::post::wr::EMPTY_ENTRY);
+        if let Some(reason) = f.unusable {
+            return bad(reason);
         }
         Ok(f.count)
     }

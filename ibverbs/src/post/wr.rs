@@ -227,10 +227,9 @@ pub(crate) struct EntryFacts {
     pub(crate) owned: bool,
     /// One of them belongs to another protection domain.
     pub(crate) foreign: bool,
-    /// One of them is a memory window.
-    pub(crate) window: bool,
-    /// One of them has 0 bytes.
-    pub(crate) empty: bool,
+    /// Why one of them cannot be a data buffer at all: a memory window, or 0 bytes
+    /// ([`EMPTY_ENTRY`]). One field for both keeps the passing post at one test.
+    pub(crate) unusable: Option<&'static str>,
 }
 
 /// Why a request with an entry of 0 bytes is refused (both directions): Mellanox data
@@ -589,8 +588,11 @@ impl<'a> SendRequest<'a> {
             f.read_only |= !s.buf.device_writable();
             f.owned |= matches!(s.buf, LocalBuf::Owned(_) | LocalBuf::Chunk(_) | LocalBuf::Window(_));
             f.foreign |= !s.buf.mr().in_pd(pd);
-            f.window |= matches!(s.buf, LocalBuf::Window(_));
-            f.empty |= s.len == 0;
+            if matches!(s.buf, LocalBuf::Window(_)) {
+                f.unusable = Some("a memory window is not a data buffer");
+            } else if s.len == 0 {
+                f.unusable = Some(EMPTY_ENTRY);
+            }
         }
         self.check_entries(f, pd)
     }
@@ -602,12 +604,9 @@ impl<'a> SendRequest<'a> {
     #[inline(always)]
     pub(crate) fn check_entries(&self, f: EntryFacts, pd: &Arc<PdInner>) -> Result<usize> {
         let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_post_send", reason });
-        let EntryFacts { count, len: sge_len, read_only, owned, foreign, window, empty } = f;
-        if window {
-            return bad("a memory window is not a data buffer");
-        }
-        if empty {
-            return bad(EMPTY_ENTRY);
+        let EntryFacts { count, len: sge_len, read_only, owned, foreign, unusable } = f;
+        if let Some(reason) = unusable {
+            return bad(reason);
         }
         if foreign {
             return bad("a buffer's memory region belongs to another protection domain");
