@@ -270,3 +270,32 @@ fn fork_and_exec_while_transfers_run() {
     println!("{rounds} verified 64 KiB writes while {children} children forked and exec'd");
     assert!(children > 0 && rounds >= 20);
 }
+
+/// A prepared request over a region registered with an IOVA never goes inline: the provider
+/// copies inline data with the CPU from the entry's address, which for such a region is the
+/// IOVA, not where the bytes are (rxe and mlx5 would read whatever lives at the IOVA, or fault).
+#[test]
+fn prepared_posts_over_an_iova_region_are_not_copied_from_the_iova() {
+    let mut p = pair(ibverbs::QpType::RC, 8, 1, 64);
+    let src = match p.pd.register_iova(page_buf(4096), IOVA + 0x50_0000, AccessFlags::LOCAL_WRITE) {
+        Err(Error::Unsupported { capability: IOVA_ELSEWHERE, .. }) => {
+            return unsupported(&p.ctx, "IOVA registration", "siw registers every region at its address");
+        }
+        r => r.unwrap(),
+    };
+    let mut src = src;
+    src.copy_from_slice(&pattern(4096, 3));
+    let src = Arc::new(src);
+    assert!(p.a.caps().max_inline_data >= 8, "{:?}", p.a.caps());
+    let target = p.pd.allocate_remote(4096, AccessFlags::REMOTE_WRITE).unwrap();
+    let prepared = p.a.prepare_send(SendRequest::write(Local::whole(src.clone()), target.remote())).unwrap();
+    // 8 bytes: below max_inline_data, the size a prepared post over a plain region sends inline.
+    p.a.post_prepared(&prepared, 1, 100, 8, 16).unwrap();
+    let c = poll_one(&mut p.cq_a);
+    assert_eq!((c.wr_id(), c.status()), (1, WcStatus::SUCCESS), "{c:?}");
+    assert_eq!(
+        &target.to_vec()[16..24],
+        &pattern(4096, 3)[100..108],
+        "the bytes at offset 100 of the region"
+    );
+}

@@ -97,4 +97,18 @@ fn a_pool_refuses_what_the_queue_pair_cannot_take_and_keeps_its_chunks() {
     let e = r.unwrap_err();
     assert!(matches!(e.error, Error::InvalidArgument { .. }));
     assert!(e.request.into_buffers().next().and_then(ibverbs::LocalBuf::into_chunk).is_some());
+
+    // A chunk no post takes (of 0 bytes) goes to the bottom of the pool: the next refill posts
+    // the others instead of failing on it again and again.
+    let (_, empty) = p.pd.allocate(64).unwrap().split_at(64).unwrap();
+    let mut chunks = p.pd.allocate(2 * 64).unwrap().into_chunks(64).unwrap();
+    chunks.push(empty);
+    let mut pool = ReceivePool::new(chunks);
+    match pool.refill(&mut p.b) {
+        Err(Error::InvalidArgument { reason, .. }) if reason.contains("0 bytes") => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(pool.refill(&mut p.b).unwrap(), 2, "the usable chunks are posted");
+    assert_eq!(pool.available(), 1, "the empty chunk stays in the pool");
+    assert!(pool.refill(&mut p.b).is_err(), "and is refused each time it is tried");
 }

@@ -1,9 +1,9 @@
 //! Registered buffer pools: keep a receive queue stocked from the chunks of one registration.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::memory::Chunk;
 use crate::post::{Local, LocalBuf, RecvRequest};
-use crate::queue::{QueuePair, SharedReceiveQueue};
+use crate::queue::{PostError, QueuePair, SharedReceiveQueue};
 
 /// Keeps a queue pair's receive queue stocked with [`Chunk`]s of one (or several)
 /// registrations, the way servers register one large buffer once and carve it into slots.
@@ -64,7 +64,9 @@ impl ReceivePool {
     /// The error of the first post that failed (its chunk stays in the pool), e.g.
     /// [`Error::QpState`](crate::Error::QpState) in RESET or
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a chunk of another
-    /// protection domain.
+    /// protection domain or an empty one when no other chunk could be posted before it (such a
+    /// chunk goes to the bottom of the pool and ends the refill: later refills post the
+    /// others first).
     #[doc(alias = "ibv_post_recv")]
     pub fn refill(&mut self, qp: &mut QueuePair) -> Result<usize> {
         let room = qp.caps().max_recv_wr.saturating_sub(qp.outstanding_recvs()) as usize;
@@ -73,8 +75,7 @@ impl ReceivePool {
             let Some(chunk) = self.free.pop() else { break };
             let wr_id = chunk.offset() as u64;
             if let Err(e) = qp.post_recv(RecvRequest::new(Local::whole(chunk)).wr_id(wr_id)) {
-                self.free.extend(e.request.into_buffers().filter_map(LocalBuf::into_chunk));
-                return Err(e.error);
+                return self.refused(e, posted);
             }
             posted += 1;
         }
@@ -98,11 +99,31 @@ impl ReceivePool {
             let Some(chunk) = self.free.pop() else { break };
             let wr_id = chunk.offset() as u64;
             if let Err(e) = srq.post_recv(RecvRequest::new(Local::whole(chunk)).wr_id(wr_id)) {
-                self.free.extend(e.request.into_buffers().filter_map(LocalBuf::into_chunk));
-                return Err(e.error);
+                return self.refused(e, posted);
             }
             posted += 1;
         }
         Ok(posted)
+    }
+
+    /// Takes a refused receive's chunk back, after `posted` receives of this refill. A chunk
+    /// the post refuses for what it is (of another protection domain, or empty) goes to the
+    /// bottom of the pool, so that later refills post the others first, and ends the refill:
+    /// `Ok(posted)` when it posted some, else the error. After any other error (the queue
+    /// pair's state, a full queue) the chunk is the next one tried, and the error returned.
+    fn refused(&mut self, e: PostError<RecvRequest>, posted: usize) -> Result<usize> {
+        let chunks = e.request.into_buffers().filter_map(LocalBuf::into_chunk);
+        if matches!(e.error, Error::InvalidArgument { .. }) {
+            for c in chunks {
+                // No allocation: the storage had room for it before it was popped.
+                self.free.insert(0, c);
+            }
+            if posted > 0 {
+                return Ok(posted);
+            }
+        } else {
+            self.free.extend(chunks);
+        }
+        Err(e.error)
     }
 }

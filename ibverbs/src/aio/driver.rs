@@ -35,6 +35,9 @@ struct Slot {
     /// The number of the queue pair the operation was posted on: a completion of another (or
     /// of a request posted by other means) that carries the same `wr_id` is not its.
     qp_num: u32,
+    /// The queue pair's [`QueuePair`] id (never reused, unlike QP numbers): which operations
+    /// [`State::forget`] ends.
+    owner: u64,
     entry: Entry,
 }
 
@@ -63,17 +66,18 @@ impl State {
         (token((tok & 0xffff_ffff) as u32, s.gen) == tok).then_some(s)
     }
 
-    fn alloc(&mut self, user_wr_id: u64, qp_num: u32) -> u64 {
+    fn alloc(&mut self, user_wr_id: u64, qp_num: u32, owner: u64) -> u64 {
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
-                self.slots.push(Slot { gen: 0, qp_num: 0, entry: Entry::Free });
+                self.slots.push(Slot { gen: 0, qp_num: 0, owner: 0, entry: Entry::Free });
                 u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 operations in flight")
             }
         };
         let s = &mut self.slots[idx as usize];
         s.entry = Entry::Waiting(None, user_wr_id);
         s.qp_num = qp_num;
+        s.owner = owner;
         token(idx, s.gen)
     }
 
@@ -124,15 +128,15 @@ impl State {
         }
     }
 
-    /// Ends the operations of queue pair `qp_num` that wait for a completion (the queue pair
-    /// was reset or replaced): their futures resolve to an error, the slots of dropped ones are
-    /// freed (a completion that still comes finds its slot's generation moved on and is
-    /// dropped). Returns the wakers of their tasks.
-    fn forget(&mut self, qp_num: u32) -> Vec<Waker> {
+    /// Ends the operations of the queue pair whose id is `owner` that wait for a completion
+    /// (the queue pair was reset, replaced or destroyed): their futures resolve to an error,
+    /// the slots of dropped ones are freed (a completion that still comes finds its slot's
+    /// generation moved on and is dropped). Returns the wakers of their tasks.
+    fn forget(&mut self, owner: u64) -> Vec<Waker> {
         let mut wake = Vec::new();
         let mut freed = Vec::new();
         for (i, s) in self.slots.iter_mut().enumerate() {
-            if s.qp_num != qp_num {
+            if s.owner != owner || matches!(s.entry, Entry::Free) {
                 continue;
             }
             match std::mem::replace(&mut s.entry, Entry::Free) {
@@ -213,9 +217,17 @@ impl Driver {
     /// descriptor with `backend`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `cq` was not created on `channel`; [`Error::Verb`] when the
+    /// [`Error::InvalidArgument`] when `cq` was not created on `channel`, or is an extended CQ
+    /// whose completions do not carry the QP number ([`WcFlags::QP_NUM`](crate::WcFlags::QP_NUM):
+    /// the driver matches a completion to its operation by it); [`Error::Verb`] when the
     /// reactor refuses the descriptor.
     pub fn new(cq: CompletionQueue, channel: &CompletionChannel, backend: &dyn Backend) -> Result<Driver> {
+        if cq.wc_flags().is_some_and(|f| !f.contains(crate::WcFlags::QP_NUM)) {
+            return Err(Error::InvalidArgument {
+                verb: "ibv_create_cq_ex",
+                reason: "the driver's extended CQ must report the QP number (WcFlags::QP_NUM)",
+            });
+        }
         let core = CqCore::new(cq, channel, backend)?;
         let state = State {
             core,
@@ -263,8 +275,9 @@ impl Driver {
                 }
             }
         };
-        drop(drop_later);
+        // Woken before the drops: a buffer's free callback that panics loses no wake-up.
         wake.into_iter().for_each(Waker::wake);
+        drop(drop_later);
         r
     }
 
@@ -282,8 +295,8 @@ impl Driver {
         st.slots.len() - st.free.len()
     }
 
-    fn begin(&self, user_wr_id: u64, qp_num: u32) -> u64 {
-        self.shared.lock().alloc(user_wr_id, qp_num)
+    fn begin(&self, user_wr_id: u64, qp: &QueuePair) -> u64 {
+        self.shared.lock().alloc(user_wr_id, qp.qp_num(), qp.id)
     }
 }
 
@@ -293,13 +306,41 @@ impl Driver {
 /// Dropping it before it resolves is sound: the request's buffers stay with the queue pair until
 /// the device completes it, then the driver drops them. It keeps its queue pair alive (the QP is
 /// destroyed only when the [`AsyncQueuePair`] and every `Op` of it are gone), so a pending
-/// operation always completes, if only with a flush error.
+/// operation completes, if only with a flush error, unless
+/// [`with_qp`](AsyncQueuePair::with_qp) resets or replaces the queue pair: then it resolves to
+/// [`Error::InvalidArgument`].
 #[must_use = "the operation is posted either way; dropping the future only forgoes its completion"]
 pub struct Op {
     shared: Arc<Shared>,
     tok: u64,
     finished: bool,
-    _qp: Arc<Mutex<QueuePair>>,
+    _qp: Arc<QpCell>,
+}
+
+/// What an [`AsyncQueuePair`] and its [`Op`]s share: the queue pair, then (dropped after it)
+/// the reaper of its abandoned operations.
+struct QpCell {
+    qp: Mutex<QueuePair>,
+    reaper: Reaper,
+}
+
+/// Once the queue pair is destroyed, the completions of its operations whose futures were
+/// dropped never reach their slots (they come back untracked, or not at all): frees those slots.
+struct Reaper {
+    /// `None` once the queue pair was taken back ([`AsyncQueuePair::into_inner`]).
+    shared: Option<Arc<Shared>>,
+    /// The queue pair's id (changed when [`AsyncQueuePair::with_qp`] replaces it).
+    owner: std::sync::atomic::AtomicU64,
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if let Some(shared) = &self.shared {
+            let wake = shared.lock().forget(*self.owner.get_mut());
+            // No operation of the queue pair is waiting (each `Op` holds it): nothing to wake.
+            drop(wake);
+        }
+    }
 }
 
 impl fmt::Debug for Op {
@@ -376,10 +417,11 @@ impl Future for Op {
         if out.is_ready() {
             self.finished = true;
         }
-        drop(drop_later);
         // Wake everyone handed a completion, this task included: another future of this task
-        // (e.g. a `select!` branch polled before this one) may be among them.
+        // (e.g. a `select!` branch polled before this one) may be among them. Before the drops:
+        // a buffer's free callback that panics loses no wake-up.
         wake.into_iter().for_each(Waker::wake);
+        drop(drop_later);
         out
     }
 }
@@ -415,7 +457,7 @@ impl Drop for Op {
 /// returns an [`Op`] to await. Every request is signaled (a request made
 /// [`unsignaled`](SendRequest::unsignaled) is refused: its future could never resolve).
 pub struct AsyncQueuePair {
-    qp: Arc<Mutex<QueuePair>>,
+    qp: Arc<QpCell>,
     /// Set when [`with_qp`](Self::with_qp) left a queue pair that does not complete into the
     /// driver's CQ: posts are refused (their futures could never resolve).
     detached: AtomicBool,
@@ -436,7 +478,9 @@ impl AsyncQueuePair {
     /// Wraps `qp`, whose send and receive queues must both complete into `driver`'s CQ.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] (handing the QP back) when they do not.
+    /// [`Error::InvalidArgument`] (handing the QP back) when they do not, or when the queue pair
+    /// receives through a shared receive queue or is an XRC queue pair (the driver takes only
+    /// the completions of its own operations: those receives' messages would be dropped).
     #[allow(clippy::result_large_err)] // the QP comes back by value
     pub fn new(qp: QueuePair, driver: &Driver) -> std::result::Result<AsyncQueuePair, (QueuePair, Error)> {
         if !driver.with_cq(|cq| qp.completes_into(cq)) {
@@ -446,15 +490,27 @@ impl AsyncQueuePair {
             };
             return Err((qp, e));
         }
+        if !(qp.has_send && qp.has_recv) {
+            // Receives of a shared receive queue (or XRC) are not the driver's operations: it
+            // would drop every message they take.
+            let e = Error::InvalidArgument {
+                verb: "ibv_poll_cq",
+                reason: "the queue pair must have its own send and receive queues (no SRQ, no XRC)",
+            };
+            return Err((qp, e));
+        }
         Ok(AsyncQueuePair {
-            qp: Arc::new(Mutex::new(qp)),
+            qp: Arc::new(QpCell {
+                reaper: Reaper { shared: Some(driver.shared.clone()), owner: qp.id.into() },
+                qp: Mutex::new(qp),
+            }),
             detached: AtomicBool::new(false),
             driver: driver.clone(),
         })
     }
 
     fn lock_qp(&self) -> MutexGuard<'_, QueuePair> {
-        self.qp.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.qp.qp.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The driver.
@@ -483,7 +539,8 @@ impl AsyncQueuePair {
         if !before.is(&qp) {
             let attached = self.driver.with_cq(|cq| qp.completes_into(cq));
             self.detached.store(!attached, Ordering::Relaxed);
-            let wake = self.driver.shared.lock().forget(before.qp_num);
+            self.qp.reaper.owner.store(qp.id, Ordering::Relaxed);
+            let wake = self.driver.shared.lock().forget(before.id);
             drop(qp);
             wake.into_iter().for_each(Waker::wake);
         }
@@ -515,7 +572,7 @@ impl AsyncQueuePair {
         if let Err(error) = self.check_attached("ibv_post_send") {
             return Err(PostError { error, request: wr });
         }
-        let tok = self.driver.begin(wr.wr_id, qp.qp_num());
+        let tok = self.driver.begin(wr.wr_id, &qp);
         let wr = wr.wr_id(tok);
         self.post_retrying(qp, tok, wr, |qp, wr| qp.post_send(wr)).map_err(|mut e| {
             e.request.wr_id = self.release(tok);
@@ -534,7 +591,7 @@ impl AsyncQueuePair {
         if let Err(error) = self.check_attached("ibv_post_recv") {
             return Err(PostError { error, request: wr });
         }
-        let tok = self.driver.begin(wr.wr_id, qp.qp_num());
+        let tok = self.driver.begin(wr.wr_id, &qp);
         let wr = wr.wr_id(tok);
         self.post_retrying(qp, tok, wr, |qp, wr| qp.post_recv(wr)).map_err(|mut e| {
             e.request.wr_id = self.release(tok);
@@ -647,7 +704,12 @@ impl AsyncQueuePair {
     #[allow(clippy::result_large_err)] // self comes back by value
     pub fn into_inner(self) -> std::result::Result<QueuePair, Self> {
         match Arc::try_unwrap(self.qp) {
-            Ok(m) => Ok(m.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner)),
+            Ok(QpCell { qp, mut reaper }) => {
+                // Its abandoned operations' requests stay posted: their slots stay taken until
+                // their completions come (the driver drops them then).
+                reaper.shared = None;
+                Ok(qp.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner))
+            }
             Err(qp) => Err(AsyncQueuePair { qp, detached: self.detached, driver: self.driver }),
         }
     }

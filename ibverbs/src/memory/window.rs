@@ -13,6 +13,7 @@ use std::fmt;
 use std::mem::ManuallyDrop;
 use std::ops::RangeBounds;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::error::{cvt_p, Error, Result};
@@ -120,10 +121,15 @@ pub struct MemoryWindow {
     ty: MwType,
     binds: u16,
     pd: Arc<PdInner>,
+    /// Set while a type 1 bind's `ibv_bind_mw()` runs: mlx5 and rxe write `mw->rkey` after the
+    /// request is posted, when its completion may already have handed the window to a poller
+    /// on another thread. Every read of `mw->rkey` and the deallocation wait for it ([`settle`](Self::settle)).
+    busy: Arc<AtomicBool>,
 }
 
 // SAFETY: an MW is a kernel object handle; libibverbs allows using it from any thread. Its one
-// mutable field (`rkey`) is written only through `&mut`/owned access (binding consumes the window).
+// mutable field (`rkey`) is written only through `&mut`/owned access (binding consumes the
+// window), or by the provider during a type 1 bind's `ibv_bind_mw()`, which `busy` covers.
 unsafe impl Send for MemoryWindow {}
 // SAFETY: `&MemoryWindow` only reads plain fields.
 unsafe impl Sync for MemoryWindow {}
@@ -150,7 +156,7 @@ impl ProtectionDomain {
         // SAFETY: valid PD; the returned MW is deallocated once, in Drop.
         let raw = unsafe { ffi::ibv_alloc_mw(self.as_raw(), ty.raw()) };
         let raw = cvt_p("ibv_alloc_mw", raw)?;
-        Ok(MemoryWindow { raw, ty, binds: 0, pd: self.inner.clone() })
+        Ok(MemoryWindow { raw, ty, binds: 0, pd: self.inner.clone(), busy: Arc::new(AtomicBool::new(false)) })
     }
 
     /// Allocates `len` zeroed, page-aligned bytes and registers them to be exposed only through
@@ -198,8 +204,27 @@ impl MemoryWindow {
 
     /// The window's current rkey (`mw->rkey`; unbound: it grants nothing).
     pub fn rkey(&self) -> u32 {
-        // SAFETY: valid MW while self lives; rkey is written only by a bind, which owns the window.
+        self.settle();
+        // SAFETY: valid MW while self lives; rkey is written only by a bind, which owns the
+        // window, or by the provider inside a type 1 bind's ibv_bind_mw, which settle waited for.
         unsafe { (*self.raw.as_ptr()).rkey }
+    }
+
+    /// Waits until no `ibv_bind_mw()` of this window is running (a type 1 bind's poster may
+    /// still be in the provider, about to write `mw->rkey`, when the completion already handed
+    /// the window back). Bounded by that call: a few microseconds.
+    fn settle(&self) {
+        while self.busy.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+            std::thread::yield_now();
+        }
+    }
+
+    /// Marks a type 1 bind's `ibv_bind_mw()` as running until the returned guard is dropped
+    /// (right after the call returns).
+    pub(crate) fn in_provider(&self) -> InProvider {
+        self.busy.store(true, Ordering::Relaxed);
+        InProvider(self.busy.clone())
     }
 
     /// How many times it was bound (at most [`MAX_BINDS`] for a type 2 window).
@@ -220,9 +245,12 @@ impl MemoryWindow {
 
     /// Deallocates the window (`ibv_dealloc_mw()`); on failure it is leaked (with its PD).
     fn release(self) -> bool {
+        self.settle();
         let me = ManuallyDrop::new(self);
         // SAFETY: allocated once, deallocated once (Drop does not run: ManuallyDrop).
         let ok = unsafe { ffi::ibv_dealloc_mw(me.raw.as_ptr()) } == 0;
+        // SAFETY: read once out of the ManuallyDrop, which is not used again.
+        drop(unsafe { std::ptr::read(&me.busy) });
         if ok {
             // SAFETY: read once out of the ManuallyDrop, which is not used again.
             drop(unsafe { std::ptr::read(&me.pd) });
@@ -277,8 +305,19 @@ impl MemoryWindow {
     }
 }
 
+/// A type 1 bind's `ibv_bind_mw()` is running ([`MemoryWindow::in_provider`]); dropped when it
+/// returned, which lets the window's readers and deallocation go on.
+pub(crate) struct InProvider(Arc<AtomicBool>);
+
+impl Drop for InProvider {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 impl Drop for MemoryWindow {
     fn drop(&mut self) {
+        self.settle();
         // SAFETY: allocated once, deallocated once. A failure leaves the kernel object (and the PD
         // it references, through our Arc that is dropped anyway: the PD's own drop then fails
         // and leaks it).
@@ -356,6 +395,7 @@ impl BoundWindow {
     /// A type 2 bind succeeded: the window's rkey is the new one from now on.
     pub(crate) fn commit_rkey(&mut self) {
         if let Some(rkey) = self.new_rkey {
+            self.mw.settle();
             // SAFETY: we own the window (the completion handed it back); the provider reads
             // mw->rkey only while posting a request that holds the window.
             unsafe { (*self.mw.raw.as_ptr()).rkey = rkey };
@@ -381,11 +421,13 @@ impl BoundWindow {
     /// is, e.g. as the target of [`SendRequest::write`](crate::SendRequest::write) or
     /// [`read`](crate::SendRequest::read), and exchanged with [`RemoteSlice::encode`].
     pub fn remote(&self) -> RemoteSlice {
-        RemoteSlice {
-            addr: self.mr.device_addr(self.mr.addr()).wrapping_add(self.offset as u64),
-            len: self.len as u64,
-            rkey: self.rkey(),
-        }
+        RemoteSlice { addr: self.device_addr(), len: self.len as u64, rkey: self.rkey() }
+    }
+
+    /// The device address of the window's first byte (no read of `mw->rkey`: a type 1 bind
+    /// fills its request with it while its `ibv_bind_mw()` is marked running).
+    fn device_addr(&self) -> u64 {
+        self.mr.device_addr(self.mr.addr()).wrapping_add(self.offset as u64)
     }
     /// The raw `struct ibv_mw *`; valid while this window lives. Binding, invalidating or
     /// deallocating it through `ffi` defeats the crate's tracking of the region's state: raw
@@ -523,14 +565,13 @@ impl Request for Type1Bind {
         raw.bind.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         if let Some(w) = &self.window {
             raw.mw = w.as_raw();
-            let r = w.remote();
             // A zero-length bind unbinds a type 1 window. It still names the region: rxe's
             // provider reads `bind_info.mr->lkey` whatever the length (a NULL MR crashes it).
             let unbind = w.pending == Pending::Invalidate;
             raw.bind.bind_info = ffi::ibv_mw_bind_info {
                 mr: w.mr_raw(),
-                addr: r.addr,
-                length: if unbind { 0 } else { r.len },
+                addr: w.device_addr(),
+                length: if unbind { 0 } else { w.len as u64 },
                 mw_access_flags: if unbind { 0 } else { w.access().bits() },
             };
         }
@@ -575,6 +616,10 @@ impl QueuePair {
         if let Some(reason) = reason {
             return Err((Some(w), Error::InvalidArgument { verb, reason }));
         }
+        // Taken before the slot is published (the engine publishes it with release ordering),
+        // dropped once ibv_bind_mw returned: a poller given the window by its completion waits
+        // for it before reading mw->rkey or deallocating the window.
+        let _in_provider = w.mw.in_provider();
         let mut req = Type1Bind { window: Some(w), wr_id };
         // ibv_bind_mw names no failed request (no bad_wr), and rxe's posts it through its
         // post_send, which can fail at the doorbell after queuing it: every failure of the

@@ -179,8 +179,11 @@ impl PreparedSend {
             Op::Write(r) | Op::Read(r) => (Some(r), false),
             Op::CompareSwap { remote, .. } | Op::FetchAdd { remote, .. } => (Some(remote), true),
         };
-        // Inline copies read the bytes with the CPU: only from a region nobody can write.
-        let inlines = matches!(wr.op, Op::Send | Op::SendInv(_) | Op::Write(_));
+        // Inline copies read the bytes with the CPU: only from a region nobody can write, and
+        // only where the entry's address is the bytes' host address (the provider copies from
+        // it; a region registered with an IOVA names its bytes by the IOVA).
+        let inlines =
+            matches!(wr.op, Op::Send | Op::SendInv(_) | Op::Write(_)) && local.buf.bounds().0 as u64 == start;
         // None at all on a queue pair without inline room, not even an empty post.
         let inline_below = if inlines && max_inline > 0 && matches!(buf, SharedBuf::Local(_)) {
             u64::from(max_inline) + 1

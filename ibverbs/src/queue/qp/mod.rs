@@ -576,6 +576,7 @@ impl<'a> QueuePairBuilder<'a> {
         Ok(QueuePair {
             raw,
             id: next_queue_id(),
+            resets: 0,
             post_send_fn,
             provider_post_send,
             post_recv_fn,
@@ -622,6 +623,9 @@ pub struct QueuePair {
     /// Unique for the process's lifetime (never reused, unlike the `ibv_qp` address): what a
     /// prepared request is checked against.
     pub(crate) id: u64,
+    /// Resets that reached the device (it forgot every request then), counted even when the
+    /// reset failed afterwards: what [`Incarnation`] compares besides the rings.
+    pub(crate) resets: u64,
     /// What the safe level posts sends through: the provider's `post_send`, or on siw
     /// [`post::fenced_post_send`] in front of it.
     post_send_fn: Option<PostSendFn>,
@@ -755,16 +759,16 @@ impl QueuePair {
     /// What this queue pair's requests are posted to now: the QP itself (`id`) and its rings,
     /// which a reset replaces. [`Incarnation::is`] tells whether a queue pair still is it.
     pub(crate) fn incarnation(&self) -> Incarnation {
-        Incarnation { id: self.id, qp_num: self.qp_num(), send: self.send.clone(), recv: self.recv.clone() }
+        Incarnation { id: self.id, resets: self.resets, send: self.send.clone(), recv: self.recv.clone() }
     }
 }
 
 /// A queue pair and its rings at one moment ([`QueuePair::incarnation`]). Holding the rings
 /// keeps their addresses from being reused, so a comparison cannot mistake new rings for them.
 pub(crate) struct Incarnation {
-    id: u64,
-    /// The QP number of that queue pair.
-    pub(crate) qp_num: u32,
+    /// The id of that queue pair.
+    pub(crate) id: u64,
+    resets: u64,
     send: Arc<Ring<Slot>>,
     recv: Arc<Ring<Slot>>,
 }
@@ -772,7 +776,10 @@ pub(crate) struct Incarnation {
 impl Incarnation {
     /// Whether `qp` is still the same queue pair with the same rings (not replaced, not reset).
     pub(crate) fn is(&self, qp: &QueuePair) -> bool {
-        self.id == qp.id && Arc::ptr_eq(&self.send, &qp.send) && Arc::ptr_eq(&self.recv, &qp.recv)
+        self.id == qp.id
+            && self.resets == qp.resets
+            && Arc::ptr_eq(&self.send, &qp.send)
+            && Arc::ptr_eq(&self.recv, &qp.recv)
     }
 }
 

@@ -276,6 +276,7 @@ impl QueuePair {
     pub(crate) fn reset_unchecked(&mut self) -> Result<()> {
         let mut attr = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_RESET, ..Default::default() };
         self.modify(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE)?;
+        self.resets += 1;
         // The device has forgotten every request: retire the rings (their buffers go at the next
         // poll, their indices once the CQ is seen empty) and start with empty ones.
         let fresh = match (self.has_send, self.has_recv) {
