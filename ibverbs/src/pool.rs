@@ -111,6 +111,7 @@ impl ReceivePool {
     /// bottom of the pool, so that later refills post the others first, and ends the refill:
     /// `Ok(posted)` when it posted some, else the error. After any other error (the queue
     /// pair's state, a full queue) the chunk is the next one tried, and the error returned.
+    #[allow(clippy::result_large_err)] // takes the PostError the post returned, by value
     fn refused(&mut self, e: PostError<RecvRequest>, posted: usize) -> Result<usize> {
         let chunks = e.request.into_buffers().filter_map(LocalBuf::into_chunk);
         if matches!(e.error, Error::InvalidArgument { .. }) {

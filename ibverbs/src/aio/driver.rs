@@ -242,8 +242,9 @@ impl Driver {
     /// Runs `f` on the driven CQ, e.g. to create queue pairs on it with
     /// [`ProtectionDomain::create_qp`](crate::ProtectionDomain::create_qp). (It holds the
     /// driver's lock: `f` must not await or call back into the driver or its queue pairs (a
-    /// post locks its queue pair, then the driver), nor wait on the CQ: `poll_raw_wait` would
-    /// read the channel's events behind the driver and block it.)
+    /// post locks its queue pair, then the driver), nor poll the CQ (`poll_raw` would take the
+    /// futures' completions) or wait on it (`poll_raw_wait` would read the channel's events
+    /// behind the driver and block it).)
     pub fn with_cq<R>(&self, f: impl FnOnce(&CompletionQueue) -> R) -> R {
         f(&self.shared.lock().core.cq)
     }

@@ -34,7 +34,9 @@
 //! level's slot rings), not to the future. Dropping (or `mem::forget`ting) the future only
 //! abandons the wait: the driver drops the completion, and with it the buffers, when the device
 //! reports it done. No buffer is freed or reused while the device may touch it, whatever the
-//! caller does; a forgotten future only leaks its slot. The adaptor has no `unsafe` of its own:
+//! caller does; a forgotten future leaks its slot and, if its task was the one the reactor
+//! would wake, leaves the other waiting tasks unwoken until another future is polled or
+//! [`Driver::reap`] is called. The adaptor has no `unsafe` of its own:
 //! reactors watch the channel's epoll descriptor (its `AsFd`), which cannot be read from.
 //!
 //! # Asynchronous events

@@ -261,9 +261,13 @@ impl Listener {
     /// and CQs.
     ///
     /// # Errors
-    /// [`Error::Timeout`] when no request arrives in time; [`Error::CmEvent`] for another event.
+    /// [`Error::Timeout`] when no request arrives in time; [`Error::CmEvent`] for another event;
+    /// [`Error::InvalidArgument`] when the listener shares its event channel with other ids
+    /// (it would take their events).
     #[doc(alias = "rdma_get_cm_event")]
     pub fn request(&self, timeout: Duration) -> Result<(CmId, Vec<u8>)> {
+        // It reads every event of the listener's channel: other ids' events would be lost.
+        self.id.check_private_channel("rdma_get_cm_event")?;
         let deadline = crate::cm::deadline_in(timeout);
         let mut ev = expect(&self.id, "rdma_listen", CmEventKind::CONNECT_REQUEST, deadline, timeout)?;
         let id = ev.take_new_id().ok_or(Error::InvalidArgument {

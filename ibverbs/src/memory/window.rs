@@ -260,6 +260,7 @@ impl MemoryWindow {
 
     /// Prepares a bind: checks `range` and `access` against `region`, moves the rkey to its next
     /// key (`ibv_inc_rkey()`) and returns the window as bound (not yet posted).
+    #[allow(clippy::result_large_err)] // the window comes back
     pub(crate) fn prepare_bind(
         mut self,
         verb: &'static str,

@@ -492,7 +492,10 @@ impl<'a> SendRequest<'a> {
 
     /// Requests no completion (clears `IBV_SEND_SIGNALED`). Its buffers are released by the next
     /// signaled completion of the queue, so they must be shared (`Arc`) handles: posting an
-    /// unsignaled request holding an owned region or chunk is refused.
+    /// unsignaled request holding an owned region or chunk is refused. As in C, a send queue
+    /// whose requests are all unsignaled fills up for good (every post then fails with
+    /// [`Error::QueueFull`]): signal one request at least every `max_send_wr`, before the queue
+    /// is full.
     pub fn unsignaled(mut self) -> Self {
         self.signaled = false;
         self

@@ -112,6 +112,13 @@ pub struct SrqAttr {
 /// receive CQ of whichever queue pair took the request) hands it back. Dropping the handle
 /// destroys the SRQ (`ibv_destroy_srq()`) once every queue pair on it is gone too (each holds
 /// it); buffers still posted are released then.
+///
+/// Drain a queue pair's receive completions before dropping or resetting it: mlx4 and mlx5
+/// erase the completions of a destroyed or reset queue pair still in its CQ and give their
+/// receives back to the SRQ inside the provider, which this crate does not see, so those
+/// receives' slots (and buffers) stay taken until the SRQ goes. (Move the queue pair to ERROR
+/// with [`QueuePair::set_error`](crate::QueuePair::set_error) and poll until its flushed
+/// completions are in.)
 pub struct SharedReceiveQueue {
     pub(crate) inner: Arc<SrqInner>,
     post_fn: Option<PostSrqFn>,
@@ -509,7 +516,10 @@ impl SharedReceiveQueue {
     ///   a [`MemoryRegion`](crate::MemoryRegion) that safe code can borrow;
     /// - every `wr_id` has bit 63 clear (bit 63 marks the safe level's requests: a raw request
     ///   carrying one could hand a safe request's buffers back while the device still writes
-    ///   them).
+    ///   them);
+    /// - an SGE of length 0 counts as naming the 2 GiB from its address up to the end of its
+    ///   memory region (Mellanox devices read a byte count of 0 so, and mlx4 passes a receive's
+    ///   as is): the conditions above hold for that memory too, or the chain has no such SGE.
     ///
     /// Not a safety condition, but the caller's duty: the safe level reserves room for
     /// [`capacity`](Self::capacity) completions in each CQ this SRQ's queue pairs complete into;

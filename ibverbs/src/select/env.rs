@@ -56,7 +56,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: RETRY_CNT,
         nccl: Some("NCCL_IB_RETRY_CNT"),
-        meaning: "transport retries before an error, 0..=7 (default 7)",
+        meaning: "transport retries before an error, 0..=7 (default 6: rxe retries 7 for ever)",
     },
     Variable { name: SL, nccl: Some("NCCL_IB_SL"), meaning: "service level, 0..=15 (default 0)" },
     Variable { name: TC, nccl: Some("NCCL_IB_TC"), meaning: "traffic class, 0..=255 (default 0)" },

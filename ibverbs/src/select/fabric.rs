@@ -391,7 +391,7 @@ fn sysfs_device(root: &Path, name: &str) -> io::Result<DeviceDesc> {
             .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
             .collect();
         indexes.sort_unstable();
-        let gid_tbl_len = indexes.last().map_or(0, |&i| i + 1);
+        let gid_tbl_len = indexes.last().map_or(0, |&i| i.saturating_add(1));
         let mut gids = Vec::new();
         let mut ndev = None;
         for index in indexes {

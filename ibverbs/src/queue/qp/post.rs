@@ -723,7 +723,8 @@ impl QueuePair {
     /// protection domain, which stays registered, allocated and untouched by Rust references
     /// until the completion is polled or the QP is dropped — never memory of a
     /// [`MemoryRegion`](crate::MemoryRegion) that safe code can borrow — and every `wr_id` has
-    /// bit 63 clear. Their completions need CQ room as for sends.
+    /// bit 63 clear. An SGE of length 0 names up to 2 GiB, as for sends. Their completions need
+    /// CQ room as for sends.
     #[doc(alias = "ibv_post_recv")]
     pub unsafe fn post_recv_unchecked(
         &self,
