@@ -62,9 +62,14 @@ pub struct ConnParam {
     pub responder_resources: u8,
     /// RDMA Reads and atomics we may have outstanding towards the peer.
     pub initiator_depth: u8,
-    /// Transport retries (0–7; 7 means "forever" on rxe, so the default is 6). Connect only.
+    /// Transport retries (0–7; 7 means "forever" on rxe, so the default is 6). Connect only:
+    /// on InfiniBand and RoCE the connection manager gives the *accepting* side's queue pair
+    /// the retry count of the peer's request, so a peer asking for 7 (as rdma-core's tools do)
+    /// makes an accepted queue pair retry for ever on rxe if that peer dies.
     pub retry_count: u8,
-    /// Receiver-not-ready retries (0–7; 7 means "forever"). Default 6.
+    /// Receiver-not-ready retries (0–7; 7 means "forever"). Default 6. It is the peer's: the
+    /// connection manager sets the other side's queue pair with it (on accept, the connecting
+    /// peer's; on connect, the accepting peer's reply sets ours).
     pub rnr_retry_count: u8,
 }
 
