@@ -538,10 +538,11 @@ impl AsyncQueuePair {
         // Caught so that the check below runs with the lock still held, outside any unwinding.
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut qp)));
         if !before.is(&qp) {
-            let attached = self.driver.with_cq(|cq| qp.completes_into(cq));
-            self.detached.store(!attached, Ordering::Relaxed);
+            let mut st = self.driver.shared.lock();
+            self.detached.store(!qp.completes_into(&st.core.cq), Ordering::Relaxed);
             self.qp.reaper.owner.store(qp.id, Ordering::Relaxed);
-            let wake = self.driver.shared.lock().forget(before.id);
+            let wake = st.forget(before.id);
+            drop(st);
             drop(qp);
             wake.into_iter().for_each(Waker::wake);
         }

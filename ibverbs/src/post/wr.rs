@@ -171,6 +171,19 @@ impl Local {
         self.buf
     }
 
+    /// Why no post takes this entry as a data buffer, if none does: a memory window, or a
+    /// range of 0 bytes ([`EMPTY_ENTRY`]). Sends and receives both check it.
+    #[inline]
+    pub(crate) fn unusable(&self) -> Option<&'static str> {
+        if matches!(self.buf, LocalBuf::Window(_)) {
+            Some("a memory window is not a data buffer")
+        } else if self.len == 0 {
+            Some(EMPTY_ENTRY)
+        } else {
+            None
+        }
+    }
+
     pub(crate) fn sge(&self) -> ffi::ibv_sge {
         let start = self.buf.device_start();
         ffi::ibv_sge {
@@ -591,10 +604,8 @@ impl<'a> SendRequest<'a> {
             f.read_only |= !s.buf.device_writable();
             f.owned |= matches!(s.buf, LocalBuf::Owned(_) | LocalBuf::Chunk(_) | LocalBuf::Window(_));
             f.foreign |= !s.buf.mr().in_pd(pd);
-            if matches!(s.buf, LocalBuf::Window(_)) {
-                f.unusable = Some("a memory window is not a data buffer");
-            } else if s.len == 0 {
-                f.unusable = Some(EMPTY_ENTRY);
+            if let Some(reason) = s.unusable() {
+                f.unusable = Some(reason);
             }
         }
         self.check_entries(f, pd)
@@ -891,11 +902,8 @@ impl RecvRequest {
             if !s.buf.mr().in_pd(pd) {
                 return bad("a buffer's memory region belongs to another protection domain");
             }
-            if matches!(s.buf, LocalBuf::Window(_)) {
-                return bad("a memory window is not a data buffer");
-            }
-            if s.len == 0 {
-                return bad(EMPTY_ENTRY);
+            if let Some(reason) = s.unusable() {
+                return bad(reason);
             }
         }
         Ok(count)
