@@ -531,6 +531,10 @@ pub fn run_receiver<P: RecvPath>(
 pub fn run_one_sided(s: &mut Session, op: Op) -> Result<(), String> {
     let len = s.buf_len();
     let qps = s.params.qps as usize;
+    // All of them at once, before the first: each is checked as it is allocated, but a first
+    // buffer that fits is zeroed and pinned (seconds per GB) before a second one is refused.
+    let total = (len as u64).saturating_mul(qps as u64);
+    memory::check(total, &format!("{qps} buffers of {len} bytes (one per queue pair), a total"))?;
     let mut bufs = Vec::with_capacity(qps);
     for _ in 0..qps {
         bufs.push(match (op, s.role) {

@@ -159,16 +159,18 @@ impl PassResult {
     }
 }
 
-/// `cargo +nightly miri test -p rdma-verbs --lib`: the library's unit tests under Miri.
-pub fn miri(toolchain: &str, root: &Path) -> Result<PassResult, String> {
-    eprintln!("xtask: ==== Miri: cargo +{toolchain} miri test -p rdma-verbs --lib");
+/// `cargo +nightly miri test -p rdma-verbs --lib`: the library's unit tests under Miri. Its output
+/// is shown as it comes, or with `quiet` only kept: returned with the result as its stderr then
+/// its stdout, for the caller to show when it is done (it runs beside other passes).
+pub fn miri(toolchain: &str, root: &Path, quiet: bool) -> Result<(PassResult, String), String> {
     let r = process::run(
         &mut nightly_cargo(toolchain, root, &["miri", "test", "-p", "rdma-verbs", "--lib"]),
         PASS_LIMIT,
-        true,
+        !quiet,
     )?;
     let note = miri_abort(&r.stdout, &r.stderr).unwrap_or_default();
-    Ok(PassResult::from(&r, note))
+    let output = if quiet { format!("{}{}", r.stderr, r.stdout) } else { String::new() };
+    Ok((PassResult::from(&r, note), output))
 }
 
 /// When Miri stopped a whole test binary (an unsupported operation such as an FFI call aborts it, not

@@ -3,9 +3,10 @@
 //! 1. `cargo build --workspace --all-targets` and `cargo build --examples`, both with
 //!    `--features tokio,async-io` (the async adaptor's tests and example need them);
 //! 2. the host tests: `cargo test --workspace` without the device test binaries, then the doc tests;
-//! 3. the nightly passes ([`nightly`]): the doc tests again with nightly rustdoc (which checks the
-//!    error codes of `compile_fail,E....` doc tests) plus a self-test proving it does, Miri over the
-//!    library's unit tests, and the ThreadSanitizer build of `tests/device_threads*.rs`;
+//! 3. the publish checks ([`publish`]) and the nightly passes ([`nightly`]): the doc tests again
+//!    with nightly rustdoc (which checks the error codes of `compile_fail,E....` doc tests) plus a
+//!    self-test proving it does, Miri over the library's unit tests (beside the others: its tests
+//!    run on one thread), and the ThreadSanitizer build of `tests/device_threads*.rs`;
 //! 4. in ONE VM boot, one binary after the other, each with `--test-threads=1` (but every other
 //!    valgrind run goes to a second VM, booted when the plain runs are done: [`split_valgrind`]):
 //!    - the device test binaries — the integration tests of the root package named `device_*`
@@ -402,18 +403,32 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
         summary.counted("doc tests (cargo test --workspace --doc)", code, tally, "");
         summary.took(t.elapsed());
     }
+    let nightly_start = Instant::now();
+    let toolchain = passes.need_nightly().then(nightly::ensure);
+    interrupted()?;
+    if let Some(Err(why)) = &toolchain {
+        eprintln!("xtask: error: {why}");
+    }
+    // Miri runs beside the host passes that follow (publish checks, nightly doc tests, the
+    // ThreadSanitizer build): its tests run on one thread, which leaves the other CPU to them
+    // (CI: ~1 min less). Its output is kept and shown when it is done.
+    let miri_job = match &toolchain {
+        Some(Ok(tc)) if passes.miri => {
+            eprintln!(
+                "xtask: ==== Miri: cargo +{tc} miri test -p rdma-verbs --lib (beside the next passes; its output comes when it is done)"
+            );
+            let (tc, root) = (tc.clone(), root.clone());
+            Some(std::thread::spawn(move || nightly::miri(&tc, &root, true)))
+        }
+        _ => None,
+    };
     if passes.publish {
         publish_checks(&root, &target_dir, &mut summary)?;
     }
 
     let mut tsan = None;
-    if passes.need_nightly() {
-        let t = Instant::now();
-        let toolchain = nightly::ensure();
-        interrupted()?;
-        if let Err(why) = &toolchain {
-            eprintln!("xtask: error: {why}");
-        }
+    if let Some(toolchain) = toolchain {
+        let t = nightly_start;
         if passes.nightly_doc {
             let what = "doc tests with nightly rustdoc (checks compile_fail codes)";
             match &toolchain {
@@ -436,17 +451,6 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
                 Err(why) => summary.counted(what, -1, None, why.clone()),
             }
         }
-        if passes.miri {
-            let what = "Miri: cargo +nightly miri test -p rdma-verbs --lib";
-            match &toolchain {
-                Ok(tc) => {
-                    let r = nightly::miri(tc, &root)?;
-                    summary.counted(what, r.code, parse_libtest(&r.stdout), r.note);
-                    summary.took(r.elapsed);
-                }
-                Err(why) => summary.counted(what, -1, None, why.clone()),
-            }
-        }
         if passes.tsan {
             let what = "ThreadSanitizer build of tests/device_threads*.rs";
             let built = toolchain.clone().and_then(|tc| nightly::build_tsan(&tc, &root, &target_dir));
@@ -460,7 +464,22 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
                 Err(why) => summary.check(what, Err(why)),
             }
         }
-        eprintln!("xtask: nightly passes took {:.0} s", t.elapsed().as_secs_f64());
+        if passes.miri {
+            let what = "Miri: cargo +nightly miri test -p rdma-verbs --lib";
+            match (&toolchain, miri_job) {
+                (Ok(_), Some(job)) => {
+                    let (r, output) =
+                        job.join().map_err(|_| "the Miri pass's thread panicked".to_string())??;
+                    eprintln!("xtask: ==== Miri's output ({:.0} s):", r.elapsed.as_secs_f64());
+                    eprint!("{output}");
+                    summary.counted(what, r.code, parse_libtest(&r.stdout), r.note);
+                    summary.took(r.elapsed);
+                }
+                (Err(why), _) => summary.counted(what, -1, None, why.clone()),
+                (Ok(_), None) => summary.counted(what, -1, None, "not started"),
+            }
+        }
+        eprintln!("xtask: the publish checks and nightly passes took {:.0} s", t.elapsed().as_secs_f64());
     }
 
     // The VM boots if something is to run there (not for a failed ThreadSanitizer build alone).
