@@ -933,8 +933,11 @@ fn device_runs(
     if opts.passes.valgrind {
         for bin in device.iter().filter(|b| !CHILD_ONLY.contains(&b.name.as_str())) {
             let prelude = sanitizer_prelude(root, Kind::Valgrind);
-            let script =
-                device_script(root, &prelude, &valgrind_argv(root), &bin.executable, &opts.test_args);
+            let mut args = opts.test_args.clone();
+            for (_, filter) in CHILD_ONLY_TESTS.iter().filter(|(name, _)| *name == bin.name) {
+                args.extend([OsString::from("--skip"), OsString::from(filter)]);
+            }
+            let script = device_script(root, &prelude, &valgrind_argv(root), &bin.executable, &args);
             add(&bin.name, "valgrind", Kind::Valgrind, script);
         }
     }
@@ -1120,6 +1123,12 @@ fn siw_tsan_runs(
 pub const CHILD_ONLY: [&str; 5] =
     ["device_cm_examples", "device_examples", "device_examples_env", "device_example_faults", "device_perf"];
 
+/// Tests of the other device binaries that only start examples, left out of their valgrind run
+/// (`--skip FILTER`): the binary and the filter (libtest's, a substring of the test names). Under
+/// valgrind they only wait for child processes, which it does not trace (`device_select`'s
+/// `devinfo`/`doctor` tests: ~30 s of a CI run's valgrind pass).
+pub const CHILD_ONLY_TESTS: [(&str, &str); 2] = [("device_select", "devinfo_"), ("device_select", "doctor_")];
+
 /// What a device test source must not contain to be in [`CHILD_ONLY`]: the calls that open a
 /// device or create a verbs object in the test process.
 const IN_PROCESS_VERBS: [&str; 7] = [
@@ -1145,6 +1154,38 @@ pub fn child_only_check(root: &Path) -> Result<(), String> {
                 "{} calls `{call}`: it uses verbs in-process, so it must run under valgrind (take it out of CHILD_ONLY)",
                 path.display()
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that every filter of [`CHILD_ONLY_TESTS`] names at least one test of its binary's source
+/// (`#[test] fn NAME` with the filter in `NAME`), so that a renamed test is not left out silently, and
+/// that each such test starts an example (calls `tool(`).
+pub fn child_only_tests_check(root: &Path) -> Result<(), String> {
+    for (name, filter) in CHILD_ONLY_TESTS {
+        let path = root.join("tests").join(format!("{name}.rs"));
+        let src = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut found = 0;
+        for test in src.split("#[test]").skip(1) {
+            let Some(fn_name) = test.trim_start().strip_prefix("fn ").and_then(|r| r.split('(').next())
+            else {
+                continue;
+            };
+            if !fn_name.contains(filter) {
+                continue;
+            }
+            found += 1;
+            let body = test.split("\n}\n").next().unwrap_or(test);
+            if !body.contains("tool(") {
+                return Err(format!(
+                    "{}: {fn_name} starts no example (`tool(`): valgrind must run it",
+                    path.display()
+                ));
+            }
+        }
+        if found == 0 {
+            return Err(format!("{}: no test name contains `{filter}` (CHILD_ONLY_TESTS)", path.display()));
         }
     }
     Ok(())
@@ -1274,6 +1315,11 @@ fn run_device_job(
                 CHILD_ONLY.join(", ")
             ),
             child_only_check(root),
+        );
+        let skipped: Vec<String> = CHILD_ONLY_TESTS.iter().map(|(b, f)| format!("{b} --skip {f}")).collect();
+        summary.check(
+            format!("valgrind pass leaves out tests that only start examples: {}", skipped.join(", ")),
+            child_only_tests_check(root),
         );
     }
     let (runs, side) = split_valgrind(device_runs(opts, root, device, tsan), &opts.backend);
@@ -1813,6 +1859,23 @@ mod tests {
         fs::write(dir.join("tests/device_perf.rs"), "let ctx = common::context();\n").unwrap();
         let err = child_only_check(&dir).unwrap_err();
         assert!(err.contains("device_perf.rs calls `context()`"), "{err}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn child_only_tests_are_named_and_start_examples() {
+        child_only_tests_check(&crate::workspace_root()).unwrap();
+        let dir = std::env::temp_dir().join(format!("xtask-child-only-tests-{}", std::process::id()));
+        fs::create_dir_all(dir.join("tests")).unwrap();
+        let write = |src: &str| fs::write(dir.join("tests/device_select.rs"), src).unwrap();
+        write("#[test]\nfn devinfo_lists() {\n    tool(\"devinfo\");\n}\n#[test]\nfn doctor_x() {\n    tool(\"doctor\");\n}\n");
+        assert!(child_only_tests_check(&dir).is_ok());
+        write("#[test]\nfn devinfo_lists() {\n    tool(\"devinfo\");\n}\n#[test]\nfn doctor_x() {\n    context();\n}\n#[test]\nfn other() {\n    tool(\"y\");\n}\n");
+        let err = child_only_tests_check(&dir).unwrap_err();
+        assert!(err.contains("doctor_x starts no example"), "{err}");
+        write("#[test]\nfn devinfo_lists() {\n    tool(\"devinfo\");\n}\n");
+        let err = child_only_tests_check(&dir).unwrap_err();
+        assert!(err.contains("no test name contains `doctor_`"), "{err}");
         fs::remove_dir_all(&dir).unwrap();
     }
 
