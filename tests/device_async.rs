@@ -711,6 +711,49 @@ fn async_event_stream_sees_the_port_go_down_and_up() {
     while events.try_get().unwrap().is_some() {}
 }
 
+/// Futures a test never polls nor drops again, on purpose.
+static KEPT_ASIDE: std::sync::Mutex<Vec<std::pin::Pin<Box<ibverbs::aio::Op>>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// A future polled last and then forgotten (`mem::forget`, or kept aside and never polled again)
+/// leaves no other task unwoken: the reactor wakes the driver, which wakes every waiting task,
+/// not only the one that polled last.
+#[test]
+fn a_forgotten_future_leaves_no_other_waiting_task_unwoken() {
+    use std::future::Future as _;
+    use std::task::Poll;
+    let s = setup(1, 8);
+    let Setup { pd, channel, cq, mut qps, .. } = s;
+    let rt = rt_current();
+    rt.block_on(bounded("a forgotten future", async {
+        let driver = Driver::tokio(cq, &channel).unwrap();
+        let (a, b) = endpoints(&driver, std::mem::take(&mut qps)).pop().unwrap();
+        // Another task waits for a message: its receive is posted first, so the message lands
+        // in it (a receive queue is in order).
+        let waiter = tokio::spawn({
+            let (b, buf) = (b.clone(), pd.allocate(64).unwrap());
+            async move { b.recv(RecvRequest::new(Local::whole(buf)).wr_id(1)).await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(b.outstanding_recvs(), 1, "the waiting task posted its receive and waits");
+        // This task polls a second receive's future once, after the waiter (so the reactor would
+        // wake this task only), and forgets it.
+        let mut forgotten =
+            Box::pin(b.post_recv(RecvRequest::new(Local::whole(pd.allocate(64).unwrap()))).unwrap());
+        let pending = std::future::poll_fn(|cx| Poll::Ready(forgotten.as_mut().poll(cx).is_pending())).await;
+        assert!(pending);
+        // Never polled nor dropped again, as with mem::forget. (Kept reachable in a static rather
+        // than forgotten, so that valgrind's leak check, which counts only unreachable memory,
+        // does not flag the test's deliberate leak.)
+        KEPT_ASIDE.lock().unwrap().push(forgotten);
+        // The message comes; this task only awaits the other one (it never polls the driver).
+        drop(a.post_send(SendRequest::send_inline(&pattern(16, 3))).unwrap());
+        let c = waiter.await.unwrap().unwrap();
+        assert!(c.is_ok(), "{c:?}");
+        assert_eq!((c.wr_id(), c.byte_len()), (1, 16));
+    }));
+}
+
 /// A queue pair replaced or reset through `with_qp` (even by a closure that panics afterwards)
 /// ends the operations waiting on it with an error instead of leaving their futures pending
 /// forever; a replacement on another CQ refuses posts until one on the driver's CQ is put back.

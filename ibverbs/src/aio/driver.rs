@@ -2,11 +2,12 @@
 
 use std::fmt;
 use std::future::Future;
+use std::ops::{Deref, DerefMut};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context as TaskContext, Poll, Waker};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
+use std::task::{Context as TaskContext, Poll, Wake, Waker};
 
 use super::{Backend, CqCore};
 use crate::error::{Error, Result};
@@ -46,8 +47,6 @@ struct State {
     batch: Box<[Completion]>,
     slots: Vec<Slot>,
     free: Vec<u32>,
-    /// The operation whose task the reactor will wake (the last to wait on it).
-    driver: Option<u64>,
 }
 
 /// The top byte of every token: `wr_id`s of requests the driver did not post (the usual small
@@ -151,52 +150,140 @@ impl State {
         for tok in freed {
             self.release(tok);
         }
-        // If the watch (`self.driver`) was with one of them, its task, woken here, hands it over
-        // when its future resolves or is dropped (a dropped future's was handed over already).
         wake
     }
 
-    /// When the operation `tok` stops waiting and it was the one the reactor would wake, another
-    /// waiting task must take over the watch: returns its waker.
-    fn hand_over(&mut self, tok: u64) -> Option<Waker> {
-        if self.driver != Some(tok) {
-            return None;
+    /// The wakers of the tasks of every waiting operation, each task once (as far as
+    /// [`Waker::will_wake`] tells).
+    fn waiting_wakers(&self) -> Vec<Waker> {
+        let mut wake: Vec<Waker> = Vec::new();
+        for s in &self.slots {
+            if let Entry::Waiting(Some(w), _) = &s.entry {
+                if !wake.iter().any(|x| x.will_wake(w)) {
+                    wake.push(w.clone());
+                }
+            }
         }
-        self.driver = None;
-        self.slots.iter().find_map(|s| match &s.entry {
-            Entry::Waiting(Some(w), _) => Some(w.clone()),
-            _ => None,
-        })
+        wake
     }
 }
 
 struct Shared {
     state: Mutex<State>,
+    /// The waker the reactor holds: the driver's own ([`ReactorWake`]), not a task's, so that
+    /// no task's future (forgotten, or kept aside unpolled) can be the only one the reactor
+    /// would wake.
+    reactor: Waker,
+    /// Set when the reactor woke the driver while the state's lock was held: the holder wakes
+    /// the waiting tasks once it lets go ([`StateGuard`]).
+    wake_pending: AtomicBool,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn new(state: State) -> Arc<Shared> {
+        Arc::new_cyclic(|weak| Shared {
+            state: Mutex::new(state),
+            reactor: Waker::from(Arc::new(ReactorWake(weak.clone()))),
+            wake_pending: AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> StateGuard<'_> {
         // A panic under the lock leaves the state consistent. Completions handed over are
         // dropped outside it, but a poll under it may drop buffers itself (of unsignaled
         // requests a completion releases, or of dropped queue pairs) and `with_cq` runs the
         // caller's closure: a panic there unwinds out of the CQ's poll, which is panic-safe,
         // before `dispatch` touched the slots.
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        StateGuard {
+            guard: self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
+            _then: WakeIfPending(self),
+        }
+    }
+
+    /// Wakes the task of every waiting operation if the reactor woke the driver since, unless
+    /// the state's lock is held: its holder calls this again when it lets go. (Each side sets
+    /// or clears its own mark, then looks at the other's, with a full fence between: of the
+    /// reactor's wake-up and a holder's unlock, whichever comes second sees the first.)
+    fn wake_if_pending(&self) {
+        loop {
+            fence(Ordering::SeqCst);
+            if !self.wake_pending.load(Ordering::Relaxed) {
+                return;
+            }
+            let st = match self.state.try_lock() {
+                Ok(g) => g,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            };
+            self.wake_pending.store(false, Ordering::Relaxed);
+            let wake = st.waiting_wakers();
+            // Not a `StateGuard`: the loop looks at the mark again itself.
+            drop(st);
+            // Outside the lock: a waker may poll its task at once.
+            wake.into_iter().for_each(Waker::wake);
+        }
+    }
+}
+
+/// The reactor's waker: wakes every task that waits on the driver. Each polls its future once;
+/// the first takes the completions from the CQ and hands them to their futures, the others find
+/// it empty and wait again (their polls register this waker again).
+struct ReactorWake(Weak<Shared>);
+
+impl Wake for ReactorWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if let Some(shared) = self.0.upgrade() {
+            shared.wake_pending.store(true, Ordering::Relaxed);
+            shared.wake_if_pending();
+        }
+    }
+}
+
+/// The driver's state, locked; once unlocked, wakes the waiting tasks if the reactor woke the
+/// driver meanwhile.
+struct StateGuard<'a> {
+    // Fields drop in order: the lock goes first.
+    guard: MutexGuard<'a, State>,
+    _then: WakeIfPending<'a>,
+}
+
+struct WakeIfPending<'a>(&'a Shared);
+
+impl Drop for WakeIfPending<'_> {
+    fn drop(&mut self) {
+        self.0.wake_if_pending();
+    }
+}
+
+impl Deref for StateGuard<'_> {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.guard
+    }
+}
+
+impl DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.guard
     }
 }
 
 /// Drives one completion queue for any number of [`AsyncQueuePair`]s and tasks.
 ///
-/// Like any future, an [`Op`] makes progress only while polled; here the task that polled last
-/// is the one the reactor wakes, and it wakes the others as it hands out their completions. So
-/// keep polling a pending `Op` or drop it: a task that keeps one without polling it (say, a
-/// stale branch kept aside) can leave the others unwoken until a later poll or [`reap`](Self::reap).
+/// Like any future, an [`Op`] makes progress only while polled. The reactor wakes the driver,
+/// which wakes the task of every waiting operation: a future kept aside without being polled,
+/// or forgotten, holds up no other task.
 ///
 /// Owns the CQ (created on a channel that serves it alone) and its channel's reactor
 /// registration. Cloning is cheap (an `Arc`); every clone drives the same CQ. There is no
 /// background task: a future that waits polls the CQ itself (`ibv_poll_cq()`), hands the
 /// completions it finds to their futures, and when there is none arms the CQ and waits for the
-/// channel; when it finishes, another waiting task takes over the watch.
+/// channel.
 ///
 /// A poll may drop buffers while the driver's lock is held (those of unsignaled requests a
 /// completion releases, or of dropped queue pairs): an [`OwnedBuffer`](crate::OwnedBuffer) free
@@ -234,9 +321,8 @@ impl Driver {
             batch: (0..BATCH).map(|_| Completion::default()).collect(),
             slots: Vec::new(),
             free: Vec::new(),
-            driver: None,
         };
-        Ok(Driver { shared: Arc::new(Shared { state: Mutex::new(state) }) })
+        Ok(Driver { shared: Shared::new(state) })
     }
 
     /// Runs `f` on the driven CQ, e.g. to create queue pairs on it with
@@ -372,7 +458,6 @@ impl Future for Op {
                     Some(e @ Entry::Done(_)) => {
                         let Entry::Done(c) = std::mem::replace(e, Entry::Free) else { unreachable!() };
                         st.release(tok);
-                        wake.extend(st.hand_over(tok));
                         break Poll::Ready(Ok(c));
                     }
                     Some(Entry::Waiting(w, _)) => {
@@ -382,7 +467,6 @@ impl Future for Op {
                     }
                     Some(Entry::Forgotten) => {
                         st.release(tok);
-                        wake.extend(st.hand_over(tok));
                         break Poll::Ready(Err(Error::InvalidArgument {
                             verb: "ibv_poll_cq",
                             reason: "the queue pair was reset or replaced in AsyncQueuePair::with_qp: \
@@ -398,20 +482,16 @@ impl Future for Op {
                 }
                 // Drive: poll the CQ, and wait for the channel when it is empty.
                 let State { core, batch, .. } = st;
-                match core.poll_ready(cx, batch) {
+                match core.poll_ready(cx, Some(&self.shared.reactor), batch) {
                     Poll::Ready(Ok(n)) => st.dispatch(n, &mut wake, &mut drop_later),
                     Poll::Ready(Err(e)) => {
                         // The request stays posted: its completion is dropped when it comes.
                         if let Some(s) = st.slot(tok) {
                             s.entry = Entry::Abandoned;
                         }
-                        wake.extend(st.hand_over(tok));
                         break Poll::Ready(Err(e));
                     }
-                    Poll::Pending => {
-                        st.driver = Some(tok);
-                        break Poll::Pending;
-                    }
+                    Poll::Pending => break Poll::Pending,
                 }
             }
         };
@@ -432,22 +512,18 @@ impl Drop for Op {
         if self.finished {
             return;
         }
-        let (done, next) = {
+        let done = {
             let mut st = self.shared.lock();
-            let done = match st.slot(self.tok).map(|s| &mut s.entry) {
+            match st.slot(self.tok).map(|s| &mut s.entry) {
                 Some(e @ Entry::Waiting(..)) => {
                     *e = Entry::Abandoned;
                     None
                 }
                 Some(Entry::Done(_) | Entry::Forgotten) => Some(st.release(self.tok)),
                 _ => None,
-            };
-            (done, st.hand_over(self.tok))
+            }
         };
         drop(done);
-        if let Some(w) = next {
-            w.wake();
-        }
     }
 }
 

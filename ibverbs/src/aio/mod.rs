@@ -34,9 +34,8 @@
 //! level's slot rings), not to the future. Dropping (or `mem::forget`ting) the future only
 //! abandons the wait: the driver drops the completion, and with it the buffers, when the device
 //! reports it done. No buffer is freed or reused while the device may touch it, whatever the
-//! caller does; a forgotten future leaks its slot and, if its task was the one the reactor
-//! would wake, leaves the other waiting tasks unwoken until another future is polled or
-//! [`Driver::reap`] is called. The adaptor has no `unsafe` of its own:
+//! caller does; a forgotten future leaks its slot, and holds up no other task (the reactor wakes
+//! the driver, which wakes every waiting task). The adaptor has no `unsafe` of its own:
 //! reactors watch the channel's epoll descriptor (its `AsFd`), which cannot be read from.
 //!
 //! # Asynchronous events
@@ -140,8 +139,14 @@ impl CqCore {
     }
 
     /// The whole sequence: `Ready(n)` with `n > 0` completions in `out[..n]`, or `Pending` with
-    /// the reactor watching the channel for `cx`.
-    fn poll_ready(&mut self, cx: &mut TaskContext<'_>, out: &mut [Completion]) -> Poll<Result<usize>> {
+    /// the reactor watching the channel for `reactor` (`cx`'s waker when `None`; busy polling
+    /// wakes `cx`'s task itself).
+    fn poll_ready(
+        &mut self,
+        cx: &mut TaskContext<'_>,
+        reactor: Option<&std::task::Waker>,
+        out: &mut [Completion],
+    ) -> Poll<Result<usize>> {
         if out.is_empty() {
             return Poll::Ready(Ok(0));
         }
@@ -165,7 +170,11 @@ impl CqCore {
                 // arming raised no event.
                 continue;
             }
-            match self.io.poll_readable(cx) {
+            let readable = match reactor {
+                Some(w) => self.io.poll_readable(&mut TaskContext::from_waker(w)),
+                None => self.io.poll_readable(cx),
+            };
+            match readable {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(reactor_error(e))),
                 Poll::Ready(Ok(())) => {
@@ -237,7 +246,7 @@ impl AsyncCompletionQueue {
             self.pos += n;
             return Poll::Ready(Ok(n));
         }
-        self.core.poll_ready(cx, out)
+        self.core.poll_ready(cx, None, out)
     }
 
     /// Waits for at least one completion (`ibv_poll_cq()`, and `ibv_req_notify_cq()` +
@@ -260,7 +269,7 @@ impl AsyncCompletionQueue {
             self.pos = 0;
             self.len = 0;
             let AsyncCompletionQueue { core, batch, .. } = self;
-            match core.poll_ready(cx, batch) {
+            match core.poll_ready(cx, None, batch) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Ready(Ok(n)) => self.len = n,
