@@ -418,7 +418,7 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
                 "xtask: ==== Miri: cargo +{tc} miri test -p rdma-verbs --lib (beside the next passes; its output comes when it is done)"
             );
             let (tc, root) = (tc.clone(), root.clone());
-            Some(std::thread::spawn(move || nightly::miri(&tc, &root, true)))
+            Some(std::thread::spawn(move || nightly::miri(&tc, &root)))
         }
         _ => None,
     };
