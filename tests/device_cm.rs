@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use ibverbs::cm::{self, CmEventKind, CmId, ConnParam, EventChannel, Listener};
 use ibverbs::{
-    AccessFlags, CompletionQueue, Error, Local, ProtectionDomain, QpCaps, QpState, QueuePair, RecvRequest,
-    SendRequest, WcOpcode, WcStatus,
+    ffi, AccessFlags, CompletionQueue, Error, Local, ProtectionDomain, QpCaps, QpState, QueuePair,
+    RecvRequest, SendRequest, WcOpcode, WcStatus,
 };
 
 const HOST: &str = "192.0.2.1";
@@ -65,10 +65,15 @@ impl Conn {
 
 /// A connected pair: (client, server, the private data the server got).
 fn connected(param: ConnParam) -> (Conn, Conn, Vec<u8>) {
+    connected_with(param, ConnParam::default())
+}
+
+/// [`connected`], the server accepting with `accept`.
+fn connected_with(param: ConnParam, accept: ConnParam) -> (Conn, Conn, Vec<u8>) {
     let (l, a) = listener();
     let server = thread::spawn(move || {
         let s = side();
-        let (id, qp, pdata) = l.accept(&s.pd, &s.cq, caps(), &ConnParam::default(), wait()).unwrap();
+        let (id, qp, pdata) = l.accept(&s.pd, &s.cq, caps(), &accept, wait()).unwrap();
         (Conn { side: s, id: Some(id), qp }, pdata)
     });
     let c = side();
@@ -134,6 +139,112 @@ fn connect_accept_send_recv_and_rdma_write() {
         }
         assert!(Instant::now() < deadline, "no DISCONNECTED event");
     }
+}
+
+/// The retry counts of `qp`'s send queue, (transport, receiver not ready), from the device
+/// (`ibv_query_qp`).
+fn retries(qp: &QueuePair) -> (u8, u8) {
+    let mut attr = ffi::ibv_qp_attr::default();
+    let mut init = ffi::ibv_qp_init_attr::default();
+    let mask = ffi::ibv_qp_attr_mask::IBV_QP_RETRY_CNT.0 | ffi::ibv_qp_attr_mask::IBV_QP_RNR_RETRY.0;
+    // SAFETY: a live queue pair; plain attribute structs the call fills.
+    let ret = unsafe { ffi::ibv_query_qp(qp.as_raw(), &mut attr, mask as i32, &mut init) };
+    assert_eq!(ret, 0, "ibv_query_qp");
+    (attr.retry_cnt, attr.rnr_retry)
+}
+
+#[test]
+fn an_accepted_queue_pair_retries_no_more_than_its_accept_allows() {
+    // (the client's request, the server's accept, the accepted queue pair's counts): a peer
+    // asking for 7 (for ever on rxe), as rdma-core's tools do, gets the accept's bound; a peer
+    // asking for less keeps its counts.
+    let param =
+        |retry_count, rnr_retry_count| ConnParam { retry_count, rnr_retry_count, ..ConnParam::default() };
+    for (client, server, want) in [
+        (param(7, 7), ConnParam::default(), (6, 6)),
+        (param(7, 7), param(2, 3), (2, 3)),
+        (param(1, 2), ConnParam::default(), (1, 2)),
+    ] {
+        let (mut c, mut s, _) = connected_with(client.clone(), server.clone());
+        // iWARP's queue pairs have no retry counts (TCP retransmits; siw reports 0): the
+        // connection must work all the same.
+        if !is_iwarp() {
+            assert_eq!(
+                retries(&s.qp),
+                want,
+                "the accepted queue pair, for {client:?} accepted with {server:?}"
+            );
+            // The client keeps its own request's transport retries; its RNR retries are the
+            // ones the server's reply carries.
+            assert_eq!(
+                retries(&c.qp),
+                (client.retry_count, server.rnr_retry_count),
+                "the connecting queue pair"
+            );
+        }
+        assert_eq!((c.qp.state(), s.qp.state()), (QpState::RTS, QpState::RTS));
+        send_recv(&mut c, &mut s, &pattern(300, 3));
+        send_recv(&mut s, &mut c, &pattern(200, 4));
+    }
+    if is_iwarp() {
+        unsupported(
+            &context(),
+            "retry counts",
+            "iWARP: TCP retransmits, the queue pairs have no counts to bound",
+        );
+    }
+}
+
+/// The local ACK timeout of `qp`, as the 4.096 µs × 2^t the exponent stands for.
+fn ack_timeout(qp: &QueuePair) -> Duration {
+    let mut attr = ffi::ibv_qp_attr::default();
+    let mut init = ffi::ibv_qp_init_attr::default();
+    let mask = ffi::ibv_qp_attr_mask::IBV_QP_TIMEOUT.0;
+    // SAFETY: a live queue pair; plain attribute structs the call fills.
+    let ret = unsafe { ffi::ibv_query_qp(qp.as_raw(), &mut attr, mask as i32, &mut init) };
+    assert_eq!(ret, 0, "ibv_query_qp");
+    assert!(attr.timeout > 0 && attr.timeout < 31, "an ACK timeout the test can wait for: {}", attr.timeout);
+    Duration::from_nanos(4096 << attr.timeout)
+}
+
+/// A peer that asks for retries for ever, then goes silent (its queue pair destroyed, its id
+/// kept, so that no connection manager says a word): the accepted queue pair's send fails
+/// with RETRY_EXC_ERR once the accept's one retry is spent, where the peer's 7 would have
+/// had rxe retry for ever.
+#[test]
+fn a_silent_peer_fails_an_accepted_queue_pairs_send_within_its_retries() {
+    if is_iwarp() {
+        unsupported(
+            &context(),
+            "retry counts",
+            "iWARP: TCP retransmits, the queue pairs have no counts to bound",
+        );
+        return;
+    }
+    let greedy = ConnParam { retry_count: 7, rnr_retry_count: 7, ..ConnParam::default() };
+    let (c, mut s, _) = connected_with(greedy, ConnParam { retry_count: 1, ..ConnParam::default() });
+    assert_eq!(retries(&s.qp).0, 1);
+    let Conn { side: _client_side, id: client_id, qp: client_qp } = c;
+    drop(client_qp);
+    let mut src = s.side.pd.allocate(64).unwrap();
+    src.copy_from_slice(&pattern(64, 5));
+    s.qp.post_send(SendRequest::send(Local::whole(src)).wr_id(11)).unwrap();
+    // The first try and one retry, each an ACK timeout (rxe's timer may run up to twice as
+    // long), with room for a loaded host.
+    let bound = ack_timeout(&s.qp) * 2 * 2 + scaled(Duration::from_secs(5));
+    let sent = Instant::now();
+    let mut out = [ibverbs::Completion::default()];
+    let mut wc = loop {
+        if let Some(wc) = s.side.cq.poll(&mut out).unwrap().first_mut() {
+            break std::mem::take(wc);
+        }
+        assert!(sent.elapsed() < bound, "no completion within {bound:?}: the send retries on");
+        thread::sleep(Duration::from_millis(5));
+    };
+    eprintln!("device_cm: silent peer → {:?} after {:?} (bound {bound:?})", wc.status(), sent.elapsed());
+    assert_eq!((wc.status(), wc.wr_id()), (WcStatus::RETRY_EXC_ERR, 11), "{wc:?}");
+    assert_eq!(&wc.take_region().expect("the buffer comes back")[..], &pattern(64, 5)[..]);
+    drop(client_id);
 }
 
 #[test]

@@ -62,14 +62,17 @@ pub struct ConnParam {
     pub responder_resources: u8,
     /// RDMA Reads and atomics we may have outstanding towards the peer.
     pub initiator_depth: u8,
-    /// Transport retries (0–7; 7 means "forever" on rxe, so the default is 6). Connect only:
-    /// on InfiniBand and RoCE the connection manager gives the *accepting* side's queue pair
-    /// the retry count of the peer's request, so a peer asking for 7 (as rdma-core's tools do)
-    /// makes an accepted queue pair retry for ever on rxe if that peer dies.
+    /// Transport retries (0–7; 7 means "forever" on rxe, so the default is 6). In a connect,
+    /// the count asked for both queue pairs. In an accept (InfiniBand and RoCE, a queue pair
+    /// created on the id), the most the accepted queue pair takes: the connection manager
+    /// would give it the peer's request as it is, so a peer asking for 7 (as rdma-core's tools
+    /// do) would make it retry for ever on rxe once that peer went silent; it gets the smaller
+    /// of the two (see [`CmId::accept`]).
     pub retry_count: u8,
-    /// Receiver-not-ready retries (0–7; 7 means "forever"). Default 6. It is the peer's: the
-    /// connection manager sets the other side's queue pair with it (on accept, the connecting
-    /// peer's; on connect, the accepting peer's reply sets ours).
+    /// Receiver-not-ready retries (0–7; 7 means "forever"). Default 6. In a connect, what the
+    /// accepting side's queue pair is asked to use; in an accept, what the connecting peer's
+    /// queue pair gets, and the most the accepted queue pair takes of the peer's request (as
+    /// [`retry_count`](Self::retry_count)).
     pub rnr_retry_count: u8,
 }
 
@@ -118,6 +121,86 @@ impl ConnParam {
             qp_num: 0,
         })
     }
+}
+
+/// [`CmId::accept`] on InfiniBand or RoCE of an id with a queue pair: librdmacm's transitions of
+/// `rdma_accept()` (INIT again, RTR, RTS, from `rdma_init_qp_attr()`), with the retry counts
+/// capped at `raw`'s, then `rdma_accept()` with `id->qp` cleared for the call, naming the queue
+/// pair in `raw` instead, so that librdmacm leaves its state alone.
+///
+/// # Safety
+/// `id` is a live id bound to a device of the InfiniBand transport, `qp` is its live queue pair
+/// (`id->qp`), and the caller holds the id's channel lock (every access to `id->qp` in this
+/// crate and in librdmacm's event processing happens under it) for the whole call. `raw` is a
+/// checked parameter block whose private data stays valid for the call.
+unsafe fn accept_capped(
+    id: *mut ffi::rdma_cm_id,
+    qp: *mut ffi::ibv_qp,
+    raw: &mut ffi::rdma_conn_param,
+) -> Result<()> {
+    // SAFETY: a live id (the contract).
+    let (verbs, port_num) = unsafe { ((*id).verbs, (*id).port_num) };
+    let mut dev = ffi::ibv_device_attr::default();
+    // SAFETY: the live context of a bound id; a plain struct the call fills.
+    cvt("ibv_query_device", unsafe { ffi::ibv_query_device(verbs, &mut dev) })?;
+    let mut port = ffi::ibv_port_attr::default();
+    // SAFETY: as above (the shim calls the macro version with the full struct).
+    cvt("ibv_query_port", unsafe { ffi::ibv_query_port(verbs, port_num, &mut port) })?;
+    let modify = |state: ffi::ibv_qp_state, tune: &dyn Fn(&mut ffi::ibv_qp_attr, &mut i32)| {
+        let mut attr = ffi::ibv_qp_attr { qp_state: state, ..Default::default() };
+        let mut mask = 0;
+        // SAFETY: a live id with a connection request, under its channel lock (the contract);
+        // plain values the call fills.
+        cvt("rdma_init_qp_attr", unsafe { ffi::rdma_init_qp_attr(id, &mut attr, &mut mask) })?;
+        tune(&mut attr, &mut mask);
+        // SAFETY: the id's live queue pair (the contract); attributes from the kernel's CM.
+        cvt("ibv_modify_qp", unsafe { ffi::ibv_modify_qp(qp, &mut attr, mask) })
+    };
+    // As librdmacm: RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH (255) ask for the request's value
+    // within the device's limit; anything else is taken as it is.
+    let (resp, depth) = (raw.responder_resources, raw.initiator_depth);
+    let limit = |asked: u8, request: u8, max: i32| {
+        if asked == u8::MAX {
+            request.min(u8::try_from(max).unwrap_or(u8::MAX))
+        } else {
+            asked
+        }
+    };
+    modify(ffi::ibv_qp_state::IBV_QPS_INIT, &|_, _| {})?;
+    let infiniband = u32::from(port.link_layer) == ffi::IBV_LINK_LAYER_INFINIBAND.0;
+    modify(ffi::ibv_qp_state::IBV_QPS_RTR, &|attr, mask| {
+        // librdmacm's mask of bits 21-24 (RoCE attributes of old kernels) on InfiniBand.
+        if infiniband {
+            *mask &= !0xe0_0000;
+        }
+        attr.max_dest_rd_atomic = limit(resp, attr.max_dest_rd_atomic, dev.max_qp_rd_atom);
+    })?;
+    let (retry, rnr) = (raw.retry_count, raw.rnr_retry_count);
+    modify(ffi::ibv_qp_state::IBV_QPS_RTS, &|attr, _| {
+        attr.max_rd_atomic = limit(depth, attr.max_rd_atomic, dev.max_qp_init_rd_atom);
+        attr.retry_cnt = attr.retry_cnt.min(retry);
+        attr.rnr_retry = attr.rnr_retry.min(rnr);
+    })?;
+    // SAFETY: the live queue pair and id (the contract); `id->qp` is cleared and restored under
+    // the channel lock the caller holds, so nothing else sees it cleared; `raw` is checked and
+    // its private data valid for the call (the contract).
+    let ret = unsafe {
+        raw.qp_num = (*qp).qp_num;
+        raw.srq = u8::from(!(*qp).srq.is_null());
+        (*id).qp = std::ptr::null_mut();
+        let ret = ffi::rdma_accept(id, raw);
+        (*id).qp = qp;
+        ret
+    };
+    if ret != 0 {
+        // As librdmacm when the kernel refuses the accept: the queue pair goes to ERR.
+        let err = Error::last_os("rdma_accept");
+        let mut attr = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_ERR, ..Default::default() };
+        // SAFETY: the id's live queue pair (the contract).
+        unsafe { ffi::ibv_modify_qp(qp, &mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32) };
+        return Err(err);
+    }
+    Ok(())
 }
 
 impl CmId {
@@ -274,16 +357,44 @@ impl CmId {
     /// pair to RTS; the connection is usable after the
     /// [`ESTABLISHED`](crate::cm::CmEventKind::ESTABLISHED) event.
     ///
+    /// On InfiniBand and RoCE, with a queue pair created on the id
+    /// ([`build_on`](crate::QueuePairBuilder::build_on)), the retry counts of `param` bound the
+    /// accepted queue pair's own: the connection manager would give it the peer's request as it
+    /// is, and a peer asking for 7 (as rdma-core's tools do, and as a hostile peer may) would make
+    /// it retry for ever on rxe once that peer goes silent. The queue pair gets the smaller of
+    /// the peer's count and `param`'s, for transport and receiver-not-ready retries alike. The
+    /// crate then makes librdmacm's INIT, RTR and RTS transitions itself
+    /// (`rdma_init_qp_attr()`, `ibv_modify_qp()`, with `param`'s responder resources and
+    /// initiator depth as librdmacm sets them) and calls `rdma_accept()` naming the queue pair by
+    /// number, so that librdmacm does not move it again. iWARP has no such counts (TCP
+    /// retransmits): there, and for an id without a queue pair, `rdma_accept()` does it all.
+    ///
     /// # Errors
-    /// [`Error::PrivateDataTooLong`] before anything is sent; [`Error::Verb`] from
-    /// `rdma_accept()`.
+    /// [`Error::PrivateDataTooLong`] before anything is sent; [`Error::InvalidArgument`] for
+    /// retry counts above 7; [`Error::Verb`] from `rdma_accept()`, or from
+    /// `ibv_query_device()`, `ibv_query_port()`, `rdma_init_qp_attr()` or `ibv_modify_qp()`
+    /// of the transitions above (nothing was sent to the peer then: reject the request or drop
+    /// the id).
     #[doc(alias = "rdma_accept")]
+    #[doc(alias = "rdma_init_qp_attr")]
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
         let max = self.max_private_data("rdma_accept", Message::Accept)?;
         let mut raw = param.raw("rdma_accept", max)?;
         let _g = self.inner.channel.lock();
-        // SAFETY: valid id; `raw` points at `param`'s private data (copied by the call).
-        cvt("rdma_accept", unsafe { ffi::rdma_accept(self.raw(), &mut raw) })
+        // SAFETY: valid id, whose fields are written only under the lock we hold; a bound id's
+        // context and device (max_private_data found them) live as long as it.
+        let (qp, iwarp) = unsafe {
+            let id = self.raw();
+            ((*id).qp, TransportType((*(*(*id).verbs).device).transport_type.0) == TransportType::IWARP)
+        };
+        if qp.is_null() || iwarp {
+            // SAFETY: valid id; `raw` points at `param`'s private data (copied by the call).
+            return cvt("rdma_accept", unsafe { ffi::rdma_accept(self.raw(), &mut raw) });
+        }
+        // SAFETY: a live id (ours) and its live queue pair `id->qp` (a queue pair created on an id
+        // keeps the id alive and clears `id->qp` before it is destroyed, under this lock, which we
+        // hold); an InfiniBand-transport device; `raw` is `param`'s, checked.
+        unsafe { accept_capped(self.raw(), qp, &mut raw) }
     }
 
     /// Rejects a connection request (`rdma_reject()`) with `private_data` for the peer.
