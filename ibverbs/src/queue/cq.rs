@@ -341,17 +341,24 @@ impl CompletionQueue {
     pub fn poll<'c>(&mut self, out: &'c mut [Completion]) -> Result<&'c mut [Completion]> {
         // Room for one completion (a latency loop's poll) on a classic CQ: a function of its
         // own, whose frame holds only what that path needs.
-        if out.len() == 1 && self.kept.is_empty() && self.inner.ex.is_none() {
-            let n = self.poll_one(&mut out[0])?;
-            return Ok(&mut out[..n]);
+        if let [c] = out {
+            if self.kept.is_empty() && self.inner.ex.is_none() {
+                // The provider's result in registers (a `Result<usize>` came back through
+                // memory), the error built here; a `bool` needs no bounds check below.
+                return match self.poll_one(c) {
+                    Ok(got) => Ok(&mut out[..usize::from(got)]),
+                    Err(ret) => Err(Error::from_ret("ibv_poll_cq", ret)),
+                };
+            }
         }
         self.poll_many(out)
     }
 
     /// [`poll`](Self::poll) with room for one completion on a classic CQ with nothing kept:
-    /// `poll_into`'s one-entry path.
+    /// `poll_into`'s one-entry path. Returns whether it got a completion, or the provider's
+    /// negative result.
     #[inline(never)]
-    fn poll_one(&mut self, c: &mut Completion) -> Result<usize> {
+    fn poll_one(&mut self, c: &mut Completion) -> std::result::Result<bool, i32> {
         let inner = &*self.inner;
         // SAFETY: &mut self makes us the registry's only consumer; the provider's poll_cq on
         // this live CQ.
@@ -563,7 +570,8 @@ impl WcScratch {
 }
 
 /// [`poll_into`] with room for one completion: the provider writes the work completion into
-/// the entry itself (zeroed first), with no scratch array to copy from and zero again.
+/// the entry itself (zeroed first), with no scratch array to copy from and zero again. Returns
+/// whether it got a completion, or the provider's negative result.
 ///
 /// # Safety
 /// As [`poll_into`].
@@ -572,25 +580,25 @@ unsafe fn poll_into_one(
     registry: &Registry<Slot>,
     c: &mut Completion,
     mut poll: impl FnMut(i32, *mut ffi::ibv_wc) -> i32,
-) -> Result<usize> {
+) -> std::result::Result<bool, i32> {
     // SAFETY: consumer (contract).
     let draining = unsafe { registry.begin_poll() };
     c.clear();
     let n = poll(1, c.zeroed_wc());
     if n < 0 {
-        return Err(Error::from_ret("ibv_poll_cq", n));
+        return Err(n);
     }
     if n == 0 {
         if draining {
             // SAFETY: consumer; the provider found the CQ empty after begin_poll.
             unsafe { registry.drained() };
         }
-        return Ok(0);
+        return Ok(false);
     }
     // SAFETY: consumer (contract); the entry was cleared, its work completion zeroed, then
     // written by the provider.
     unsafe { c.take_slot(registry) };
-    Ok(1)
+    Ok(true)
 }
 
 /// The body of [`CompletionQueue::poll`], over any provider `poll` (so that it is tested under
@@ -609,7 +617,10 @@ unsafe fn poll_into(
     // One entry (a latency loop's poll): the loop below without its batching.
     if let [c] = out {
         // SAFETY: the caller's contract.
-        return unsafe { poll_into_one(registry, c, poll) };
+        return match unsafe { poll_into_one(registry, c, poll) } {
+            Ok(got) => Ok(usize::from(got)),
+            Err(ret) => Err(Error::from_ret("ibv_poll_cq", ret)),
+        };
     }
     // SAFETY: consumer (contract).
     let draining = unsafe { registry.begin_poll() };
