@@ -412,7 +412,7 @@ impl<'a> QueuePairBuilder<'a> {
         })?;
         let s = qp.query_state()?;
         // rdma_create_qp moved it to INIT; siw does not report states (see refresh_state).
-        qp.state = if qp.unreported(s) { QpState::INIT } else { s };
+        qp.set_state(if qp.unreported(s) { QpState::INIT } else { s });
         Ok(qp)
     }
 
@@ -586,6 +586,7 @@ impl<'a> QueuePairBuilder<'a> {
             caps: actual,
             qp_type: self.qp_type,
             state: QpState::RESET,
+            sendable: false,
             psn: random_psn(),
             chain: vec![ffi::ibv_send_wr::default(); chain_len].into_boxed_slice(),
             chain_sges: vec![[ffi::ibv_sge::default(); MAX_SGE]; chain_len].into_boxed_slice(),
@@ -639,6 +640,10 @@ pub struct QueuePair {
     caps: QpCaps,
     qp_type: QpType,
     state: QpState,
+    /// Whether sends may be posted: a send queue (`has_send`) in RTS or ERR (where the device
+    /// flushes them). Kept with `state` by [`set_state`](Self::set_state), so that a post checks
+    /// one flag.
+    sendable: bool,
     psn: u32,
     chain: Box<[ffi::ibv_send_wr]>,
     chain_sges: Box<[[ffi::ibv_sge; MAX_SGE]]>,
@@ -917,7 +922,7 @@ impl QueuePair {
     pub fn refresh_state(&mut self) -> Result<QpState> {
         let s = self.query_state()?;
         if self.state != QpState::UNUSABLE && !self.unreported(s) {
-            self.state = s;
+            self.set_state(s);
         }
         Ok(self.state)
     }
@@ -941,7 +946,7 @@ impl QueuePair {
         }
         let s = self.query_state()?;
         if self.state != QpState::UNUSABLE {
-            self.state = if self.unreported(s) { QpState::RTS } else { s };
+            self.set_state(if self.unreported(s) { QpState::RTS } else { s });
         }
         Ok(self.state)
     }
@@ -964,11 +969,18 @@ impl QueuePair {
         Context { inner: self.pd.ctx.clone() }
     }
 
+    /// Records the queue pair's state (the only writer of `state`), and whether sends may be
+    /// posted in it.
+    pub(crate) fn set_state(&mut self, state: QpState) {
+        self.state = state;
+        self.sendable = self.has_send && (state == QpState::RTS || state == QpState::ERR);
+    }
+
     fn modify(&mut self, attr: &mut ffi::ibv_qp_attr, mask: ffi::ibv_qp_attr_mask) -> Result<()> {
         // SAFETY: valid QP and attribute struct.
         let ret = unsafe { ffi::ibv_modify_qp(self.raw.as_ptr(), attr, mask.0 as i32) };
         cvt("ibv_modify_qp", ret)?;
-        self.state = QpState(attr.qp_state.0);
+        self.set_state(QpState(attr.qp_state.0));
         Ok(())
     }
 }

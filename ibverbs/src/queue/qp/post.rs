@@ -76,17 +76,27 @@ impl QueuePair {
         &self.pd
     }
 
+    /// Whether sends may be posted: one flag kept with the state (`set_state`), the error
+    /// worked out apart.
+    #[inline(always)]
     fn check_send_state(&self) -> Result<()> {
-        if !self.has_send {
-            return Err(Error::InvalidArgument {
-                verb: "ibv_post_send",
-                reason: "an XRC target queue pair has no send queue",
-            });
-        }
-        if self.state != QpState::RTS && self.state != QpState::ERR {
-            return Err(Error::QpState { verb: "ibv_post_send", state: self.state, expected: "RTS" });
+        if !self.sendable {
+            return Err(self.unsendable());
         }
         Ok(())
+    }
+
+    /// Why sends may not be posted ([`check_send_state`](Self::check_send_state)).
+    #[cold]
+    #[inline(never)]
+    fn unsendable(&self) -> Error {
+        if !self.has_send {
+            return Error::InvalidArgument {
+                verb: "ibv_post_send",
+                reason: "an XRC target queue pair has no send queue",
+            };
+        }
+        Error::QpState { verb: "ibv_post_send", state: self.state, expected: "RTS" }
     }
 
     fn check_send(&self, wr: &SendRequest<'_>) -> Result<()> {

@@ -307,7 +307,7 @@ impl QueuePair {
                 Ok(())
             }
             Err(e) => {
-                self.state = QpState::UNUSABLE; // every post checks the state
+                self.set_state(QpState::UNUSABLE); // every post checks the state
                 Err(e)
             }
         }
