@@ -367,7 +367,8 @@ impl CmId {
     /// (`rdma_init_qp_attr()`, `ibv_modify_qp()`, with `param`'s responder resources and
     /// initiator depth as librdmacm sets them) and calls `rdma_accept()` naming the queue pair by
     /// number, so that librdmacm does not move it again. iWARP has no such counts (TCP
-    /// retransmits): there, and for an id without a queue pair, `rdma_accept()` does it all.
+    /// retransmits): there, and for an id without a queue pair (or with one not RC, which this
+    /// crate does not create on ids), `rdma_accept()` does it all.
     ///
     /// # Errors
     /// [`Error::PrivateDataTooLong`] before anything is sent; [`Error::InvalidArgument`] for
@@ -387,7 +388,8 @@ impl CmId {
             let id = self.raw();
             ((*id).qp, TransportType((*(*(*id).verbs).device).transport_type.0) == TransportType::IWARP)
         };
-        if qp.is_null() || iwarp {
+        // SAFETY: `id->qp`, when set, is the id's live queue pair (see below).
+        if qp.is_null() || iwarp || unsafe { (*qp).qp_type } != ffi::ibv_qp_type::IBV_QPT_RC {
             // SAFETY: valid id; `raw` points at `param`'s private data (copied by the call).
             return cvt("rdma_accept", unsafe { ffi::rdma_accept(self.raw(), &mut raw) });
         }
