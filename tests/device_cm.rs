@@ -141,17 +141,25 @@ fn connect_accept_send_recv_and_rdma_write() {
     }
 }
 
-/// The retry counts of `qp`'s send queue, (transport, receiver not ready), from the device
-/// (`ibv_query_qp`).
-fn retries(qp: &QueuePair) -> (u8, u8) {
+/// The attributes of `qp` that `mask` names, from the device (`ibv_query_qp`).
+fn query_qp(qp: &QueuePair, mask: ffi::ibv_qp_attr_mask) -> ffi::ibv_qp_attr {
     let mut attr = ffi::ibv_qp_attr::default();
     let mut init = ffi::ibv_qp_init_attr::default();
-    let mask = ffi::ibv_qp_attr_mask::IBV_QP_RETRY_CNT.0 | ffi::ibv_qp_attr_mask::IBV_QP_RNR_RETRY.0;
     // SAFETY: a live queue pair; plain attribute structs the call fills.
-    let ret = unsafe { ffi::ibv_query_qp(qp.as_raw(), &mut attr, mask as i32, &mut init) };
+    let ret = unsafe { ffi::ibv_query_qp(qp.as_raw(), &mut attr, mask.0 as i32, &mut init) };
     assert_eq!(ret, 0, "ibv_query_qp");
+    attr
+}
+
+/// The retry counts of `qp`'s send queue, (transport, receiver not ready).
+fn retries(qp: &QueuePair) -> (u8, u8) {
+    let attr =
+        query_qp(qp, ffi::ibv_qp_attr_mask::IBV_QP_RETRY_CNT | ffi::ibv_qp_attr_mask::IBV_QP_RNR_RETRY);
     (attr.retry_cnt, attr.rnr_retry)
 }
+
+/// Why the retry-count tests report iWARP as unsupported.
+const IWARP_NO_RETRY_COUNTS: &str = "iWARP: TCP retransmits, the queue pairs have no counts to bound";
 
 #[test]
 fn an_accepted_queue_pair_retries_no_more_than_its_accept_allows() {
@@ -187,22 +195,13 @@ fn an_accepted_queue_pair_retries_no_more_than_its_accept_allows() {
         send_recv(&mut s, &mut c, &pattern(200, 4));
     }
     if is_iwarp() {
-        unsupported(
-            &context(),
-            "retry counts",
-            "iWARP: TCP retransmits, the queue pairs have no counts to bound",
-        );
+        unsupported(&context(), "retry counts", IWARP_NO_RETRY_COUNTS);
     }
 }
 
 /// The local ACK timeout of `qp`, as the 4.096 µs × 2^t the exponent stands for.
 fn ack_timeout(qp: &QueuePair) -> Duration {
-    let mut attr = ffi::ibv_qp_attr::default();
-    let mut init = ffi::ibv_qp_init_attr::default();
-    let mask = ffi::ibv_qp_attr_mask::IBV_QP_TIMEOUT.0;
-    // SAFETY: a live queue pair; plain attribute structs the call fills.
-    let ret = unsafe { ffi::ibv_query_qp(qp.as_raw(), &mut attr, mask as i32, &mut init) };
-    assert_eq!(ret, 0, "ibv_query_qp");
+    let attr = query_qp(qp, ffi::ibv_qp_attr_mask::IBV_QP_TIMEOUT);
     assert!(attr.timeout > 0 && attr.timeout < 31, "an ACK timeout the test can wait for: {}", attr.timeout);
     Duration::from_nanos(4096 << attr.timeout)
 }
@@ -214,11 +213,7 @@ fn ack_timeout(qp: &QueuePair) -> Duration {
 #[test]
 fn a_silent_peer_fails_an_accepted_queue_pairs_send_within_its_retries() {
     if is_iwarp() {
-        unsupported(
-            &context(),
-            "retry counts",
-            "iWARP: TCP retransmits, the queue pairs have no counts to bound",
-        );
+        unsupported(&context(), "retry counts", IWARP_NO_RETRY_COUNTS);
         return;
     }
     let greedy = ConnParam { retry_count: 7, rnr_retry_count: 7, ..ConnParam::default() };

@@ -123,6 +123,13 @@ impl ConnParam {
     }
 }
 
+/// The transport of a bound id's device context.
+fn transport(verbs: NonNull<ffi::ibv_context>) -> TransportType {
+    // SAFETY: a context stays valid while an id bound to it lives (the callers hold one);
+    // `device` is set at open.
+    unsafe { TransportType((*(*verbs.as_ptr()).device).transport_type.0) }
+}
+
 /// [`CmId::accept`] on InfiniBand or RoCE of an id with a queue pair: librdmacm's transitions of
 /// `rdma_accept()` (INIT again, RTR, RTS, from `rdma_init_qp_attr()`), with the retry counts
 /// capped at `raw`'s, then `rdma_accept()` with `id->qp` cleared for the call, naming the queue
@@ -256,9 +263,7 @@ impl CmId {
             verb,
             reason: "the id is not bound to a device yet: resolve its route first",
         })?;
-        // SAFETY: a context stays valid while an id bound to it lives; `device` is set at open.
-        let transport = unsafe { TransportType((*(*verbs.as_ptr()).device).transport_type.0) };
-        Ok(match (transport, msg) {
+        Ok(match (transport(verbs), msg) {
             (TransportType::IWARP, _) => 255,
             (_, Message::Connect) => 56,
             (_, Message::Accept) => 196,
@@ -382,12 +387,10 @@ impl CmId {
         let max = self.max_private_data("rdma_accept", Message::Accept)?;
         let mut raw = param.raw("rdma_accept", max)?;
         let _g = self.inner.channel.lock();
-        // SAFETY: valid id, whose fields are written only under the lock we hold; a bound id's
-        // context and device (max_private_data found them) live as long as it.
-        let (qp, iwarp) = unsafe {
-            let id = self.raw();
-            ((*id).qp, TransportType((*(*(*id).verbs).device).transport_type.0) == TransportType::IWARP)
-        };
+        // SAFETY: valid id, whose fields are written only under the lock we hold.
+        let (qp, verbs) = unsafe { ((*self.raw()).qp, (*self.raw()).verbs) };
+        // A bound id's context (max_private_data found it) lives as long as the id.
+        let iwarp = NonNull::new(verbs).is_some_and(|v| transport(v) == TransportType::IWARP);
         // SAFETY: `id->qp`, when set, is the id's live queue pair (see below).
         if qp.is_null() || iwarp || unsafe { (*qp).qp_type } != ffi::ibv_qp_type::IBV_QPT_RC {
             // SAFETY: valid id; `raw` points at `param`'s private data (copied by the call).
