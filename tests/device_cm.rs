@@ -196,7 +196,25 @@ fn an_accepted_queue_pair_retries_no_more_than_its_accept_allows() {
     }
     if is_iwarp() {
         unsupported(&context(), "retry counts", IWARP_NO_RETRY_COUNTS);
+        return;
     }
+    // An accept asking for the request's RDMA Read depths (255, as librdmacm reads it) gets
+    // the client's: 2 Reads it may issue, 4 it answers (powers of two: rxe rounds them up, as
+    // it did 3 to 4 here, through librdmacm's own accept too).
+    let client = ConnParam { responder_resources: 4, initiator_depth: 2, ..param(7, 7) };
+    let server = ConnParam { responder_resources: u8::MAX, initiator_depth: u8::MAX, ..ConnParam::default() };
+    let (mut c, mut s, _) = connected_with(client, server);
+    let attr = query_qp(
+        &s.qp,
+        ffi::ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC | ffi::ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC,
+    );
+    assert_eq!(
+        (attr.max_dest_rd_atomic, attr.max_rd_atomic),
+        (2, 4),
+        "the accepted queue pair's Read depths"
+    );
+    assert_eq!(retries(&s.qp), (6, 6));
+    send_recv(&mut c, &mut s, &pattern(100, 6));
 }
 
 /// The local ACK timeout of `qp`, as the 4.096 µs × 2^t the exponent stands for.

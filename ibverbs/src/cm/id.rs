@@ -147,9 +147,13 @@ unsafe fn accept_capped(
 ) -> Result<()> {
     // SAFETY: a live id (the contract).
     let (verbs, port_num) = unsafe { ((*id).verbs, (*id).port_num) };
+    let (resp, depth) = (raw.responder_resources, raw.initiator_depth);
     let mut dev = ffi::ibv_device_attr::default();
-    // SAFETY: the live context of a bound id; a plain struct the call fills.
-    cvt("ibv_query_device", unsafe { ffi::ibv_query_device(verbs, &mut dev) })?;
+    // The device's limits matter only for a request's value asked for (255, below).
+    if resp == u8::MAX || depth == u8::MAX {
+        // SAFETY: the live context of a bound id; a plain struct the call fills.
+        cvt("ibv_query_device", unsafe { ffi::ibv_query_device(verbs, &mut dev) })?;
+    }
     let mut port = ffi::ibv_port_attr::default();
     // SAFETY: as above (the shim calls the macro version with the full struct).
     cvt("ibv_query_port", unsafe { ffi::ibv_query_port(verbs, port_num, &mut port) })?;
@@ -165,7 +169,6 @@ unsafe fn accept_capped(
     };
     // As librdmacm: RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH (255) ask for the request's value
     // within the device's limit; anything else is taken as it is.
-    let (resp, depth) = (raw.responder_resources, raw.initiator_depth);
     let limit = |asked: u8, request: u8, max: i32| {
         if asked == u8::MAX {
             request.min(u8::try_from(max).unwrap_or(u8::MAX))
