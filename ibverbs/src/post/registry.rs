@@ -16,7 +16,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::ring::{Ring, DRAINING, LIVE, RECV, RETIRED, TAG, UNUSED};
+use super::ring::{Deferred, Ring, DRAINING, LIVE, RECV, RETIRED, TAG, UNUSED};
 use super::table::{SlotTable, SRQ};
 
 /// Bits of a key: the low [`INDEX_BITS`] are the index, the rest a generation. Bits 32..61 of a
@@ -66,6 +66,9 @@ pub(crate) struct Registry<T> {
     reserved: AtomicU32,
     /// Completions the CQ holds.
     cq_capacity: u32,
+    /// A panic of a released slot's drop, caught while the consumer took completions, for the
+    /// poll to resume once it kept them. Consumer-only.
+    deferred: Deferred,
 }
 
 impl<T> Registry<T> {
@@ -94,7 +97,14 @@ impl<T> Registry<T> {
             draining: AtomicU32::new(0),
             reserved: AtomicU32::new(0),
             cq_capacity,
+            deferred: Deferred::new(),
         }
+    }
+
+    /// Where the consumer keeps a panic caught while it takes completions (see [`Deferred`]).
+    #[inline(always)]
+    pub(crate) fn deferred(&self) -> &Deferred {
+        &self.deferred
     }
 
     /// Completions the CQ holds.

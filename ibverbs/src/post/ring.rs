@@ -11,9 +11,11 @@
 //! The ring is generic over the slot's content so that its logic is tested under Miri with
 //! values of the tests' own choosing (e.g. values whose `Drop` panics).
 
+use std::any::Any;
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 /// Bit 63 of a device `wr_id`: set on every work request posted through the safe level.
@@ -41,6 +43,65 @@ struct Release<'a>(&'a AtomicU32, u32);
 impl Drop for Release<'_> {
     fn drop(&mut self) {
         self.0.store(self.1.wrapping_add(1), Ordering::Release);
+    }
+}
+
+/// What a panic carries ([`std::panic::catch_unwind`]'s error).
+pub(crate) type Payload = Box<dyn Any + Send + 'static>;
+
+/// A panic caught while the consumer takes completions: the drop of a slot released by a later
+/// completion ([`Ring::complete_in_place`]) runs the user's code (an
+/// [`OwnedBuffer`](crate::OwnedBuffer)'s free callback). Unwinding from there would lose the
+/// completions of the poll's batch already taken from the device; instead the poll finishes
+/// its batch, keeps its completions for the next polls and then resumes the panic (see
+/// `CompletionQueue::poll`). Touched only by the consumer.
+pub(crate) struct Deferred(UnsafeCell<Option<Payload>>);
+
+// SAFETY: the cell is read and written only by the consumer (every accessor is an `unsafe fn`
+// whose contract says so), and one thread at a time is the consumer: it holds
+// `&mut CompletionQueue`. The payload it holds is `Send`.
+unsafe impl Sync for Deferred {}
+
+impl Deferred {
+    pub(crate) const fn new() -> Deferred {
+        Deferred(UnsafeCell::new(None))
+    }
+
+    /// Consumer: runs `f`, catching its panic. The first payload is kept; later ones are
+    /// dropped (and leaked should that drop, which runs the payload's own code, panic too).
+    ///
+    /// # Safety
+    /// Called only by the consumer.
+    unsafe fn catch(&self, f: impl FnOnce()) {
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(f)) {
+            // SAFETY: the consumer alone touches the cell (contract); the reference ends before
+            // any other code runs.
+            let kept = unsafe { &mut *self.0.get() };
+            if kept.is_none() {
+                *kept = Some(payload);
+            } else if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+                std::mem::forget(again);
+            }
+        }
+    }
+
+    /// Consumer: whether a panic waits to be resumed.
+    ///
+    /// # Safety
+    /// Called only by the consumer.
+    #[inline(always)]
+    pub(crate) unsafe fn is_set(&self) -> bool {
+        // SAFETY: the consumer alone touches the cell (contract).
+        unsafe { (*self.0.get()).is_some() }
+    }
+
+    /// Consumer: takes the panic that waits to be resumed.
+    ///
+    /// # Safety
+    /// Called only by the consumer.
+    pub(crate) unsafe fn take(&self) -> Option<Payload> {
+        // SAFETY: the consumer alone touches the cell (contract).
+        unsafe { (*self.0.get()).take() }
     }
 }
 
@@ -278,16 +339,18 @@ impl<T: SlotValue> Ring<T> {
 
     /// Consumer: drops the slots of `[tail, end)` in order, releasing each (see
     /// [`drop_oldest`](Self::drop_oldest)); out of line, off the path of a completion that
-    /// releases only light slots.
+    /// releases only light slots. A drop that panics is caught into `deferred` and the range
+    /// goes on: every slot of it is dropped (once) and released.
     ///
     /// # Safety
-    /// Called only by the consumer, with `tail` the ring's tail and `end` an outstanding
-    /// position (or `head`).
+    /// Called only by the consumer (of the ring and of `deferred`), with `tail` the ring's tail
+    /// and `end` an outstanding position (or `head`).
     #[inline(never)]
-    unsafe fn drop_range(&self, mut tail: u32, end: u32) {
+    unsafe fn drop_range(&self, mut tail: u32, end: u32, deferred: &Deferred) {
         while tail != end {
-            // SAFETY: consumer (contract); tail != end, so tail != head.
-            unsafe { self.drop_oldest(tail) };
+            // SAFETY: consumer (contract); tail != end, so tail != head: `drop_oldest` drops
+            // and releases it, on return or unwind, so the next turn's `tail` is the ring's.
+            unsafe { deferred.catch(|| self.drop_oldest(tail)) };
             tail = tail.wrapping_add(1);
         }
     }
@@ -297,16 +360,32 @@ impl<T: SlotValue> Ring<T> {
     /// and dropping the earlier ones (unsignaled requests completed by this one). Returns `None`
     /// (and releases nothing) when `pos` is not outstanding: a stale or foreign `wr_id`.
     ///
-    /// Panic-safe: if dropping an earlier slot unwinds, every slot is still dropped at most once
-    /// (the ones not reached stay outstanding, released later by the next completion or when
-    /// the ring is released as a whole).
+    /// If dropping an earlier slot panics, the panic is resumed once every earlier slot was
+    /// dropped and `pos` taken (and dropped by the unwinding): each slot is dropped once.
     ///
     /// # Safety
     /// Called only by the consumer of this ring.
     #[cfg(test)]
     pub(crate) unsafe fn complete(&self, pos: u32) -> Option<T> {
+        let deferred = Deferred::new();
+        // SAFETY: consumer (contract); `deferred` is ours.
+        let slot = unsafe { self.complete_deferring(pos, &deferred) };
+        // SAFETY: ours.
+        if let Some(payload) = unsafe { deferred.take() } {
+            std::panic::resume_unwind(payload)
+        }
+        slot
+    }
+
+    /// [`complete`](Self::complete) with the panic of an earlier slot's drop caught into
+    /// `deferred`.
+    ///
+    /// # Safety
+    /// As [`complete_in_place`](Self::complete_in_place).
+    #[cfg(test)]
+    pub(crate) unsafe fn complete_deferring(&self, pos: u32, deferred: &Deferred) -> Option<T> {
         // SAFETY: consumer (contract); the value is moved out whole.
-        unsafe { self.complete_in_place(pos, |slot| slot.read()) }
+        unsafe { self.complete_in_place(pos, deferred, |slot| slot.read()) }
     }
 
     /// Consumer: [`complete`](Self::complete), but the slot of `pos` is handed to `take` where
@@ -314,13 +393,22 @@ impl<T: SlotValue> Ring<T> {
     /// of a large slot is a `memcpy` call); its position is released once `take` returns (or
     /// unwinds: what `take` left unread is then leaked, never dropped twice).
     ///
+    /// A panic of an earlier slot's drop is caught into `deferred`, for the poll to resume once
+    /// it has kept its batch's completions: the other earlier slots are still dropped and
+    /// `pos` is still handed to `take`, each once.
+    ///
     /// # Safety
-    /// Called only by the consumer of this ring; `take` moves out (reads once) every field
-    /// that needs dropping and does not keep the pointer.
+    /// Called only by the consumer of this ring and of `deferred`; `take` moves out (reads
+    /// once) every field that needs dropping and does not keep the pointer.
     // Always: on every completion polled; outlined, its call, prologue and epilogue cost ~16
     // instructions per completion (callgrind, `POST_POLL_BATCH=Safe`).
     #[inline(always)]
-    pub(crate) unsafe fn complete_in_place<R>(&self, pos: u32, take: impl FnOnce(*mut T) -> R) -> Option<R> {
+    pub(crate) unsafe fn complete_in_place<R>(
+        &self,
+        pos: u32,
+        deferred: &Deferred,
+        take: impl FnOnce(*mut T) -> R,
+    ) -> Option<R> {
         let tail = self.tail.load(Ordering::Relaxed);
         let head = self.head.load(Ordering::Acquire);
         if pos.wrapping_sub(tail) >= head.wrapping_sub(tail) {
@@ -331,7 +419,7 @@ impl<T: SlotValue> Ring<T> {
         // drop, those positions are released by the guard below with `pos`.
         if tail != pos && !self.light_from(tail) {
             // SAFETY: consumer (contract); [tail, pos) are outstanding (pos is).
-            unsafe { self.drop_range(tail, pos) };
+            unsafe { self.drop_range(tail, pos, deferred) };
         }
         let _release = Release(&self.tail, pos);
         // The slot is outstanding and unreleased until the guard drops: ours alone.
@@ -527,18 +615,35 @@ mod tests {
         // SAFETY: single consumer.
         let r = catch_unwind(AssertUnwindSafe(|| unsafe { ring.complete(3) }));
         assert!(r.is_err(), "the panic propagates");
-        assert_eq!(drops()[..2], [1, 1]);
-        // Positions 2..6 are still outstanding (3's completion was consumed by the panic).
-        assert_eq!(ring.outstanding(), 4);
-        // SAFETY: single consumer.
-        let five = unsafe { ring.complete(5) }.map(|mut t| {
-            t.panics = false;
-            t
-        });
-        assert!(five.is_some());
-        drop(five);
+        assert_eq!(drops(), [1, 1, 1, 1, 0, 0], "the range and 3 itself (unwound) dropped once");
+        assert_eq!(ring.outstanding(), 2);
         drop(ring);
         assert_eq!(drops(), [1; 6], "every slot dropped exactly once");
+    }
+
+    // A panicking drop of a released predecessor does not stop the release: the later slots of
+    // the range are dropped, the completed one is handed over, and the panic waits in
+    // `deferred` for the poll to resume once it has kept its completions.
+    #[test]
+    fn a_panic_in_the_released_range_is_deferred_and_the_range_goes_on() {
+        let ring = tracked_ring(8, &[1, 2]);
+        let deferred = Deferred::new();
+        // SAFETY: single consumer (of the ring and of `deferred`).
+        unsafe {
+            let four = ring.complete_deferring(4, &deferred).expect("outstanding");
+            assert_eq!(four.id, 4);
+            assert!(deferred.is_set(), "the first panic is kept");
+            assert_eq!(drops(), [1, 1, 1, 1, 0, 0, 0, 0], "0..4 dropped once, 2's panic dropped");
+            assert_eq!(ring.outstanding(), 3);
+            let payload = deferred.take().expect("kept");
+            assert_eq!(payload.downcast_ref::<&str>(), Some(&"a user value's drop panicked"));
+            assert!(!deferred.is_set());
+            drop(four);
+            assert_eq!(ring.complete_deferring(7, &deferred).map(|t| t.id), Some(7));
+            assert!(!deferred.is_set(), "no panic, nothing kept");
+        }
+        drop(ring);
+        assert_eq!(drops(), [1; 8], "every slot dropped exactly once");
     }
 
     /// Writes `Tracked { id }` at `pos`, heavy or light.

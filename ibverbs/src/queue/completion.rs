@@ -266,8 +266,10 @@ impl Completion {
                 (holds, std::ptr::read(std::ptr::addr_of!((*slot)._ah)))
             }
         };
-        // SAFETY: the consumer (contract); `take` moves every field out.
-        if let Some((holds, ah)) = unsafe { ring.complete_in_place(wr_id as u32, take) } {
+        // SAFETY: the consumer (contract) of the ring and of the registry's `deferred`; `take`
+        // moves every field out.
+        if let Some((holds, ah)) = unsafe { ring.complete_in_place(wr_id as u32, registry.deferred(), take) }
+        {
             self.tracked = true;
             self.holds = holds;
             // Dropped after the position is released: a UD send's address handle.

@@ -242,6 +242,9 @@ impl CompletionQueue {
     /// # Errors
     /// [`Error::InvalidArgument`] when the CQ has no channel; [`Error::Verb`] when
     /// `ibv_poll_cq()`, `ibv_req_notify_cq()`, `poll(2)` or `ibv_get_cq_event()` fails.
+    ///
+    /// # Panics
+    /// As [`poll`](Self::poll): a buffer's panicking drop propagates, and loses no completion.
     #[doc(alias = "ibv_req_notify_cq")]
     #[doc(alias = "ibv_get_cq_event")]
     #[doc(alias = "ibv_poll_cq")]
@@ -282,6 +285,7 @@ impl CompletionQueue {
                 Some(ex) => poll_into_ex(ex, &inner.registry, out),
             }
         })?;
+        self.resume_deferred(&mut out[..n]);
         Ok(&mut out[..n])
     }
 
@@ -324,7 +328,11 @@ impl CompletionQueue {
     ///
     /// # Panics
     /// Only if dropping a buffer panics (an [`OwnedBuffer`](crate::OwnedBuffer) free callback):
-    /// the panic propagates, and every buffer is still dropped at most once.
+    /// the panic propagates, and every buffer is still dropped at most once. No completion is
+    /// lost with it: a buffer dropped before the device is polled (one left in `out`, or one
+    /// of a dropped queue pair) panics before any completion is taken; one released by a
+    /// completion (an earlier unsignaled request's) panics once the poll has finished its
+    /// batch and kept its completions, which the next polls return first ([`kept`](Self::kept)).
     ///
     /// On an extended CQ ([`Context::create_cq_ex`]) it polls with `ibv_start_poll`,
     /// `ibv_next_poll`, the `ibv_wc_read_*` accessors of the fields asked for, and
@@ -362,7 +370,10 @@ impl CompletionQueue {
         let inner = &*self.inner;
         // SAFETY: &mut self makes us the registry's only consumer; the provider's poll_cq on
         // this live CQ.
-        unsafe { poll_into_one(&inner.registry, c, |n, wc| (inner.poll_fn)(inner.raw.as_ptr(), n, wc)) }
+        let got =
+            unsafe { poll_into_one(&inner.registry, c, |n, wc| (inner.poll_fn)(inner.raw.as_ptr(), n, wc)) };
+        self.resume_deferred(std::slice::from_mut(c));
+        got
     }
 
     /// [`poll`](Self::poll)'s general path.
@@ -386,7 +397,33 @@ impl CompletionQueue {
             // SAFETY: as above; the poll table of this live CQ.
             Some(ex) => unsafe { poll_into_ex(ex, &inner.registry, out) }?,
         };
+        self.resume_deferred(&mut out[..n]);
         Ok(&mut out[..n])
+    }
+
+    /// Resumes the panic of a buffer's drop caught while this poll took completions from the
+    /// device (an earlier unsignaled request's buffer, released by a completion: see
+    /// `Deferred`), once `filled`, the completions the poll took, are kept for the next polls:
+    /// the panic loses none of them.
+    #[inline(always)]
+    fn resume_deferred(&mut self, filled: &mut [Completion]) {
+        // SAFETY: &mut self makes us the registry's only consumer.
+        if unsafe { self.inner.registry.deferred().is_set() } {
+            self.keep_and_resume(filled);
+        }
+    }
+
+    /// [`resume_deferred`](Self::resume_deferred)'s work.
+    #[cold]
+    #[inline(never)]
+    fn keep_and_resume(&mut self, filled: &mut [Completion]) {
+        for c in filled {
+            self.kept.push_back(std::mem::take(c));
+        }
+        // SAFETY: &mut self makes us the registry's only consumer.
+        if let Some(payload) = unsafe { self.inner.registry.deferred().take() } {
+            std::panic::resume_unwind(payload)
+        }
     }
 
     /// Whether this CQ was created on `channel`.
@@ -394,8 +431,9 @@ impl CompletionQueue {
         self.inner.channel.as_ref().is_some_and(|c| Arc::ptr_eq(c, &channel.inner))
     }
 
-    /// Completions a scope's drain polled and kept for the caller, not returned by
-    /// [`poll`](Self::poll) yet (see [`QueuePair::scope`](crate::QueuePair::scope)).
+    /// Completions kept for the caller and not returned by [`poll`](Self::poll) yet: those a
+    /// scope's drain polled (see [`QueuePair::scope`](crate::QueuePair::scope)), and those of a
+    /// poll that a buffer's panicking drop interrupted (see `poll`'s *Panics*).
     pub fn kept(&self) -> usize {
         self.kept.len()
     }
@@ -427,6 +465,7 @@ impl CompletionQueue {
             // SAFETY: as above; the poll table of this live CQ.
             Some(ex) => unsafe { poll_into_ex(ex, &inner.registry, out) }?,
         };
+        self.resume_deferred(&mut out[..n]);
         Ok(n)
     }
 
@@ -624,18 +663,22 @@ unsafe fn poll_into(
     }
     // SAFETY: consumer (contract).
     let draining = unsafe { registry.begin_poll() };
+    // Drop what the caller left in the entries *before* taking any completion from the
+    // device: if a buffer's drop panics, no completion is lost with it.
+    for c in out.iter_mut() {
+        c.clear();
+    }
     let wcs = &mut *scratch.0;
     let mut filled = 0;
     while filled < out.len() {
         let want = (out.len() - filled).min(POLL_BATCH);
         let dst = &mut out[filled..filled + want];
-        // Drop what the caller left in these entries *before* taking completions from the
-        // device: if a buffer's drop panics, no completion is lost with it.
-        for c in dst.iter_mut() {
-            c.clear();
-        }
         let n = poll(want as i32, wcs.as_mut_ptr());
         if n < 0 {
+            if filled > 0 {
+                // The completions taken are returned; the next poll meets the error.
+                break;
+            }
             return Err(Error::from_ret("ibv_poll_cq", n));
         }
         let n = (n as usize).min(want);
@@ -848,6 +891,34 @@ mod tests {
         let mut out: [Completion; 2] = Default::default();
         // SAFETY: single consumer.
         let e = unsafe { poll_into(&reg, &mut out, &mut WcScratch::new(), |_, _| -libc::EIO) }.unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    }
+
+    // Completions taken from the device before a provider error are returned, not dropped
+    // with an error: the next poll meets the error.
+    #[test]
+    fn a_provider_error_after_a_full_batch_returns_what_was_taken() {
+        let reg = Registry::<Slot>::for_tests(64);
+        let ring = posted_ring(&reg, 32, false, &[100; POLL_BATCH]);
+        let ids: Vec<u64> = (0..POLL_BATCH as u32).map(|p| ring.device_wr_id(p)).collect();
+        let mut batch = mlx5_like(&ids);
+        let mut calls = 0;
+        let mut provider = |n: i32, wcs: *mut ffi::ibv_wc| {
+            calls += 1;
+            if calls == 1 {
+                batch(n, wcs)
+            } else {
+                -libc::EIO
+            }
+        };
+        let mut out: [Completion; POLL_BATCH + 4] = Default::default();
+        // SAFETY: single consumer; the closure behaves as a provider.
+        let n = unsafe { poll_into(&reg, &mut out, &mut WcScratch::new(), &mut provider) }.unwrap();
+        assert_eq!(n, POLL_BATCH);
+        assert!(out[..n].iter().all(|c| c.is_tracked() && c.wr_id() == 100));
+        assert_eq!(ring.outstanding(), 0);
+        // SAFETY: as above.
+        let e = unsafe { poll_into(&reg, &mut out, &mut WcScratch::new(), &mut provider) }.unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EIO));
     }
 

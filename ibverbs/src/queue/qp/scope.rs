@@ -1,21 +1,17 @@
 //! [`QueuePair::scope`]: the scope's entry points and its drain (see `post/scope.rs` for the
 //! requests and the [`Scope`] handed to the closure).
 
-use std::any::Any;
 use std::io::Write as _;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::post::ring::Ring;
+use crate::post::ring::{Payload, Ring};
 use crate::post::{Scope, Slot};
 use crate::queue::cq::{CompletionQueue, CqInner};
 use crate::queue::qp::{QpState, QueuePair};
 use crate::queue::Completion;
-
-/// A panic payload caught while draining.
-type Payload = Box<dyn Any + Send + 'static>;
 
 /// Longest bound the drain takes from the caller (an `Instant` plus any `Duration` may overflow).
 const MAX_BOUND: Duration = Duration::from_secs(365 * 24 * 3600);
