@@ -72,7 +72,7 @@ impl Deferred {
     ///
     /// # Safety
     /// Called only by the consumer.
-    unsafe fn catch(&self, f: impl FnOnce()) {
+    pub(crate) unsafe fn catch(&self, f: impl FnOnce()) {
         if let Err(payload) = catch_unwind(AssertUnwindSafe(f)) {
             // SAFETY: the consumer alone touches the cell (contract); the reference ends before
             // any other code runs.

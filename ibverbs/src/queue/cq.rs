@@ -355,6 +355,11 @@ impl CompletionQueue {
                 // memory), the error built here; a `bool` needs no bounds check below.
                 return match self.poll_one(c) {
                     Ok(got) => Ok(&mut out[..usize::from(got)]),
+                    Err(DEFERRED) => {
+                        // Resumes the panic; had none been kept, the completion comes next.
+                        self.keep_and_resume(out);
+                        Ok(&mut out[..0])
+                    }
                     Err(ret) => Err(Error::from_ret("ibv_poll_cq", ret)),
                 };
             }
@@ -370,10 +375,7 @@ impl CompletionQueue {
         let inner = &*self.inner;
         // SAFETY: &mut self makes us the registry's only consumer; the provider's poll_cq on
         // this live CQ.
-        let got =
-            unsafe { poll_into_one(&inner.registry, c, |n, wc| (inner.poll_fn)(inner.raw.as_ptr(), n, wc)) };
-        self.resume_deferred(std::slice::from_mut(c));
-        got
+        unsafe { poll_into_one(&inner.registry, c, |n, wc| (inner.poll_fn)(inner.raw.as_ptr(), n, wc)) }
     }
 
     /// [`poll`](Self::poll)'s general path.
@@ -608,9 +610,14 @@ impl WcScratch {
     }
 }
 
+/// [`poll_into_one`]'s result when it took a completion and a buffer's drop panicked meanwhile
+/// (the registry's `Deferred` holds the panic): never a provider's result (a negative errno).
+const DEFERRED: i32 = i32::MIN;
+
 /// [`poll_into`] with room for one completion: the provider writes the work completion into
 /// the entry itself (zeroed first), with no scratch array to copy from and zero again. Returns
-/// whether it got a completion, or the provider's negative result.
+/// whether it got a completion, or the provider's negative result, or [`DEFERRED`] when it got
+/// one and a buffer's drop panicked (the caller keeps the completion and resumes the panic).
 ///
 /// # Safety
 /// As [`poll_into`].
@@ -637,6 +644,10 @@ unsafe fn poll_into_one(
     // SAFETY: consumer (contract); the entry was cleared, its work completion zeroed, then
     // written by the provider.
     unsafe { c.take_slot(registry) };
+    // SAFETY: consumer (contract).
+    if unsafe { registry.deferred().is_set() } {
+        return Err(DEFERRED);
+    }
     Ok(true)
 }
 
@@ -658,6 +669,8 @@ unsafe fn poll_into(
         // SAFETY: the caller's contract.
         return match unsafe { poll_into_one(registry, c, poll) } {
             Ok(got) => Ok(usize::from(got)),
+            // The caller resumes the panic (`resume_deferred`).
+            Err(DEFERRED) => Ok(1),
             Err(ret) => Err(Error::from_ret("ibv_poll_cq", ret)),
         };
     }
@@ -920,6 +933,41 @@ mod tests {
         // SAFETY: as above.
         let e = unsafe { poll_into(&reg, &mut out, &mut WcScratch::new(), &mut provider) }.unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    }
+
+    // A buffer's drop that panics while completions are taken (caught into the registry's
+    // `Deferred`; set here by the provider, as a released slot's drop would) leaves every
+    // completion of the poll to the caller, who keeps them and resumes the panic
+    // (`CompletionQueue::resume_deferred`), with room for one or for a batch.
+    #[test]
+    fn a_deferred_panic_leaves_the_polls_completions_to_the_caller() {
+        let reg = Registry::<Slot>::for_tests(16);
+        let ring = posted_ring(&reg, 8, false, &[10, 11, 12]);
+        let ids: Vec<u64> = (0..3).map(|p| ring.device_wr_id(p)).collect();
+        let mut provider = mlx5_like(&ids);
+        let mut panicking = |n: i32, wcs: *mut ffi::ibv_wc| {
+            // SAFETY: the test is the consumer.
+            unsafe { reg.deferred().catch(|| panic!("a buffer's drop")) };
+            provider(n, wcs)
+        };
+        let mut scratch = WcScratch::new();
+        let mut one = [Completion::default()];
+        // SAFETY: single consumer; the closure behaves as a provider.
+        let n = unsafe { poll_into(&reg, &mut one, &mut scratch, &mut panicking) }.unwrap();
+        assert_eq!((n, one[0].wr_id(), one[0].is_tracked()), (1, 10, true));
+        // SAFETY: the test is the consumer.
+        unsafe {
+            let payload = reg.deferred().take().expect("the panic waits for the caller");
+            assert_eq!(payload.downcast_ref::<&str>(), Some(&"a buffer's drop"));
+        }
+        let mut out: [Completion; 4] = Default::default();
+        // SAFETY: as above.
+        let n = unsafe { poll_into(&reg, &mut out, &mut scratch, &mut panicking) }.unwrap();
+        let got: Vec<_> = out[..n].iter().map(|c| (c.wr_id(), c.is_tracked())).collect();
+        assert_eq!(got, [(11, true), (12, true)], "the whole batch");
+        // SAFETY: the test is the consumer.
+        assert!(unsafe { reg.deferred().take() }.is_some());
+        assert_eq!(ring.outstanding(), 0);
     }
 
     #[test]
