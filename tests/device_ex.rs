@@ -5,13 +5,16 @@
 
 mod common;
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use ibverbs::{
-    AccessFlags, CompletionQueue, Error, Local, QpType, QueuePair, RecvRequest, SendOps, SendRequest,
-    WcFlags, WcOpcode, WcStatus,
+    AccessFlags, Completion, CompletionQueue, Error, Local, OwnedBuffer, QpType, QueuePair, RecvRequest,
+    SendOps, SendRequest, WcFlags, WcOpcode, WcStatus,
 };
 
 /// Which side of the data path is extended.
@@ -279,6 +282,48 @@ fn chain_of_32_with_unsignaled_requests() {
     for i in 0..32u8 {
         assert_eq!(&got[i as usize * 64..][..64], &pattern(64, i)[..], "write {i}");
     }
+}
+
+/// A buffer whose free callback panics, released by a later completion polled from an extended
+/// CQ (`ibv_start_poll`...): the poll finishes, keeps its completions and then resumes the
+/// panic; the next polls return them.
+#[test]
+fn a_panicking_buffer_free_loses_no_completion_on_an_extended_cq() {
+    let Some(mut p) = ex_pair(Kind { qp_ex: false, cq_ex: true }, SendOps::RDMA_WRITE, 8) else { return };
+    let target = Arc::new(p.pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap());
+    let freed = Arc::new(AtomicU32::new(0));
+    let mem: &'static mut [u8] = Box::leak(vec![1u8; 64].into_boxed_slice());
+    let (ptr, len) = (NonNull::new(mem.as_mut_ptr()).unwrap(), mem.len());
+    let calls = freed.clone();
+    let free = move |p: *mut u8, n: usize| {
+        // SAFETY: p/n are the leaked box's parts, freed once here.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) });
+        calls.fetch_add(1, Ordering::SeqCst);
+        panic!("free callback panicked (allowed by its contract)");
+    };
+    // SAFETY: initialised (from `vec!`), ours alone from now on, and `free` releases it once.
+    let buf = unsafe { OwnedBuffer::from_raw_parts(ptr, len, Some(Box::new(free))) };
+    let mr = Arc::new(p.pd.register(buf, AccessFlags::LOCAL_WRITE).unwrap());
+    p.a.post_send(SendRequest::write(Local::whole(mr), target.remote()).unsignaled()).unwrap();
+    p.a.post_send(SendRequest::write_inline(b"", target.remote()).wr_id(7)).unwrap();
+    p.a.post_send(SendRequest::write_inline(b"", target.remote()).wr_id(8)).unwrap();
+    std::thread::sleep(scaled(Duration::from_millis(200)));
+    let mut out: [Completion; 4] = Default::default();
+    let r = catch_unwind(AssertUnwindSafe(|| p.cq_a.poll(&mut out).map(|c| c.len())));
+    assert!(r.is_err(), "the callback's panic propagates out of poll");
+    assert_eq!(freed.load(Ordering::SeqCst), 1);
+    assert!(p.cq_a.kept() >= 1, "the poll's completions are kept, not lost");
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + scaled(Duration::from_secs(5));
+    while seen.len() < 2 {
+        assert!(Instant::now() < deadline, "completions lost: saw only {seen:?}");
+        for c in p.cq_a.poll(&mut out).unwrap() {
+            assert!(c.is_ok() && c.is_tracked(), "{c:?}");
+            seen.push(c.wr_id());
+        }
+    }
+    assert_eq!(seen, [7, 8], "every completion, once, in order");
+    assert_eq!((p.a.outstanding_sends(), freed.load(Ordering::SeqCst)), (0, 1));
 }
 
 /// Prepared requests on an extended QP: `post_prepared` and a chain of one (signaled or not) go
