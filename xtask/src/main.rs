@@ -81,7 +81,8 @@ Commands:
   test [--vm] [--device rxe|siw] [--mtu N] [--timeout S] [--valgrind] [--tsan] [--miri] [--twohost] [--publish] [-- TEST_ARGS...]
         The whole test suite: builds, host tests, doc tests; with a nightly toolchain (installed
         with rustup if missing): doc tests under nightly rustdoc (checks compile_fail error codes),
-        Miri over the library's unit tests, the ThreadSanitizer build of tests/device_threads*.rs;
+        Miri over the library's unit tests, the ThreadSanitizer build of tests/device_threads*.rs
+        and tests/device_async.rs;
         then in one VM boot the device tests (tests/device_*.rs), the same under valgrind, the
         ThreadSanitizer binaries, the harness's self-tests and a leak check; the two-host stage:
         one pair of guests (as rxe2) for interop with rdma-core's pingpongs across hosts,

@@ -287,7 +287,8 @@ pub fn check_error_codes(toolchain: &str, stable_root: &Path) -> Result<String, 
 /// What the ThreadSanitizer build produced.
 #[derive(Debug)]
 pub struct TsanBuild {
-    /// The instrumented `tests/device_threads*.rs` binaries.
+    /// The instrumented binaries: `tests/device_threads*.rs` and `tests/device_async.rs`
+    /// ([`TSAN_TESTS`]).
     pub tests: Vec<Artifact>,
     /// The racy probe program (must be caught).
     pub probe: PathBuf,
@@ -307,10 +308,16 @@ fn main() {
 }
 "#;
 
-/// Builds every `tests/device_threads*.rs` of the root package with ThreadSanitizer
+/// The device tests built with ThreadSanitizer (cargo's `--test` patterns): the threads tests
+/// (queue pairs, CQs and SRQs shared between threads) and the async adaptor's (its driver's
+/// wake-up handshake between the reactor, the poller and tasks on a multi-threaded runtime;
+/// built with `--features tokio,async-io`).
+pub const TSAN_TESTS: [&str; 2] = ["device_threads*", "device_async"];
+
+/// Builds the [`TSAN_TESTS`] of the root package with ThreadSanitizer
 /// (`RUSTFLAGS=-Zsanitizer=thread cargo +nightly test -Zbuild-std --target x86_64-unknown-linux-gnu
-/// --no-run`, in `TARGET/tsan`), and the racy probe with the same flags and folder (so it reuses the
-/// instrumented standard library).
+/// --features tokio,async-io --no-run`, in `TARGET/tsan`), and the racy probe with the same flags
+/// and folder (so it reuses the instrumented standard library).
 pub fn build_tsan(toolchain: &str, root: &Path, target_dir: &Path) -> Result<TsanBuild, String> {
     let dir = target_dir.join("tsan");
     let dir_s = dir.to_string_lossy().into_owned();
@@ -324,9 +331,14 @@ pub fn build_tsan(toolchain: &str, root: &Path, target_dir: &Path) -> Result<Tsa
     };
     eprintln!(
         "xtask: ==== ThreadSanitizer build: RUSTFLAGS=-Zsanitizer=thread cargo +{toolchain} test -Zbuild-std \
-         --target {TSAN_TARGET} -p rdma-verbs --test 'device_threads*' --no-run (in {dir_s})"
+         --target {TSAN_TARGET} -p rdma-verbs --features tokio,async-io --test 'device_threads*' \
+         --test device_async --no-run (in {dir_s})"
     );
-    let mut cmd = tsan_cargo(root, &["test", "--no-run", "-p", "rdma-verbs", "--test", "device_threads*"]);
+    let mut args = vec!["test", "--no-run", "-p", "rdma-verbs", "--features", "tokio,async-io"];
+    for t in TSAN_TESTS {
+        args.extend(["--test", t]);
+    }
+    let mut cmd = tsan_cargo(root, &args);
     // The build's own messages on stderr are shown; the JSON on stdout is kept.
     let r = process::run(&mut cmd, PASS_LIMIT, false)?;
     eprint!("{}", r.stderr);
@@ -341,11 +353,13 @@ pub fn build_tsan(toolchain: &str, root: &Path, target_dir: &Path) -> Result<Tsa
     let mut tests: Vec<Artifact> = cargo::parse_artifacts(&r.stdout)
         .into_iter()
         .filter(|a| a.manifest_path == root_manifest && a.kind.iter().any(|k| k == "test"))
-        .filter(|a| a.name.starts_with("device_threads"))
+        .filter(|a| a.name.starts_with("device_threads") || a.name == "device_async")
         .collect();
     tests.sort_by(|a, b| a.name.cmp(&b.name));
-    if tests.is_empty() {
-        return Err("the ThreadSanitizer build produced no tests/device_threads*.rs binary".into());
+    for want in ["device_threads", "device_async"] {
+        if !tests.iter().any(|a| a.name == want) {
+            return Err(format!("the ThreadSanitizer build produced no tests/{want}.rs binary"));
+        }
     }
     for t in &tests {
         let data = fs::read(&t.executable).map_err(|e| format!("reading {}: {e}", t.executable.display()))?;
