@@ -168,8 +168,10 @@ impl fmt::Debug for CmEventKind {
 pub struct CmEvent {
     kind: CmEventKind,
     status: i32,
-    id: usize,
-    listen_id: usize,
+    /// The serial of the id the event is about (see `CmIdInner::serial`; 0: none).
+    id: u64,
+    /// For a connection request, the listener's serial.
+    listen_id: u64,
     private_data: Vec<u8>,
     responder_resources: u8,
     initiator_depth: u8,
@@ -204,8 +206,10 @@ impl CmEvent {
     /// Whether the event is about `id` (for a connection request: whether `id` is the listener
     /// it came to).
     pub fn is_for(&self, id: &CmId) -> bool {
-        let raw = id.inner.raw.as_ptr() as usize;
-        self.id == raw || (self.kind == CmEventKind::CONNECT_REQUEST && self.listen_id == raw)
+        // By serial, not address: an event kept after its id was destroyed is not taken for
+        // one of a later id that librdmacm allocated at the same address.
+        let serial = id.inner.serial;
+        self.id == serial || (self.kind == CmEventKind::CONNECT_REQUEST && self.listen_id == serial)
     }
 
     /// The private data the peer sent with a connection request, accept or reject (a copy; on
@@ -279,7 +283,8 @@ impl EventChannel {
         cvt("rdma_create_id", ret)?;
         let raw = cvt_p("rdma_create_id", raw)?;
         self.inner.ids.fetch_add(1, Ordering::Relaxed);
-        Ok(CmId { inner: Arc::new(CmIdInner { raw, channel: self.inner.clone() }) })
+        // SAFETY: the new id of this channel, ours alone.
+        Ok(CmId { inner: Arc::new(unsafe { CmIdInner::adopt(raw, self.inner.clone()) }) })
     }
 
     /// Waits up to `timeout` (forever for `None`) for an event (`rdma_get_cm_event()`), copies
@@ -321,6 +326,14 @@ impl EventChannel {
             let e = &*ev.as_ptr();
             (CmEventKind(e.event.0), e.status, e.id, e.listen_id, e.param.conn)
         };
+        // The serials of the ids the event names, from their `context` (see `CmIdInner`); a
+        // connection request's new id has its listener's until it is adopted below.
+        // SAFETY: the ids an unacknowledged event names are alive (rdma_destroy_id waits for
+        // the acknowledgement); `context` is written only when an id is adopted, before any of
+        // its events can be read.
+        let serial =
+            |p: *mut ffi::rdma_cm_id| if p.is_null() { 0 } else { unsafe { (*p).context as usize as u64 } };
+        let (id_serial, listen_serial) = (serial(id), serial(listen_id));
         let mut private_data = Vec::new();
         if !conn.private_data.is_null() && conn.private_data_len > 0 {
             // SAFETY: librdmacm points private_data at the event's own buffer of
@@ -342,8 +355,8 @@ impl EventChannel {
         Ok(Some(CmEvent {
             kind,
             status,
-            id: id as usize,
-            listen_id: listen_id as usize,
+            id: new_id.as_ref().map_or(id_serial, |n| n.inner.serial),
+            listen_id: listen_serial,
             private_data,
             responder_resources: conn.responder_resources,
             initiator_depth: conn.initiator_depth,
@@ -371,7 +384,8 @@ impl EventChannel {
         let ret = unsafe { ffi::rdma_migrate_id(new.as_ptr(), ch.inner.raw()) };
         cvt("rdma_migrate_id", ret).map_err(fail)?;
         ch.inner.ids.fetch_add(1, Ordering::Relaxed);
-        Ok(CmId { inner: Arc::new(CmIdInner { raw: new, channel: ch.inner }) })
+        // SAFETY: the request's new id, now on `ch`, ours alone (never handed out).
+        Ok(CmId { inner: Arc::new(unsafe { CmIdInner::adopt(new, ch.inner) }) })
     }
 
     /// The raw `struct rdma_event_channel *`. What `ffi` calls may not do with it: read events

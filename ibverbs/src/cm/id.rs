@@ -15,6 +15,27 @@ use crate::ffi;
 pub(crate) struct CmIdInner {
     pub(crate) raw: NonNull<ffi::rdma_cm_id>,
     pub(crate) channel: Arc<ChannelInner>,
+    /// This id's number, unique in the process (never reused, unlike the id's address), also
+    /// kept in `raw->context` so that an event names its id by it ([`CmEvent::is_for`]).
+    ///
+    /// [`CmEvent::is_for`]: crate::cm::CmEvent::is_for
+    pub(crate) serial: u64,
+}
+
+impl CmIdInner {
+    /// Takes ownership of `raw`, an id on `channel`, giving it a new serial (written into
+    /// `raw->context`).
+    ///
+    /// # Safety
+    /// `raw` is a live id of `channel` that nobody else uses or owns: the returned value
+    /// destroys it once.
+    pub(crate) unsafe fn adopt(raw: NonNull<ffi::rdma_cm_id>, channel: Arc<ChannelInner>) -> CmIdInner {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let serial = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: a live id that is ours alone (contract); librdmacm never reads `context`.
+        unsafe { (*raw.as_ptr()).context = serial as usize as *mut std::ffi::c_void };
+        CmIdInner { raw, channel, serial }
+    }
 }
 
 // SAFETY: librdmacm's calls are thread-safe; the id's fields are only read or written under
@@ -222,6 +243,9 @@ impl CmId {
     /// or destroy a queue pair or an SRQ on it (librdmacm would give a later queue pair made on
     /// the id that SRQ behind the crate's back), migrate it, or call anything while another
     /// thread may use the id (the crate serialises its own calls with the channel's lock).
+    /// Its `context` holds the crate's number for the id, by which events name it
+    /// ([`CmEvent::is_for`](crate::cm::CmEvent::is_for)): changed, the id's events are no longer
+    /// recognised as its own.
     pub fn as_raw(&self) -> *mut ffi::rdma_cm_id {
         self.raw()
     }
