@@ -328,11 +328,15 @@ impl EventChannel {
         };
         // The serials of the ids the event names, from their `context` (see `CmIdInner`); a
         // connection request's new id has its listener's until it is adopted below.
-        // SAFETY: the ids an unacknowledged event names are alive (rdma_destroy_id waits for
-        // the acknowledgement); `context` is written only when an id is adopted, before any of
-        // its events can be read.
-        let serial =
-            |p: *mut ffi::rdma_cm_id| if p.is_null() { 0 } else { unsafe { (*p).context as usize as u64 } };
+        let serial = |p: *mut ffi::rdma_cm_id| {
+            if p.is_null() {
+                return 0;
+            }
+            // SAFETY: the ids an unacknowledged event names are alive (rdma_destroy_id waits
+            // for the acknowledgement); `context` is written only when an id is adopted, before
+            // any of its events can be read.
+            unsafe { (*p).context as usize as u64 }
+        };
         let (id_serial, listen_serial) = (serial(id), serial(listen_id));
         let mut private_data = Vec::new();
         if !conn.private_data.is_null() && conn.private_data_len > 0 {
