@@ -317,10 +317,31 @@ impl<T> Registry<T> {
     /// Called only by the consumer.
     #[inline]
     pub(crate) unsafe fn begin_poll(&self) -> bool {
+        // SAFETY: consumer (contract).
+        unsafe { self.release_retired() };
+        self.is_draining()
+    }
+
+    /// Consumer: [`begin_poll`](Self::begin_poll) without its result, for a poll that asks
+    /// [`is_draining`](Self::is_draining) only once the CQ was seen empty (nothing it needs
+    /// lives across the provider call then).
+    ///
+    /// # Safety
+    /// Called only by the consumer.
+    #[inline]
+    pub(crate) unsafe fn release_retired(&self) {
         if self.retired.load(Ordering::Acquire) != 0 {
             // SAFETY: consumer (contract).
             unsafe { self.take_retired() };
         }
+    }
+
+    /// Whether any ring is draining. Only the consumer marks rings draining (in
+    /// [`begin_poll`](Self::begin_poll)/[`release_retired`](Self::release_retired)) or takes them
+    /// out ([`drained`](Self::drained)): read by the consumer after its provider call, it is what
+    /// `begin_poll` returned before it.
+    #[inline]
+    pub(crate) fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed) != 0
     }
 

@@ -628,15 +628,17 @@ unsafe fn poll_into_one(
     mut poll: impl FnMut(i32, *mut ffi::ibv_wc) -> i32,
 ) -> std::result::Result<bool, i32> {
     // SAFETY: consumer (contract).
-    let draining = unsafe { registry.begin_poll() };
+    unsafe { registry.release_retired() };
     c.clear();
     let n = poll(1, c.zeroed_wc());
     if n < 0 {
         return Err(n);
     }
     if n == 0 {
-        if draining {
-            // SAFETY: consumer; the provider found the CQ empty after begin_poll.
+        // Asked only now (not kept across the provider call): only the consumer marks rings
+        // draining, and it did so above, before the provider call.
+        if registry.is_draining() {
+            // SAFETY: consumer; the provider found the CQ empty after the rings were marked.
             unsafe { registry.drained() };
         }
         return Ok(false);
