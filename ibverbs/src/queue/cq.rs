@@ -677,7 +677,7 @@ unsafe fn poll_into(
         };
     }
     // SAFETY: consumer (contract).
-    let draining = unsafe { registry.begin_poll() };
+    unsafe { registry.release_retired() };
     // Drop what the caller left in the entries *before* taking any completion from the
     // device: if a buffer's drop panics, no completion is lost with it.
     for c in out.iter_mut() {
@@ -704,8 +704,10 @@ unsafe fn poll_into(
         }
         filled += n;
         if n < want {
-            if draining {
-                // The provider found the CQ empty, after begin_poll marked the retired rings.
+            // Asked only now, as in `poll_into_one`: only the consumer marks rings draining,
+            // and it did so above, before the provider calls.
+            if registry.is_draining() {
+                // The provider found the CQ empty, after the retired rings were marked.
                 // SAFETY: consumer; the condition of `drained` holds.
                 unsafe { registry.drained() };
             }
