@@ -6,15 +6,14 @@
 mod common;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use ibverbs::{
-    AccessFlags, Completion, CompletionQueue, Error, Local, OwnedBuffer, QpType, QueuePair, RecvRequest,
-    SendOps, SendRequest, WcFlags, WcOpcode, WcStatus,
+    AccessFlags, Completion, CompletionQueue, Error, Local, QpType, QueuePair, RecvRequest, SendOps,
+    SendRequest, WcFlags, WcOpcode, WcStatus,
 };
 
 /// Which side of the data path is extended.
@@ -292,18 +291,7 @@ fn a_panicking_buffer_free_loses_no_completion_on_an_extended_cq() {
     let Some(mut p) = ex_pair(Kind { qp_ex: false, cq_ex: true }, SendOps::RDMA_WRITE, 8) else { return };
     let target = Arc::new(p.pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap());
     let freed = Arc::new(AtomicU32::new(0));
-    let mem: &'static mut [u8] = Box::leak(vec![1u8; 64].into_boxed_slice());
-    let (ptr, len) = (NonNull::new(mem.as_mut_ptr()).unwrap(), mem.len());
-    let calls = freed.clone();
-    let free = move |p: *mut u8, n: usize| {
-        // SAFETY: p/n are the leaked box's parts, freed once here.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) });
-        calls.fetch_add(1, Ordering::SeqCst);
-        panic!("free callback panicked (allowed by its contract)");
-    };
-    // SAFETY: initialised (from `vec!`), ours alone from now on, and `free` releases it once.
-    let buf = unsafe { OwnedBuffer::from_raw_parts(ptr, len, Some(Box::new(free))) };
-    let mr = Arc::new(p.pd.register(buf, AccessFlags::LOCAL_WRITE).unwrap());
+    let mr = Arc::new(region_freed_by(&p.pd, freed.clone(), true));
     p.a.post_send(SendRequest::write(Local::whole(mr), target.remote()).unsignaled()).unwrap();
     p.a.post_send(SendRequest::write_inline(b"", target.remote()).wr_id(7)).unwrap();
     p.a.post_send(SendRequest::write_inline(b"", target.remote()).wr_id(8)).unwrap();

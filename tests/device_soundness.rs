@@ -5,15 +5,14 @@
 mod common;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use ibverbs::{
-    AccessFlags, Completion, CompletionQueue, Context, Error, Local, MemoryRegion, OwnedBuffer, PostError,
-    ProtectionDomain, QpType, QueuePair, RecvRequest, SendRequest, WcStatus,
+    AccessFlags, Completion, CompletionQueue, Context, Error, Local, PostError, ProtectionDomain, QpType,
+    QueuePair, RecvRequest, SendRequest, WcStatus,
 };
 
 /// A queue pair's connected peer: the peer, its CQ, and on iWARP the two RDMA-CM ids (kept as
@@ -198,24 +197,6 @@ fn a_reset_keeps_the_room_of_its_outstanding_requests_until_the_cq_is_seen_empty
     assert_eq!(poll_dry(&mut cq).len(), 3, "the three completions were still in the CQ");
     a.reset().unwrap();
     assert_eq!(a.outstanding_sends(), 0);
-}
-
-/// A registered region whose memory is freed by a callback that counts its calls and panics
-/// when asked to.
-fn region_freed_by(pd: &ProtectionDomain, calls: Arc<AtomicU32>, panics: bool) -> MemoryRegion {
-    let mem: &'static mut [u8] = Box::leak(vec![7u8; 64].into_boxed_slice());
-    let (ptr, len) = (NonNull::new(mem.as_mut_ptr()).unwrap(), mem.len());
-    let free = move |p: *mut u8, n: usize| {
-        // SAFETY: p/n are the leaked box's parts, freed once here.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) });
-        calls.fetch_add(1, Ordering::SeqCst);
-        if panics {
-            panic!("free callback panicked (allowed by its contract)");
-        }
-    };
-    // SAFETY: initialised (from `vec!`), ours alone from now on, and `free` releases it once.
-    let buf = unsafe { OwnedBuffer::from_raw_parts(ptr, len, Some(Box::new(free))) };
-    pd.register(buf, AccessFlags::LOCAL_WRITE).unwrap()
 }
 
 // Hole 5: a panicking drop of a released buffer (an OwnedBuffer free callback, within its

@@ -439,3 +439,25 @@ pub fn unsupported_on(device: &str, feature: &str, why: impl std::fmt::Display) 
     let _ = out.write_all(line.as_bytes());
     let _ = out.flush();
 }
+
+/// A registered region whose memory is freed by a callback that counts its calls and panics
+/// when asked to.
+pub fn region_freed_by(
+    pd: &ProtectionDomain,
+    calls: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    panics: bool,
+) -> ibverbs::MemoryRegion {
+    let mem: &'static mut [u8] = Box::leak(vec![7u8; 64].into_boxed_slice());
+    let (ptr, len) = (std::ptr::NonNull::new(mem.as_mut_ptr()).unwrap(), mem.len());
+    let free = move |p: *mut u8, n: usize| {
+        // SAFETY: p/n are the leaked box's parts, freed once here.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) });
+        calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if panics {
+            panic!("free callback panicked (allowed by its contract)");
+        }
+    };
+    // SAFETY: initialised (from `vec!`), ours alone from now on, and `free` releases it once.
+    let buf = unsafe { ibverbs::OwnedBuffer::from_raw_parts(ptr, len, Some(Box::new(free))) };
+    pd.register(buf, ibverbs::AccessFlags::LOCAL_WRITE).unwrap()
+}
