@@ -935,10 +935,7 @@ fn device_runs(
     if opts.passes.valgrind {
         for bin in device.iter().filter(|b| !CHILD_ONLY.contains(&b.name.as_str())) {
             let prelude = sanitizer_prelude(root, Kind::Valgrind);
-            let mut args = opts.test_args.clone();
-            for (_, filter) in CHILD_ONLY_TESTS.iter().filter(|(name, _)| *name == bin.name) {
-                args.extend([OsString::from("--skip"), OsString::from(filter)]);
-            }
+            let args = skip_args(&bin.name, &opts.test_args, &CHILD_ONLY_TESTS);
             let script = device_script(root, &prelude, &valgrind_argv(root), &bin.executable, &args);
             add(&bin.name, "valgrind", Kind::Valgrind, script);
         }
@@ -946,7 +943,7 @@ fn device_runs(
     if let Some(build) = tsan {
         for bin in &build.tests {
             let prelude = sanitizer_prelude(root, Kind::Tsan);
-            let args = tsan_test_args(&bin.name, &opts.test_args);
+            let args = skip_args(&bin.name, &opts.test_args, &TSAN_SKIP_TESTS);
             let script = device_script(root, &prelude, &[], &bin.executable, &args);
             add(&bin.name, "ThreadSanitizer", Kind::Tsan, script);
         }
@@ -965,11 +962,12 @@ pub const TSAN_SKIP_TESTS: [(&str, &str); 3] = [
     ("device_async", "dropped_futures_leave_buffers_with_the_queue_pair"),
 ];
 
-/// The test arguments of binary `name`'s ThreadSanitizer run: the caller's, then a `--skip` per
-/// [`TSAN_SKIP_TESTS`] entry of the binary.
-fn tsan_test_args(name: &str, test_args: &[OsString]) -> Vec<OsString> {
+/// The test arguments of binary `name`'s run in a pass that leaves out `skips` (its table of
+/// binaries and filters: [`CHILD_ONLY_TESTS`], [`TSAN_SKIP_TESTS`]): the caller's, then a
+/// `--skip FILTER` per entry of the binary.
+fn skip_args(name: &str, test_args: &[OsString], skips: &[(&str, &str)]) -> Vec<OsString> {
     let mut args = test_args.to_vec();
-    for (_, filter) in TSAN_SKIP_TESTS.iter().filter(|(bin, _)| *bin == name) {
+    for (_, filter) in skips.iter().filter(|(bin, _)| *bin == name) {
         args.extend([OsString::from("--skip"), OsString::from(filter)]);
     }
     args
@@ -1136,7 +1134,13 @@ fn siw_tsan_runs(
             kind: Kind::Tsan,
             step: step(
                 format!("{} (siw0, ThreadSanitizer)", bin.name),
-                device_script(root, &prelude, &[], &bin.executable, &tsan_test_args(&bin.name, test_args)),
+                device_script(
+                    root,
+                    &prelude,
+                    &[],
+                    &bin.executable,
+                    &skip_args(&bin.name, test_args, &TSAN_SKIP_TESTS),
+                ),
             ),
         })
         .collect()
@@ -1900,6 +1904,22 @@ mod tests {
         let err = child_only_check(&dir).unwrap_err();
         assert!(err.contains("device_perf.rs calls `context()`"), "{err}");
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    // A renamed test would no longer be left out of the TSan runs (and would cost minutes
+    // there): every filter names a test of its binary.
+    #[test]
+    fn tsan_skip_filters_name_tests() {
+        let root = crate::workspace_root();
+        for (name, filter) in TSAN_SKIP_TESTS {
+            let src = fs::read_to_string(root.join("tests").join(format!("{name}.rs"))).unwrap();
+            let named = src.split("#[test]").skip(1).any(|t| {
+                t.trim_start()
+                    .strip_prefix("fn ")
+                    .is_some_and(|r| r.split('(').next().unwrap_or("").contains(filter))
+            });
+            assert!(named, "tests/{name}.rs: no test name contains `{filter}` (TSAN_SKIP_TESTS)");
+        }
     }
 
     #[test]
