@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use ibverbs::{
     AccessFlags, Completion, CompletionQueue, Context, Error, Local, PostError, ProtectionDomain, QpType,
-    QueuePair, RecvRequest, SendRequest, WcStatus,
+    QueuePair, RecvRequest, ScopedSend, SendRequest, WcStatus,
 };
 
 /// A queue pair's connected peer: the peer, its CQ, and on iWARP the two RDMA-CM ids (kept as
@@ -277,6 +277,67 @@ fn a_panicking_buffer_free_is_contained_and_nothing_is_freed_twice() {
     for (i, c) in calls.iter().enumerate() {
         assert_eq!(c.load(Ordering::SeqCst), 1, "buffer {i} freed exactly once");
     }
+}
+
+// The same containment in the other polls that take completions from the device: `poll_wait`
+// (with room for one completion and for several) and a scope's drain. Each keeps the
+// completions the panic interrupted for the next poll. (Fails with `poll_wait_with`'s
+// `resume_deferred` taken out: the panic would surface only at a later poll.)
+#[test]
+fn a_panicking_buffer_free_in_poll_wait_or_a_scope_drain_loses_no_completion() {
+    let ctx = pair_context();
+    let ch = ctx.create_comp_channel().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut cq = ctx.create_cq(32, Some(&ch)).unwrap();
+    let (mut a, _peer) = connected(&pd, &cq, 8, 1);
+    let target = pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap();
+    let remote = target.remote();
+    let bound = scaled(Duration::from_secs(10));
+    let message = "free callback panicked (allowed by its contract)";
+
+    for room in [1, 4] {
+        let calls = Arc::new(AtomicU32::new(0));
+        let mr = Arc::new(region_freed_by(&pd, calls.clone(), true));
+        // Unsignaled: the slot holds the last Arc of the region until wr_id 7's completion.
+        a.post_send(SendRequest::write(Local::whole(mr), remote).unsignaled()).unwrap();
+        a.post_send(SendRequest::write_inline(b"", remote).wr_id(7)).unwrap();
+        let mut out: Vec<Completion> = (0..room).map(|_| Completion::default()).collect();
+        let r = catch_unwind(AssertUnwindSafe(|| cq.poll_wait(&mut out, bound).map(|c| c.len())));
+        let payload = r.expect_err("the callback's panic propagates out of poll_wait");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&message), "room {room}");
+        assert_eq!(
+            (calls.load(Ordering::SeqCst), cq.kept()),
+            (1, 1),
+            "room {room}: freed once, completion kept"
+        );
+        let got = cq.poll_wait(&mut out, bound).unwrap();
+        assert_eq!(got.len(), 1, "room {room}");
+        assert_eq!((got[0].wr_id(), got[0].is_tracked(), got[0].is_ok()), (7, true, true), "room {room}");
+        assert_eq!((a.outstanding_sends(), cq.kept()), (0, 0), "room {room}");
+    }
+
+    // A scope's drain: an owned request's buffer, released by the completion of the scoped
+    // request the drain waits for, panics in its drop. The scope returns by resuming that panic,
+    // after its scoped request completed; the drain's completions are kept.
+    let calls = Arc::new(AtomicU32::new(0));
+    let mr = Arc::new(region_freed_by(&pd, calls.clone(), true));
+    let mut src = pd.allocate(64).unwrap();
+    src.copy_from_slice(&pattern(64, 5));
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        a.scope(&mut cq, |s| {
+            s.post_send_owned(SendRequest::write(Local::whole(mr), remote).unsignaled()).unwrap();
+            s.post_send(ScopedSend::write(s.local(&src, ..).unwrap(), remote).wr_id(8)).unwrap();
+        })
+    }));
+    let payload = r.expect_err("the drain's caught panic is resumed once the scope drained");
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&message));
+    assert_eq!((calls.load(Ordering::SeqCst), cq.kept()), (1, 1), "freed once, the drain's completion kept");
+    assert_eq!(target.to_vec(), src.to_vec(), "the scoped write landed before the scope returned");
+    let mut one = [Completion::default()];
+    let got = cq.poll(&mut one).unwrap();
+    assert_eq!((got.len(), got[0].wr_id(), got[0].is_tracked(), got[0].is_ok()), (1, 8, true, true));
+    assert_eq!((a.outstanding_sends(), cq.kept()), (0, 0));
+    assert_eq!(a.state(), ibverbs::QpState::RTS, "a scope whose closure returned leaves the QP alone");
 }
 
 // Hole 5, via a region's own drop and a completion entry left with its buffer.
