@@ -12,7 +12,9 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{connect_qps, context, is_iwarp, opts, pair_context, pattern, scaled, time_scale};
+use common::{
+    connect_qps, context, is_iwarp, opts, pair_context, pattern, region_freed_by, scaled, time_scale,
+};
 use ibverbs::aio::{AsyncCompletionQueue, AsyncQueuePair, Driver};
 use ibverbs::cm::CmId;
 use ibverbs::{
@@ -811,6 +813,73 @@ fn replacing_or_resetting_the_queue_pair_in_with_qp_ends_its_waiting_operations(
         let waiting = b.post_recv(recv(3)).unwrap();
         b.with_qp(|qp| qp.reset()).unwrap();
         forgotten(waiting.await).unwrap();
+        assert_eq!(driver.in_flight(), 0);
+    }));
+}
+
+/// A buffer whose free callback panics, released while a future polls the driver, loses no
+/// completion: the future whose poll unwinds returns its own completion at its next poll (a
+/// dropped future's buffer, dropped after the completions were handed out), and a panic inside
+/// the CQ's poll (an unsignaled request's buffer, posted behind the driver and released by a
+/// later completion) leaves the completions it took for the next polls, another task's included.
+#[test]
+fn a_panicking_buffer_free_in_a_futures_poll_loses_no_completion() {
+    use std::future::Future as _;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::task::Poll;
+    let s = setup(1, 8);
+    let Setup { pd, channel, cq, mut qps, .. } = s;
+    let target = pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap();
+    let remote = target.remote();
+    let message = "free callback panicked (allowed by its contract)";
+    let rt = rt_current();
+    rt.block_on(bounded("a panicking buffer free", async {
+        let driver = Driver::tokio(cq, &channel).unwrap();
+        let (a, b) = endpoints(&driver, std::mem::take(&mut qps)).pop().unwrap();
+
+        // A dropped future's buffer: its completion and this one's come in one poll; the buffer
+        // is dropped after both were handed out.
+        let calls = Arc::new(AtomicU32::new(0));
+        let mr = Arc::new(region_freed_by(&pd, calls.clone(), true));
+        drop(a.post_send(SendRequest::write(Local::whole(mr), remote)).unwrap());
+        let mut op = Box::pin(a.post_send(SendRequest::write_inline(b"", remote).wr_id(9)).unwrap());
+        // Both completions are in the CQ before the first poll (this thread blocks meanwhile).
+        std::thread::sleep(scaled(Duration::from_millis(200)));
+        let first =
+            std::future::poll_fn(|cx| Poll::Ready(catch_unwind(AssertUnwindSafe(|| op.as_mut().poll(cx)))))
+                .await;
+        let payload = first.expect_err("the free callback's panic propagates out of the future's poll");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&message));
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "freed once");
+        let c = op.await.expect("the completion the panicking poll took comes at the next poll");
+        assert_eq!((c.wr_id(), c.is_ok()), (9, true), "{c:?}");
+
+        // A panic inside the CQ's poll, under the driver's lock: another task waits for a
+        // message; this task's send completion releases an unsignaled request's buffer
+        // (posted on the queue pair itself), whose drop panics.
+        let waiter = tokio::spawn({
+            let (b, buf) = (b.clone(), pd.allocate(64).unwrap());
+            async move { b.recv(RecvRequest::new(Local::whole(buf)).wr_id(1)).await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(b.outstanding_recvs(), 1, "the waiting task posted its receive and waits");
+        let calls = Arc::new(AtomicU32::new(0));
+        let mr = Arc::new(region_freed_by(&pd, calls.clone(), true));
+        a.with_qp(|qp| qp.post_send(SendRequest::write(Local::whole(mr), remote).unsignaled()).unwrap());
+        let mut op = Box::pin(a.post_send(SendRequest::send_inline(&pattern(16, 4)).wr_id(2)).unwrap());
+        std::thread::sleep(scaled(Duration::from_millis(200)));
+        let first =
+            std::future::poll_fn(|cx| Poll::Ready(catch_unwind(AssertUnwindSafe(|| op.as_mut().poll(cx)))))
+                .await;
+        let payload = first.expect_err("the free callback's panic propagates out of the future's poll");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&message));
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "freed once");
+        let c = op.await.expect("the send's completion, kept by the CQ");
+        assert_eq!((c.wr_id(), c.is_ok()), (2, true), "{c:?}");
+        let got = waiter.await.unwrap().expect("the waiting task's receive, kept by the CQ");
+        assert!(got.is_ok(), "{got:?}");
+        assert_eq!((got.wr_id(), got.byte_len()), (1, 16));
         assert_eq!(driver.in_flight(), 0);
     }));
 }

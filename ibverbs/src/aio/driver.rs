@@ -255,6 +255,13 @@ struct WakeIfPending<'a>(&'a Shared);
 
 impl Drop for WakeIfPending<'_> {
     fn drop(&mut self) {
+        // Unwinding out of the lock: a poll of the CQ under it met a buffer's panicking drop
+        // (of a dropped queue pair's request, say), and the CQ keeps the completions it took for
+        // its next poll, which no channel event will announce. Every waiting task polls again,
+        // so that one of them takes them.
+        if std::thread::panicking() {
+            self.0.wake_pending.store(true, Ordering::Relaxed);
+        }
         self.0.wake_if_pending();
     }
 }
@@ -364,7 +371,9 @@ impl Driver {
         };
         // Woken before the drops: a buffer's free callback that panics loses no wake-up.
         wake.into_iter().for_each(Waker::wake);
-        drop(drop_later);
+        if let Some(panic) = drop_each(drop_later) {
+            std::panic::resume_unwind(panic);
+        }
         r
     }
 
@@ -396,11 +405,20 @@ impl Driver {
 /// operation completes, if only with a flush error, unless
 /// [`with_qp`](AsyncQueuePair::with_qp) resets or replaces the queue pair: then it resolves to
 /// [`Error::InvalidArgument`].
+///
+/// A poll that meets a buffer's panicking drop (an [`OwnedBuffer`](crate::OwnedBuffer) free
+/// callback: of a dropped future's completion, or released by the CQ's poll) propagates the
+/// panic, and loses no completion: this operation's comes at its next poll, those the CQ's poll
+/// took are kept for the next polls (as [`CompletionQueue::poll`] keeps them), and every task
+/// waiting on the driver is woken to take them.
 #[must_use = "the operation is posted either way; dropping the future only forgoes its completion"]
 pub struct Op {
     shared: Arc<Shared>,
     tok: u64,
     finished: bool,
+    /// The operation's completion, taken by a poll that then unwound (a buffer of another
+    /// completion panicked in its drop): the next poll returns it.
+    kept: Option<Completion>,
     _qp: Arc<QpCell>,
 }
 
@@ -445,6 +463,10 @@ impl Future for Op {
                 verb: "ibv_poll_cq",
                 reason: "the operation's future was polled after it completed",
             }));
+        }
+        if let Some(c) = self.kept.take() {
+            self.finished = true;
+            return Poll::Ready(Ok(c));
         }
         let tok = self.tok;
         let mut wake = Vec::new();
@@ -495,21 +517,48 @@ impl Future for Op {
                 }
             }
         };
-        if out.is_ready() {
-            self.finished = true;
-        }
         // Wake everyone handed a completion, this task included: another future of this task
         // (e.g. a `select!` branch polled before this one) may be among them. Before the drops:
         // a buffer's free callback that panics loses no wake-up.
         wake.into_iter().for_each(Waker::wake);
-        drop(drop_later);
+        if let Some(panic) = drop_each(drop_later) {
+            // This operation's completion, if it came, is not lost with the panic: kept for
+            // the next poll.
+            if let Poll::Ready(Ok(c)) = out {
+                self.kept = Some(c);
+            }
+            std::panic::resume_unwind(panic);
+        }
+        if out.is_ready() {
+            self.finished = true;
+        }
         out
     }
 }
 
+/// Drops the completions of abandoned operations one at a time, so that a buffer's panicking
+/// drop leaves the others to be dropped (a second panic while unwinding would abort); returns
+/// the first panic's payload (later ones are leaked: dropping a payload may panic again).
+fn drop_each(completions: Vec<Completion>) -> Option<Box<dyn std::any::Any + Send>> {
+    if completions.is_empty() {
+        return None;
+    }
+    let mut first = None;
+    for c in completions {
+        if let Err(p) = std::panic::catch_unwind(AssertUnwindSafe(|| drop(c))) {
+            match first {
+                None => first = Some(p),
+                Some(_) => std::mem::forget(p),
+            }
+        }
+    }
+    first
+}
+
 impl Drop for Op {
     fn drop(&mut self) {
-        if self.finished {
+        // A kept completion was taken from a slot already released (the field drops it).
+        if self.finished || self.kept.is_some() {
             return;
         }
         let done = {
@@ -626,7 +675,7 @@ impl AsyncQueuePair {
     }
 
     fn op(&self, tok: u64) -> Op {
-        Op { shared: self.driver.shared.clone(), tok, finished: false, _qp: self.qp.clone() }
+        Op { shared: self.driver.shared.clone(), tok, finished: false, kept: None, _qp: self.qp.clone() }
     }
 
     /// Posts a send-queue request (`ibv_post_send()`) now and returns the future of its
