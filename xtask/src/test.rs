@@ -890,19 +890,21 @@ fn device_script(
     script
 }
 
-/// `export IBVERBS_TEST_TIME_SCALE=...` (unless set) and, for TSan, `TSAN_OPTIONS` and
-/// `RUST_BACKTRACE=0`: backtraces captured and symbolized under TSan made `device_async`'s tests
-/// that panic on purpose slow (one 63 s against 9 s, another 132 s against 0.7 s; rxe0,
+/// `export IBVERBS_TEST_TIME_SCALE=...` (unless set), `RUST_BACKTRACE=0` and, for TSan,
+/// `TSAN_OPTIONS`. Backtraces captured and symbolized under a sanitizer made the tests that panic
+/// on purpose slow (under TSan, `device_async`'s: one 63 s against 9 s, another 132 s against
+/// 0.7 s; under valgrind `device_soundness`'s three `panicking` tests 45 s against 25 s; rxe0,
 /// 2026-12-04); a failing test's backtrace is in its plain run.
 fn sanitizer_prelude(root: &Path, kind: Kind) -> Vec<u8> {
     let scale = if kind == Kind::Tsan { TSAN_TIME_SCALE } else { VALGRIND_TIME_SCALE };
-    let mut prelude =
-        format!("export IBVERBS_TEST_TIME_SCALE=\"${{IBVERBS_TEST_TIME_SCALE:-{scale}}}\"\n").into_bytes();
+    let mut prelude = format!(
+        "export IBVERBS_TEST_TIME_SCALE=\"${{IBVERBS_TEST_TIME_SCALE:-{scale}}}\"\nexport RUST_BACKTRACE=0\n"
+    )
+    .into_bytes();
     if kind == Kind::Tsan {
         prelude.extend_from_slice(b"export TSAN_OPTIONS=");
         prelude.extend_from_slice(&shell::quote(tsan_options(root).as_bytes()));
         prelude.extend_from_slice(b"\"${TSAN_OPTIONS:+ $TSAN_OPTIONS}\"\n");
-        prelude.extend_from_slice(b"export RUST_BACKTRACE=0\n");
     }
     prelude
 }
@@ -1790,10 +1792,7 @@ mod tests {
             assert!(script.contains("\nexport RUST_BACKTRACE=0\n"), "{script}");
             if run.what.starts_with("device_async") {
                 assert!(script.contains("/t/device_async"), "{script}");
-                assert!(
-                    script.ends_with(" --test-threads=1 filter --skip no_busy_polling"),
-                    "{script}"
-                );
+                assert!(script.ends_with(" --test-threads=1 filter --skip no_busy_polling"), "{script}");
             } else {
                 assert!(script.contains("/t/device_threads"), "{script}");
                 assert!(script.ends_with(" --test-threads=1 filter"), "{script}");
@@ -1962,6 +1961,7 @@ mod tests {
         let script = device_script(root, &prelude, &valgrind_argv(root), Path::new("/t/d"), &[]);
         let script = String::from_utf8(script).unwrap();
         assert!(script.contains("IBVERBS_TEST_TIME_SCALE=\"${IBVERBS_TEST_TIME_SCALE:-20}\""), "{script}");
+        assert!(script.contains("\nexport RUST_BACKTRACE=0\n"), "{script}");
         assert!(
             script.contains("exec valgrind --tool=memcheck ") && script.contains("--error-exitcode=99 "),
             "{script}"
