@@ -12,6 +12,7 @@ use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use super::{Backend, CqCore};
 use crate::error::{Error, Result};
 use crate::memory::RemoteSlice;
+use crate::post::ring::{keep_first, Payload};
 use crate::post::{Local, RecvRequest, SendRequest};
 use crate::queue::{Completion, CompletionChannel, CompletionQueue, PostError, QueuePair};
 
@@ -538,18 +539,15 @@ impl Future for Op {
 
 /// Drops the completions of abandoned operations one at a time, so that a buffer's panicking
 /// drop leaves the others to be dropped (a second panic while unwinding would abort); returns
-/// the first panic's payload (later ones are leaked: dropping a payload may panic again).
-fn drop_each(completions: Vec<Completion>) -> Option<Box<dyn std::any::Any + Send>> {
+/// the first panic's payload ([`keep_first`]).
+fn drop_each(completions: Vec<Completion>) -> Option<Payload> {
     if completions.is_empty() {
         return None;
     }
     let mut first = None;
     for c in completions {
         if let Err(p) = std::panic::catch_unwind(AssertUnwindSafe(|| drop(c))) {
-            match first {
-                None => first = Some(p),
-                Some(_) => std::mem::forget(p),
-            }
+            keep_first(&mut first, p);
         }
     }
     first

@@ -49,6 +49,17 @@ impl Drop for Release<'_> {
 /// What a panic carries ([`std::panic::catch_unwind`]'s error).
 pub(crate) type Payload = Box<dyn Any + Send + 'static>;
 
+/// Keeps the first of the panics caught in a sequence of drops (the one resumed once the
+/// sequence is done): a later payload is dropped, and leaked should that drop, which runs the
+/// payload's own code, panic too.
+pub(crate) fn keep_first(kept: &mut Option<Payload>, payload: Payload) {
+    if kept.is_none() {
+        *kept = Some(payload);
+    } else if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(again);
+    }
+}
+
 /// A panic caught while the consumer takes completions: the drop of a slot released by a later
 /// completion ([`Ring::complete_in_place`]) runs the user's code (an
 /// [`OwnedBuffer`](crate::OwnedBuffer)'s free callback). Unwinding from there would lose the
@@ -67,21 +78,16 @@ impl Deferred {
         Deferred(UnsafeCell::new(None))
     }
 
-    /// Consumer: runs `f`, catching its panic. The first payload is kept; later ones are
-    /// dropped (and leaked should that drop, which runs the payload's own code, panic too).
+    /// Consumer: runs `f`, catching its panic. The first payload is kept ([`keep_first`]).
     ///
     /// # Safety
     /// Called only by the consumer.
     pub(crate) unsafe fn catch(&self, f: impl FnOnce()) {
         if let Err(payload) = catch_unwind(AssertUnwindSafe(f)) {
-            // SAFETY: the consumer alone touches the cell (contract); the reference ends before
-            // any other code runs.
-            let kept = unsafe { &mut *self.0.get() };
-            if kept.is_none() {
-                *kept = Some(payload);
-            } else if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
-                std::mem::forget(again);
-            }
+            // SAFETY: the consumer alone touches the cell (contract); nothing else reaches it
+            // while the reference lives (a payload's drop, run by `keep_first`, cannot: the
+            // cell is the crate's).
+            keep_first(unsafe { &mut *self.0.get() }, payload);
         }
     }
 
@@ -464,6 +470,25 @@ mod tests {
     use std::panic::{catch_unwind, AssertUnwindSafe};
 
     impl SlotValue for u64 {}
+
+    #[test]
+    fn keep_first_keeps_the_first_panic_and_drops_the_later_ones() {
+        use std::sync::atomic::AtomicU32;
+        use std::sync::Arc;
+        struct Counted(Arc<AtomicU32>);
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let drops = Arc::new(AtomicU32::new(0));
+        let mut kept = None;
+        keep_first(&mut kept, Box::new(1u32));
+        keep_first(&mut kept, Box::new(Counted(drops.clone())));
+        keep_first(&mut kept, Box::new(Counted(drops.clone())));
+        assert_eq!(drops.load(Ordering::SeqCst), 2, "later payloads are dropped at once");
+        assert_eq!(kept.and_then(|p| p.downcast::<u32>().ok()).map(|b| *b), Some(1));
+    }
 
     #[test]
     fn completes_in_order_and_releases_earlier_slots() {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::post::ring::{Payload, Ring};
+use crate::post::ring::{keep_first, Payload, Ring};
 use crate::post::{Scope, Slot};
 use crate::queue::cq::{CompletionQueue, CqInner};
 use crate::queue::qp::{QpState, QueuePair};
@@ -279,7 +279,7 @@ impl Scope<'_, '_> {
 }
 
 /// Polls `cq` once past its kept completions, and keeps what came in it; returns how many.
-/// A panic (a buffer's drop) is caught into `panic` (the first one; later ones are leaked).
+/// A panic (a buffer's drop) is caught into `panic` ([`keep_first`]).
 fn keep_polled(cq: &mut CompletionQueue, buf: &mut [Completion], panic: &mut Option<Payload>) -> usize {
     match catch_unwind(AssertUnwindSafe(|| cq.poll_device(buf))) {
         Ok(Ok(n)) => {
@@ -291,11 +291,7 @@ fn keep_polled(cq: &mut CompletionQueue, buf: &mut [Completion], panic: &mut Opt
         // A failing ibv_poll_cq: the bound decides.
         Ok(Err(_)) => 0,
         Err(p) => {
-            if panic.is_none() {
-                *panic = Some(p);
-            } else {
-                std::mem::forget(p);
-            }
+            keep_first(panic, p);
             0
         }
     }
