@@ -832,7 +832,18 @@ fn a_panicking_buffer_free_in_a_futures_poll_loses_no_completion() {
     let Setup { pd, channel, cq, mut qps, .. } = s;
     let target = pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap();
     let remote = target.remote();
-    let message = "free callback panicked (allowed by its contract)";
+    // Waits until the device completed what was posted (this thread blocks meanwhile: every
+    // completion is in the CQ before the first poll), then polls `op` once: the buffer whose
+    // free callback counts `calls` panics out of that poll, freed once.
+    async fn first_poll_panics(mut op: std::pin::Pin<&mut ibverbs::aio::Op>, calls: &AtomicU32) {
+        std::thread::sleep(scaled(Duration::from_millis(200)));
+        let first =
+            std::future::poll_fn(|cx| Poll::Ready(catch_unwind(AssertUnwindSafe(|| op.as_mut().poll(cx)))))
+                .await;
+        let payload = first.expect_err("the free callback's panic propagates out of the future's poll");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"free callback panicked (allowed by its contract)"));
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "freed once");
+    }
     let rt = rt_current();
     rt.block_on(bounded("a panicking buffer free", async {
         let driver = Driver::tokio(cq, &channel).unwrap();
@@ -844,14 +855,7 @@ fn a_panicking_buffer_free_in_a_futures_poll_loses_no_completion() {
         let mr = Arc::new(region_freed_by(&pd, calls.clone(), true));
         drop(a.post_send(SendRequest::write(Local::whole(mr), remote)).unwrap());
         let mut op = Box::pin(a.post_send(SendRequest::write_inline(b"", remote).wr_id(9)).unwrap());
-        // Both completions are in the CQ before the first poll (this thread blocks meanwhile).
-        std::thread::sleep(scaled(Duration::from_millis(200)));
-        let first =
-            std::future::poll_fn(|cx| Poll::Ready(catch_unwind(AssertUnwindSafe(|| op.as_mut().poll(cx)))))
-                .await;
-        let payload = first.expect_err("the free callback's panic propagates out of the future's poll");
-        assert_eq!(payload.downcast_ref::<&str>(), Some(&message));
-        assert_eq!(calls.load(Ordering::SeqCst), 1, "freed once");
+        first_poll_panics(op.as_mut(), &calls).await;
         let c = op.await.expect("the completion the panicking poll took comes at the next poll");
         assert_eq!((c.wr_id(), c.is_ok()), (9, true), "{c:?}");
 
@@ -868,13 +872,7 @@ fn a_panicking_buffer_free_in_a_futures_poll_loses_no_completion() {
         let mr = Arc::new(region_freed_by(&pd, calls.clone(), true));
         a.with_qp(|qp| qp.post_send(SendRequest::write(Local::whole(mr), remote).unsignaled()).unwrap());
         let mut op = Box::pin(a.post_send(SendRequest::send_inline(&pattern(16, 4)).wr_id(2)).unwrap());
-        std::thread::sleep(scaled(Duration::from_millis(200)));
-        let first =
-            std::future::poll_fn(|cx| Poll::Ready(catch_unwind(AssertUnwindSafe(|| op.as_mut().poll(cx)))))
-                .await;
-        let payload = first.expect_err("the free callback's panic propagates out of the future's poll");
-        assert_eq!(payload.downcast_ref::<&str>(), Some(&message));
-        assert_eq!(calls.load(Ordering::SeqCst), 1, "freed once");
+        first_poll_panics(op.as_mut(), &calls).await;
         let c = op.await.expect("the send's completion, kept by the CQ");
         assert_eq!((c.wr_id(), c.is_ok()), (2, true), "{c:?}");
         let got = waiter.await.unwrap().expect("the waiting task's receive, kept by the CQ");
