@@ -26,6 +26,12 @@ impl Endpoint {
 
     /// A stable byte encoding for out-of-band exchange: magic `'V'`, version 1, MTU enum, 0,
     /// LID (2 bytes), QPN (4), PSN (4), GID (16); integers big-endian.
+    ///
+    /// The fields are public, so an endpoint built by hand may hold values no queue pair has: a
+    /// QPN or PSN above 24 bits, an MTU outside `IBV_MTU_256..=IBV_MTU_4096`. They are encoded as
+    /// they are (an MTU above 255 as 0), and the peer's [`decode`](Self::decode) refuses them:
+    /// the error surfaces there, not here. Endpoints from
+    /// [`QueuePair::endpoint`](crate::QueuePair::endpoint) are always in range.
     pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
         let mut b = [0; Self::ENCODED_LEN];
         b[0] = Self::MAGIC;

@@ -36,7 +36,8 @@ impl MemoryRegion {
     /// shorter when `size` does not divide the length).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a `size` of 0.
+    /// [`Error::InvalidArgument`] for a `size` of 0; the region is dropped (deregistered) with
+    /// the error.
     pub fn into_chunks(self, size: usize) -> Result<Vec<Chunk>> {
         if size == 0 {
             return Err(Error::InvalidArgument { verb: "MemoryRegion::into_chunks", reason: "chunk size 0" });
@@ -52,7 +53,9 @@ impl MemoryRegion {
     /// Splits the region into two owned chunks: bytes `..mid` and `mid..`.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] when `mid` is beyond the region.
+    /// [`Error::OutOfBounds`] when `mid` is beyond the region; the region is dropped
+    /// (deregistered) with the error. ([`Chunk::split_at`] hands its chunk back instead: compare
+    /// `mid` with [`len`](Self::len) first to keep the region.)
     pub fn split_at(self, mid: usize) -> Result<(Chunk, Chunk)> {
         let len = self.len();
         Chunk { mr: Arc::from(self.inner), offset: 0, len }.split_at(mid).map_err(|(_, e)| e)
