@@ -4,7 +4,10 @@
 //! `--concurrency` requests in flight (one task each), the server answers each from a task per
 //! posted receive; both sides complete their operations through one [`Driver`] per side, woken by
 //! the completion channel (`--events`, the default) or busy polling (`--busy-poll`). The client
-//! prints requests per second and latency percentiles; both print their CPU time.
+//! prints requests per second and latency percentiles; both print their CPU time. Each side
+//! registers its message buffers once, as one region carved into owned chunks
+//! (`MemoryRegion::into_chunks`): a receive or send takes a chunk, its completion hands it back
+//! (`Completion::take_chunk`), and no buffer is allocated or registered while requests run.
 //!
 //! The queue pairs' addresses (and the run's parameters) are exchanged over TCP (`--port`). With
 //! `-R` the queue pairs connect through RDMA-CM instead (the one way on iWARP): the server
@@ -31,8 +34,8 @@ use clap::Parser;
 use ibverbs::aio::{AsyncQueuePair, Driver};
 use ibverbs::cm::{self, CmId, ConnParam, Listener};
 use ibverbs::{
-    Completion, CompletionQueue, ConnectOptions, Context, Endpoint, Gid, Local, MemoryRegion, Mtu,
-    ProtectionDomain, QpCaps, QpType, QueuePair, RecvRequest, SendRequest,
+    Chunk, Completion, CompletionQueue, ConnectOptions, Context, Endpoint, Gid, Local, Mtu, ProtectionDomain,
+    QpCaps, QpType, QueuePair, RecvRequest, SendRequest,
 };
 
 #[derive(Parser, Debug, Clone)]
@@ -377,8 +380,15 @@ fn run(args: &Args) -> Result<(), String> {
     })
 }
 
-fn alloc(pd: &ProtectionDomain, size: u32) -> Result<MemoryRegion, String> {
-    pd.allocate(size as usize).map_err(|e| format!("allocating a buffer: {e}"))
+/// `count` buffers of `size` bytes carved from one registration, the way servers register one
+/// pool and hand each request a slot of it: owned chunks, each handed back by the completion of
+/// the request that took it (`Completion::take_chunk`).
+fn pool(pd: &ProtectionDomain, size: u32, count: u32) -> Result<Vec<Chunk>, String> {
+    let total = u64::from(size) * u64::from(count);
+    common::memory::check(total, "the buffer pool")?;
+    pd.allocate(total as usize)
+        .and_then(|mr| mr.into_chunks(size as usize))
+        .map_err(|e| format!("allocating a pool of {count} buffers of {size} bytes: {e}"))
 }
 
 fn check(c: &Completion, what: &str) -> Result<(), String> {
@@ -401,19 +411,19 @@ async fn server(
 ) -> Result<(), String> {
     let served = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
-    for _ in 0..conc + 2 {
+    // One registration for every task's buffer (received into, then replied from).
+    let mut buffers = pool(&pd, size, conc + 2)?;
+    while let Some(buf) = buffers.pop() {
         let (ep, served) = (ep.clone(), served.clone());
         // Posted here, not in the task: all are posted before `ready`.
-        let first = ep
-            .post_recv(RecvRequest::new(Local::whole(alloc(&pd, size)?)))
-            .map_err(|e| e.error.to_string())?;
+        let first = ep.post_recv(RecvRequest::new(Local::whole(buf))).map_err(|e| e.error.to_string())?;
         tasks.push(tokio::spawn(async move {
             let mut op = first;
             loop {
                 let mut c = op.await.map_err(|e| e.to_string())?;
                 check(&c, "a receive")?;
                 let len = c.byte_len() as usize;
-                let req = c.take_region().ok_or("the receive's buffer did not come back")?;
+                let req = c.take_chunk().ok_or("the receive's buffer did not come back")?;
                 // A message of no bytes is echoed with no entry (no post takes an entry of 0
                 // bytes); the buffer stays here.
                 let (reply, kept) = if len == 0 {
@@ -425,7 +435,7 @@ async fn server(
                 check(&c, "a reply")?;
                 let buf = match kept {
                     Some(buf) => buf,
-                    None => c.take_region().ok_or("the reply's buffer did not come back")?,
+                    None => c.take_chunk().ok_or("the reply's buffer did not come back")?,
                 };
                 if served.fetch_add(1, Ordering::AcqRel) + 1 >= n {
                     return Ok::<(), String>(());
@@ -471,15 +481,18 @@ async fn client(
     limit: Duration,
 ) -> Result<Vec<Duration>, String> {
     let waiters: Waiters = Arc::new(Mutex::new((0..conc).map(|_| None).collect()));
-    // Receivers: a task per posted receive, handing each reply to the request's slot.
+    // Receivers: a task per posted receive, handing each reply to the request's slot; their
+    // buffers and the senders' come from one registration.
+    let mut buffers = pool(&pd, size, 2 * conc + 2)?;
     let mut receivers = Vec::new();
     for _ in 0..conc + 2 {
-        let (ep, waiters, mut buf) = (ep.clone(), waiters.clone(), alloc(&pd, size)?);
+        let (ep, waiters) = (ep.clone(), waiters.clone());
+        let mut buf = buffers.pop().ok_or("the pool ran out")?;
         receivers.push(tokio::spawn(async move {
             loop {
                 let mut c = ep.recv(RecvRequest::new(Local::whole(buf))).await.map_err(|e| e.to_string())?;
                 check(&c, "a receive")?;
-                let m = c.take_region().ok_or("the receive's buffer did not come back")?;
+                let m = c.take_chunk().ok_or("the receive's buffer did not come back")?;
                 let slot = u64::from_le_bytes(m.as_slice()[..8].try_into().unwrap());
                 let seq = u64::from_le_bytes(m.as_slice()[8..16].try_into().unwrap());
                 let tx = waiters.lock().unwrap().get_mut(slot as usize).and_then(Option::take);
@@ -496,7 +509,8 @@ async fn client(
     let next = Arc::new(AtomicU64::new(0));
     let mut senders = Vec::new();
     for slot in 0..conc {
-        let (ep, waiters, next, mut buf) = (ep.clone(), waiters.clone(), next.clone(), alloc(&pd, size)?);
+        let (ep, waiters, next) = (ep.clone(), waiters.clone(), next.clone());
+        let mut buf = buffers.pop().ok_or("the pool ran out")?;
         senders.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             loop {
@@ -511,7 +525,7 @@ async fn client(
                 let t = Instant::now();
                 let mut c = ep.send(SendRequest::send(Local::whole(buf))).await.map_err(|e| e.to_string())?;
                 check(&c, "a request")?;
-                buf = c.take_region().ok_or("the request's buffer did not come back")?;
+                buf = c.take_chunk().ok_or("the request's buffer did not come back")?;
                 let got = tokio::time::timeout(limit, rx)
                     .await
                     .map_err(|_| {
@@ -594,11 +608,14 @@ fn bench_sync(args: &Args) -> Result<Figures, String> {
     let (n, size, conc) = (args.requests, args.size, args.concurrency as usize);
     let (mut c, mut s) = loopback(args)?;
     let deadline = Instant::now() + Duration::from_secs(args.timeout) * 10;
-    for _ in 0..conc + 2 {
-        s.qp.post_recv(RecvRequest::new(Local::whole(alloc(&s.pd, size)?))).map_err(|e| e.to_string())?;
-        c.qp.post_recv(RecvRequest::new(Local::whole(alloc(&c.pd, size)?))).map_err(|e| e.to_string())?;
+    let extra = conc as u32 + 2;
+    for (s_buf, c_buf) in pool(&s.pd, size, extra)?.into_iter().zip(pool(&c.pd, size, extra)?) {
+        s.qp.post_recv(RecvRequest::new(Local::whole(s_buf))).map_err(|e| e.to_string())?;
+        c.qp.post_recv(RecvRequest::new(Local::whole(c_buf))).map_err(|e| e.to_string())?;
     }
-    let mut free: Vec<MemoryRegion> = (0..conc).map(|_| alloc(&c.pd, size)).collect::<Result<_, _>>()?;
+    // The client's staging buffers: a free list of chunks of one registration, each sent from
+    // and handed back by its send's completion.
+    let mut free: Vec<Chunk> = pool(&c.pd, size, conc as u32)?;
     let mut start: VecDeque<Instant> = VecDeque::new();
     let mut lat = Vec::with_capacity(n.min(1 << 20) as usize);
     let (mut sent, mut done) = (0u64, 0u64);
@@ -614,7 +631,7 @@ fn bench_sync(args: &Args) -> Result<Figures, String> {
         // Server: echo every request from its receive buffer, repost the buffer when the reply is done.
         for comp in s.cq.poll(&mut out).map_err(|e| e.to_string())?.iter_mut() {
             check(comp, "a server completion")?;
-            let m = comp.take_region().ok_or("no buffer")?;
+            let m = comp.take_chunk().ok_or("no buffer")?;
             if comp.opcode() == ibverbs::WcOpcode::RECV {
                 s.qp.post_send(SendRequest::send(Local::whole(m))).map_err(|e| e.error.to_string())?;
             } else {
@@ -623,7 +640,7 @@ fn bench_sync(args: &Args) -> Result<Figures, String> {
         }
         for comp in c.cq.poll(&mut out).map_err(|e| e.to_string())?.iter_mut() {
             check(comp, "a client completion")?;
-            let m = comp.take_region().ok_or("no buffer")?;
+            let m = comp.take_chunk().ok_or("no buffer")?;
             if comp.opcode() == ibverbs::WcOpcode::RECV {
                 lat.push(start.pop_front().ok_or("a reply to nothing")?.elapsed());
                 done += 1;

@@ -1,4 +1,27 @@
 //! Registered buffer pools: keep a receive queue stocked from the chunks of one registration.
+//!
+//! Send-side staging buffers need no type of their own: a `Vec<Chunk>` with room for every chunk
+//! is the free list. Pop a chunk, write the message into it, post it; its completion hands it
+//! back ([`Completion::take_chunk`](crate::Completion::take_chunk)) to be pushed again. Nothing
+//! allocates or registers while messages go (`examples/async_rpc.rs` stages its requests so):
+//!
+//! ```no_run
+//! # fn f(pd: &ibverbs::ProtectionDomain, qp: &mut ibverbs::QueuePair, cq: &mut ibverbs::CompletionQueue) -> ibverbs::Result<()> {
+//! use ibverbs::{Completion, Local, SendRequest};
+//! let mut free = pd.allocate(64 * 4096)?.into_chunks(4096)?;
+//! let mut wcs: [Completion; 16] = Default::default();
+//! loop {
+//!     if let Some(mut chunk) = free.pop() {
+//!         let len = 5;
+//!         chunk[..len].copy_from_slice(b"hello");
+//!         qp.post_send(SendRequest::send(Local::new(chunk, ..len)?)).map_err(|e| e.error)?;
+//!     }
+//!     for wc in cq.poll(&mut wcs)? {
+//!         free.extend(wc.take_chunk());
+//!     }
+//! }
+//! # }
+//! ```
 
 use crate::error::{Error, Result};
 use crate::memory::Chunk;
