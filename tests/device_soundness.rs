@@ -340,6 +340,53 @@ fn a_panicking_buffer_free_in_poll_wait_or_a_scope_drain_loses_no_completion() {
     assert_eq!(a.state(), ibverbs::QpState::RTS, "a scope whose closure returned leaves the QP alone");
 }
 
+// Ids of dropped objects: a completion channel's event and a queue pair's id, kept after their
+// CQ and QP were dropped, name none of the later ones, also those the allocator gives the
+// dropped objects' addresses (ids were those addresses, and named them).
+#[test]
+fn a_dropped_cqs_or_qps_id_is_never_a_later_ones() {
+    let ctx = pair_context();
+    let ch = ctx.create_comp_channel().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut cq = ctx.create_cq(8, Some(&ch)).unwrap();
+    let (mut a, peer) = connected(&pd, &cq, 4, 1);
+    let target = pd.allocate_remote(8, AccessFlags::REMOTE_WRITE).unwrap();
+    cq.req_notify(false).unwrap();
+    a.post_send(SendRequest::write(Local::whole(pd.allocate(8).unwrap()), target.remote())).unwrap();
+    let id = ch.get_event(Some(scaled(Duration::from_secs(5)))).unwrap().expect("a CQ event within 5 s");
+    assert_eq!(id, cq.id(), "the event names its CQ");
+    poll_n(&mut cq, 1);
+    let qp_id = a.id();
+    let (cq_addr, qp_addr) = (cq.as_raw() as usize, a.as_raw() as usize);
+    // Providers calloc their objects, and glibc's calloc skips the per-thread cache that takes
+    // the first freed chunks of each size: objects freed before fill it, so that the dropped
+    // CQ and QP go where calloc looks.
+    let fillers: Vec<_> = (0..16)
+        .map(|_| {
+            let cq = ctx.create_cq(8, Some(&ch)).unwrap();
+            (pd.create_qp(&cq, QpType::RC).max_send_wr(4).max_recv_wr(1).build().unwrap(), cq)
+        })
+        .collect();
+    drop(fillers);
+    drop((a, peer));
+    drop(cq);
+
+    // Created and dropped one after the other: the allocator's free lists cycle.
+    let (mut cq_reused, mut qp_reused) = (false, false);
+    for _ in 0..256 {
+        let cq = ctx.create_cq(8, Some(&ch)).unwrap();
+        assert_ne!(cq.id(), id, "a kept event names a later CQ");
+        cq_reused |= cq.as_raw() as usize == cq_addr;
+        let qp = pd.create_qp(&cq, QpType::RC).max_send_wr(4).max_recv_wr(1).build().unwrap();
+        assert_ne!(qp.id(), qp_id, "a dropped QP's id names a later QP");
+        qp_reused |= qp.as_raw() as usize == qp_addr;
+        if cq_reused && qp_reused {
+            break;
+        }
+    }
+    println!("later objects got the dropped ones' addresses: CQ {cq_reused}, QP {qp_reused}");
+}
+
 // Hole 5, via a region's own drop and a completion entry left with its buffer.
 #[test]
 fn a_panicking_free_in_a_dropped_region_or_completion_entry_frees_once() {

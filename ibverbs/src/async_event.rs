@@ -10,7 +10,8 @@
 //! copying out what the typed [`AsyncEvent`] needs: the event type, and for a QP its number
 //! (read from the `struct ibv_qp` before the acknowledgement, while the pending event keeps the
 //! QP from being destroyed). The object itself is named by values that are never dereferenced
-//! (an address as an id, a QP number, a port number), so an event about an object that is gone
+//! (a number unique in the process, a QP number, a port number: never an address another object
+//! may get once the first is destroyed), so an event about an object that is gone
 //! stays harmless. An [`AsyncEvent`] is a plain `Copy` value: nothing of it is left to
 //! acknowledge, and its drop is trivial ("acknowledged automatically" at read).
 
@@ -20,7 +21,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::device::{Context, ContextInner};
+use crate::device::{Context, ContextInner, ObjectKind};
 use crate::error::{Error, Result};
 use crate::fd::{self, ReadinessFd};
 use crate::ffi;
@@ -154,10 +155,11 @@ enum Element {
 }
 
 /// Identifies a queue pair in an [`AsyncEvent`] (compare with [`QueuePair::id`](crate::QueuePair::id)):
-/// the address of its `struct ibv_qp`, never dereferenced. A QP created after another was
-/// dropped may get the same id.
+/// a number unique in the process, never given to another QP (the `struct ibv_qp` address of a
+/// dropped QP may be a later one's: an event kept after its QP was dropped is not taken for
+/// that later QP). 0 for a QP created with `ffi`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct QpId(pub(crate) usize);
+pub struct QpId(pub(crate) u64);
 
 /// The object an [`AsyncEvent`] is about, as plain values (never pointers that could dangle).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -170,11 +172,13 @@ pub enum AsyncObject {
         /// The QP number ([`QueuePair::qp_num`](crate::QueuePair::qp_num)).
         qp_num: u32,
     },
-    /// A completion queue (compare with [`CompletionQueue::id`](crate::CompletionQueue::id)).
+    /// A completion queue (compare with [`CompletionQueue::id`](crate::CompletionQueue::id); 0
+    /// for a CQ created with `ffi`).
     CompletionQueue(CqId),
-    /// A shared receive queue: the address of its `struct ibv_srq`, as a value (compare with
-    /// [`SharedReceiveQueue::id`](crate::SharedReceiveQueue::id)).
-    SharedReceiveQueue(usize),
+    /// A shared receive queue: its number, unique in the process (compare with
+    /// [`SharedReceiveQueue::id`](crate::SharedReceiveQueue::id); 0 for an SRQ created with
+    /// `ffi`).
+    SharedReceiveQueue(u64),
     /// A work queue: the address of its `struct ibv_wq`, as a value.
     WorkQueue(usize),
     /// A port of the device (1-based).
@@ -286,18 +290,25 @@ impl AsyncEvents {
             return Err(Error::Verb { verb: "ibv_get_async_event", source: e });
         }
         let kind = AsyncEventType(ev.event_type.0);
+        // The CQ, QP or SRQ is alive while its event is not acknowledged (its destruction waits
+        // for that): its address names it in the context's serials until the acknowledgement.
+        let serial = |kind, addr| self.inner.ctx.serials.get(kind, addr);
         // SAFETY: the union member read is the one `event_type` says libibverbs wrote. The QP
         // is alive while its event is not acknowledged (ibv_destroy_qp waits for it), so its
         // qp_num may be read before the acknowledgement below. Nothing is read after it.
         let object = unsafe {
             match kind.element() {
-                Element::Cq => AsyncObject::CompletionQueue(CqId(ev.element.cq as usize)),
+                Element::Cq => {
+                    AsyncObject::CompletionQueue(CqId(serial(ObjectKind::Cq, ev.element.cq as usize)))
+                }
                 Element::Qp => {
                     let qp = ev.element.qp;
                     let qp_num = if qp.is_null() { 0 } else { (*qp).qp_num };
-                    AsyncObject::QueuePair { id: QpId(qp as usize), qp_num }
+                    AsyncObject::QueuePair { id: QpId(serial(ObjectKind::Qp, qp as usize)), qp_num }
                 }
-                Element::Srq => AsyncObject::SharedReceiveQueue(ev.element.srq as usize),
+                Element::Srq => {
+                    AsyncObject::SharedReceiveQueue(serial(ObjectKind::Srq, ev.element.srq as usize))
+                }
                 Element::Wq => AsyncObject::WorkQueue(ev.element.wq as usize),
                 Element::Port => AsyncObject::Port(u8::try_from(ev.element.port_num).unwrap_or(0)),
                 Element::Device => AsyncObject::Device,

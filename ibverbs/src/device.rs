@@ -1,9 +1,10 @@
 //! Devices, device contexts, and the attributes of devices, ports and GIDs.
 
+use std::collections::HashMap;
 use std::ffi::CStr;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::ffi;
@@ -226,6 +227,7 @@ impl<'a> Device<'a> {
                 name: self.name().to_string(),
                 cm_anchor: None,
                 siw: Default::default(),
+                serials: Default::default(),
             }),
         })
     }
@@ -276,6 +278,55 @@ pub(crate) struct ContextInner {
     pub(crate) cm_anchor: Option<crate::cm::DeviceAnchor>,
     /// Whether the device is siw, found by [`Context::is_siw`] once.
     pub(crate) siw: std::sync::OnceLock<bool>,
+    /// The process-unique numbers of the context's live CQs, QPs and SRQs, by address: what an
+    /// asynchronous event names them by ([`crate::AsyncObject`]).
+    pub(crate) serials: Serials,
+}
+
+/// The kinds of objects an asynchronous event names by address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum ObjectKind {
+    Cq,
+    Qp,
+    Srq,
+}
+
+/// The process-unique numbers (serials) of a context's live objects, by kind and address.
+///
+/// An asynchronous event names its object by the address of its `struct ibv_cq`/`ibv_qp`/
+/// `ibv_srq`; the allocator may give that address to a later object once the first is
+/// destroyed, so an event kept by the caller would be taken for the later one. The event's
+/// reader looks the address up here while the object is alive (its destruction waits for the
+/// event's acknowledgement) and keeps the serial instead. An object is entered once created
+/// and removed once destroyed, and only by its own serial: a later object at the same address
+/// may already have replaced the entry. Objects created behind the crate (with `ffi`) are
+/// absent: their events name serial 0, which no object of the crate has.
+#[derive(Default)]
+pub(crate) struct Serials(Mutex<HashMap<(ObjectKind, usize), u64>>);
+
+impl Serials {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<(ObjectKind, usize), u64>> {
+        // Entries are inserted and removed whole: a poisoned lock holds a consistent map.
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A new object of `kind` at `addr` has `serial`.
+    pub(crate) fn insert(&self, kind: ObjectKind, addr: usize, serial: u64) {
+        self.map().insert((kind, addr), serial);
+    }
+
+    /// The object of `kind` at `addr` with `serial` was destroyed.
+    pub(crate) fn remove(&self, kind: ObjectKind, addr: usize, serial: u64) {
+        let mut map = self.map();
+        if map.get(&(kind, addr)) == Some(&serial) {
+            map.remove(&(kind, addr));
+        }
+    }
+
+    /// The serial of the live object of `kind` at `addr`; 0 for one the crate did not create.
+    pub(crate) fn get(&self, kind: ObjectKind, addr: usize) -> u64 {
+        self.map().get(&(kind, addr)).copied().unwrap_or(0)
+    }
 }
 
 // SAFETY: libibverbs contexts are thread-safe: every verb taking a context may be called from any
@@ -1032,6 +1083,22 @@ impl GidEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn serials_name_live_objects_and_a_dead_ones_removal_spares_its_successor() {
+        let s = Serials::default();
+        s.insert(ObjectKind::Cq, 0x1000, 7);
+        s.insert(ObjectKind::Qp, 0x1000, 8);
+        assert_eq!((s.get(ObjectKind::Cq, 0x1000), s.get(ObjectKind::Qp, 0x1000)), (7, 8));
+        assert_eq!(s.get(ObjectKind::Srq, 0x1000), 0, "an object the crate did not create");
+        // A later CQ at the address enters itself before the first one's removal comes.
+        s.insert(ObjectKind::Cq, 0x1000, 9);
+        s.remove(ObjectKind::Cq, 0x1000, 7);
+        assert_eq!(s.get(ObjectKind::Cq, 0x1000), 9);
+        s.remove(ObjectKind::Cq, 0x1000, 9);
+        assert_eq!(s.get(ObjectKind::Cq, 0x1000), 0);
+        assert_eq!(s.get(ObjectKind::Qp, 0x1000), 8);
+    }
 
     #[test]
     fn odp_caps_read_the_general_bits() {

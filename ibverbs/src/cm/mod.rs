@@ -124,7 +124,13 @@ fn cm_context(raw: NonNull<ffi::ibv_context>) -> Result<Context> {
     let name = unsafe { std::ffi::CStr::from_ptr(ffi::ibv_get_device_name((*raw.as_ptr()).device)) }
         .to_string_lossy()
         .into_owned();
-    let inner = Arc::new(ContextInner { raw, name, cm_anchor: Some(anchor), siw: Default::default() });
+    let inner = Arc::new(ContextInner {
+        raw,
+        name,
+        cm_anchor: Some(anchor),
+        siw: Default::default(),
+        serials: Default::default(),
+    });
     cache.push((raw.as_ptr() as usize, Arc::downgrade(&inner)));
     Ok(Context { inner })
 }

@@ -48,12 +48,18 @@ const PENDING: u32 = NOTIFIED - 1;
 
 /// The event bookkeeping of one CQ; `cq_context` of the `ibv_cq` points to it (see the module
 /// docs for the protocol).
-#[derive(Default)]
 pub(crate) struct CqEvents {
     word: AtomicU32,
+    /// The CQ's process-unique number ([`CqId`]).
+    pub(crate) serial: u64,
 }
 
 impl CqEvents {
+    /// The bookkeeping of the CQ numbered `serial`, no event read yet.
+    pub(crate) fn new(serial: u64) -> CqEvents {
+        CqEvents { word: AtomicU32::new(0), serial }
+    }
+
     /// Counts one event just read for this CQ and marks it notified; returns how many events
     /// the caller must acknowledge now (0, a full batch, or 1 when the CQ is being dropped).
     /// The caller must not touch `self` after acknowledging.
@@ -144,15 +150,15 @@ impl ChannelInner {
             }
             return Err(Error::Verb { verb: "ibv_get_cq_event", source: e });
         }
-        let id = CqId(cq as usize);
-        let ack = if cq_ctx.is_null() {
+        let (id, ack) = if cq_ctx.is_null() {
             // Not a CQ of this crate (a contract violation of a raw user): acknowledge at once.
-            1
+            (CqId(0), 1)
         } else {
             // SAFETY: every CQ created on a channel of this crate has `cq_context` pointing to
             // its CqEvents, which lives until ibv_destroy_cq returned; that waits for this
             // event's acknowledgement, which comes after this (last) use of the reference.
-            unsafe { &*cq_ctx.cast::<CqEvents>() }.record()
+            let events = unsafe { &*cq_ctx.cast::<CqEvents>() };
+            (CqId(events.serial), events.record())
         };
         if ack > 0 {
             // SAFETY: `cq` is alive: its destruction waits for this acknowledgement. Neither
@@ -247,11 +253,11 @@ impl fmt::Debug for CompletionChannel {
 }
 
 /// Identifies the completion queue an event is for (compare with
-/// [`CompletionQueue::id`](crate::CompletionQueue::id)): the address of its `struct ibv_cq`, a
-/// value that is never dereferenced. A CQ created after another was dropped may get the same
-/// id.
+/// [`CompletionQueue::id`](crate::CompletionQueue::id)): a number unique in the process, never
+/// given to another CQ (the `struct ibv_cq` address of a dropped CQ may be a later one's: an id
+/// kept after its CQ was dropped is not taken for that later CQ).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct CqId(pub(crate) usize);
+pub struct CqId(pub(crate) u64);
 
 impl CompletionChannel {
     pub(crate) fn new(ctx: &Context) -> Result<CompletionChannel> {
@@ -353,7 +359,7 @@ mod tests {
 
     #[test]
     fn events_are_counted_and_acknowledged_in_batches() {
-        let ev = CqEvents::default();
+        let ev = CqEvents::new(1);
         for _ in 0..ACK_BATCH - 1 {
             assert_eq!(ev.record(), 0);
         }
@@ -370,7 +376,7 @@ mod tests {
 
     #[test]
     fn after_the_drop_began_readers_acknowledge_themselves() {
-        let ev = CqEvents::default();
+        let ev = CqEvents::new(1);
         ev.record();
         ev.record();
         ev.record();
@@ -384,7 +390,7 @@ mod tests {
     fn racing_readers_and_a_drop_acknowledge_every_event_once() {
         let (rounds, per) = if cfg!(miri) { (3, 40) } else { (20, 300) };
         for _ in 0..rounds {
-            let ev = Arc::new(CqEvents::default());
+            let ev = Arc::new(CqEvents::new(1));
             let acked = Arc::new(AtomicU32::new(0));
             let readers: Vec<_> = (0..3)
                 .map(|_| {

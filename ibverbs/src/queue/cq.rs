@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::device::{Context, ContextInner};
+use crate::device::{Context, ContextInner, ObjectKind};
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::ffi;
 use crate::post::registry::Registry;
@@ -51,7 +51,9 @@ impl Drop for CqInner {
         // event read is acknowledged or about to be. After this the registry drops the
         // remaining buffers.
         let ret = unsafe { ffi::ibv_destroy_cq(self.raw.as_ptr()) };
-        if ret != 0 {
+        if ret == 0 {
+            self.ctx.serials.remove(ObjectKind::Cq, self.raw.as_ptr() as usize, self.events.serial);
+        } else {
             // Should not happen (no QP is left). The CQ lives on in the kernel and may still
             // report events through `cq_context`: leak the bookkeeping they will touch. The
             // buffers in the registry are not touched by a destroyed QP, so dropping them stays
@@ -113,7 +115,7 @@ impl CompletionQueue {
             });
         }
         let ch = channel.map_or(std::ptr::null_mut(), |c| c.inner.raw.as_ptr());
-        let events = Arc::new(CqEvents::default());
+        let events = Arc::new(CqEvents::new(crate::queue::qp::next_queue_id()));
         let cq_context = Arc::as_ptr(&events).cast_mut().cast();
         crate::error::clear_errno();
         let (raw, ex) = match wc_flags {
@@ -163,6 +165,7 @@ impl CompletionQueue {
             unsafe { ffi::ibv_destroy_cq(raw.as_ptr()) };
             return Err(Error::InvalidArgument { verb: "ibv_poll_cq", reason: "provider has no poll_cq" });
         };
+        ctx.inner.serials.insert(ObjectKind::Cq, raw.as_ptr() as usize, events.serial);
         Ok(CompletionQueue {
             inner: Arc::new(CqInner {
                 raw,
@@ -183,9 +186,10 @@ impl CompletionQueue {
         self.inner.registry.cq_capacity()
     }
 
-    /// Identifies this CQ in [`CompletionChannel::get_event`] results.
+    /// Identifies this CQ in [`CompletionChannel::get_event`] results and
+    /// [`AsyncEvent`](crate::AsyncEvent)s: a number unique in the process (see [`CqId`]).
     pub fn id(&self) -> CqId {
-        CqId(self.inner.raw.as_ptr() as usize)
+        CqId(self.inner.events.serial)
     }
 
     /// The raw `struct ibv_cq *`; valid while this CQ (or a QP using it) lives. What `ffi` calls

@@ -5,6 +5,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::device::ObjectKind;
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::ffi;
 use crate::pd::{PdInner, ProtectionDomain};
@@ -71,7 +72,9 @@ impl Drop for SrqInner {
         // SAFETY: every queue pair on this SRQ holds an Arc of this inner, so all are destroyed;
         // destroyed once.
         let ret = unsafe { ffi::ibv_destroy_srq(self.raw.as_ptr()) };
-        if ret != 0 {
+        if ret == 0 {
+            self.pd.ctx.serials.remove(ObjectKind::Srq, self.raw.as_ptr() as usize, self.prepared_id);
+        } else {
             // The SRQ may still be live in the device: never release its buffers (the CQs'
             // attachments keep the table too; this extra count is never given back), nor the
             // prepared receives' pinned regions.
@@ -209,6 +212,8 @@ impl SharedReceiveQueue {
         // SAFETY: the SRQ is valid; its context's ops table belongs to the provider.
         let post_fn = unsafe { (*(*raw.as_ptr()).context).ops.post_srq_recv };
         let chain_len = max_wr as usize;
+        let prepared_id = next_queue_id();
+        pd.ctx.serials.insert(ObjectKind::Srq, raw.as_ptr() as usize, prepared_id);
         SharedReceiveQueue {
             inner: Arc::new(SrqInner {
                 raw,
@@ -216,7 +221,7 @@ impl SharedReceiveQueue {
                 cqs: Mutex::new(Vec::new()),
                 pd,
                 _xrcd: xrcd,
-                prepared_id: next_queue_id(),
+                prepared_id,
                 pins: Mutex::new(Vec::new()),
             }),
             post_fn,
@@ -228,10 +233,12 @@ impl SharedReceiveQueue {
     }
 
     /// Identifies this SRQ in [`AsyncEvent`](crate::AsyncEvent)s: compare with
-    /// [`AsyncObject::SharedReceiveQueue`](crate::AsyncObject::SharedReceiveQueue) (the address
-    /// of its `struct ibv_srq`, as a value).
-    pub fn id(&self) -> usize {
-        self.inner.raw.as_ptr() as usize
+    /// [`AsyncObject::SharedReceiveQueue`](crate::AsyncObject::SharedReceiveQueue). A number
+    /// unique in the process, never given to another SRQ (the `struct ibv_srq` address of a
+    /// dropped SRQ may be a later one's: an event kept after its SRQ was dropped is not taken
+    /// for that later SRQ).
+    pub fn id(&self) -> u64 {
+        self.inner.prepared_id
     }
 
     /// The raw `struct ibv_srq *`; valid while this SRQ (or a queue pair on it) lives. What

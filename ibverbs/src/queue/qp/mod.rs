@@ -11,7 +11,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::device::Context;
+use crate::device::{Context, ObjectKind};
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::ffi;
 use crate::pd::{PdInner, ProtectionDomain};
@@ -573,9 +573,11 @@ impl<'a> QueuePairBuilder<'a> {
         };
         let chain_len = caps.max_send_wr as usize;
         let recv_chain_len = caps.max_recv_wr as usize;
+        let id = next_queue_id();
+        self.pd.inner.ctx.serials.insert(ObjectKind::Qp, raw.as_ptr() as usize, id);
         Ok(QueuePair {
             raw,
-            id: next_queue_id(),
+            id,
             resets: 0,
             post_send_fn,
             provider_post_send,
@@ -750,10 +752,10 @@ pub(crate) fn random_psn() -> u32 {
 }
 
 impl QueuePair {
-    /// Identifies this QP in [`AsyncEvent`](crate::AsyncEvent)s: the address of its
-    /// `struct ibv_qp`, as a value.
+    /// Identifies this QP in [`AsyncEvent`](crate::AsyncEvent)s: a number unique in the
+    /// process (see [`QpId`](crate::QpId)).
     pub fn id(&self) -> crate::QpId {
-        crate::QpId(self.raw.as_ptr() as usize)
+        crate::QpId(self.id)
     }
 
     /// Whether both work queues complete into `cq` (checked by the async adaptor).
@@ -1008,6 +1010,7 @@ impl Drop for QueuePair {
             }
         };
         if ret == 0 {
+            self.pd.ctx.serials.remove(ObjectKind::Qp, self.raw.as_ptr() as usize, self.id);
             // The device is done with every posted buffer: hand them to the CQs to release.
             if self.has_send {
                 self.send_cq.registry.retire(&self.send);
