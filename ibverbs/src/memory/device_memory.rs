@@ -79,6 +79,51 @@ impl Context {
     }
 }
 
+/// Bytes per call of a copy through the aligned bounce buffer.
+const BOUNCE: usize = 256;
+
+/// The bounce buffer: 4-byte aligned.
+#[repr(C, align(4))]
+struct Bounce([u8; BOUNCE]);
+
+/// The host side of a device-memory copy: the bytes to copy in, or the slice to copy out to.
+enum Host<'a> {
+    In(&'a [u8]),
+    Out(&'a mut [u8]),
+}
+
+/// Runs a device-memory copy of the host side's bytes at device offset `off` through `copy(dm_off,
+/// host, n)`, with `host` 4-byte aligned: the slice itself when it is, else pieces of [`BOUNCE`]
+/// bytes through an aligned stack buffer, filled from the slice before each call (copy in) or
+/// copied to it after (copy out). `host` is valid for reads of `n` bytes copying in (it may
+/// point into a shared slice: the provider only reads it), for writes copying out.
+fn copy_in_words(
+    off: usize,
+    host: Host<'_>,
+    mut copy: impl FnMut(usize, *mut u8, usize) -> Result<()>,
+) -> Result<()> {
+    match host {
+        Host::In(src) if src.as_ptr() as usize % 4 == 0 => copy(off, src.as_ptr().cast_mut(), src.len()),
+        Host::Out(dst) if dst.as_ptr() as usize % 4 == 0 => copy(off, dst.as_mut_ptr(), dst.len()),
+        Host::In(src) => {
+            let mut bounce = Bounce([0; BOUNCE]);
+            for (i, piece) in src.chunks(BOUNCE).enumerate() {
+                bounce.0[..piece.len()].copy_from_slice(piece);
+                copy(off + i * BOUNCE, bounce.0.as_mut_ptr(), piece.len())?;
+            }
+            Ok(())
+        }
+        Host::Out(dst) => {
+            let mut bounce = Bounce([0; BOUNCE]);
+            for (i, piece) in dst.chunks_mut(BOUNCE).enumerate() {
+                copy(off + i * BOUNCE, bounce.0.as_mut_ptr(), piece.len())?;
+                piece.copy_from_slice(&bounce.0[..piece.len()]);
+            }
+            Ok(())
+        }
+    }
+}
+
 impl DeviceMemory {
     /// Length in bytes.
     pub fn len(&self) -> usize {
@@ -92,32 +137,41 @@ impl DeviceMemory {
 
     /// Copies `src` into the device memory at `offset` (`ibv_memcpy_to_dm()`).
     ///
+    /// Providers read the host side as 4-byte words (mlx5): a `src` that does not start on a
+    /// 4-byte boundary is copied through an aligned buffer on the stack, 256 bytes per call.
+    ///
     /// # Errors
     /// [`Error::OutOfBounds`] when the range leaves the allocation; [`Error::Verb`] from the
-    /// verb (providers may require 4-byte aligned offsets and lengths: `EINVAL`).
+    /// verb (providers may require 4-byte aligned offsets and lengths: `EINVAL`). Copied in
+    /// pieces, a failure may leave the pieces before it copied.
     #[doc(alias = "ibv_memcpy_to_dm")]
     pub fn copy_from_slice(&self, offset: usize, src: &[u8]) -> Result<()> {
         const VERB: &str = "ibv_memcpy_to_dm";
-        let (off, len) = check_range(VERB, offset..offset.saturating_add(src.len()), self.inner.len)?;
-        // SAFETY: valid DM; the range lies in it (checked); src is readable for len bytes.
-        let ret =
-            unsafe { ffi::ibv_memcpy_to_dm(self.inner.raw.as_ptr(), off as u64, src.as_ptr().cast(), len) };
-        cvt(VERB, ret)
+        let (off, _) = check_range(VERB, offset..offset.saturating_add(src.len()), self.inner.len)?;
+        let dm = self.inner.raw.as_ptr();
+        copy_in_words(off, Host::In(src), |dm_off, host, n| {
+            // SAFETY: valid DM; the piece lies in the checked range; `host` is readable for `n`
+            // bytes (`copy_in_words`).
+            cvt(VERB, unsafe { ffi::ibv_memcpy_to_dm(dm, dm_off as u64, host.cast_const().cast(), n) })
+        })
     }
 
-    /// Copies `dst.len()` bytes at `offset` out of the device memory (`ibv_memcpy_from_dm()`).
+    /// Copies `dst.len()` bytes at `offset` out of the device memory (`ibv_memcpy_from_dm()`),
+    /// through an aligned buffer on the stack when `dst` does not start on a 4-byte boundary (as
+    /// [`copy_from_slice`](Self::copy_from_slice)).
     ///
     /// # Errors
     /// As [`copy_from_slice`](Self::copy_from_slice).
     #[doc(alias = "ibv_memcpy_from_dm")]
     pub fn copy_to_slice(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         const VERB: &str = "ibv_memcpy_from_dm";
-        let (off, len) = check_range(VERB, offset..offset.saturating_add(dst.len()), self.inner.len)?;
-        // SAFETY: valid DM; the range lies in it (checked); dst is writable for len bytes.
-        let ret = unsafe {
-            ffi::ibv_memcpy_from_dm(dst.as_mut_ptr().cast(), self.inner.raw.as_ptr(), off as u64, len)
-        };
-        cvt(VERB, ret)
+        let (off, _) = check_range(VERB, offset..offset.saturating_add(dst.len()), self.inner.len)?;
+        let dm = self.inner.raw.as_ptr();
+        copy_in_words(off, Host::Out(dst), |dm_off, host, n| {
+            // SAFETY: valid DM; the piece lies in the checked range; `host` is writable for `n`
+            // bytes (`copy_in_words`).
+            cvt(VERB, unsafe { ffi::ibv_memcpy_from_dm(host.cast(), dm, dm_off as u64, n) })
+        })
     }
 
     /// The raw `struct ibv_dm *`; valid while this value (or a clone, or a region over it) lives.
@@ -211,5 +265,69 @@ impl DeviceMemoryRegion {
 impl fmt::Debug for DeviceMemoryRegion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceMemoryRegion").field("len", &self.len).field("lkey", &self.lkey()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake device memory: copies at `dm_off` through the host pointer, recording each call.
+    fn run(dm: &mut [u8], off: usize, host: Host<'_>, into_dm: bool) -> Vec<(usize, usize, usize)> {
+        let mut calls = Vec::new();
+        copy_in_words(off, host, |dm_off, p, n| {
+            calls.push((dm_off, p as usize % 4, n));
+            if into_dm {
+                // SAFETY: `p` is readable for `n` bytes (copy_in_words's promise, checked here by
+                // Miri); it may come from a shared slice.
+                let host = unsafe { std::slice::from_raw_parts(p, n) };
+                dm[dm_off..dm_off + n].copy_from_slice(host);
+            } else {
+                // SAFETY: `p` is writable for `n` bytes copying out (as above).
+                let host = unsafe { std::slice::from_raw_parts_mut(p, n) };
+                host.copy_from_slice(&dm[dm_off..dm_off + n]);
+            }
+            Ok(())
+        })
+        .unwrap();
+        calls
+    }
+
+    #[test]
+    fn unaligned_host_slices_are_copied_through_aligned_pieces() {
+        let data: Vec<u8> = (0..700u32).map(|i| (i * 7) as u8).collect();
+        let mut backing = vec![0u32; 200];
+        // SAFETY: 800 initialised bytes, 4-byte aligned.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(backing.as_mut_ptr().cast::<u8>(), 800) };
+        bytes[1..701].copy_from_slice(&data);
+        let mut dm = vec![0u8; 1024];
+
+        // Aligned: one call with the slice itself.
+        assert_eq!(run(&mut dm, 8, Host::In(&bytes[4..704]), true), [(8, 0, 700)]);
+        // Unaligned: 256-byte pieces from an aligned buffer, at the matching device offsets.
+        let calls = run(&mut dm, 12, Host::In(&bytes[1..701]), true);
+        assert_eq!(calls, [(12, 0, 256), (268, 0, 256), (524, 0, 188)]);
+        assert_eq!(&dm[12..712], &data[..]);
+
+        // Copied back out into an unaligned slice, and into an aligned one.
+        bytes.fill(0);
+        let calls = run(&mut dm, 12, Host::Out(&mut bytes[3..703]), false);
+        assert_eq!(calls, [(12, 0, 256), (268, 0, 256), (524, 0, 188)]);
+        assert_eq!(&bytes[3..703], &data[..]);
+        assert_eq!(run(&mut dm, 12, Host::Out(&mut bytes[0..700]), false), [(12, 0, 700)]);
+        assert_eq!(&bytes[..700], &data[..]);
+
+        // An error ends the copy at the piece that failed.
+        let mut n = 0;
+        let r = copy_in_words(0, Host::In(&bytes[1..701]), |_, _, _| {
+            n += 1;
+            if n == 2 {
+                Err(Error::InvalidArgument { verb: "test", reason: "refused" })
+            } else {
+                Ok(())
+            }
+        });
+        assert!(r.is_err());
+        assert_eq!(n, 2);
     }
 }
