@@ -1197,11 +1197,7 @@ pub fn child_only_tests_check(root: &Path) -> Result<(), String> {
         let path = root.join("tests").join(format!("{name}.rs"));
         let src = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut found = 0;
-        for test in src.split("#[test]").skip(1) {
-            let Some(fn_name) = test.trim_start().strip_prefix("fn ").and_then(|r| r.split('(').next())
-            else {
-                continue;
-            };
+        for (fn_name, test) in test_fns(&src) {
             if !fn_name.contains(filter) {
                 continue;
             }
@@ -1219,6 +1215,15 @@ pub fn child_only_tests_check(root: &Path) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The `#[test]` functions of a test file's source: each one's name and its text up to the next
+/// `#[test]`.
+fn test_fns(src: &str) -> impl Iterator<Item = (&str, &str)> {
+    src.split("#[test]").skip(1).filter_map(|test| {
+        let name = test.trim_start().strip_prefix("fn ")?.split('(').next()?;
+        Some((name, test))
+    })
 }
 
 /// `valgrind: N errors, definitely lost X` from valgrind's stderr, or `None` if it printed no
@@ -1907,11 +1912,7 @@ mod tests {
         let root = crate::workspace_root();
         for (name, filter) in TSAN_SKIP_TESTS {
             let src = fs::read_to_string(root.join("tests").join(format!("{name}.rs"))).unwrap();
-            let named = src.split("#[test]").skip(1).any(|t| {
-                t.trim_start()
-                    .strip_prefix("fn ")
-                    .is_some_and(|r| r.split('(').next().unwrap_or("").contains(filter))
-            });
+            let named = test_fns(&src).any(|(fn_name, _)| fn_name.contains(filter));
             assert!(named, "tests/{name}.rs: no test name contains `{filter}` (TSAN_SKIP_TESTS)");
         }
     }

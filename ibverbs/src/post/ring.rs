@@ -50,12 +50,19 @@ impl Drop for Release<'_> {
 pub(crate) type Payload = Box<dyn Any + Send + 'static>;
 
 /// Keeps the first of the panics caught in a sequence of drops (the one resumed once the
-/// sequence is done): a later payload is dropped, and leaked should that drop, which runs the
-/// payload's own code, panic too.
+/// sequence is done): a later payload is dropped ([`drop_payload`]).
 pub(crate) fn keep_first(kept: &mut Option<Payload>, payload: Payload) {
     if kept.is_none() {
         *kept = Some(payload);
-    } else if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+    } else {
+        drop_payload(payload);
+    }
+}
+
+/// Drops the payload of a panic that will not be resumed, leaking it should that drop, which
+/// runs the payload's own code, panic too.
+pub(crate) fn drop_payload(payload: Payload) {
+    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
         std::mem::forget(again);
     }
 }

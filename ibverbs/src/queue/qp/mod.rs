@@ -731,8 +731,9 @@ impl<R> From<PostError<R>> for Error {
     }
 }
 
-/// A process-wide identity of a queue pair or SRQ (what prepared requests are checked against):
-/// a 64-bit counter does not wrap in any process's lifetime.
+/// A process-wide identity of a queue pair, SRQ or CQ (what prepared requests are checked
+/// against, and what [`QpId`](crate::QpId), [`CqId`](crate::CqId) and SRQ ids are): a 64-bit
+/// counter does not wrap in any process's lifetime.
 pub(crate) fn next_queue_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::post::ring::{keep_first, Payload, Ring};
+use crate::post::ring::{drop_payload, keep_first, Payload, Ring};
 use crate::post::{Scope, Slot};
 use crate::queue::cq::{CompletionQueue, CqInner};
 use crate::queue::qp::{QpState, QueuePair};
@@ -180,9 +180,11 @@ where
     };
     match out {
         Err(payload) => {
-            // A second panic (from a buffer's drop while draining) is leaked: dropping its
-            // payload could panic again.
-            std::mem::forget(late_panic);
+            // The closure's panic goes on; a second one (a buffer's drop while draining) is
+            // dropped (`drop_payload`).
+            if let Some(late) = late_panic {
+                drop_payload(late);
+            }
             resume_unwind(payload)
         }
         Ok(value) => {
