@@ -121,15 +121,17 @@ pub struct MemoryWindow {
     ty: MwType,
     binds: u16,
     pd: Arc<PdInner>,
-    /// Set while a type 1 bind's `ibv_bind_mw()` runs: mlx5 and rxe write `mw->rkey` after the
+    /// Held while a type 1 bind's `ibv_bind_mw()` runs: mlx5 and rxe write `mw->rkey` after the
     /// request is posted, when its completion may already have handed the window to a poller
-    /// on another thread. Every read of `mw->rkey` and the deallocation wait for it ([`settle`](Self::settle)).
-    busy: Arc<AtomicBool>,
+    /// on another thread. Every read of `mw->rkey`, the next bind and the deallocation wait for
+    /// it ([`settle`](Self::settle), [`in_provider`](Self::in_provider)).
+    busy: Arc<ProviderGate>,
 }
 
 // SAFETY: an MW is a kernel object handle; libibverbs allows using it from any thread. Its one
 // mutable field (`rkey`) is written only through `&mut`/owned access (binding consumes the
-// window), or by the provider during a type 1 bind's `ibv_bind_mw()`, which `busy` covers.
+// window), or by the provider during a type 1 bind's `ibv_bind_mw()`, which `busy` covers (one
+// such call at a time: the next bind's `in_provider` waits for the last one to return).
 unsafe impl Send for MemoryWindow {}
 // SAFETY: `&MemoryWindow` only reads plain fields.
 unsafe impl Sync for MemoryWindow {}
@@ -156,7 +158,13 @@ impl ProtectionDomain {
         // SAFETY: valid PD; the returned MW is deallocated once, in Drop.
         let raw = unsafe { ffi::ibv_alloc_mw(self.as_raw(), ty.raw()) };
         let raw = cvt_p("ibv_alloc_mw", raw)?;
-        Ok(MemoryWindow { raw, ty, binds: 0, pd: self.inner.clone(), busy: Arc::new(AtomicBool::new(false)) })
+        Ok(MemoryWindow {
+            raw,
+            ty,
+            binds: 0,
+            pd: self.inner.clone(),
+            busy: Arc::new(ProviderGate::default()),
+        })
     }
 
     /// Allocates `len` zeroed, page-aligned bytes and registers them to be exposed only through
@@ -214,17 +222,16 @@ impl MemoryWindow {
     /// still be in the provider, about to write `mw->rkey`, when the completion already handed
     /// the window back). Bounded by that call: a few microseconds.
     fn settle(&self) {
-        while self.busy.load(Ordering::Acquire) {
-            std::hint::spin_loop();
-            std::thread::yield_now();
-        }
+        self.busy.settle();
     }
 
     /// Marks a type 1 bind's `ibv_bind_mw()` as running until the returned guard is dropped
-    /// (right after the call returns).
+    /// (right after the call returns). Waits first for an earlier bind's call to return: its
+    /// completion can hand the window on (to another thread, which binds or unbinds it again)
+    /// while its poster is still in the provider, about to write `mw->rkey`, which the next
+    /// `ibv_bind_mw()` reads.
     pub(crate) fn in_provider(&self) -> InProvider {
-        self.busy.store(true, Ordering::Relaxed);
-        InProvider(self.busy.clone())
+        ProviderGate::enter(&self.busy)
     }
 
     /// How many times it was bound (at most [`MAX_BINDS`] for a type 2 window).
@@ -306,13 +313,39 @@ impl MemoryWindow {
     }
 }
 
+/// Whether a type 1 bind's `ibv_bind_mw()` of a window is running: at most one at a time.
+#[derive(Default)]
+struct ProviderGate(AtomicBool);
+
+impl ProviderGate {
+    /// Waits until no `ibv_bind_mw()` of the window is running. Bounded by that call: a few
+    /// microseconds (it posts one request).
+    fn settle(&self) {
+        while self.0.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+            std::thread::yield_now();
+        }
+    }
+
+    /// Waits until no `ibv_bind_mw()` of the window is running, then marks one as running until
+    /// the guard is dropped. The acquire pairs with the last call's release: what its provider
+    /// wrote (`mw->rkey`) happens before the next call reads it.
+    fn enter(gate: &Arc<ProviderGate>) -> InProvider {
+        while gate.0.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            std::hint::spin_loop();
+            std::thread::yield_now();
+        }
+        InProvider(gate.clone())
+    }
+}
+
 /// A type 1 bind's `ibv_bind_mw()` is running ([`MemoryWindow::in_provider`]); dropped when it
-/// returned, which lets the window's readers and deallocation go on.
-pub(crate) struct InProvider(Arc<AtomicBool>);
+/// returned, which lets the window's readers, its next bind and its deallocation go on.
+pub(crate) struct InProvider(Arc<ProviderGate>);
 
 impl Drop for InProvider {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        (self.0).0.store(false, Ordering::Release);
     }
 }
 
@@ -899,6 +932,31 @@ mod tests {
     fn a_window_in_a_slot_does_not_grow_the_buffer_enum() {
         // LocalBuf is copied per completion on the hot path: the window variant is boxed.
         assert!(std::mem::size_of::<LocalBuf>() <= 4 * std::mem::size_of::<usize>());
+    }
+
+    #[test]
+    fn a_bind_waits_for_the_last_one_to_leave_the_provider() {
+        use std::sync::atomic::AtomicUsize;
+        use std::time::Duration;
+        let gate = Arc::new(ProviderGate::default());
+        // The first poster is still in the provider (its completion handed the window on).
+        let first = ProviderGate::enter(&gate);
+        let entered = Arc::new(AtomicUsize::new(0));
+        let second = {
+            let (gate, entered) = (gate.clone(), entered.clone());
+            std::thread::spawn(move || {
+                let _g = ProviderGate::enter(&gate);
+                entered.store(1, Ordering::SeqCst);
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(entered.load(Ordering::SeqCst), 0, "a second bind entered the provider during the first");
+        drop(first);
+        second.join().unwrap();
+        assert_eq!(entered.load(Ordering::SeqCst), 1);
+        // Both left: readers do not wait.
+        gate.settle();
+        assert!(!gate.0.load(Ordering::SeqCst));
     }
 
     #[test]
