@@ -230,6 +230,15 @@ fn queue_pair_on_another_cq_is_refused() {
         let e = AsyncCompletionQueue::tokio(ctx.create_cq(16, None).unwrap(), &other_channel).unwrap_err();
         assert!(matches!(e, ibverbs::Error::InvalidArgument { verb: "ibv_req_notify_cq", .. }), "{e}");
     });
+    // Outside a tokio runtime: an error naming the reactor, not tokio's panic.
+    let channel = ctx.create_comp_channel().unwrap();
+    let outside = |r: Result<(), ibverbs::Error>| {
+        let e = r.unwrap_err();
+        assert!(matches!(&e, ibverbs::Error::Verb { verb, .. } if verb.contains("reactor")), "{e}");
+        assert!(e.to_string().contains("tokio runtime"), "{e}");
+    };
+    outside(Driver::tokio(ctx.create_cq(16, Some(&channel)).unwrap(), &channel).map(drop));
+    outside(AsyncCompletionQueue::tokio(ctx.create_cq(16, Some(&channel)).unwrap(), &channel).map(drop));
 }
 
 /// The stream of completions: safe-level posts, completions awaited one by one and in batches.
@@ -794,7 +803,6 @@ fn replacing_or_resetting_the_queue_pair_in_with_qp_ends_its_waiting_operations(
             e.error
         );
         assert_eq!(e.request.into_buffers().count(), 1, "the request comes back");
-
         // Put back: posts work again. The receive of the ended operation is still queued in
         // the device: a first message lands there (its completion is dropped), the next in a new
         // receive.
@@ -815,6 +823,43 @@ fn replacing_or_resetting_the_queue_pair_in_with_qp_ends_its_waiting_operations(
         forgotten(waiting.await).unwrap();
         assert_eq!(driver.in_flight(), 0);
     }));
+}
+
+/// A queue pair put in through `with_qp` that `AsyncQueuePair::new` would refuse because it
+/// receives through a shared receive queue (the driver would drop its messages) makes posts
+/// fail, as one on another CQ does, until an acceptable one is put back.
+#[test]
+fn a_queue_pair_on_an_srq_put_in_with_qp_refuses_posts() {
+    let ctx = pair_context();
+    let pd = ctx.alloc_pd().unwrap();
+    let channel = ctx.create_comp_channel().unwrap();
+    let cq = ctx.create_cq(64, Some(&channel)).unwrap();
+    let qp = pd.create_qp(&cq, QpType::RC).max_send_wr(2).max_recv_wr(2).build().unwrap();
+    let srq = pd.create_srq(4, 1).unwrap();
+    let on_srq = pd.create_qp(&cq, QpType::RC).max_send_wr(2).srq(&srq).build().unwrap();
+    let rt = rt_current();
+    rt.block_on(async {
+        let driver = Driver::tokio(cq, &channel).unwrap();
+        let aqp = AsyncQueuePair::new(qp, &driver).unwrap();
+        let recv = || RecvRequest::new(Local::whole(pd.allocate(64).unwrap()));
+        let own = aqp.with_qp(|qp| std::mem::replace(qp, on_srq));
+        let e = aqp.post_recv(recv()).unwrap_err();
+        assert!(
+            matches!(&e.error, ibverbs::Error::InvalidArgument { reason, .. } if reason.contains("with_qp") && reason.contains("SRQ")),
+            "{}",
+            e.error
+        );
+        assert_eq!(e.request.into_buffers().count(), 1, "the request comes back");
+        let e = aqp.post_send(SendRequest::send_inline(b"lost")).unwrap_err();
+        assert!(e.error.to_string().contains("with_qp"), "{}", e.error);
+        // Put back: no longer refused by the adaptor (the queue pair, never connected, may still
+        // refuse the receive itself).
+        let on_srq = aqp.with_qp(|qp| std::mem::replace(qp, own));
+        assert!(on_srq.uses_srq());
+        if let Err(e) = aqp.post_recv(recv()) {
+            assert!(!e.error.to_string().contains("with_qp"), "{}", e.error);
+        }
+    });
 }
 
 /// A buffer whose free callback panics, released while a future polls the driver, loses no

@@ -239,6 +239,12 @@ fn requests_that_cannot_be_posted_hand_the_buffer_back() {
     refused(vec![qp(&cq, 16), qp(&other, 16)], cq); // another CQ
     let cq = ctx.create_cq(64, None).unwrap();
     refused(vec![qp(&cq, 16), qp(&cq, 4)], cq); // room for fewer requests than the depth
+                                                // An extended CQ whose completions do not name their queue pair: no piece could be matched.
+    match ctx.create_cq_ex(64, None, ibverbs::WcFlags::BYTE_LEN) {
+        Ok(cq) => refused(vec![qp(&cq, 16), qp(&cq, 16)], cq),
+        Err(e @ Error::Unsupported { .. }) => unsupported(&ctx, "extended CQs", e),
+        Err(e) => panic!("create_cq_ex: {e}"),
+    }
     if is_iwarp() {
         return;
     }

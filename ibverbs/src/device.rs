@@ -411,11 +411,25 @@ impl Context {
     /// address, ignoring the IOVA of `ibv_reg_mr_iova2()` (Linux 6.1 `siw_reg_user_mr` leaves
     /// `rnic_va` unused), and completes send-queue requests out of order (see
     /// `queue::qp::post::fenced_post_send`). Queries the device once per context, on iWARP only.
+    /// A failed query is not kept (the next call asks again) and answers `true` meanwhile: the
+    /// workarounds are safe on any iWARP device, while skipping the fence on siw would let a
+    /// Send's completion hand back the buffer of a Read posted before it, still being written.
     pub(crate) fn is_siw(&self) -> bool {
         const SIW_VENDOR_ID: u32 = 0x0062_6d74;
-        *self.inner.siw.get_or_init(|| {
-            self.is_iwarp() && self.query_device().is_ok_and(|a| a.vendor_id() == SIW_VENDOR_ID)
-        })
+        if let Some(&siw) = self.inner.siw.get() {
+            return siw;
+        }
+        let siw = if !self.is_iwarp() {
+            false
+        } else {
+            match self.query_device() {
+                Ok(a) => a.vendor_id() == SIW_VENDOR_ID,
+                Err(_) => return true,
+            }
+        };
+        // A racing caller may have set the same answer first.
+        let _ = self.inner.siw.set(siw);
+        siw
     }
 
     /// `e`, the failure of a queue's creation on this context (`ibv_create_cq`, `ibv_create_qp`,

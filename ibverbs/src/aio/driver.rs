@@ -582,8 +582,9 @@ impl Drop for Op {
 /// [`unsignaled`](SendRequest::unsignaled) is refused: its future could never resolve).
 pub struct AsyncQueuePair {
     qp: Arc<QpCell>,
-    /// Set when [`with_qp`](Self::with_qp) left a queue pair that does not complete into the
-    /// driver's CQ: posts are refused (their futures could never resolve).
+    /// Set when [`with_qp`](Self::with_qp) left a queue pair that [`new`](Self::new) would
+    /// refuse (not completing into the driver's CQ, receiving through an SRQ): posts are refused
+    /// (their futures could never resolve, or their messages would be dropped).
     detached: AtomicBool,
     driver: Driver,
 }
@@ -653,8 +654,9 @@ impl AsyncQueuePair {
     /// When `f` resets the queue pair or replaces it (`reset`, `mem::replace`, `mem::swap`),
     /// even by panicking afterwards, the operations still waiting resolve to
     /// [`Error::InvalidArgument`]: the device forgot them, or they went with the queue pair
-    /// taken out. A replacement that does not complete into the driver's CQ makes later posts
-    /// fail with [`Error::InvalidArgument`] until `with_qp` puts one that does.
+    /// taken out. A replacement that [`new`](Self::new) would refuse (it does not complete into
+    /// the driver's CQ, or receives through a shared receive queue) makes later posts fail with
+    /// [`Error::InvalidArgument`] until `with_qp` puts one it accepts.
     pub fn with_qp<R>(&self, f: impl FnOnce(&mut QueuePair) -> R) -> R {
         let mut qp = self.lock_qp();
         let before = qp.incarnation();
@@ -662,7 +664,10 @@ impl AsyncQueuePair {
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut qp)));
         if !before.is(&qp) {
             let mut st = self.driver.shared.lock();
-            self.detached.store(!qp.completes_into(&st.core.cq), Ordering::Relaxed);
+            // As `new` checks: a queue pair whose receives go through an SRQ (or XRC) would
+            // have their messages dropped by the driver.
+            let attached = qp.completes_into(&st.core.cq) && qp.has_send && qp.has_recv;
+            self.detached.store(!attached, Ordering::Relaxed);
             self.qp.reaper.owner.store(qp.id, Ordering::Relaxed);
             let wake = st.forget(before.id);
             drop(st);
@@ -724,13 +729,13 @@ impl AsyncQueuePair {
         })
     }
 
-    /// Refuses posts while [`with_qp`](Self::with_qp) has left a queue pair that does not
-    /// complete into the driver's CQ.
+    /// Refuses posts while [`with_qp`](Self::with_qp) has left a queue pair that
+    /// [`new`](Self::new) would refuse.
     fn check_attached(&self, verb: &'static str) -> Result<()> {
         if self.detached.load(Ordering::Relaxed) {
             return Err(Error::InvalidArgument {
                 verb,
-                reason: "the queue pair put in with_qp does not complete into the driver's CQ",
+                reason: "the queue pair put in with_qp does not complete into the driver's CQ, or has no receive queue of its own (SRQ, XRC)",
             });
         }
         Ok(())

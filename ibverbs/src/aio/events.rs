@@ -44,7 +44,10 @@ impl AsyncEventStream {
     /// [`new`](Self::new) with the tokio backend (call inside a tokio runtime with I/O enabled).
     ///
     /// # Errors
-    /// As [`new`](Self::new).
+    /// As [`new`](Self::new); [`Error::Verb`] outside a tokio runtime.
+    ///
+    /// # Panics
+    /// In a tokio runtime without its I/O driver (see [`Tokio`](super::tokio::Tokio)).
     #[cfg(feature = "tokio")]
     pub fn tokio(events: &AsyncEvents) -> Result<AsyncEventStream> {
         Self::new(events, &super::tokio::Tokio)

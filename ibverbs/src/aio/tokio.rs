@@ -11,8 +11,10 @@ use super::{AsyncCompletionQueue, Backend, Driver, Readiness, WatchedFd};
 use crate::error::Result;
 use crate::queue::{CompletionChannel, CompletionQueue};
 
-/// The tokio reactor. [`Backend::watch`] must run inside a tokio runtime (with its I/O driver
-/// enabled): it panics otherwise, as `AsyncFd::new` does.
+/// The tokio reactor. [`Backend::watch`] must run inside a tokio runtime with its I/O driver
+/// enabled: outside any runtime it returns an error (so the constructors below return
+/// [`Error::Verb`](crate::Error::Verb)); in a runtime built without I/O (no `enable_io`) it
+/// panics, as `AsyncFd::new` does, tokio offering no way to ask first.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Tokio;
 
@@ -35,6 +37,10 @@ impl Readiness for TokioReadiness {
 
 impl Backend for Tokio {
     fn watch(&self, fd: WatchedFd) -> io::Result<Box<dyn Readiness>> {
+        // `AsyncFd` panics outside a runtime: the caller gets an error instead.
+        if let Err(e) = ::tokio::runtime::Handle::try_current() {
+            return Err(io::Error::other(format!("the tokio backend needs a tokio runtime: {e}")));
+        }
         // tokio 1.54 deprecated the safe constructor in favour of an `unsafe` one whose contract
         // (the descriptor stays open and is not reused while registered) `WatchedFd` meets by
         // construction: it owns its channel. The safe one keeps the feature working with every
@@ -49,7 +55,10 @@ impl AsyncCompletionQueue {
     /// [`AsyncCompletionQueue::new`] with the [`Tokio`] backend (call inside a tokio runtime).
     ///
     /// # Errors
-    /// As [`AsyncCompletionQueue::new`].
+    /// As [`AsyncCompletionQueue::new`]; [`Error::Verb`](crate::Error::Verb) outside a tokio runtime.
+    ///
+    /// # Panics
+    /// In a tokio runtime without its I/O driver (see [`Tokio`]).
     pub fn tokio(cq: CompletionQueue, channel: &CompletionChannel) -> Result<Self> {
         Self::new(cq, channel, &Tokio)
     }
@@ -59,7 +68,10 @@ impl Driver {
     /// [`Driver::new`] with the [`Tokio`] backend (call inside a tokio runtime).
     ///
     /// # Errors
-    /// As [`Driver::new`].
+    /// As [`Driver::new`]; [`Error::Verb`](crate::Error::Verb) outside a tokio runtime.
+    ///
+    /// # Panics
+    /// In a tokio runtime without its I/O driver (see [`Tokio`]).
     pub fn tokio(cq: CompletionQueue, channel: &CompletionChannel) -> Result<Self> {
         Self::new(cq, channel, &Tokio)
     }

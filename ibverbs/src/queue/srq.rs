@@ -148,14 +148,24 @@ impl fmt::Debug for SharedReceiveQueue {
 
 /// A process-wide SRQ number for `wr_id`s (29 bits). Never reused: two SRQs attached to one CQ
 /// must never share a number (a completion of one could then take a slot of the other), so after
-/// 2^29 − 1 SRQs in one process, creating more fails instead of wrapping.
-pub(crate) fn next_srq_id(verb: &'static str) -> Result<u32> {
+/// 2^29 − 1 SRQs in one process, creating more fails instead of wrapping. Taken only once the
+/// device made the SRQ ([`srq_id_for`]): failed attempts use none up.
+fn next_srq_id(verb: &'static str) -> Result<u32> {
     static NEXT: AtomicU32 = AtomicU32::new(1);
     NEXT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < (1 << SRQ_ID_BITS) - 1).then_some(n + 1))
         .map_err(|_| Error::InvalidArgument {
             verb,
             reason: "this process has created 2^29 - 1 shared receive queues, the most the safe level can tell apart",
         })
+}
+
+/// The number of the SRQ `raw`, just created: on failure (the numbers ran out) it is destroyed.
+pub(crate) fn srq_id_for(raw: NonNull<ffi::ibv_srq>, verb: &'static str) -> Result<u32> {
+    next_srq_id(verb).inspect_err(|_| {
+        // SAFETY: created by the caller and not handed out; nothing was posted to it. A failure
+        // leaks it.
+        unsafe { ffi::ibv_destroy_srq(raw.as_ptr()) };
+    })
 }
 
 impl ProtectionDomain {
@@ -169,7 +179,6 @@ impl ProtectionDomain {
     #[doc(alias = "ibv_create_srq")]
     pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
         check_depth(max_wr, "ibv_create_srq")?;
-        let id = next_srq_id("ibv_create_srq")?;
         // libibverbs copies the whole struct, padding included, over the head of an
         // `ibv_srq_init_attr_ex` (its 4 trailing padding bytes land in `comp_mask`), so the
         // padding must be initialised (valgrind: conditional jump on an uninitialised value in
@@ -186,6 +195,7 @@ impl ProtectionDomain {
             ffi::ibv_create_srq(self.as_raw(), p)
         };
         let raw = cvt_p("ibv_create_srq", raw).map_err(|e| self.context().explain_queue_failure(e))?;
+        let id = srq_id_for(raw, "ibv_create_srq")?;
         Ok(SharedReceiveQueue::from_raw(id, raw, max_wr, max_sge, self.inner.clone(), None))
     }
 }

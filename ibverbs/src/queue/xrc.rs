@@ -12,7 +12,7 @@ use crate::error::{cvt_p, Error, Result};
 use crate::ffi;
 use crate::pd::ProtectionDomain;
 use crate::queue::cq::CompletionQueue;
-use crate::queue::srq::{check_depth, next_srq_id, SharedReceiveQueue};
+use crate::queue::srq::{check_depth, srq_id_for, SharedReceiveQueue};
 
 pub(crate) struct XrcdInner {
     raw: NonNull<ffi::ibv_xrcd>,
@@ -102,7 +102,6 @@ impl ProtectionDomain {
         const VERB: &str = "ibv_create_srq_ex";
         check_xrc(&self.context(), VERB)?;
         check_depth(max_wr, VERB)?;
-        let id = next_srq_id(VERB)?;
         if !Arc::ptr_eq(&cq.inner.ctx, &self.inner.ctx) || !Arc::ptr_eq(&xrcd.inner._ctx, &self.inner.ctx) {
             return Err(Error::InvalidArgument {
                 verb: VERB,
@@ -130,6 +129,7 @@ impl ProtectionDomain {
             ffi::ibv_create_srq_ex(self.inner.ctx.raw.as_ptr(), p)
         };
         let raw = cvt_p(VERB, raw)?;
+        let id = srq_id_for(raw, VERB)?;
         let srq = SharedReceiveQueue::from_raw(
             id,
             raw,

@@ -238,7 +238,10 @@ impl StripedConnection {
     /// pairs other than `opts.qps`, or a queue pair that is not RC, completes its sends into
     /// another CQ than `cq`, has room for fewer than `opts.depth` send requests, belongs to
     /// another protection domain than the first, has requests outstanding or receives through
-    /// a shared receive queue (their completions would be taken for pieces).
+    /// a shared receive queue (their completions would be taken for pieces); and for an
+    /// extended `cq` whose completions do not carry the QP number
+    /// ([`WcFlags::QP_NUM`](crate::WcFlags::QP_NUM): a piece's completion is matched to its
+    /// queue pair by it).
     pub fn from_queue_pairs(
         cq: CompletionQueue,
         qps: Vec<QueuePair>,
@@ -249,6 +252,9 @@ impl StripedConnection {
         let bad = |reason| Err(Error::InvalidArgument { verb: VERB, reason });
         if qps.len() != opts.qps as usize {
             return bad("the number of queue pairs is not opts.qps");
+        }
+        if cq.wc_flags().is_some_and(|f| !f.contains(crate::WcFlags::QP_NUM)) {
+            return bad("an extended CQ must report the QP number (WcFlags::QP_NUM)");
         }
         for qp in &qps {
             if qp.qp_type() != QpType::RC || !qp.sends_into(&cq) || !qp.same_pd(&qps[0]) {
