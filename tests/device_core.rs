@@ -337,7 +337,18 @@ fn ud_send_recv_through_an_address_handle() {
     b.activate_ud(&o).unwrap();
     let recv = pd.allocate(40 + 512).unwrap();
     b.post_recv(RecvRequest::new(Local::whole(recv)).wr_id(3)).unwrap();
-    let ah = pd.create_ah(&b.endpoint(&o).unwrap(), &o).unwrap();
+    let eb = b.endpoint(&o).unwrap();
+    // Out-of-range options are refused naming the verb asked for.
+    let roce = ctx.query_port(o.port).unwrap().link_layer() == LinkLayer::ETHERNET;
+    let mut bad_opts = vec![ConnectOptions { sl: 16, ..o.clone() }];
+    if roce {
+        bad_opts.push(ConnectOptions { gid_index: Some(300), ..o.clone() });
+    }
+    for bad in bad_opts {
+        let r = pd.create_ah(&eb, &bad).map(drop);
+        assert!(matches!(r, Err(Error::InvalidArgument { verb: "ibv_create_ah", .. })), "{r:?}");
+    }
+    let ah = pd.create_ah(&eb, &o).unwrap();
     let data = pattern(512, 11);
     let mut src = pd.allocate(512).unwrap();
     src.copy_from_slice(&data);
@@ -910,7 +921,18 @@ fn a_refused_max_rd_atomic_leaves_the_qp_able_to_connect_again() {
     // rxe refused 255 only at RTS, leaving the QP in RTR where connect cannot run again.
     let greedy = ConnectOptions { max_rd_atomic: Some(255), ..o.clone() };
     assert!(matches!(a.connect(&eb, &greedy), Err(Error::InvalidArgument { .. })));
-    assert_eq!(a.state(), QpState::INIT, "refused before any transition past INIT");
+    // Refused before any transition: RESET -> INIT would have set the access rights and port,
+    // which a second connect from INIT does not set again.
+    assert_eq!(a.state(), QpState::RESET, "refused before any transition");
+    let (no_gid, wrong_sl) =
+        (ConnectOptions { gid_index: Some(300), ..o.clone() }, ConnectOptions { sl: 16, ..o.clone() });
+    // A GID index goes to the device only where the address has a GRH (always on RoCE).
+    let roce = ctx.query_port(o.port).unwrap().link_layer() == LinkLayer::ETHERNET;
+    for bad in if roce { vec![&no_gid, &wrong_sl] } else { vec![&wrong_sl] } {
+        let r = a.connect(&eb, bad);
+        assert!(matches!(r, Err(Error::InvalidArgument { verb: "ibv_modify_qp", .. })), "{r:?}");
+        assert_eq!(a.state(), QpState::RESET);
+    }
     a.connect(&eb, &o).unwrap();
     b.connect(&ea, &o).unwrap();
     assert_eq!((a.state(), b.state()), (QpState::RTS, QpState::RTS));

@@ -46,6 +46,9 @@ fn a_receive_pool_keeps_a_queue_pair_stocked_and_messages_land_in_place() {
     let mut p = rc_pair(16);
     let mut pool = ReceivePool::new(p.pd.allocate(64 * 1024).unwrap().into_chunks(1024).unwrap());
     assert_eq!(pool.available(), 64);
+    // The safe level's ring holds the depth asked for; the device may grant more.
+    assert_eq!((p.b.recv_capacity(), p.b.send_capacity()), (16, 16));
+    assert!(p.b.caps().max_recv_wr >= 16, "{:?}", p.b.caps());
     assert_eq!(pool.refill(&mut p.b).unwrap(), 16, "as many as the receive queue holds");
     assert_eq!((pool.available(), p.b.outstanding_recvs()), (48, 16));
     let mut senders: VecDeque<Chunk> = p.pd.allocate(8 * 1024).unwrap().into_chunks(1024).unwrap().into();

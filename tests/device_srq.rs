@@ -33,6 +33,7 @@ fn rc_on_srq(
         || pd.create_qp(send_cq, QpType::RC).max_send_wr(16).max_recv_wr(1),
     );
     assert!(r.uses_srq());
+    assert_eq!(r.recv_capacity(), 0, "its receives go to the SRQ");
     (r, s, cm)
 }
 

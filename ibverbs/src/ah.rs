@@ -53,11 +53,14 @@ impl ProtectionDomain {
     /// RoCE and by LID on InfiniBand, with `opts`' port, GID index and service level.
     ///
     /// # Errors
-    /// [`Error::Verb`](crate::Error::Verb) from `ibv_create_ah()` (e.g. a bad GID index), or
-    /// from the port/GID queries.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for out-of-range `opts` (as
+    /// [`QueuePair::connect`](crate::QueuePair::connect) checks them, e.g. a service level above
+    /// 15, a GID index above 255); [`Error::Verb`](crate::Error::Verb) from `ibv_create_ah()`
+    /// (e.g. a bad GID index), or from the port/GID queries.
     #[doc(alias = "ibv_create_ah")]
     pub fn create_ah(&self, remote: &Endpoint, opts: &ConnectOptions) -> Result<AddressHandle> {
-        let mut attr = ah_attr(&self.context(), remote, opts)?;
+        opts.validate("ibv_create_ah")?;
+        let mut attr = ah_attr(&self.context(), remote, opts, "ibv_create_ah")?;
         self.create_ah_raw(&mut attr)
     }
 
@@ -67,6 +70,8 @@ impl ProtectionDomain {
     /// [`Error::Verb`](crate::Error::Verb) from `ibv_create_ah()`.
     #[doc(alias = "ibv_create_ah")]
     pub fn create_ah_raw(&self, attr: &mut ffi::ibv_ah_attr) -> Result<AddressHandle> {
+        // Providers may fail without setting errno (mlx5 for a bad port): not an earlier call's.
+        crate::error::clear_errno();
         // SAFETY: valid PD and attribute struct; the AH is destroyed once in AhInner::drop.
         let raw = cvt_p("ibv_create_ah", unsafe { ffi::ibv_create_ah(self.as_raw(), attr) })?;
         Ok(AddressHandle { inner: Arc::new(AhInner { raw, pd: self.inner.clone() }) })

@@ -218,6 +218,8 @@ impl<'a> Device<'a> {
     /// [`Error::Verb`] when the device cannot be opened (permissions on `/dev/infiniband`, ...).
     #[doc(alias = "ibv_open_device")]
     pub fn open(&self) -> Result<Context> {
+        // A provider may fail without setting errno: not an earlier call's.
+        crate::error::clear_errno();
         // SAFETY: valid device pointer; the context is closed once in ContextInner::drop.
         let raw = unsafe { ffi::ibv_open_device(self.raw.as_ptr()) };
         let raw = cvt_p("ibv_open_device", raw)?;

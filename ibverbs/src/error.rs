@@ -248,7 +248,8 @@ fn reject_reason(status: i32) -> &'static str {
 /// A negated errno value as text, e.g. `: Connection timed out`.
 fn errno_name(status: i32) -> String {
     if status < 0 {
-        format!(": {}", io::Error::from_raw_os_error(-status))
+        // Wrapping: a status of i32::MIN (a hand-built error) must not panic in Display.
+        format!(": {}", io::Error::from_raw_os_error(status.wrapping_neg()))
     } else {
         String::new()
     }
@@ -282,7 +283,7 @@ impl Error {
 
     /// The error of a verb that returned an errno value (positive or negated).
     pub(crate) fn from_ret(verb: &'static str, ret: i32) -> Self {
-        Error::Verb { verb, source: io::Error::from_raw_os_error(ret.abs()) }
+        Error::Verb { verb, source: io::Error::from_raw_os_error(ret.wrapping_abs()) }
     }
 
     /// [`Error::QueuedWithError`] for a post verb that failed with `ret` after queuing its
@@ -362,7 +363,7 @@ fn post_source(ret: i32) -> io::Error {
     if ret == -1 {
         last_errno()
     } else {
-        io::Error::from_raw_os_error(ret.abs())
+        io::Error::from_raw_os_error(ret.wrapping_abs())
     }
 }
 
@@ -377,8 +378,8 @@ fn last_errno() -> io::Error {
 }
 
 /// Sets this thread's `errno` to 0, before a verb whose provider can fail without setting it
-/// (libsiw's queue creation, see `Context::explain_queue_failure`), so that a value left from an
-/// earlier call is not taken for its error.
+/// (libsiw's queue creation, see `Context::explain_queue_failure`; mlx5's `ibv_create_ah` for a
+/// bad port), so that a value left from an earlier call is not taken for its error.
 pub(crate) fn clear_errno() {
     // SAFETY: __errno_location returns this thread's errno slot, valid for the thread's life.
     unsafe { *libc::__errno_location() = 0 };
@@ -412,6 +413,20 @@ mod tests {
         // SAFETY: as above.
         unsafe { *libc::__errno_location() = libc::ENOMEM };
         assert_eq!(Error::last_os("rdma_create_qp").raw_os_error(), Some(libc::ENOMEM));
+    }
+
+    #[test]
+    fn extreme_statuses_display_without_overflow() {
+        // Debug builds panicked negating i32::MIN.
+        let e = Error::CmEvent {
+            verb: "rdma_connect",
+            event: crate::cm::CmEventKind::REJECTED,
+            status: i32::MIN,
+        };
+        assert!(e.to_string().contains("rdma_connect"));
+        assert!(Error::from_ret("ibv_poll_cq", i32::MIN).to_string().contains("ibv_poll_cq"));
+        assert!(post_source(i32::MIN).raw_os_error().is_some());
+        assert_eq!(Error::from_ret("v", -libc::EINVAL).raw_os_error(), Some(libc::EINVAL));
     }
 
     #[test]

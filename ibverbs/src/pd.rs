@@ -47,6 +47,8 @@ impl fmt::Debug for ProtectionDomain {
 
 impl ProtectionDomain {
     pub(crate) fn new(ctx: &Context) -> Result<ProtectionDomain> {
+        // A provider may fail without setting errno: not an earlier call's.
+        crate::error::clear_errno();
         // SAFETY: valid context; the PD is deallocated once in PdInner::drop.
         let raw = cvt_p("ibv_alloc_pd", unsafe { ffi::ibv_alloc_pd(ctx.as_raw()) })?;
         Ok(ProtectionDomain { inner: Arc::new(PdInner { raw, ctx: ctx.inner.clone() }) })

@@ -92,7 +92,9 @@ impl ReceivePool {
     /// others first).
     #[doc(alias = "ibv_post_recv")]
     pub fn refill(&mut self, qp: &mut QueuePair) -> Result<usize> {
-        let room = qp.caps().max_recv_wr.saturating_sub(qp.outstanding_recvs()) as usize;
+        // The safe level's receive ring: the depth asked for, which the device may have rounded
+        // up in `caps()` (posting to that would end the refill on QueueFull).
+        let room = qp.recv_capacity().saturating_sub(qp.outstanding_recvs()) as usize;
         let mut posted = 0;
         while posted < room {
             let Some(chunk) = self.free.pop() else { break };

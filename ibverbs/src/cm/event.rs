@@ -294,6 +294,10 @@ impl EventChannel {
     /// A [`CmEventKind::CONNECT_REQUEST`]'s new id is moved to an event channel of its own
     /// (`rdma_migrate_id()`) before it is handed out.
     ///
+    /// The wait is for an event; taking the channel's lock is not part of it: while an id of
+    /// this channel connects on siw ([`CmId::connect`](crate::cm::CmId::connect), which holds
+    /// the lock as long as TCP takes), this call waits for it beyond `timeout`.
+    ///
     /// # Errors
     /// [`Error::Verb`] when `poll(2)`, `rdma_get_cm_event()` or, for a connection request,
     /// `rdma_create_event_channel()`/`rdma_migrate_id()` fails (the request is then rejected).

@@ -360,7 +360,12 @@ impl CmId {
     ///
     /// On iWARP the TCP connection is made inside `rdma_connect()`: a port nobody listens on
     /// fails there, not with a `REJECTED` event. On siw the call blocks until TCP connects or
-    /// gives up (about 131 s for an address that does not answer, Linux 6.1).
+    /// gives up (about 131 s for an address that does not answer, Linux 6.1), holding the event
+    /// channel's lock (librdmacm reads the id's queue pair, which event processing and a queue
+    /// pair's drop change under that lock): meanwhile every other call on the channel waits, its
+    /// own timeout not covering that wait — [`EventChannel::get_event`](crate::cm::EventChannel::get_event),
+    /// and the calls and drops of its other ids and their queue pairs. On siw, connect an id on a
+    /// channel of its own ([`cm::connect`](crate::cm::connect) does, on a thread of its own).
     ///
     /// # Errors
     /// [`Error::PrivateDataTooLong`] before anything is sent; [`Error::InvalidArgument`] for

@@ -49,7 +49,7 @@ pub struct ConnectOptions {
     /// Outstanding RDMA Reads/atomics, initiator and responder; `None`: the device's limits,
     /// at most 16.
     pub max_rd_atomic: Option<u8>,
-    /// Service level.
+    /// Service level, 0..=15 (a larger value is refused: providers would mask it).
     pub sl: u8,
     /// GRH traffic class.
     pub traffic_class: u8,
@@ -117,12 +117,12 @@ impl ConnectOptions {
         Some(std::time::Duration::from_nanos(one_ns * (u64::from(self.retry_cnt) + 1)))
     }
 
-    /// Checks the fields that go to the device as they are.
+    /// Checks the fields that go to the device as they are, for `verb` (named in the error).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming the first field out of range.
-    pub(crate) fn validate(&self) -> Result<()> {
-        let bad = |reason| Err(Error::InvalidArgument { verb: "ibv_modify_qp", reason });
+    pub(crate) fn validate(&self, verb: &'static str) -> Result<()> {
+        let bad = |reason| Err(Error::InvalidArgument { verb, reason });
         if self.timeout > 31 || self.min_rnr_timer > 31 {
             return bad("timeout and min_rnr_timer are 0..=31");
         }
@@ -138,6 +138,10 @@ impl ConnectOptions {
         if self.psn.is_some_and(|p| p > 0x00ff_ffff) {
             return bad("psn is a 24-bit number (at most 0xffffff)");
         }
+        if self.sl > 15 {
+            // Providers mask it (mlx5: 4 bits on InfiniBand, 3 on RoCE): another service level.
+            return bad("sl (service level) is 0..=15");
+        }
         Ok(())
     }
 }
@@ -151,8 +155,14 @@ pub(crate) fn gid_index(ctx: &Context, opts: &ConnectOptions, link_layer: LinkLa
     }
 }
 
-/// The address vector towards `remote` (for RTR and address handles).
-pub(crate) fn ah_attr(ctx: &Context, remote: &Endpoint, opts: &ConnectOptions) -> Result<ffi::ibv_ah_attr> {
+/// The address vector towards `remote` (for RTR and address handles), for `verb` (named in the
+/// errors).
+pub(crate) fn ah_attr(
+    ctx: &Context,
+    remote: &Endpoint,
+    opts: &ConnectOptions,
+    verb: &'static str,
+) -> Result<ffi::ibv_ah_attr> {
     let port = ctx.query_port(opts.port)?;
     let mut ah =
         ffi::ibv_ah_attr { dlid: remote.lid, sl: opts.sl, port_num: opts.port, ..Default::default() };
@@ -160,7 +170,7 @@ pub(crate) fn ah_attr(ctx: &Context, remote: &Endpoint, opts: &ConnectOptions) -
     let use_grh = port.link_layer() == LinkLayer::ETHERNET || (index.is_some() && !remote.gid.is_zero());
     if let (true, Some(index)) = (use_grh, index) {
         let sgid_index = u8::try_from(index)
-            .map_err(|_| Error::InvalidArgument { verb: "ibv_modify_qp", reason: "GID index above 255" })?;
+            .map_err(|_| Error::InvalidArgument { verb, reason: "GID index above 255" })?;
         // Checks that the entry exists (a typed error for a bad index, not an opaque EINVAL later).
         ctx.query_gid(opts.port, index)?;
         ah.is_global = 1;
@@ -184,7 +194,7 @@ mod tests {
         let o = ConnectOptions::default();
         assert_eq!((o.port, o.timeout, o.retry_cnt, o.rnr_retry, o.min_rnr_timer), (1, 14, 6, 7, 12));
         assert!(o.access.contains(AccessFlags::REMOTE_WRITE));
-        assert!(o.validate().is_ok());
+        assert!(o.validate("v").is_ok());
     }
 
     #[test]
@@ -216,10 +226,18 @@ mod tests {
             ConnectOptions { retry_cnt: 8, ..base.clone() },
             ConnectOptions { rnr_retry: 8, ..base.clone() },
             ConnectOptions { port: 0, ..base.clone() },
+            ConnectOptions { psn: Some(0x0100_0000), ..base.clone() },
+            ConnectOptions { sl: 16, ..base.clone() },
         ];
         for o in cases {
-            assert!(matches!(o.validate(), Err(Error::InvalidArgument { .. })), "{o:?}");
+            assert!(
+                matches!(
+                    o.validate("ibv_create_ah"),
+                    Err(Error::InvalidArgument { verb: "ibv_create_ah", .. })
+                ),
+                "{o:?}"
+            );
         }
-        assert!(ConnectOptions { mtu: Some(Mtu::MTU_4096), ..base }.validate().is_ok());
+        assert!(ConnectOptions { mtu: Some(Mtu::MTU_4096), sl: 15, ..base }.validate("v").is_ok());
     }
 }

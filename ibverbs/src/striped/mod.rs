@@ -262,7 +262,7 @@ impl StripedConnection {
                     "every queue pair is RC, of the first one's protection domain, sending into the CQ",
                 );
             }
-            if qp.caps().max_send_wr < opts.depth {
+            if qp.send_capacity() < opts.depth {
                 return bad("a queue pair has room for fewer send requests than opts.depth");
             }
             // The connection takes every tracked completion of its queue pairs on `cq` for a

@@ -817,9 +817,34 @@ impl QueuePair {
         self.qp_type
     }
 
-    /// The capacities the device granted (at least those asked for).
+    /// The capacities the device granted (at least those asked for). The safe level keeps as
+    /// many requests outstanding as were asked for: see [`send_capacity`](Self::send_capacity)
+    /// and [`recv_capacity`](Self::recv_capacity).
     pub fn caps(&self) -> QpCaps {
         self.caps
+    }
+
+    /// How many send requests the safe level lets be outstanding at once: the `max_send_wr`
+    /// asked for at creation (the device may have granted more, [`caps`](Self::caps)); a post
+    /// beyond it fails with [`Error::QueueFull`]. 0 without a send queue (an XRC target).
+    pub fn send_capacity(&self) -> u32 {
+        if self.has_send {
+            self.send.capacity()
+        } else {
+            0
+        }
+    }
+
+    /// How many receive requests the safe level lets be outstanding at once: the `max_recv_wr`
+    /// asked for at creation (the device may have granted more, [`caps`](Self::caps)); a post
+    /// beyond it fails with [`Error::QueueFull`]. 0 without a receive queue of its own (a
+    /// shared receive queue's queue pair, XRC).
+    pub fn recv_capacity(&self) -> u32 {
+        if self.has_recv {
+            self.recv.capacity()
+        } else {
+            0
+        }
     }
 
     /// The state as last set through this handle (the device may since have moved it to ERR).

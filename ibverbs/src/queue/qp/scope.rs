@@ -104,7 +104,9 @@ impl QueuePair {
     /// to ERR (`ibv_modify_qp()`), so the device flushes what is left, and the drain waits again
     /// (the flush bound, 10 s by default). If the device still has not given everything back,
     /// the queue pair is reset (`ibv_modify_qp()` to RESET: the device forgets every request, as
-    /// for [`reset`](Self::reset), even on a queue pair RDMA-CM drives); if even that fails, the
+    /// for [`reset`](Self::reset), even on a queue pair RDMA-CM drives); if even that fails (e.g.
+    /// a device removed or failed fatally while the scope's requests were outstanding: its
+    /// `ibv_modify_qp()` then fails with `EIO`), the
     /// process is **aborted** — the only other sound way out would be to block forever, and
     /// returning would hand the caller memory the device may still write. Nothing the closure
     /// can reach ends a borrow early: the scope counts its requests itself (ring positions),

@@ -34,7 +34,7 @@ impl QueuePair {
             Some(i) => ctx.query_gid(opts.port, i)?.gid,
             None => Gid::default(),
         };
-        opts.validate()?;
+        opts.validate("ibv_modify_qp")?;
         Ok(Endpoint {
             qpn: self.qp_num(),
             psn: self.send_psn(opts),
@@ -114,7 +114,8 @@ impl QueuePair {
     ///
     /// # Errors
     /// [`Error::QpState`] unless the QP is in RESET or INIT; [`Error::InvalidArgument`] for a UD
-    /// QP or out-of-range options (including a `max_rd_atomic` above the device's limits);
+    /// QP or out-of-range options (including a `max_rd_atomic` above the device's limits, a
+    /// service level above 15 and, where the address has a GRH, a GID index above 255);
     /// [`Error::Verb`] for a bad port or GID index, or when the device rejects a transition;
     /// [`Error::CmManaged`] for a queue pair created on an RDMA-CM id;
     /// [`Error::Unsupported`] (capability [`IWARP_MANUAL_CONNECT`]) on an iWARP device (siw,
@@ -134,8 +135,17 @@ impl QueuePair {
         if remote.qpn > 0x00ff_ffff || remote.psn > 0x00ff_ffff {
             return bad("QPN and PSN are 24-bit values");
         }
-        opts.validate()?;
-        self.reach_init(opts)?;
+        opts.validate("ibv_modify_qp")?;
+        if self.state != QpState::RESET && self.state != QpState::INIT {
+            return Err(Error::QpState {
+                verb: "ibv_modify_qp",
+                state: self.state,
+                expected: "RESET or INIT",
+            });
+        }
+        // Everything that can fail without the device refusing a transition is worked out
+        // before the first one (RESET -> INIT sets the access rights and port, which a second
+        // `connect` from INIT would not set again).
         let ctx = self.context();
         let port = ctx.query_port(opts.port)?;
         let mut mtu = port.active_mtu();
@@ -157,15 +167,19 @@ impl QueuePair {
                 })
             }
             Some(n) => n,
-            None => u8::try_from(device_max.clamp(1, 16)).unwrap_or(16),
+            // At most 16 (as the C tools ask), and 0 where the device has no RDMA Read or
+            // atomic resources (1 would be refused at RTS, after RTR was accepted).
+            None => u8::try_from(device_max.min(16)).unwrap_or(16),
         };
+        let av = ah_attr(&ctx, remote, opts, "ibv_modify_qp")?;
+        self.reach_init(opts)?;
         use ffi::ibv_qp_attr_mask as M;
         let mut attr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTR,
             path_mtu: ffi::ibv_mtu(mtu.0),
             dest_qp_num: remote.qpn,
             rq_psn: remote.psn,
-            ah_attr: ah_attr(&ctx, remote, opts)?,
+            ah_attr: av,
             max_dest_rd_atomic: rd_atomic,
             min_rnr_timer: opts.min_rnr_timer,
             ..Default::default()
@@ -205,7 +219,8 @@ impl QueuePair {
     /// Brings a UD QP to RTS: RESET → INIT (if needed) → RTR → RTS (`ibv_modify_qp()`).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a non-UD QP, [`Error::QpState`] unless in RESET or INIT,
+    /// [`Error::InvalidArgument`] for a non-UD QP or out-of-range options (as
+    /// [`connect`](Self::connect) checks them), [`Error::QpState`] unless in RESET or INIT,
     /// [`Error::Verb`] when the device rejects a transition; [`Error::CmManaged`] for a queue pair
     /// created on an RDMA-CM id.
     #[doc(alias = "ibv_modify_qp")]
@@ -217,6 +232,7 @@ impl QueuePair {
                 reason: "activate_ud is for UD queue pairs",
             });
         }
+        opts.validate("ibv_modify_qp")?;
         self.reach_init(opts)?;
         use ffi::ibv_qp_attr_mask as M;
         let mut attr = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_RTR, ..Default::default() };
