@@ -10,9 +10,11 @@
 //! ```
 //!
 //! Differences from the C tool: every wait is bounded by `--timeout` seconds (the C tool waits
-//! forever); the client retries a rejected connection (no server yet) until then; `-S` takes
-//! 1..=65536 (the C tool 26..=65535); a persistent server (`-P`) serves one client after the
-//! other instead of one thread each; retry counts are 6, not 7 (which means "forever" on rxe).
+//! forever) but a persistent server's (`-P`) wait for its next client, which, as the C tool's,
+//! lasts until one comes (or the server is stopped); the client retries a rejected connection
+//! (no server yet) until then; `-S` takes 1..=65536 (the C tool 26..=65535); a persistent server
+//! serves one client after the other instead of one thread each; retry counts are 6, not 7
+//! (which means "forever" on rxe).
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -58,7 +60,7 @@ struct Args {
     /// Debug output
     #[arg(short = 'd')]
     debug: bool,
-    /// Persistent server: serve clients one after the other
+    /// Persistent server: serve clients one after the other, waiting for each as long as it takes
     #[arg(short = 'P')]
     persistent: bool,
     /// Bound on every wait, in seconds
@@ -244,14 +246,18 @@ fn server(args: &Args) -> Res<()> {
         let deadline = Instant::now() + timeout;
         let id = loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match ch.get_event(Some(left)).map_err(err("rdma_get_cm_event"))? {
+            // A persistent server waits for its next client as long as it takes (as the C tool).
+            let wait = if args.persistent { None } else { Some(left) };
+            match ch.get_event(wait).map_err(err("rdma_get_cm_event"))? {
                 Some(mut ev) if ev.kind() == CmEventKind::CONNECT_REQUEST => {
                     if let Some(id) = ev.take_new_id() {
                         break id;
                     }
                 }
                 Some(ev) => return Err(format!("unexpected event {:?} (status {})", ev.kind(), ev.status())),
-                None if left.is_zero() => return Err(format!("no client within {timeout:?}")),
+                None if left.is_zero() && !args.persistent => {
+                    return Err(format!("no client within {timeout:?}"))
+                }
                 None => {}
             }
         };

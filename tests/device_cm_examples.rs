@@ -223,6 +223,29 @@ fn rping_client_without_server_fails_within_its_timeout() {
     assert!(d.stderr.contains("rejected"), "{d:#?}");
 }
 
+/// A persistent server (`-P`) waits for its next client past `--timeout`, as the C tool does,
+/// and serves clients one after the other; a plain server gives up at its timeout.
+#[test]
+fn a_persistent_rping_server_waits_past_its_timeout_for_each_client() {
+    let server = Proc::spawn(ours(), &["-s", "-P", "-a", HOST, "-p", "7332", "-v", "--timeout", "1"]);
+    assert!(server.wait_for_line("listening on", run_timeout()), "our server never listened");
+    for round in 0..2 {
+        // Longer than the server's --timeout before each client.
+        std::thread::sleep(Duration::from_millis(2500));
+        let c = Proc::spawn(ours(), &["-c", "-a", HOST, "-p", "7332", "-C", "2", "-V", "--timeout", "10"]);
+        c.finish(run_timeout()).assert_ok();
+        eprintln!("client {round} served");
+    }
+    // Still waiting for the next: stopped by the test (finish kills it at the bound).
+    let sv = server.finish(Duration::from_millis(500));
+    assert!(!sv.exited, "the persistent server left on its own: {sv:#?}");
+    assert_eq!(sv.count("server ping data: "), 4, "two pings of each client: {sv:#?}");
+    let plain = Proc::spawn(ours(), &["-s", "-a", HOST, "-p", "7333", "--timeout", "1"]);
+    let d = plain.finish(run_timeout());
+    d.assert_failed_within(scaled(Duration::from_secs(8)));
+    assert!(d.stderr.contains("no client within"), "{d:#?}");
+}
+
 #[test]
 fn rping_mismatched_sizes_fail_cleanly_on_both_sides() {
     let server = Proc::spawn(ours(), &["-s", "-a", HOST, "-p", "7331", "-S", "64", "--timeout", "5"]);

@@ -661,3 +661,47 @@ fn perf_report_decoder() {
         tally.count(valid);
     }
 }
+
+/// The address text of the GIDs the tools print: as glibc's `inet_ntop(AF_INET6)`.
+#[test]
+fn ntop_matches_glibc() {
+    let ip = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap().octets();
+    for s in
+        ["::", "::1", "::ffff:192.0.2.1", "fe80::a8cd:a2ff:fefe:a049", "1:0:2::", "::1.2.3.4", "1::2:0:0:3"]
+    {
+        assert_eq!(wire::ntop(&ip(s)), s);
+    }
+    assert_eq!(wire::ntop(&ip("1:0:2:3:4:5:6:7")), "1:0:2:3:4:5:6:7");
+}
+
+/// The pingpong address message of a known value, byte for byte (`"%04x:%06x:%06x:%s"`, NUL).
+#[test]
+fn pingpong_address_bytes() {
+    let mut g = [0u8; 16];
+    g[10] = 0xff;
+    g[11] = 0xff;
+    g[12..].copy_from_slice(&[192, 0, 2, 1]);
+    let d = Dest { lid: 0, qpn: 0x11, psn: 0xabcdef, gid: Gid(g) };
+    let w = d.to_wire();
+    assert_eq!(&w[..51], b"0000:000011:abcdef:00000000000000000000ffffc0000201");
+    assert_eq!(w[51], 0);
+    assert_eq!(Dest::from_wire(&w).unwrap(), d);
+    assert!(Dest::from_wire(b"zz").is_err());
+}
+
+/// A perftest peer's first message (its version string, NUL-padded to 16 bytes) is named as
+/// such, not as noise.
+#[test]
+fn a_perftest_peer_is_named() {
+    for version in ["6.10", "5.70", "25.1"] {
+        let mut msg = [0u8; 16];
+        msg[..version.len()].copy_from_slice(version.as_bytes());
+        let mut src: &[u8] = &msg;
+        let e = proto::read_frame(&mut src, &[Tag::Hello], || {}).unwrap_err();
+        let proto::FrameError::Protocol(text) = e else { panic!("{version}: not a protocol error") };
+        assert!(text.contains("perftest"), "{version}: {text}");
+    }
+    for other in [&b"\x00\x00\x00\x00\x00"[..], b"6x10\0", b"123.4", b".5\0\0\0", b"GET /"] {
+        assert!(!proto::looks_like_perftest(other), "{other:?}");
+    }
+}

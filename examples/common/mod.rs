@@ -22,67 +22,18 @@ pub mod memory;
 pub mod net;
 pub mod wire;
 
-use std::fmt::Write as _;
-use std::net::{Ipv4Addr, TcpStream};
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[allow(unused_imports)] // each example uses a part of it
 pub use device::open_device;
 #[allow(unused_imports)] // each example uses a part of it
-pub use wire::{interface_id_is_zero, Dest, DONE, WIRE_LEN};
+pub use wire::{interface_id_is_zero, ntop, Dest, DONE, WIRE_LEN};
 
 use ibverbs::{
     Completion, CompletionChannel, CompletionQueue, Local, Mtu, QueuePair, RecvRequest, RemoteMemoryRegion,
 };
-
-/// Formats 16 bytes as glibc's `inet_ntop(AF_INET6)` does (the C tools print GIDs with it):
-/// lowercase groups, the longest run of two or more zero groups as `::`, and a dotted IPv4 tail
-/// for IPv4-mapped (`::ffff:a.b.c.d`) and IPv4-compatible (`::a.b.c.d`) addresses.
-pub fn ntop(bytes: &[u8; 16]) -> String {
-    let words: Vec<u16> = bytes.chunks(2).map(|p| u16::from_be_bytes([p[0], p[1]])).collect();
-    // The longest run of zero words (the first of equal ones), if at least two long: (start, length).
-    let mut best: Option<(usize, usize)> = None;
-    let mut cur: Option<(usize, usize)> = None;
-    for (i, &w) in words.iter().enumerate() {
-        if w == 0 {
-            let run = cur.map_or((i, 1), |(base, len)| (base, len + 1));
-            cur = Some(run);
-            if best.map_or(true, |(_, len)| run.1 > len) {
-                best = Some(run);
-            }
-        } else {
-            cur = None;
-        }
-    }
-    let best = best.filter(|&(_, len)| len >= 2);
-    let mut out = String::new();
-    let mut i = 0;
-    while i < 8 {
-        if let Some((base, len)) = best {
-            if i == base {
-                out.push(':');
-                i += len;
-                if i == 8 {
-                    out.push(':');
-                }
-                continue;
-            }
-        }
-        if i > 0 {
-            out.push(':');
-        }
-        let ipv4_tail =
-            i == 6 && best.is_some_and(|(b, l)| b == 0 && (l == 6 || (l == 5 && words[5] == 0xffff)));
-        if ipv4_tail {
-            let _ = write!(out, "{}", Ipv4Addr::new(bytes[12], bytes[13], bytes[14], bytes[15]));
-            break;
-        }
-        let _ = write!(out, "{:x}", words[i]);
-        i += 1;
-    }
-    out
-}
 
 /// The system's page size (the C tools' `-c` pattern marks the first byte of every page).
 pub fn page_size() -> usize {
@@ -398,42 +349,6 @@ pub fn parse_mtu(s: &str) -> Result<Mtu, String> {
         .ok()
         .and_then(Mtu::from_bytes)
         .ok_or_else(|| format!("{s:?} is not an MTU: use 256, 512, 1024, 2048 or 4096"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ntop_matches_glibc() {
-        let ip = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap().octets();
-        for s in [
-            "::",
-            "::1",
-            "::ffff:192.0.2.1",
-            "fe80::a8cd:a2ff:fefe:a049",
-            "1:0:2::",
-            "::1.2.3.4",
-            "1::2:0:0:3",
-        ] {
-            assert_eq!(ntop(&ip(s)), s);
-        }
-        assert_eq!(ntop(&ip("1:0:2:3:4:5:6:7")), "1:0:2:3:4:5:6:7");
-    }
-
-    #[test]
-    fn wire_round_trip() {
-        let mut g = [0u8; 16];
-        g[10] = 0xff;
-        g[11] = 0xff;
-        g[12..].copy_from_slice(&[192, 0, 2, 1]);
-        let d = Dest { lid: 0, qpn: 0x11, psn: 0xabcdef, gid: Gid(g) };
-        let w = d.to_wire();
-        assert_eq!(&w[..51], b"0000:000011:abcdef:00000000000000000000ffffc0000201");
-        assert_eq!(w[51], 0);
-        assert_eq!(Dest::from_wire(&w).unwrap(), d);
-        assert!(Dest::from_wire(b"zz").is_err());
-    }
 }
 
 /// `-c` of the pingpong tools: a received message must fill its receive of `len` bytes (one

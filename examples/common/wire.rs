@@ -2,6 +2,7 @@
 //! here, so that host tests can include this file and feed the decoder arbitrary bytes.
 
 use std::fmt::Write as _;
+use std::net::Ipv4Addr;
 
 use ibverbs::{Endpoint, Gid, Mtu};
 
@@ -140,4 +141,52 @@ pub fn check_done(msg: &[u8]) -> Result<(), String> {
 pub fn show_bytes(b: &[u8]) -> String {
     let text: String = b.iter().flat_map(|&c| std::ascii::escape_default(c)).map(char::from).collect();
     format!("\"{text}\"")
+}
+
+/// Formats 16 bytes as glibc's `inet_ntop(AF_INET6)` does (the C tools print GIDs with it):
+/// lowercase groups, the longest run of two or more zero groups as `::`, and a dotted IPv4 tail
+/// for IPv4-mapped (`::ffff:a.b.c.d`) and IPv4-compatible (`::a.b.c.d`) addresses.
+pub fn ntop(bytes: &[u8; 16]) -> String {
+    let words: Vec<u16> = bytes.chunks(2).map(|p| u16::from_be_bytes([p[0], p[1]])).collect();
+    // The longest run of zero words (the first of equal ones), if at least two long: (start, length).
+    let mut best: Option<(usize, usize)> = None;
+    let mut cur: Option<(usize, usize)> = None;
+    for (i, &w) in words.iter().enumerate() {
+        if w == 0 {
+            let run = cur.map_or((i, 1), |(base, len)| (base, len + 1));
+            cur = Some(run);
+            if best.map_or(true, |(_, len)| run.1 > len) {
+                best = Some(run);
+            }
+        } else {
+            cur = None;
+        }
+    }
+    let best = best.filter(|&(_, len)| len >= 2);
+    let mut out = String::new();
+    let mut i = 0;
+    while i < 8 {
+        if let Some((base, len)) = best {
+            if i == base {
+                out.push(':');
+                i += len;
+                if i == 8 {
+                    out.push(':');
+                }
+                continue;
+            }
+        }
+        if i > 0 {
+            out.push(':');
+        }
+        let ipv4_tail =
+            i == 6 && best.is_some_and(|(b, l)| b == 0 && (l == 6 || (l == 5 && words[5] == 0xffff)));
+        if ipv4_tail {
+            let _ = write!(out, "{}", Ipv4Addr::new(bytes[12], bytes[13], bytes[14], bytes[15]));
+            break;
+        }
+        let _ = write!(out, "{:x}", words[i]);
+        i += 1;
+    }
+    out
 }

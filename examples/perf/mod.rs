@@ -3,6 +3,11 @@
 //!
 //! # Protocol
 //!
+//! The examples' own, not perftest's: a Rust server pairs with a Rust client, and perftest's C
+//! tools with each other (the benchmarks run each pair in turn). perftest's exchange sends its
+//! version string first, then structures of its own whose layout follows its version; a peer
+//! that sends such a string is named as perftest in the error.
+//!
 //! The server listens on a TCP port; the client connects (retrying for `--connect-timeout`
 //! seconds) and drives:
 //!

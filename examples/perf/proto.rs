@@ -141,6 +141,15 @@ pub enum FrameError {
     Protocol(String),
 }
 
+/// Whether the first bytes of a message are perftest's first message: its version string
+/// (`"6.10"`, NUL-padded to 16 bytes), which a perftest peer sends where our frames begin.
+pub fn looks_like_perftest(head: &[u8]) -> bool {
+    let digits = head.iter().take_while(|b| b.is_ascii_digit()).count();
+    (1..=2).contains(&digits)
+        && head.get(digits) == Some(&b'.')
+        && head.get(digits + 1).is_some_and(u8::is_ascii_digit)
+}
+
 /// Reads the next frame whose tag is one of `expect`, skipping `Alive` frames (`on_alive` runs
 /// for each). Refuses a bad header before reading its payload.
 pub fn read_frame(
@@ -153,6 +162,13 @@ pub fn read_frame(
         src.fill(&mut head).map_err(FrameError::Read)?;
         let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
         let Some(tag) = Tag::from_u8(head[0]) else {
+            if looks_like_perftest(&head) {
+                return Err(FrameError::Protocol(format!(
+                    "received {}, perftest's version string: the peer is perftest's C tool, whose \
+                     exchange these examples do not speak (pair ours with ours)",
+                    show_bytes(&head)
+                )));
+            }
             return Err(FrameError::Protocol(format!(
                 "received {}, which is not a frame of our perf examples (is the peer one of them?)",
                 show_bytes(&head)
