@@ -4,8 +4,8 @@
 //!
 //! The basic attributes come from [`Context::query_device`] and [`Context::query_port`], the GID
 //! table from [`Context::gid_table`]. The extended attributes that `-v` shows (ODP, TSO, RSS, ...)
-//! need `ibv_query_device_ex()`, which the safe API does not wrap: that one call goes through
-//! [`ibverbs::ffi`].
+//! come from [`Context::query_device_ex`] (`ibv_query_device_ex()`); [`ibverbs::ffi`] gives
+//! only the names of their flag bits.
 //!
 //! When the environment selects devices (`IBVERBS_HCA` or `NCCL_IB_HCA`, and the GID/MTU
 //! variables of `ibverbs::select`), only the selected, usable ports and their devices are shown:

@@ -83,7 +83,7 @@ pub enum Error {
     /// A post would overfill a work queue: more work requests are outstanding than it holds.
     #[error("{verb}: work queue full ({capacity} work requests outstanding); poll completions first")]
     QueueFull {
-        /// `"ibv_post_send"` or `"ibv_post_recv"`.
+        /// `"ibv_post_send"`, `"ibv_post_recv"` or `"ibv_post_srq_recv"`.
         verb: &'static str,
         /// The queue's capacity in work requests.
         capacity: u32,

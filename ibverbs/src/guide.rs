@@ -206,7 +206,7 @@ pub mod tuning {
     //! | address range | `NCCL_IB_ADDR_RANGE` | `IBVERBS_ADDR_RANGE` | any | e.g. `10.0.0.0/8`, for the automatic GID choice |
     //! | RoCE version | `NCCL_IB_ROCE_VERSION_NUM` | `IBVERBS_ROCE_VERSION` | 2 | for the GID choice |
     //! | ACK timeout | `NCCL_IB_TIMEOUT` | `IBVERBS_TIMEOUT` | 14 | 4.096 µs × 2^N before a retry |
-    //! | retries | `NCCL_IB_RETRY_CNT` | `IBVERBS_RETRY_CNT` | 7 | retries before `RETRY_EXC_ERR` |
+    //! | retries | `NCCL_IB_RETRY_CNT` | `IBVERBS_RETRY_CNT` | 6 | retries before `RETRY_EXC_ERR` (7: for ever on rxe) |
     //! | service level | `NCCL_IB_SL` | `IBVERBS_SL` | 0 | InfiniBand QoS lane |
     //! | traffic class | `NCCL_IB_TC` | `IBVERBS_TC` | 0 | the GRH/IP traffic class byte: DSCP in its upper 6 bits |
     //! | P_Key index | `NCCL_IB_PKEY` | `IBVERBS_PKEY_INDEX` | 0 | InfiniBand partition |
@@ -305,41 +305,38 @@ pub mod gpudirect {
     //!
     //! ## Where it stands in this crate
     //!
-    //! **Not wrapped yet.** The safe types cannot hold GPU memory: a
-    //! [`MemoryRegion`](crate::MemoryRegion) derefs to `&[u8]`, and an
+    //! Registration is wrapped, posting is raw.
+    //! [`ProtectionDomain::register_dmabuf`](crate::ProtectionDomain::register_dmabuf) registers
+    //! a range of the dma-buf the GPU driver exports (`ibv_reg_dmabuf_mr()`) as a
+    //! [`DmabufRegion`](crate::DmabufRegion): deregistered when dropped, its
+    //! [`remote`](crate::DmabufRegion::remote) descriptor for peers (who then write or read GPU
+    //! memory with RDMA Write and Read), its [`lkey`](crate::DmabufRegion::lkey) and
+    //! [`iova`](crate::DmabufRegion::iova) for local requests. The safe posting level cannot
+    //! take it: a [`MemoryRegion`](crate::MemoryRegion) derefs to `&[u8]`, and an
     //! [`OwnedBuffer`](crate::OwnedBuffer) promises memory the CPU may read and write — GPU
     //! memory is neither, so never pass a GPU pointer to
-    //! [`OwnedBuffer::from_raw_parts`](crate::OwnedBuffer::from_raw_parts). Until a
-    //! device-memory region type exists, register through [`ffi`](crate::ffi) and post at the
-    //! `unsafe` level, which takes raw work requests with any registered memory's `lkey`:
+    //! [`OwnedBuffer::from_raw_parts`](crate::OwnedBuffer::from_raw_parts). Local requests on it
+    //! go through the `unsafe` level, which takes raw work requests with any registered
+    //! memory's `lkey`:
     //!
     //! ```no_run
-    //! use std::os::fd::RawFd;
-    //! use ibverbs::{ffi, Error, ProtectionDomain, Result};
+    //! use std::os::fd::BorrowedFd;
+    //! use ibverbs::{AccessFlags, DmabufRegion, ProtectionDomain, Result};
     //!
-    //! /// Registers `len` bytes of the dmabuf `fd` (exported by the GPU driver) for local and
-    //! /// remote access. The caller deregisters it (`ffi::ibv_dereg_mr`) before dropping `pd`
-    //! /// and after the last request using it completed.
-    //! fn register_gpu_memory(pd: &ProtectionDomain, fd: RawFd, len: usize) -> Result<*mut ffi::ibv_mr> {
-    //!     let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
-    //!         | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
-    //!         | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
-    //!     // SAFETY: a valid PD; the kernel checks the descriptor and the range.
-    //!     let mr = unsafe { ffi::ibv_reg_dmabuf_mr(pd.as_raw(), 0, len, 0, fd, access as i32) };
-    //!     if mr.is_null() {
-    //!         return Err(Error::Verb { verb: "ibv_reg_dmabuf_mr", source: std::io::Error::last_os_error() });
-    //!     }
-    //!     Ok(mr)
+    //! /// Registers `len` bytes of the dma-buf `fd` (exported by the GPU driver) for local and
+    //! /// remote access; the descriptor may be closed afterwards.
+    //! fn register_gpu_memory(pd: &ProtectionDomain, fd: BorrowedFd<'_>, len: usize) -> Result<DmabufRegion> {
+    //!     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    //!     pd.register_dmabuf(fd, 0, len, 0, access)
     //! }
     //! # let _ = register_gpu_memory;
     //! ```
     //!
     //! Requests on such memory then go through
     //! [`QueuePair::post_send_unchecked`](crate::QueuePair::post_send_unchecked), whose `# Safety`
-    //! section lists what the caller keeps valid until the completion (the GPU memory among it).
-    //! An `ibv_reg_dmabuf_mr` refused for the locked-memory limit gets the same
-    //! `RLIMIT_MEMLOCK` explanation as `ibv_reg_mr` when wrapped in [`Error::Verb`](crate::Error::Verb)
-    //! as above.
+    //! section lists what the caller keeps valid until the completion (the region among it: keep
+    //! the `DmabufRegion` alive until then). A device without dma-buf registration (SoftRoCE and
+    //! siw among them) gives [`Error::Unsupported`](crate::Error::Unsupported).
 }
 
 pub mod diagnosis {

@@ -437,8 +437,10 @@
 //! responder's access error ends the connection (a `DISCONNECTED` event) instead of a
 //! `REM_ACCESS_ERR` completion. Measured on siw (Linux 6.1): `ibv_query_qp` reports no state
 //! (always RESET; [`QueuePair::refresh_state`] then keeps the known state), `rdma_connect` to an
-//! address that does not answer blocks in the kernel's TCP connect for about 131 s whatever
-//! timeout [`cm::connect`] was given, a 255-byte connect private data is reset by the peer's
+//! address that does not answer blocks in the kernel's TCP connect for about 131 s
+//! ([`cm::connect`] still returns [`Error::Timeout`] at its bound, connecting on a thread of its
+//! own; [`cm::establish`] and [`CmId::connect`](cm::CmId::connect) block that long), a 255-byte
+//! connect private data is reset by the peer's
 //! siw, and a request posted after the connection broke never completes (not even flushed): watch
 //! the id's events and stop posting on `DISCONNECTED`.
 //!

@@ -23,7 +23,9 @@ impl QueuePair {
     /// This QP's connection details for a peer, on `opts.port` with `opts`' GID choice.
     ///
     /// # Errors
-    /// [`Error::Verb`] for a bad port or GID index (from `ibv_query_port()`/`ibv_query_gid_ex()`);
+    /// [`Error::InvalidArgument`] for port 0 or out-of-range options; [`Error::Verb`] for a port
+    /// the device does not have (`ibv_query_port()`); [`Error::GidQuery`] for a GID index whose
+    /// entry cannot be read (naming the port and index);
     /// [`Error::Unsupported`] (capability [`IWARP_MANUAL_CONNECT`]) on an iWARP device, whose
     /// queue pairs connect through RDMA-CM ([`crate::cm`]), not by exchanging endpoints.
     pub fn endpoint(&self, opts: &ConnectOptions) -> Result<Endpoint> {
@@ -116,7 +118,8 @@ impl QueuePair {
     /// [`Error::QpState`] unless the QP is in RESET or INIT; [`Error::InvalidArgument`] for a UD
     /// QP or out-of-range options (including a `max_rd_atomic` above the device's limits, a
     /// service level above 15 and, where the address has a GRH, a GID index above 255);
-    /// [`Error::Verb`] for a bad port or GID index, or when the device rejects a transition;
+    /// [`Error::Verb`] for a port the device does not have, or when the device rejects a
+    /// transition; [`Error::GidQuery`] for a GID index whose entry cannot be read;
     /// [`Error::CmManaged`] for a queue pair created on an RDMA-CM id;
     /// [`Error::Unsupported`] (capability [`IWARP_MANUAL_CONNECT`]) on an iWARP device (siw,
     /// see [`Context::is_iwarp`](crate::Context::is_iwarp)), whose queue pairs reach RTR and RTS
@@ -272,7 +275,7 @@ impl QueuePair {
     /// # Errors
     /// [`Error::Verb`] when the device rejects the transition; [`Error::CqTooSmall`] or
     /// [`Error::TooManyQueuePairs`] if the fresh queues cannot be registered (the QP is then left
-    /// in RESET, unable to post); [`Error::CmManaged`] for a queue pair created on an RDMA-CM id;
+    /// [`QpState::UNUSABLE`], unable to post: poll its CQ dry and call `reset` again); [`Error::CmManaged`] for a queue pair created on an RDMA-CM id;
     /// [`Error::Unsupported`] (capability [`IWARP_RESET`]) on an iWARP device, where no queue
     /// pair made by hand can be connected (see [`connect`](Self::connect)), so none is worth
     /// resetting, and where siw's `ibv_modify_qp()` to RESET succeeds without changing anything:
