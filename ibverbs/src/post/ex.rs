@@ -176,7 +176,10 @@ impl ExQp {
         match required_op(wr.opcode) {
             Some((flag, _)) if self.ops.contains(flag) => Ok(()),
             Some((_, op)) => Err(Error::SendOpNotEnabled { verb, op }),
-            None => Err(Error::SendOpNotEnabled { verb, op: "(an opcode with no ibv_wr_* builder)" }),
+            None => Err(Error::SendOpNotEnabled {
+                verb,
+                op: "(an opcode the extended posting path does not build: Send with Invalidate, local invalidate and memory window binds go through the classic QP)",
+            }),
         }
     }
 

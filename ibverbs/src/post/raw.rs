@@ -192,10 +192,20 @@ impl RawSend {
         self
     }
 
-    /// Changes the remote address and key of an RDMA Write or Read in place.
+    /// Changes the remote address and key in place: of an RDMA Write or Read (`wr.rdma`), or of
+    /// an atomic (`wr.atomic`, whose compare/add and swap operands stay as they are).
     #[inline]
     pub fn set_remote(&mut self, remote_addr: u64, rkey: u32) {
-        self.0.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
+        use ffi::ibv_wr_opcode as O;
+        match self.0.opcode {
+            O::IBV_WR_ATOMIC_CMP_AND_SWP | O::IBV_WR_ATOMIC_FETCH_AND_ADD => {
+                // SAFETY: an atomic's request was built with its `atomic` member (the
+                // constructors); plain integers in any case.
+                let at = unsafe { &mut self.0.wr.atomic };
+                (at.remote_addr, at.rkey) = (remote_addr, rkey);
+            }
+            _ => self.0.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey },
+        }
     }
 
     /// Changes the `wr_id` in place.
@@ -330,6 +340,12 @@ mod tests {
         // SAFETY: the atomic member was written.
         let at = unsafe { a.0.wr.atomic };
         assert_eq!((at.remote_addr, at.compare_add, at.swap, at.rkey), (0x1000, 1, 2, 9));
+        // Moving an atomic keeps its operands (the `rdma` member overlaps compare_add).
+        let mut moved = a;
+        moved.set_remote(0x2000, 11);
+        // SAFETY: as above.
+        let at = unsafe { moved.0.wr.atomic };
+        assert_eq!((at.remote_addr, at.compare_add, at.swap, at.rkey), (0x2000, 1, 2, 11));
         assert_eq!(RawSend::read(remote).imm(1).0.opcode, ffi::ibv_wr_opcode::IBV_WR_RDMA_READ);
     }
 

@@ -125,18 +125,29 @@ impl WorkCompletion {
     pub fn byte_len(&self) -> u32 {
         self.0.byte_len
     }
-    /// The immediate data, in host order, if the message carried any.
+    /// Whether this is a successful receive's completion (`IBV_WC_RECV` or
+    /// `IBV_WC_RECV_RDMA_WITH_IMM`): the one kind whose flags describe an incoming message.
+    fn is_ok_receive(&self) -> bool {
+        self.is_ok() && self.0.opcode.0 & ffi::ibv_wc_opcode::IBV_WC_RECV.0 != 0
+    }
+    /// The immediate data, in host order, if the message this receive took carried any. `None`
+    /// for every other completion: mlx4 and mlx5 flag `IBV_WC_WITH_IMM` on the sender's own
+    /// completion of a Send or RDMA Write with immediate too, without the value, and a failed
+    /// completion's flags are not valid (`ibv_poll_cq(3)`).
     pub fn imm_data(&self) -> Option<u32> {
-        (self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
+        use ffi::ibv_wc_flags as F;
+        let carried = self.0.wc_flags & (F::IBV_WC_WITH_IMM.0 | F::IBV_WC_WITH_INV.0) == F::IBV_WC_WITH_IMM.0;
+        (carried && self.is_ok_receive())
             // SAFETY: both union members are plain u32s.
             .then(|| u32::from_be(unsafe { self.0.__bindgen_anon_1.imm_data }))
     }
-    /// The rkey a peer's Send with Invalidate invalidated (`IBV_WC_WITH_INV`), if any.
+    /// The rkey a peer's Send with Invalidate invalidated (`IBV_WC_WITH_INV`), if any (on a
+    /// successful receive's completion only, as [`imm_data`](Self::imm_data)).
     #[doc(alias = "IBV_WC_WITH_INV")]
     pub fn invalidated_rkey(&self) -> Option<u32> {
         // SAFETY: both union members are plain u32s.
         let rkey = unsafe { self.0.__bindgen_anon_1.invalidated_rkey };
-        (self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_INV.0 != 0).then_some(rkey)
+        (self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_INV.0 != 0 && self.is_ok_receive()).then_some(rkey)
     }
     /// The local QP number.
     pub fn qp_num(&self) -> u32 {
@@ -146,9 +157,10 @@ impl WorkCompletion {
     pub fn src_qp(&self) -> u32 {
         self.0.src_qp
     }
-    /// Whether a UD receive starts with a 40-byte GRH.
+    /// Whether a UD receive starts with a 40-byte GRH (false for a failed completion, whose
+    /// flags are not valid).
     pub fn has_grh(&self) -> bool {
-        self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_GRH.0 != 0
+        self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_GRH.0 != 0 && self.is_ok()
     }
     /// The vendor's error syndrome.
     pub fn vendor_err(&self) -> u32 {
@@ -469,7 +481,38 @@ mod tests {
         wc.__bindgen_anon_1.imm_data = 0x1234_5678u32.to_be();
         assert_eq!(WorkCompletion(wc).imm_data(), None);
         wc.wc_flags = ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0;
+        wc.opcode = ffi::ibv_wc_opcode::IBV_WC_RECV;
         assert_eq!(WorkCompletion(wc).imm_data(), Some(0x1234_5678));
+        wc.opcode = ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM;
+        assert_eq!(WorkCompletion(wc).imm_data(), Some(0x1234_5678));
+    }
+
+    /// Immediate data, an invalidated rkey and the GRH flag belong to successful receives:
+    /// mlx4/mlx5 flag `WITH_IMM` on the sender's completion too (with no value), and a failed
+    /// completion's flags may be an earlier entry's.
+    #[test]
+    fn only_successful_receives_report_what_the_message_carried() {
+        use ffi::{ibv_wc_flags as F, ibv_wc_opcode as O, ibv_wc_status as S};
+        let wc = |opcode, status, flags| {
+            let mut wc = ffi::ibv_wc { opcode, status, wc_flags: flags, ..Default::default() };
+            wc.__bindgen_anon_1.imm_data = 0xfeedu32.to_be();
+            WorkCompletion(wc)
+        };
+        let (imm, inv, grh) = (F::IBV_WC_WITH_IMM.0, F::IBV_WC_WITH_INV.0, F::IBV_WC_GRH.0);
+        // The sender's own completions of a Send and a Write with immediate (mlx5's flags).
+        assert_eq!(wc(O::IBV_WC_SEND, S::IBV_WC_SUCCESS, imm).imm_data(), None);
+        assert_eq!(wc(O::IBV_WC_RDMA_WRITE, S::IBV_WC_SUCCESS, imm).imm_data(), None);
+        // A failed completion with an earlier entry's flags.
+        let failed = wc(O::IBV_WC_RECV, S::IBV_WC_WR_FLUSH_ERR, imm | grh);
+        assert_eq!((failed.imm_data(), failed.has_grh()), (None, false));
+        assert_eq!(wc(O::IBV_WC_RECV, S::IBV_WC_REM_ACCESS_ERR, inv).invalidated_rkey(), None);
+        // Receives.
+        let recv = wc(O::IBV_WC_RECV, S::IBV_WC_SUCCESS, imm | grh);
+        assert_eq!((recv.imm_data(), recv.has_grh()), (Some(0xfeed), true));
+        let invalidated = wc(O::IBV_WC_RECV, S::IBV_WC_SUCCESS, inv);
+        assert_eq!(invalidated.invalidated_rkey(), Some(0xfeedu32.to_be()));
+        // mlx4 ORs WITH_INV into what was there: the union then holds the rkey, not a value.
+        assert_eq!(wc(O::IBV_WC_RECV, S::IBV_WC_SUCCESS, imm | inv).imm_data(), None);
     }
 
     #[test]

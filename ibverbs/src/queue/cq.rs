@@ -873,6 +873,7 @@ mod tests {
                 unsafe {
                     let wc = &mut *wcs.add(k);
                     (wc.wr_id, wc.byte_len, wc.src_qp, wc.vendor_err) = (k as u64, 4096, 9, 3);
+                    wc.opcode = ffi::ibv_wc_opcode::IBV_WC_RECV;
                     wc.wc_flags = ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0;
                     wc.__bindgen_anon_1.imm_data = 0x0100_0000;
                 }

@@ -177,6 +177,11 @@ impl ExCq {
             wc.byte_len = r32(self.byte_len);
             if wc.wc_flags & CARRIED != 0 {
                 match self.imm {
+                    // Only a receive carries them: mlx4 flags WITH_IMM on the sender's own
+                    // completions too, where its accessor returns whatever the CQE held.
+                    Some(_) if wc.opcode.0 & ffi::ibv_wc_opcode::IBV_WC_RECV.0 == 0 => {
+                        wc.wc_flags &= !CARRIED
+                    }
                     // Immediate data in network order, an rkey in host order, as in `struct
                     // ibv_wc` (`ibv_wc_read_invalidated_rkey` is this accessor).
                     Some(f) => wc.__bindgen_anon_1.imm_data = f(q),
@@ -528,6 +533,21 @@ mod tests {
                 assert_eq!(c.byte_len(), 30, "the rest is read as before");
             }
         }
+    }
+
+    /// A send completion flagged `WITH_IMM` (mlx4's extended CQ flags the sender's own
+    /// completions of requests with immediate) reports no immediate data.
+    #[test]
+    fn a_send_completion_flagged_with_imm_reports_none() {
+        let reg = Registry::<Slot>::for_tests(8);
+        let mut q = fake_cq(vec![(3, OK, SEND, Some(0xbad)), (4, OK, RECV_OP, Some(0xfeed))]);
+        // SAFETY: the fake CQ outlives the table.
+        let ex = unsafe { ExCq::new(&mut *q, WcFlags::STANDARD) }.unwrap();
+        let mut out: [Completion; 2] = Default::default();
+        // SAFETY: single consumer.
+        assert_eq!(unsafe { poll_into_ex(&ex, &reg, &mut out) }.unwrap(), 2);
+        assert_eq!((out[0].opcode(), out[0].imm_data()), (WcOpcode::SEND, None));
+        assert_eq!((out[1].opcode(), out[1].imm_data()), (WcOpcode::RECV, Some(0xfeed)));
     }
 
     #[test]
