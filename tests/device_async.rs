@@ -803,6 +803,7 @@ fn replacing_or_resetting_the_queue_pair_in_with_qp_ends_its_waiting_operations(
             e.error
         );
         assert_eq!(e.request.into_buffers().count(), 1, "the request comes back");
+
         // Put back: posts work again. The receive of the ended operation is still queued in
         // the device: a first message lands there (its completion is dropped), the next in a new
         // receive.

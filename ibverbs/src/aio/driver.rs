@@ -317,7 +317,7 @@ impl Driver {
     /// the driver matches a completion to its operation by it); [`Error::Verb`] when the
     /// reactor refuses the descriptor.
     pub fn new(cq: CompletionQueue, channel: &CompletionChannel, backend: &dyn Backend) -> Result<Driver> {
-        if cq.wc_flags().is_some_and(|f| !f.contains(crate::WcFlags::QP_NUM)) {
+        if !cq.reports_qp_num() {
             return Err(Error::InvalidArgument {
                 verb: "ibv_create_cq_ex",
                 reason: "the driver's extended CQ must report the QP number (WcFlags::QP_NUM)",

@@ -524,6 +524,13 @@ impl CompletionQueue {
         self.inner.ex.as_ref().map(|e| e.flags)
     }
 
+    /// Whether completions carry their queue pair's number: always on a classic CQ, on an
+    /// extended one only with [`WcFlags::QP_NUM`] (what matches a completion to its queue pair
+    /// where several share the CQ: the async driver, striped connections).
+    pub(crate) fn reports_qp_num(&self) -> bool {
+        self.wc_flags().map_or(true, |f| f.contains(WcFlags::QP_NUM))
+    }
+
     /// Completion entries not reserved by the safe level: the CQ's capacity minus the depths of
     /// the work queues it tracks (including those of dropped queue pairs not yet reclaimed by a
     /// poll that found the CQ empty). Requests posted with the `unsafe` level whose completions

@@ -253,7 +253,7 @@ impl StripedConnection {
         if qps.len() != opts.qps as usize {
             return bad("the number of queue pairs is not opts.qps");
         }
-        if cq.wc_flags().is_some_and(|f| !f.contains(crate::WcFlags::QP_NUM)) {
+        if !cq.reports_qp_num() {
             return bad("an extended CQ must report the QP number (WcFlags::QP_NUM)");
         }
         for qp in &qps {

@@ -61,17 +61,23 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Brings a QP in RESET to INIT; refuses any state but RESET and INIT.
-    fn reach_init(&mut self, opts: &ConnectOptions) -> Result<()> {
-        if self.state == QpState::RESET {
-            self.init(opts)?;
-        }
-        if self.state != QpState::INIT {
+    /// Refuses any state but RESET and INIT (where `connect` and `activate_ud` start).
+    fn check_reset_or_init(&self) -> Result<()> {
+        if self.state != QpState::RESET && self.state != QpState::INIT {
             return Err(Error::QpState {
                 verb: "ibv_modify_qp",
                 state: self.state,
                 expected: "RESET or INIT",
             });
+        }
+        Ok(())
+    }
+
+    /// Brings a QP in RESET to INIT; refuses any state but RESET and INIT.
+    fn reach_init(&mut self, opts: &ConnectOptions) -> Result<()> {
+        self.check_reset_or_init()?;
+        if self.state == QpState::RESET {
+            self.init(opts)?;
         }
         Ok(())
     }
@@ -139,13 +145,7 @@ impl QueuePair {
             return bad("QPN and PSN are 24-bit values");
         }
         opts.validate("ibv_modify_qp")?;
-        if self.state != QpState::RESET && self.state != QpState::INIT {
-            return Err(Error::QpState {
-                verb: "ibv_modify_qp",
-                state: self.state,
-                expected: "RESET or INIT",
-            });
-        }
+        self.check_reset_or_init()?;
         // Everything that can fail without the device refusing a transition is worked out
         // before the first one (RESET -> INIT sets the access rights and port, which a second
         // `connect` from INIT would not set again).
