@@ -473,6 +473,18 @@ pub mod rdma_cm {
     //! `rdma_connect` blocks until TCP connects (up to about 131 s), which
     //! [`cm::connect`](crate::cm::connect) keeps within its bound.
     //!
+    //! One more thing of siw it cannot work around, read in Linux 6.1's `siw_accept`: the
+    //! accepting side sends its MPA reply, then hands its socket's receive upcall from the
+    //! connection manager to the queue pair. A message that arrives in between stays in the
+    //! socket, unprocessed, until the next one arrives: the acceptor's receive does not
+    //! complete. Only the first message of the active side, posted as soon as it is connected
+    //! and before the acceptor's [`cm::accept_request`](crate::cm::accept_request) (or
+    //! `rdma_accept`'s `ESTABLISHED`) is through, can land there. The window is short; one
+    //! failure of this crate's CI on siw fits it (the sender's Send completed, the acceptor's
+    //! receive never did). A protocol that opens that way (rping's, C or Rust) then stalls
+    //! until its timeout; one whose acceptor speaks first, or whose active side waits for a
+    //! word from the acceptor, does not.
+    //!
     //! The examples that run on iWARP: `rping`, `rdma_server` and `rdma_client` (against
     //! rdmacm-utils' tools), the perftest-style `write_bw`, `read_bw`, `send_bw`, `write_lat` and
     //! `send_lat` with `-R` (on both sides), `async_rpc -R` and `striped_bw`. `rc_pingpong`, `srq_pingpong` and
