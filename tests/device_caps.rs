@@ -175,7 +175,8 @@ fn dmabuf_registration_is_refused_with_a_typed_error_where_unsupported() {
     use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
     let ctx = context();
     let pd = ctx.alloc_pd().unwrap();
-    // A dma-buf exported by udmabuf from a memfd when the kernel has it, else the memfd itself.
+    // A memfd, which is not a dma-buf: a provider with the verb refuses it, one without says so
+    // (the guest has no dma-buf exporter; the registration of a real one is not tested here).
     // SAFETY: a fresh memfd; the name is a NUL-terminated literal.
     let memfd = unsafe { libc::memfd_create(c"ibverbs-dmabuf".as_ptr(), libc::MFD_ALLOW_SEALING) };
     assert!(memfd >= 0);

@@ -842,7 +842,8 @@ fn completion_channel_events() {
     let ev = ch.get_event(Some(scaled(Duration::from_secs(5)))).unwrap();
     assert_eq!(ev, Some(cq.id()));
     assert!(poll_one(&mut cq).is_ok());
-    // Reactors watch the raw descriptor; it is readable while an event is pending.
+    // Reactors watch the raw descriptor (device_events checks that it is readable while an
+    // event is pending).
     use std::os::fd::AsRawFd;
     assert!(ch.as_raw_fd() >= 0);
 }

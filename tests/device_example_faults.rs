@@ -176,7 +176,8 @@ fn pingpong_clients_reject_a_multibyte_gid_without_panicking() {
 }
 
 /// Starts `tool` as a server with `--timeout timeout`, connects a raw client that does `act`
-/// with the socket, and returns how the server ended (killed after `within`).
+/// with the socket, and returns how the server ended (killed after `within`); fails when `act`
+/// panicked (its assertions).
 fn server_vs_raw_client(
     tool: &str,
     port: u16,
@@ -190,12 +191,14 @@ fn server_vs_raw_client(
     let s = raw_client(&server, port);
     let keep = std::thread::spawn(move || act(s));
     let f = server.finish(within);
-    let _ = keep.join();
+    // The peer's own checks (its writes ignore a closed socket, so only a check panics).
+    assert!(keep.join().is_ok(), "the raw client's checks failed: {}", f.describe());
     f
 }
 
 /// Starts `tool` as a client with `--timeout timeout` towards a fake server that does `act` with
-/// the accepted socket, and returns how the client ended (killed after `within`).
+/// the accepted socket, and returns how the client ended (killed after `within`); fails when
+/// `act` panicked.
 fn client_vs_fake_server(
     tool: &str,
     port: u16,
@@ -210,7 +213,8 @@ fn client_vs_fake_server(
     let s = accept_one(&listener);
     let keep = std::thread::spawn(move || act(s));
     let f = client.finish(within);
-    let _ = keep.join();
+    // As in server_vs_raw_client.
+    assert!(keep.join().is_ok(), "the fake server's checks failed: {}", f.describe());
     f
 }
 

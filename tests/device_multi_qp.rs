@@ -246,12 +246,21 @@ fn requests_that_cannot_be_posted_hand_the_buffer_back() {
         Err(e) => panic!("create_cq_ex: {e}"),
     }
     if is_iwarp() {
+        // The peer list comes from endpoints(), which iWARP refuses (no connecting by hand).
+        unsupported(
+            &ctx,
+            "connecting queue pairs by hand",
+            "iWARP: the wrong-length peer list is not checked",
+        );
         return;
     }
     // A peer list of the wrong length.
     let (mut c, d) =
         (StripedConnection::new(&pd, &StripeOptions { qps: 3, ..Default::default() }).unwrap(), &a);
-    assert!(c.connect(&d.endpoints(&opts()).unwrap(), &opts()).is_err());
+    match c.connect(&d.endpoints(&opts()).unwrap(), &opts()) {
+        Err(Error::InvalidArgument { verb: "StripedConnection::connect", .. }) => {}
+        other => panic!("a peer list of the wrong length: {other:?}"),
+    }
 }
 
 #[test]

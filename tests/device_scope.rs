@@ -350,10 +350,13 @@ fn a_scope_whose_peer_is_gone_fails_the_qp_and_waits_for_the_flush() {
     // On siw the peer's going closes the connection, which puts a in ERROR before the scope
     // posts; requests posted then never flush, and the drain's last resort, RESET, finds the
     // pair's CQ (sized exactly as asked on siw) without room for fresh rings: UNUSABLE.
-    assert!(
-        state == QpState::ERR || state == QpState::RESET || (is_iwarp() && state == QpState::UNUSABLE),
-        "{state:?}"
-    );
+    // Elsewhere the error state flushes both requests well within the drain's bound, so the
+    // last resort is not needed.
+    if is_iwarp() {
+        assert!([QpState::ERR, QpState::RESET, QpState::UNUSABLE].contains(&state), "{state:?}");
+    } else {
+        assert_eq!(state, QpState::ERR, "the drain's error state flushed both requests");
+    }
     // The borrowed buffer is ours again.
     rbuf[0] = 1;
     // Whatever completions the flush produced were kept; the write's is among them (flushed or
