@@ -264,8 +264,12 @@ pub fn fnv1a(data: &[u8]) -> u64 {
 }
 
 /// Writes `path` through a temporary file and a rename, so a concurrent reader never sees half of it.
+/// The temporary file's name is the process's and the call's own: two guests of one process
+/// preparing a cold cache at once (the two-host stage alone) write files of their own.
 fn write_atomic(path: &Path, data: &[u8]) -> Result<(), String> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}.{call}", std::process::id()));
     fs::write(&tmp, data).and_then(|()| fs::rename(&tmp, path)).map_err(|e| {
         let _ = fs::remove_file(&tmp);
         format!("writing {}: {e}", path.display())

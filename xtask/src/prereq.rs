@@ -183,10 +183,12 @@ pub fn ensure_packages(packages: &[String], dry_run: bool, allow_remove: &[Strin
     Ok(())
 }
 
-/// Runs `apt-get ARGS` non-interactively within `limit`.
+/// Runs `apt-get ARGS` non-interactively within `limit`, waiting (up to 5 minutes, within
+/// `limit`) for dpkg's lock where another apt holds it, as apt-daily does on a freshly booted
+/// machine: apt-get alone fails at once.
 fn apt(args: &[&str], limit: Duration, show: bool) -> Result<process::Finished, String> {
     let mut cmd = Command::new("apt-get");
-    cmd.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+    cmd.args(["-o", "DPkg::Lock::Timeout=300"]).args(args).env("DEBIAN_FRONTEND", "noninteractive");
     process::run(&mut cmd, limit, show)
 }
 

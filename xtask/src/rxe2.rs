@@ -788,12 +788,15 @@ pub fn run(
                 }
             }));
         }
-        let mut out = Vec::new();
-        for h in handles {
-            out.push(h.join().map_err(|_| "a VM thread panicked".to_string())?);
-        }
+        // Every VM thread joined, then the control thread stopped, before any error returns:
+        // the scope would wait for the control thread for ever.
+        let joined: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
         stop_control.store(true, Ordering::SeqCst);
         let _ = control_thread.join();
+        let mut out = Vec::new();
+        for r in joined {
+            out.push(r.map_err(|_| "a VM thread panicked".to_string())?);
+        }
         let b = out.pop().expect("two reports")?;
         let a = out.pop().expect("two reports")?;
         Ok([a, b])
@@ -1049,15 +1052,25 @@ mod tests {
                 .output()
                 .unwrap()
         };
+        /// Stops the control thread when the scope's closure ends, also by a failed assertion
+        /// (the scope would wait for the control thread for ever).
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
         thread::scope(|s| {
             s.spawn(|| control.run(&stop));
+            let _stop = StopOnDrop(&stop);
             let a = s.spawn(|| sh(&ctl[0], "barrier", &["x", "10"]));
             thread::sleep(Duration::from_millis(200));
             assert!(!a.is_finished(), "a barrier waits for the other side");
             let b = sh(&ctl[1], "barrier", &["x", "10"]);
             assert!(b.status.success(), "{b:?}");
             assert!(a.join().unwrap().status.success());
-            let cut = sh(&ctl[0], "fault", &["cut", "0.2"]);
+            // Long enough to be seen cut when the helper returns on a loaded machine.
+            let cut = sh(&ctl[0], "fault", &["cut", "1"]);
             assert!(cut.status.success(), "{cut:?}");
             assert!(control.link.is_cut());
             let bad = sh(&ctl[1], "fault", &["explode"]);
@@ -1070,9 +1083,11 @@ mod tests {
             let alone = sh(&ctl[0], "barrier", &["y", "10"]);
             assert_eq!(alone.status.code(), Some(1));
             assert!(String::from_utf8_lossy(&alone.stderr).contains("gone"));
-            stop.store(true, Ordering::SeqCst);
         });
-        thread::sleep(Duration::from_millis(250));
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while control.link.is_cut() && std::time::Instant::now() < until {
+            thread::sleep(Duration::from_millis(50));
+        }
         assert!(!control.link.is_cut(), "a timed cut ends");
     }
 
