@@ -497,7 +497,7 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
     if passes.plain {
         run_program_self_tests(&opts.backend, &mut summary);
     }
-    if passes.twohost {
+    if passes.twohost && within_budget(start.elapsed(), "two-host stage", &mut summary) {
         if matches!(opts.backend, Backend::Vm { .. }) {
             run_twohost_stage(&root, &target_dir, &twohost, &mut summary);
             interrupted()?;
@@ -507,7 +507,7 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
         }
     }
 
-    if passes.siw {
+    if passes.siw && within_budget(start.elapsed(), "siw stage", &mut summary) {
         run_siw_stage(opts, &root, &device, tsan.as_ref(), &mut summary);
         interrupted()?;
     }
@@ -515,6 +515,30 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
     summary.print();
     eprintln!("xtask: test took {:.0} s", start.elapsed().as_secs_f64());
     Ok(if summary.total().failed == 0 && summary.lines.iter().all(|l| l.ok) { 0 } else { 1 })
+}
+
+/// How long a run may have taken when a later stage (two-host, siw) starts. A full run takes
+/// about 21 minutes; one whose device tests hang spends each binary's 10-minute limit in
+/// every pass, and CI's limit is 90 minutes: past this, the later stages are failed unrun,
+/// so that the summary still comes out.
+const RUN_BUDGET: Duration = Duration::from_secs(60 * 60);
+
+/// Whether a run that has taken `spent` may still start `stage` ([`RUN_BUDGET`]); if not,
+/// fails the stage's line in `summary`.
+fn within_budget(spent: Duration, stage: &str, summary: &mut Summary) -> bool {
+    if spent <= RUN_BUDGET {
+        return true;
+    }
+    eprintln!("xtask: {stage} not started: the run has taken {:.0} min", spent.as_secs_f64() / 60.0);
+    summary.check(
+        stage.to_string(),
+        Err(format!(
+            "not run: the run had taken {:.0} min (budget {} min)",
+            spent.as_secs_f64() / 60.0,
+            RUN_BUDGET.as_secs() / 60
+        )),
+    );
+    false
 }
 
 /// The two-host stage (see [`crate::twohost`]): one pair of guests for all two-host tests, then a
@@ -1752,6 +1776,18 @@ fn vm_note(end: &End, steps: &[Step]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn later_stages_fail_unrun_past_the_run_budget() {
+        let mut s = Summary::default();
+        assert!(within_budget(RUN_BUDGET, "siw stage", &mut s));
+        assert!(s.lines.is_empty());
+        assert!(!within_budget(RUN_BUDGET + Duration::from_secs(1), "siw stage", &mut s));
+        assert_eq!(s.lines.len(), 1);
+        let line = &s.lines[0];
+        assert!(!line.ok && line.what == "siw stage" && line.note.contains("not run"), "{line:?}");
+        assert_eq!(s.total().failed, 1);
+    }
 
     #[test]
     fn siw_valgrind_runs_are_siw_binaries_that_call_verbs() {
