@@ -582,7 +582,8 @@ impl Context {
     /// than v32, one [`query_gid`](Self::query_gid) per entry).
     ///
     /// # Errors
-    /// [`Error::Verb`] when the verb fails, e.g. for a port the device does not have.
+    /// [`Error::InvalidArgument`] for port 0; [`Error::Verb`] when a verb fails, e.g. for a port
+    /// the device does not have.
     #[doc(alias = "ibv_query_gid_table")]
     pub fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>> {
         let len = usize::try_from(self.query_port(port)?.0.gid_tbl_len).unwrap_or(0);
@@ -628,10 +629,14 @@ impl Context {
     /// The GID index to use for RoCE v2 over IPv4 on `port`: the first RoCE v2 entry whose GID is
     /// an IPv4-mapped address (`::ffff:a.b.c.d`). On an InfiniBand port, index 0. This is what
     /// `NCCL_IB_GID_INDEX` or the `-g`/`-x` flags of the C tools are usually set to by hand (1 on
-    /// a freshly created SoftRoCE device).
+    /// a freshly created SoftRoCE device). Reads the port (`ibv_query_port()`) and its
+    /// [`gid_table`](Self::gid_table) (`ibv_query_gid_table()`).
     ///
     /// # Errors
-    /// [`Error::Verb`] (`ENODATA`) when the port has no such GID (no IPv4 address on its netdev).
+    /// [`Error::InvalidArgument`] for port 0; [`Error::Verb`] when a verb fails, or (`ENODATA`)
+    /// when the port has no such GID (no IPv4 address on its netdev).
+    #[doc(alias = "ibv_query_port")]
+    #[doc(alias = "ibv_query_gid_table")]
     pub fn roce_v2_ipv4_gid_index(&self, port: u8) -> Result<u32> {
         let attr = self.query_port(port)?;
         if attr.link_layer() == LinkLayer::INFINIBAND {

@@ -67,6 +67,8 @@ impl AsyncEventStream {
     ///
     /// # Errors
     /// As [`AsyncEvents::try_get`], or the reactor's error (as [`Error::Verb`]).
+    #[doc(alias = "ibv_get_async_event")]
+    #[doc(alias = "ibv_ack_async_event")]
     pub fn poll_next(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<AsyncEvent>> {
         loop {
             if let Some(event) = self.events.try_get()? {
@@ -89,6 +91,8 @@ impl AsyncEventStream {
     ///
     /// # Errors
     /// As [`poll_next`](Self::poll_next).
+    #[doc(alias = "ibv_get_async_event")]
+    #[doc(alias = "ibv_ack_async_event")]
     pub async fn next(&mut self) -> Result<AsyncEvent> {
         poll_fn(|cx| self.poll_next(cx)).await
     }

@@ -230,9 +230,16 @@ impl AsyncCompletionQueue {
         &self.core.cq
     }
 
-    /// Polls for completions into `out`: `Ready(Ok(n))` with `n > 0` (or `0` for an empty
-    /// `out`), or `Pending` with the channel armed and watched. Completions buffered by
+    /// Polls for completions into `out` (`ibv_poll_cq()`, and `ibv_req_notify_cq()` +
+    /// `ibv_get_cq_event()` while there is none): `Ready(Ok(n))` with `n > 0` (or `0` for an
+    /// empty `out`), or `Pending` with the channel armed and watched. Completions buffered by
     /// [`next`](Self::next) come first.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when a verb or the reactor fails.
+    #[doc(alias = "ibv_poll_cq")]
+    #[doc(alias = "ibv_req_notify_cq")]
+    #[doc(alias = "ibv_get_cq_event")]
     pub fn poll_next_batch(
         &mut self,
         cx: &mut TaskContext<'_>,
@@ -264,6 +271,12 @@ impl AsyncCompletionQueue {
     }
 
     /// Polls for one completion (see [`poll_next_batch`](Self::poll_next_batch)).
+    ///
+    /// # Errors
+    /// As [`poll_next_batch`](Self::poll_next_batch).
+    #[doc(alias = "ibv_poll_cq")]
+    #[doc(alias = "ibv_req_notify_cq")]
+    #[doc(alias = "ibv_get_cq_event")]
     pub fn poll_next(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<Completion>> {
         if self.pos == self.len {
             self.pos = 0;

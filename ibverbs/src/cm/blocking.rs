@@ -207,7 +207,8 @@ impl Listener {
         Ok(Listener { id })
     }
 
-    /// The address listened on, with the port chosen.
+    /// The address listened on, with the port chosen (`rdma_get_local_addr()`).
+    #[doc(alias = "rdma_get_local_addr")]
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.id.local_addr()
     }
@@ -263,7 +264,8 @@ impl Listener {
     /// # Errors
     /// [`Error::Timeout`] when no request arrives in time; [`Error::CmEvent`] for another event;
     /// [`Error::InvalidArgument`] when the listener shares its event channel with other ids
-    /// (it would take their events).
+    /// (it would take their events); [`Error::Verb`] when `poll(2)`, `rdma_get_cm_event()` or,
+    /// for the request's new id, `rdma_create_event_channel()`/`rdma_migrate_id()` fails.
     #[doc(alias = "rdma_get_cm_event")]
     pub fn request(&self, timeout: Duration) -> Result<(CmId, Vec<u8>)> {
         // It reads every event of the listener's channel: other ids' events would be lost.

@@ -437,6 +437,7 @@ impl CmId {
     /// Rejects a connection request (`rdma_reject()`) with `private_data` for the peer.
     ///
     /// # Errors
+    /// [`Error::InvalidArgument`] for an id not bound to a device yet;
     /// [`Error::PrivateDataTooLong`] before anything is sent; [`Error::Verb`] from
     /// `rdma_reject()`.
     #[doc(alias = "rdma_reject")]

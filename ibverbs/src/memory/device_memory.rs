@@ -184,8 +184,9 @@ impl DeviceMemory {
     /// it from 0.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`], [`Error::InvalidArgument`] for an empty range or unknown flag
-    /// bits, or a `pd` of another device; [`Error::Verb`] from the verb.
+    /// [`Error::OutOfBounds`], [`Error::InvalidArgument`] for an empty range or a `pd` of
+    /// another device; [`Error::Unsupported`] where the provider cannot register device memory
+    /// (`EOPNOTSUPP`); [`Error::Verb`] from the verb otherwise.
     #[doc(alias = "ibv_reg_dm_mr")]
     pub fn register(
         &self,

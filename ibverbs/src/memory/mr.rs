@@ -348,7 +348,9 @@ impl ProtectionDomain {
     /// [`Error::InvalidArgument`] for an empty buffer or for any flag outside
     /// [`AccessFlags::LOCAL_ONLY`] and [`AccessFlags::ON_DEMAND`] (remote write, atomics,
     /// memory-window binding: use
-    /// [`register_remote`](Self::register_remote)); [`Error::Verb`] from `ibv_reg_mr()`.
+    /// [`register_remote`](Self::register_remote)); [`Error::Unsupported`] for
+    /// [`AccessFlags::ON_DEMAND`] on a device (or transport) without on-demand paging;
+    /// [`Error::Verb`] from `ibv_reg_mr()`.
     #[doc(alias = "ibv_reg_mr")]
     pub fn register(&self, buf: impl Into<OwnedBuffer>, access: AccessFlags) -> Result<MemoryRegion> {
         if !AccessFlags::LOCAL_REGISTRATION.contains(access) {
@@ -396,7 +398,8 @@ impl ProtectionDomain {
     /// (`ibv_reg_mr_iova2()`); local write access is always added.
     ///
     /// # Errors
-    /// As [`register_iova`](Self::register_iova).
+    /// As [`register_remote`](Self::register_remote), with the IOVA errors of
+    /// [`register_iova`](Self::register_iova).
     #[doc(alias = "ibv_reg_mr_iova2")]
     pub fn register_remote_iova(
         &self,
@@ -412,7 +415,7 @@ impl ProtectionDomain {
     /// include remote write and atomic rights; local write is always added).
     ///
     /// # Errors
-    /// As [`allocate`](Self::allocate).
+    /// As [`register_remote`](Self::register_remote).
     #[doc(alias = "ibv_reg_mr")]
     pub fn allocate_remote(&self, len: usize, access: AccessFlags) -> Result<RemoteMemoryRegion> {
         self.register_remote(OwnedBuffer::zeroed(len)?, access)
@@ -422,7 +425,9 @@ impl ProtectionDomain {
     /// write access is always added.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an empty buffer; [`Error::Verb`] from `ibv_reg_mr()`.
+    /// [`Error::InvalidArgument`] for an empty buffer; [`Error::Unsupported`] for
+    /// [`AccessFlags::ON_DEMAND`] on a device (or transport) without on-demand paging;
+    /// [`Error::Verb`] from `ibv_reg_mr()`.
     #[doc(alias = "ibv_reg_mr")]
     pub fn register_remote(
         &self,

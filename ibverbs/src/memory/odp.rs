@@ -99,7 +99,7 @@ impl MemoryRegion {
     /// # Errors
     /// [`Error::InvalidArgument`] for a region without [`AccessFlags::ON_DEMAND`] or a range of
     /// 4 GiB or more, [`Error::OutOfBounds`], [`Error::Unsupported`] where the provider lacks
-    /// the verb.
+    /// the verb, [`Error::Verb`] when it fails otherwise.
     #[doc(alias = "ibv_advise_mr")]
     pub fn advise(&self, advice: OdpAdvice, range: impl RangeBounds<usize>, flush: bool) -> Result<()> {
         advise(&self.inner, self.inner.pd(), advice, range, flush)

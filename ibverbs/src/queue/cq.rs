@@ -245,7 +245,8 @@ impl CompletionQueue {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the CQ has no channel; [`Error::Verb`] when
-    /// `ibv_poll_cq()`, `ibv_req_notify_cq()`, `poll(2)` or `ibv_get_cq_event()` fails.
+    /// `ibv_poll_cq()` (`ibv_start_poll()` on an extended CQ), `ibv_req_notify_cq()`, `poll(2)`
+    /// or `ibv_get_cq_event()` fails.
     ///
     /// # Panics
     /// As [`poll`](Self::poll): a buffer's panicking drop propagates, and loses no completion.
@@ -298,7 +299,8 @@ impl CompletionQueue {
     /// only one of them; the others wait until a later event or their timeout.
     ///
     /// # Errors
-    /// As for [`poll_wait`](Self::poll_wait).
+    /// As for [`poll_wait`](Self::poll_wait), with `ibv_poll_cq()` on any CQ (also an extended
+    /// one).
     #[doc(alias = "ibv_req_notify_cq")]
     #[doc(alias = "ibv_poll_cq")]
     pub fn poll_raw_wait<'c>(
@@ -328,7 +330,7 @@ impl CompletionQueue {
     /// pairs on a CQ must sometimes poll it dry.
     ///
     /// # Errors
-    /// [`Error::Verb`] when `ibv_poll_cq()` fails.
+    /// [`Error::Verb`] when `ibv_poll_cq()` (`ibv_start_poll()` on an extended CQ) fails.
     ///
     /// # Panics
     /// Only if dropping a buffer panics (an [`OwnedBuffer`](crate::OwnedBuffer) free callback):

@@ -522,7 +522,7 @@ impl SharedReceiveQueue {
     ///
     /// # Errors
     /// [`Error::Verb`] with the provider's error; `bad_wr` then points at the first request not
-    /// posted.
+    /// posted. [`Error::InvalidArgument`] when the provider has no `post_srq_recv`.
     ///
     /// # Safety
     /// - `wr` heads a valid, `NULL`-terminated chain of `ibv_recv_wr`s whose SGEs name memory

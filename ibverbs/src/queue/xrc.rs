@@ -90,7 +90,8 @@ impl ProtectionDomain {
     /// # Errors
     /// [`Error::Unsupported`] when the device lacks `IBV_DEVICE_XRC`; otherwise as
     /// [`create_srq`](Self::create_srq), or [`Error::CqTooSmall`] when `cq` cannot hold the
-    /// SRQ's completions.
+    /// SRQ's completions, [`Error::TooManyQueuePairs`] when `cq` already serves the most queues
+    /// it can track.
     #[doc(alias = "ibv_create_srq_ex")]
     pub fn create_xrc_srq(
         &self,

@@ -169,7 +169,9 @@ impl Fabric {
         Ok(Fabric::from_list(&devices()?))
     }
 
-    /// Describes the devices of `list` (see [`query`](Self::query)), in natural name order.
+    /// Describes the devices of `list` (see [`query`](Self::query)), in natural name order: each
+    /// is opened (`ibv_open_device()`) and described by [`DeviceDesc::from_context`]
+    /// (`ibv_query_device()`, `ibv_query_port()` and the GID table of each port).
     pub fn from_list(list: &DeviceList) -> Fabric {
         let mut devices: Vec<DeviceDesc> = list
             .iter()

@@ -248,7 +248,8 @@ impl<'a> QueuePairBuilder<'a> {
     /// # Errors
     /// [`Error::InvalidArgument`] for a zero send or receive depth; [`Error::CqTooSmall`] when a
     /// CQ cannot hold every completion of its queue pairs (the send and receive depths add up on
-    /// a shared CQ); [`Error::Unsupported`] for a type the device does not have (`EOPNOTSUPP`:
+    /// a shared CQ); [`Error::TooManyQueuePairs`] when a CQ already serves the most queues it
+    /// can track; [`Error::Unsupported`] for a type the device does not have (`EOPNOTSUPP`:
     /// UC and UD on iWARP, capability "UC queue pairs" or "UD queue pairs"); [`Error::Verb`] from
     /// `ibv_create_qp()` (e.g. `EINVAL` for capacities above the device's limits).
     /// With [`send_ops`](Self::send_ops): [`Error::Unsupported`] where the provider has no

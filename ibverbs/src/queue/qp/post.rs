@@ -473,7 +473,8 @@ impl QueuePair {
     /// # Errors
     /// A [`PostError`] handing the request back: any error [`post_send`](Self::post_send) reports
     /// for the request itself, or [`Error::InvalidArgument`] for a request without inline data
-    /// with more or fewer than one entry, or over an owned buffer.
+    /// with more or fewer than one entry, or over an owned buffer. An extended queue pair's
+    /// operations ([`Error::SendOpNotEnabled`]) are checked at each post, not here.
     #[allow(clippy::result_large_err)] // the request comes back whole
     pub fn prepare_send<'a>(&self, wr: SendRequest<'a>) -> Result<PreparedSend, PostError<SendRequest<'a>>> {
         if let Err(error) = self.check_send_request(&wr) {
@@ -498,15 +499,20 @@ impl QueuePair {
     /// `offset..offset + len` of its buffer and (for RDMA Write/Read and atomics) remote bytes
     /// `remote_offset..remote_offset + len` of its remote range — the only checks left per post.
     /// The queue pair holds the buffer for the post (see [`PreparedSend`]): its completion hands
-    /// no buffer back.
+    /// no buffer back. On an extended queue pair
+    /// ([`QueuePairBuilder::send_ops`](crate::QueuePairBuilder::send_ops)) the post goes through
+    /// `ibv_wr_start`, its `ibv_wr_*` builder and `ibv_wr_complete`.
     ///
     /// # Errors
     /// [`Error::QpState`] before RTS, [`Error::InvalidArgument`] for a request prepared for
     /// another queue pair (or a remote offset on a Send, or an atomic not of 8 aligned bytes),
     /// [`Error::OutOfBounds`] for ranges outside the buffer or the remote range,
-    /// [`Error::QueueFull`], or [`Error::Verb`] when the provider refuses it
+    /// [`Error::QueueFull`], [`Error::SendOpNotEnabled`] for an operation an extended QP was not
+    /// created for, or [`Error::Verb`] when the provider refuses it
     /// ([`Error::QueuedWithError`] when it queued the post and then failed: it stays posted).
     #[doc(alias = "ibv_post_send")]
+    #[doc(alias = "ibv_wr_start")]
+    #[doc(alias = "ibv_wr_complete")]
     // Inlined into the caller, as C's `ibv_post_send` is (`static inline`): a call of its own
     // cost 46 instructions per post (callgrind, `post_poll` Prepared:1: ours 149 -> 103; with
     // `#[inline]`, which left it a call, 132).
@@ -558,16 +564,20 @@ impl QueuePair {
     /// [`SendRequest::write_inline`](crate::SendRequest::write_inline); the data it was
     /// prepared with is not used. The post's slot holds nothing and its completion hands no
     /// buffer back. This is `ib_write_lat`'s small-message post (one prebuilt inline request,
-    /// posted again and again) at the safe level.
+    /// posted again and again) at the safe level. On an extended queue pair the post goes
+    /// through `ibv_wr_start` ... `ibv_wr_complete`, as for [`post_prepared`](Self::post_prepared).
     ///
     /// # Errors
     /// [`Error::QpState`] before RTS, [`Error::InvalidArgument`] for a request prepared for
     /// another queue pair or over a buffer, for more than `max_inline_data` bytes, or a remote
     /// offset on a Send, [`Error::OutOfBounds`] for a range outside the remote range,
-    /// [`Error::QueueFull`], or [`Error::Verb`] when the provider refuses it
+    /// [`Error::QueueFull`], [`Error::SendOpNotEnabled`] for an operation an extended QP was not
+    /// created for, or [`Error::Verb`] when the provider refuses it
     /// ([`Error::QueuedWithError`] when it queued the post and then failed: it stays posted).
     #[doc(alias = "ibv_post_send")]
     #[doc(alias = "IBV_SEND_INLINE")]
+    #[doc(alias = "ibv_wr_start")]
+    #[doc(alias = "ibv_wr_complete")]
     pub fn post_prepared_inline(
         &mut self,
         prepared: &PreparedSend,
@@ -682,7 +692,7 @@ impl QueuePair {
     ///
     /// # Errors
     /// [`Error::Verb`] with the provider's error; `bad_wr` then points at the first request not
-    /// posted.
+    /// posted. [`Error::InvalidArgument`] when the provider has no `post_send`.
     ///
     /// # Safety
     /// - `wr` heads a valid, `NULL`-terminated chain of `ibv_send_wr`s whose SGEs name memory
@@ -729,7 +739,8 @@ impl QueuePair {
     /// Posts a raw chain of receive requests (`ibv_post_recv()`) at exactly C's cost.
     ///
     /// # Errors
-    /// [`Error::Verb`] with the provider's error.
+    /// [`Error::Verb`] with the provider's error; [`Error::InvalidArgument`] when the provider
+    /// has no `post_recv`.
     ///
     /// # Safety
     /// As [`post_send_unchecked`](Self::post_send_unchecked): `wr` heads a valid,

@@ -86,7 +86,8 @@ impl QueuePair {
     /// from now on.
     ///
     /// # Errors
-    /// [`Error::QpState`] unless the QP is in RESET; [`Error::Verb`] for a bad port or P_Key
+    /// [`Error::QpState`] unless the QP is in RESET; [`Error::InvalidArgument`] for port 0
+    /// (`ibv_query_port()`); [`Error::Verb`] for a port the device does not have or a bad P_Key
     /// index; [`Error::CmManaged`] for a queue pair created on an RDMA-CM id.
     #[doc(alias = "ibv_modify_qp")]
     pub fn init(&mut self, opts: &ConnectOptions) -> Result<()> {
