@@ -664,7 +664,8 @@ fn async_io_completion_stream() {
 /// The asynchronous-event stream, on both backends: `ip link set <netdev> down` and `up` under
 /// the device's port (rxe's or siw's) deliver PORT_ERR then PORT_ACTIVE to a task awaiting
 /// `next()`, which waits without spinning (nothing comes while the link is untouched) and loses
-/// nothing when a `next()` future is dropped.
+/// nothing when a `next()` future is dropped: one dropped while nothing was pending, and one
+/// woken by the event and dropped before it was polled again.
 #[test]
 fn async_event_stream_sees_the_port_go_down_and_up() {
     use ibverbs::aio::AsyncEventStream;
@@ -681,7 +682,14 @@ fn async_event_stream_sees_the_port_go_down_and_up() {
         let mut stream = AsyncEventStream::tokio(&events).unwrap();
         // Nothing pending: `next()` waits, and dropping it loses nothing.
         assert!(tokio::time::timeout(Duration::from_millis(20), stream.next()).await.is_err());
-        common::ip_link(&dev, "down");
+        // A future polled once (waiting, its waker registered), woken by the event while this
+        // task sleeps, and dropped unpolled: the event stays for the next `next()`.
+        {
+            let mut waiting = Box::pin(stream.next());
+            assert!(futures_lite::future::poll_once(&mut waiting).await.is_none(), "nothing pending yet");
+            common::ip_link(&dev, "down");
+            tokio::time::sleep(scaled(Duration::from_millis(500))).await;
+        }
         let deadline = Instant::now() + bound;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());

@@ -70,10 +70,14 @@ fn one_producer_and_two_consumer_threads_share_an_srq() {
                 while !stop.load(Ordering::Relaxed) {
                     for c in cq.poll(&mut out).unwrap() {
                         assert!(c.is_ok() && c.is_tracked(), "{c:?}");
-                        let mr = c.take_region().unwrap();
+                        let mut mr = c.take_region().unwrap();
                         let len = c.byte_len() as usize;
+                        assert_eq!(len, 48, "{c:?}");
                         // A message's first byte is its seed (see `pattern`).
                         assert_eq!(&mr[..len], &pattern(len, mr[0])[..], "every byte of the message");
+                        // Zeroed before it is posted again: a receive that wrote nothing into it
+                        // would fail the check above (no seed makes an all-zero pattern).
+                        mr.fill(0);
                         let _ = back.send(mr);
                         received.fetch_add(1, Ordering::SeqCst);
                         mine += 1;
