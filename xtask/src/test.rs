@@ -491,8 +491,14 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
                 "xtask: no device test binaries (tests/device_*.rs) yet: only the harness self-tests use the VM"
             );
         }
-        run_device_job(opts, &root, &device, tsan.as_ref(), &mut summary)?;
+        // A job that could not run (no kernel image, QEMU failing to start...) fails its line:
+        // the later stages and the summary still come.
+        let job = run_device_job(opts, &root, &device, tsan.as_ref(), &mut summary);
         interrupted()?;
+        if let Err(e) = job {
+            eprintln!("xtask: the device job failed: {e}");
+            summary.check("device job (the rxe0 VM)", Err(e));
+        }
     }
     if passes.plain {
         run_program_self_tests(&opts.backend, &mut summary);
