@@ -264,7 +264,8 @@ impl Listener {
     /// # Errors
     /// [`Error::Timeout`] when no request arrives in time; [`Error::CmEvent`] for another event;
     /// [`Error::InvalidArgument`] when the listener shares its event channel with other ids
-    /// (it would take their events); [`Error::Verb`] when `poll(2)`, `rdma_get_cm_event()` or,
+    /// (it would take their events), or for a request event without a new id;
+    /// [`Error::Verb`] when `poll(2)`, `rdma_get_cm_event()` or,
     /// for the request's new id, `rdma_create_event_channel()`/`rdma_migrate_id()` fails.
     #[doc(alias = "rdma_get_cm_event")]
     pub fn request(&self, timeout: Duration) -> Result<(CmId, Vec<u8>)> {

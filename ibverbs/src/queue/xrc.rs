@@ -88,8 +88,10 @@ impl ProtectionDomain {
     /// any [`SharedReceiveQueue`]; remote XRC senders name it by its SRQ number.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] when the device lacks `IBV_DEVICE_XRC`; otherwise as
-    /// [`create_srq`](Self::create_srq), or [`Error::CqTooSmall`] when `cq` cannot hold the
+    /// [`Error::Unsupported`] when the device lacks `IBV_DEVICE_XRC`;
+    /// [`Error::InvalidArgument`] for a `cq` or `xrcd` of another device context than the
+    /// protection domain; otherwise as [`create_srq`](Self::create_srq), or
+    /// [`Error::CqTooSmall`] when `cq` cannot hold the
     /// SRQ's completions, [`Error::TooManyQueuePairs`] when `cq` already serves the most queues
     /// it can track.
     #[doc(alias = "ibv_create_srq_ex")]

@@ -246,7 +246,9 @@ impl<'a> QueuePairBuilder<'a> {
     /// Creates the queue pair (`ibv_create_qp()`), in state RESET.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a zero send or receive depth; [`Error::CqTooSmall`] when a
+    /// [`Error::InvalidArgument`] for a zero send or receive depth, a CQ of another device
+    /// context than the protection domain, an SRQ of another protection domain, or an XRC
+    /// queue pair built without what its type needs; [`Error::CqTooSmall`] when a
     /// CQ cannot hold every completion of its queue pairs (the send and receive depths add up on
     /// a shared CQ); [`Error::TooManyQueuePairs`] when a CQ already serves the most queues it
     /// can track; [`Error::Unsupported`] for a type the device does not have (`EOPNOTSUPP`:
