@@ -457,7 +457,8 @@ fn a_posted_bind_and_a_bound_window_keep_the_memory_registered_after_the_region_
 
 #[test]
 fn a_peer_writing_while_the_window_is_invalidated_is_cut_off() {
-    if !has_windows(&rc_pair(4).pd, &[MwType::Type2]) {
+    let ctx = pair_context();
+    if !has_windows(&ctx.alloc_pd().unwrap(), &[MwType::Type2]) {
         return;
     }
     // 1 MiB under valgrind, whose checks of every byte of 4 MiB took ~50 s (its post is slow
@@ -532,7 +533,7 @@ fn a_peer_writing_while_the_window_is_invalidated_is_cut_off() {
         }
     }
     unsupported(
-        &rc_pair(4).pd.context(),
+        &ctx,
         "a Write cut off part-way by an invalidation",
         format_args!("no try cut a {n}-byte Write part-way (delay µs, bytes landed): {seen:?}"),
     );

@@ -402,7 +402,6 @@ fn a_dropped_cqs_or_qps_id_is_never_a_later_ones() {
             "a later CQ and QP at dropped ones' addresses",
             "not both came back among 32: the ids' check did not meet a reuse of each",
         );
-        println!("reused: {cq_reused} CQs, {qp_reused} QPs");
     }
 }
 
