@@ -30,7 +30,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -40,7 +40,7 @@ use crate::cargo::{self, Artifact};
 use crate::nightly::{self, TsanBuild};
 use crate::publish;
 use crate::vm::{self, Backend, End, Output, Step, StepResult};
-use crate::{demo, shell, signals};
+use crate::{demo, process, shell, signals};
 
 /// Which passes of the suite run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1637,17 +1637,7 @@ fn sub_xtask(
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("running xtask: {e}"))?;
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut text = Vec::new();
-            if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_end(&mut text);
-            }
-            String::from_utf8_lossy(&text).into_owned()
-        })
-    };
-    let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let pipes = process::Pipes::start(&mut child, false);
     let mut started = on_started.is_none();
     let status = loop {
         if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
@@ -1674,7 +1664,8 @@ fn sub_xtask(
         status.and_then(|s| s.code()),
         elapsed.as_secs_f64()
     );
-    let (stdout, stderr) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    // A QEMU or runner it left behind may hold the pipes: bounded, and listed below.
+    let (stdout, stderr) = pipes.finish(process::PIPE_GRACE, "xtask");
     let mut leftovers: Vec<String> = fs::read_dir(&tmp)
         .map(|d| d.flatten().map(|e| format!("file {}", e.path().display())).collect())
         .unwrap_or_default();
