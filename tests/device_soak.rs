@@ -355,20 +355,25 @@ fn worker(
 }
 
 /// Creates and destroys queue pairs on its own CQ while the workers run: some drained, some
-/// dropped with work outstanding. Returns how many pairs it created.
-fn churner(pd: ProtectionDomain, ctx: Context, stop: Arc<AtomicBool>, start: Arc<Gate>) -> u64 {
+/// dropped with work outstanding. Returns how many pairs it created and its slowest pair's
+/// connection (through RDMA-CM on iWARP, where the workers' load shares the kernel's connection
+/// manager with it).
+fn churner(pd: ProtectionDomain, ctx: Context, stop: Arc<AtomicBool>, start: Arc<Gate>) -> (u64, Duration) {
     let mut cq = ctx.create_cq(8 * DEPTH, None).unwrap();
     let buf = Arc::new(pd.allocate(4096).unwrap());
     let target = Arc::new(pd.allocate_remote(4096, AccessFlags::REMOTE_WRITE).unwrap());
     let mut out: [Completion; 16] = Default::default();
     start.wait().unwrap_or_else(|e| panic!("churner: {e}"));
     let mut created = 0u64;
+    let mut slowest = Duration::ZERO;
     let enabled = std::env::var("IBVERBS_SOAK_CHURN").map_or(true, |v| v != "0");
     while !enabled && !stop.load(Ordering::Relaxed) {
         thread::sleep(Duration::from_millis(10));
     }
     while enabled && !stop.load(Ordering::Relaxed) {
+        let t = Instant::now();
         let (mut a, b, ids) = connected_pair(&pd, &cq);
+        slowest = slowest.max(t.elapsed());
         created += 1;
         for i in 0..4u64 {
             let dst = target.remote().slice(i * 512, 512).unwrap();
@@ -396,7 +401,7 @@ fn churner(pd: ProtectionDomain, ctx: Context, stop: Arc<AtomicBool>, start: Arc
         while !cq.poll(&mut out).unwrap().is_empty() {}
         thread::sleep(Duration::from_millis(2));
     }
-    created
+    (created, slowest)
 }
 
 /// The text of a thread's panic.
@@ -480,7 +485,8 @@ fn soak_many_qps_shared_cqs_mixed_operations() {
         let rss_end = rss_at(ops / 10);
         let verified: u64 = handles.into_iter().map(|h| h.join().expect("worker")).sum();
         stop.store(true, Ordering::Relaxed);
-        let created = churn.join().expect("churner");
+        let (created, slowest) = churn.join().expect("churner");
+        eprintln!("soak: the churner's slowest connection took {:.3} s", slowest.as_secs_f64());
         eprintln!("soak: setup {:.2} s", setup.as_secs_f64());
         (verified, created, rss_warm, rss_end, during, atomics)
     };

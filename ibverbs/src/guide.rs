@@ -485,6 +485,16 @@ pub mod rdma_cm {
     //! until its timeout; one whose acceptor speaks first, or whose active side waits for a
     //! word from the acceptor, does not.
     //!
+    //! Ports: rdma_cm picks an id's port (a listener's with port 0, every connecting id's) from
+    //! the ephemeral range TCP uses, without seeing TCP's sockets, and siw binds that port in
+    //! the TCP stack. When a native socket holds it (one left in `TIME_WAIT` by an earlier TCP
+    //! connection of the host is enough), `rdma_listen` or `rdma_connect` fails with
+    //! `EADDRINUSE`. [`Listener::bind`](crate::cm::Listener::bind) with port 0 and
+    //! [`cm::connect`](crate::cm::connect) then try another id, up to 16; code that calls
+    //! `CmId::connect` or [`cm::establish`](crate::cm::establish) itself can do the same (a new
+    //! id, and its queue pair, get another port). `iwpmd`, the port mapper rdma-core runs for
+    //! iWARP devices, does not help siw, which binds the rdma_cm port and not the mapped one.
+    //!
     //! The examples that run on iWARP: `rping`, `rdma_server` and `rdma_client` (against
     //! rdmacm-utils' tools), the perftest-style `write_bw`, `read_bw`, `send_bw`, `write_lat` and
     //! `send_lat` with `-R` (on both sides), `async_rpc -R` and `striped_bw`. `rc_pingpong`, `srq_pingpong` and

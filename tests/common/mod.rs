@@ -267,10 +267,11 @@ pub fn connect_qps(
 
 /// [`connect_qps`] of the RC queue pairs the builders `a` and `b` describe (e.g. with a
 /// receive CQ of its own): built and connected by hand, or on iWARP built on RDMA-CM ids
-/// (`pd` from [`pair_context`]) and connected through them.
+/// (`pd` from [`pair_context`]) and connected through them (`a` is then called again for each
+/// new connecting id, see [`cm_connect_built`]).
 pub fn connect_built<'q>(
     pd: &ProtectionDomain,
-    a: impl FnOnce() -> QueuePairBuilder<'q>,
+    a: impl Fn() -> QueuePairBuilder<'q>,
     b: impl FnOnce() -> QueuePairBuilder<'q> + Send,
 ) -> (QueuePair, QueuePair, Option<[CmId; 2]>) {
     if is_iwarp() {
@@ -291,7 +292,7 @@ pub fn connect_built<'q>(
 /// [`QueuePair::connect`] does.
 fn cm_connect_built<'q>(
     pd: &ProtectionDomain,
-    a: impl FnOnce() -> QueuePairBuilder<'q>,
+    a: impl Fn() -> QueuePairBuilder<'q>,
     b: impl FnOnce() -> QueuePairBuilder<'q> + Send,
 ) -> (QueuePair, QueuePair, [CmId; 2]) {
     let wait = scaled(Duration::from_secs(10));
@@ -307,9 +308,23 @@ fn cm_connect_built<'q>(
             cm::accept_request(&id, &mut qp, &param, wait).expect("rdma_accept");
             (id, qp)
         });
-        let id_a = cm::resolve(addr, wait).expect("rdma_resolve_addr/route");
-        let mut qa = a().build_on(&id_a).expect("the connecting queue pair");
-        cm::establish(&id_a, &mut qa, &param, wait).expect("rdma_connect");
+        // As cm::connect: on iWARP, rdma_cm may pick a local port that a native TCP socket holds
+        // (the perf tests' exchanges leave some in TIME_WAIT), and rdma_connect fails with
+        // EADDRINUSE; another id gets another port (the listener still waits for its request).
+        let mut tries = 1;
+        let (id_a, qa) = loop {
+            let id_a = cm::resolve(addr, wait).expect("rdma_resolve_addr/route");
+            let mut qa = a().build_on(&id_a).expect("the connecting queue pair");
+            match cm::establish(&id_a, &mut qa, &param, wait) {
+                Ok(()) => break (id_a, qa),
+                Err(ibverbs::Error::Verb { verb: "rdma_connect", source })
+                    if source.kind() == std::io::ErrorKind::AddrInUse && tries < 16 =>
+                {
+                    tries += 1
+                }
+                Err(e) => panic!("rdma_connect: {e:?}"),
+            }
+        };
         let (id_b, qb) = server.join().unwrap();
         (qa, qb, [id_a, id_b])
     })

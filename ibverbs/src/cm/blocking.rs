@@ -122,6 +122,11 @@ fn check_own_qp(id: &CmId, qp: &QueuePair) -> Result<()> {
 /// them (holding `pd` and `cq` until then). [`establish`] has no such thread: on siw its bound
 /// does not cover `rdma_connect()` itself.
 ///
+/// An `EADDRINUSE` from `rdma_connect()` is answered with a new id, up to 16 ids in all within
+/// `timeout`: on iWARP, rdma_cm picks the local port without seeing TCP's sockets, and siw
+/// binds it in the TCP stack, where a native socket may hold it (hosts that run `iwpmd`, the
+/// iWARP port mapper, avoid this for providers that use its mapped ports; siw does not).
+///
 /// `pd` and `cq` must come from the RDMA-CM context of the device that reaches `addr` (see
 /// [`device_context`]).
 ///
@@ -142,13 +147,37 @@ pub fn connect(
     timeout: Duration,
 ) -> Result<(CmId, QueuePair)> {
     let deadline = crate::cm::deadline_in(timeout);
-    let id = resolve(addr, timeout)?;
-    let mut qp = pd.create_qp(cq, QpType::RC).caps(caps).build_on(&id)?;
-    if pd.context().is_siw() {
-        return establish_apart(id, qp, param, deadline, timeout);
+    let mut tries = 1;
+    loop {
+        let id = resolve(addr, deadline.saturating_duration_since(Instant::now()))?;
+        let mut qp = pd.create_qp(cq, QpType::RC).caps(caps).build_on(&id)?;
+        let r = if pd.context().is_siw() {
+            establish_apart(id, qp, param, deadline, timeout)
+        } else {
+            match establish(&id, &mut qp, param, deadline.saturating_duration_since(Instant::now())) {
+                Ok(()) => Ok((id, qp)),
+                Err(e) => Err(e),
+            }
+        };
+        match r {
+            // The id and queue pair were dropped with the error; a new id gets another port.
+            Err(e) if port_taken(&e) && tries < PORTS_TRIED => tries += 1,
+            r => return r,
+        }
     }
-    establish(&id, &mut qp, param, deadline.saturating_duration_since(Instant::now()))?;
-    Ok((id, qp))
+}
+
+/// How many ports [`connect`] and [`Listener::bind`] (with port 0) try when rdma_cm's pick is
+/// taken in the TCP stack.
+const PORTS_TRIED: usize = 16;
+
+/// Whether `e` is `rdma_connect()` or `rdma_listen()` failing with `EADDRINUSE`: on iWARP,
+/// rdma_cm picks ports from the ephemeral range TCP uses without seeing TCP's sockets, and the
+/// provider (siw) binds the port in the TCP stack, where a native socket may hold it (even one
+/// in `TIME_WAIT`). Another id, with another port, may succeed.
+fn port_taken(e: &Error) -> bool {
+    matches!(e, Error::Verb { verb: "rdma_connect" | "rdma_listen", source }
+        if source.raw_os_error() == Some(libc::EADDRINUSE))
 }
 
 /// [`establish`] on a thread that owns `id` and `qp`, waited for until `deadline`: siw's
@@ -196,15 +225,29 @@ impl Listener {
     /// Binds to `addr` (port 0 picks one, see [`local_addr`](Self::local_addr)) and listens,
     /// with a backlog of 64 connection requests.
     ///
+    /// With port 0, a port that turns out to be taken at `rdma_listen()` (`EADDRINUSE`) is
+    /// given up for another, up to 16 ports in all. On iWARP, rdma_cm picks its ports from the
+    /// ephemeral range TCP uses without seeing TCP's sockets; siw's listen binds the port in the
+    /// TCP stack, and a native socket holding it (even one in `TIME_WAIT`) makes it fail. The
+    /// active side meets the same in `rdma_connect()` (see [`connect`]).
+    ///
     /// # Errors
     /// [`Error::Verb`] from `rdma_create_event_channel()`, `rdma_create_id()`,
-    /// `rdma_bind_addr()` (e.g. `EADDRINUSE`) or `rdma_listen()`.
+    /// `rdma_bind_addr()` (e.g. `EADDRINUSE`) or `rdma_listen()` (with port 0, `EADDRINUSE` only
+    /// when 16 ports in a row were taken).
     #[doc(alias = "rdma_listen")]
     pub fn bind(addr: SocketAddr) -> Result<Listener> {
-        let id = EventChannel::new()?.create_id()?;
-        id.bind(addr)?;
-        id.listen(64)?;
-        Ok(Listener { id })
+        let mut tries = 1;
+        loop {
+            let id = EventChannel::new()?.create_id()?;
+            id.bind(addr)?;
+            match id.listen(64) {
+                Ok(()) => return Ok(Listener { id }),
+                // Dropping the id gives its port back to rdma_cm, whose next pick is random.
+                Err(e) if addr.port() == 0 && port_taken(&e) && tries < PORTS_TRIED => tries += 1,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// The address listened on, with the port chosen (`rdma_get_local_addr()`).
