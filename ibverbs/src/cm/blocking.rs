@@ -342,3 +342,22 @@ pub fn accept_request(id: &CmId, qp: &mut QueuePair, param: &ConnParam, timeout:
     expect(id, "rdma_accept", CmEventKind::ESTABLISHED, deadline, timeout)?;
     qp.cm_established().map(|_| ())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verb(verb: &'static str, errno: i32) -> Error {
+        Error::Verb { verb, source: std::io::Error::from_raw_os_error(errno) }
+    }
+
+    #[test]
+    fn only_a_taken_port_at_listen_or_connect_is_tried_again() {
+        assert!(port_taken(&verb("rdma_connect", libc::EADDRINUSE)));
+        assert!(port_taken(&verb("rdma_listen", libc::EADDRINUSE)));
+        // A port the caller named (rdma_bind_addr), or another failure, is the caller's answer.
+        assert!(!port_taken(&verb("rdma_bind_addr", libc::EADDRINUSE)));
+        assert!(!port_taken(&verb("rdma_connect", libc::ECONNREFUSED)));
+        assert!(!port_taken(&Error::Timeout { verb: "rdma_connect", waited: Duration::from_secs(1) }));
+    }
+}
