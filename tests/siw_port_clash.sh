@@ -9,8 +9,9 @@
 #
 #   cargo build --tests && cargo xtask rxe --device siw -- bash tests/siw_port_clash.sh
 #
-# Needs python3 in the guest (the host's, through the VM's view of its root). Without the retries
-# (before commit b306e5b), 56 held ports failed 15 of 24 tests; with them, 32 held ports fail none.
+# Needs python3 in the guest (the host's, through the VM's view of its root). With 32 held ports,
+# device_cm failed 8 of its 24 tests without the retries (the code before commit b306e5b) and
+# fails none with them.
 set -u
 HELD=${HELD:-32}
 [ "$HELD" -ge 0 ] && [ "$HELD" -le 60 ] || { echo "HELD must be 0..60" >&2; exit 2; }
