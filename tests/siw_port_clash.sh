@@ -5,7 +5,8 @@
 # without SO_REUSEADDR (even one in TIME_WAIT) makes rdma_listen/rdma_connect fail with
 # EADDRINUSE. Narrows the guest's ephemeral range to 64 ports, holds HELD of them (default 32)
 # with plain bound TCP sockets, and runs device_cm's tests (build them first), which connect
-# through those helpers. Exits with the tests' status.
+# through those helpers, or those of TEST (e.g. TEST=device_perf: the perf examples with -R).
+# Exits with the tests' status.
 #
 #   cargo build --tests && cargo xtask rxe --device siw -- bash tests/siw_port_clash.sh
 #
@@ -15,8 +16,9 @@
 set -u
 HELD=${HELD:-32}
 [ "$HELD" -ge 0 ] && [ "$HELD" -le 60 ] || { echo "HELD must be 0..60" >&2; exit 2; }
-BIN=$(ls -t target/debug/deps/device_cm-* 2>/dev/null | grep -v '\.d$' | head -1)
-[ -n "$BIN" ] || { echo "no device_cm test binary: cargo build --tests" >&2; exit 2; }
+TEST=${TEST:-device_cm}
+BIN=$(ls -t target/debug/deps/"$TEST"-* 2>/dev/null | grep -v '\.d$' | head -1)
+[ -n "$BIN" ] || { echo "no $TEST test binary: cargo build --tests --examples" >&2; exit 2; }
 echo "40000 40063" >/proc/sys/net/ipv4/ip_local_port_range
 READY=$(mktemp)
 rm -f "$READY"

@@ -910,10 +910,25 @@ impl Session {
                 }
                 let addr = SocketAddr::new(self.oob.peer_ip()?, u16::from_be_bytes([b[0], b[1]]));
                 for _ in 0..n {
-                    let id = cm::resolve(addr, t).map_err(|e| format!("RDMA-CM: resolving {addr}: {e}"))?;
-                    let mut qp = self.rdma.build_qp(Some(&id))?;
-                    cm::establish(&id, &mut qp, &param, t)
-                        .map_err(|e| format!("RDMA-CM: connecting to {addr}: {e}"))?;
+                    // As cm::connect: on iWARP, rdma_cm may pick a local port that a native TCP
+                    // socket holds (this program's out-of-band connection, or one left in
+                    // TIME_WAIT), and siw's rdma_connect fails with EADDRINUSE; a new id gets
+                    // another port.
+                    let mut tries = 1;
+                    let (id, qp) = loop {
+                        let id =
+                            cm::resolve(addr, t).map_err(|e| format!("RDMA-CM: resolving {addr}: {e}"))?;
+                        let mut qp = self.rdma.build_qp(Some(&id))?;
+                        match cm::establish(&id, &mut qp, &param, t) {
+                            Ok(()) => break (id, qp),
+                            Err(ibverbs::Error::Verb { verb: "rdma_connect", source })
+                                if source.kind() == std::io::ErrorKind::AddrInUse && tries < 16 =>
+                            {
+                                tries += 1
+                            }
+                            Err(e) => return Err(format!("RDMA-CM: connecting to {addr}: {e}")),
+                        }
+                    };
                     self.rdma.add_qp(qp);
                     self.rdma.cm_ids.push(id);
                 }
