@@ -475,6 +475,16 @@ impl Rdma {
 
     /// Builds one queue pair (on `id` with `-R`).
     fn build_qp(&self, id: Option<&CmId>) -> Result<QueuePair, String> {
+        let b = self.qp_builder();
+        match id {
+            Some(id) => b.build_on(id),
+            None => b.build(),
+        }
+        .map_err(|e| format!("Couldn't create QP: {e}"))
+    }
+
+    /// The queue pair this side builds: its CQs, depths, inline size and (`--ex`) send ops.
+    fn qp_builder(&self) -> ibverbs::QueuePairBuilder<'_> {
         let s = self.spec;
         let mut b = self
             .pd
@@ -486,11 +496,7 @@ impl Rdma {
         if s.ex {
             b = b.send_ops(SendOps::ALL_SAFE);
         }
-        match id {
-            Some(id) => b.build_on(id),
-            None => b.build(),
-        }
-        .map_err(|e| format!("Couldn't create QP: {e}"))
+        b
     }
 
     /// Adds a built queue pair; the first one tells the inline size the device grants.
@@ -910,25 +916,13 @@ impl Session {
                 }
                 let addr = SocketAddr::new(self.oob.peer_ip()?, u16::from_be_bytes([b[0], b[1]]));
                 for _ in 0..n {
-                    // As cm::connect: on iWARP, rdma_cm may pick a local port that a native TCP
-                    // socket holds (this program's out-of-band connection, or one left in
-                    // TIME_WAIT), and siw's rdma_connect fails with EADDRINUSE; a new id gets
-                    // another port.
-                    let mut tries = 1;
-                    let (id, qp) = loop {
-                        let id =
-                            cm::resolve(addr, t).map_err(|e| format!("RDMA-CM: resolving {addr}: {e}"))?;
-                        let mut qp = self.rdma.build_qp(Some(&id))?;
-                        match cm::establish(&id, &mut qp, &param, t) {
-                            Ok(()) => break (id, qp),
-                            Err(ibverbs::Error::Verb { verb: "rdma_connect", source })
-                                if source.kind() == std::io::ErrorKind::AddrInUse && tries < 16 =>
-                            {
-                                tries += 1
-                            }
-                            Err(e) => return Err(format!("RDMA-CM: connecting to {addr}: {e}")),
-                        }
-                    };
+                    // One bound for the resolve and the connection, each `t` before; another
+                    // id when siw's rdma_connect meets a port that a native TCP socket holds
+                    // (this program's out-of-band connection, or one left in TIME_WAIT).
+                    let (id, qp) = cm::connect_with(addr, &param, t.saturating_mul(2), |id| {
+                        self.rdma.qp_builder().build_on(id)
+                    })
+                    .map_err(|e| format!("RDMA-CM: connecting to {addr}: {e}"))?;
                     self.rdma.add_qp(qp);
                     self.rdma.cm_ids.push(id);
                 }

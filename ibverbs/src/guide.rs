@@ -489,8 +489,9 @@ pub mod rdma_cm {
     //! the ephemeral range TCP uses, without seeing TCP's sockets, and siw binds that port in
     //! the TCP stack. When a native socket holds it (one left in `TIME_WAIT` by an earlier TCP
     //! connection of the host is enough), `rdma_listen` or `rdma_connect` fails with
-    //! `EADDRINUSE`. [`Listener::bind`](crate::cm::Listener::bind) with port 0 and
-    //! [`cm::connect`](crate::cm::connect) then try another id, up to 16; code that calls
+    //! `EADDRINUSE`. [`Listener::bind`](crate::cm::Listener::bind) with port 0,
+    //! [`cm::connect`](crate::cm::connect) and [`cm::connect_with`](crate::cm::connect_with)
+    //! (for a queue pair the caller builds) then try another id, up to 16; code that calls
     //! `CmId::connect` or [`cm::establish`](crate::cm::establish) itself can do the same (a new
     //! id, and its queue pair, get another port). `iwpmd`, the port mapper rdma-core runs for
     //! iWARP devices, does not help siw, which binds the rdma_cm port and not the mapped one.

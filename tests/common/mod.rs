@@ -308,23 +308,11 @@ fn cm_connect_built<'q>(
             cm::accept_request(&id, &mut qp, &param, wait).expect("rdma_accept");
             (id, qp)
         });
-        // As cm::connect: on iWARP, rdma_cm may pick a local port that a native TCP socket holds
-        // (the perf tests' exchanges leave some in TIME_WAIT), and rdma_connect fails with
-        // EADDRINUSE; another id gets another port (the listener still waits for its request).
-        let mut tries = 1;
-        let (id_a, qa) = loop {
-            let id_a = cm::resolve(addr, wait).expect("rdma_resolve_addr/route");
-            let mut qa = a().build_on(&id_a).expect("the connecting queue pair");
-            match cm::establish(&id_a, &mut qa, &param, wait) {
-                Ok(()) => break (id_a, qa),
-                Err(ibverbs::Error::Verb { verb: "rdma_connect", source })
-                    if source.kind() == std::io::ErrorKind::AddrInUse && tries < 16 =>
-                {
-                    tries += 1
-                }
-                Err(e) => panic!("rdma_connect: {e:?}"),
-            }
-        };
+        // Two bounds of `wait`, as the resolve and the connection each had before
+        // cm::connect_with; it also tries another id when siw's rdma_connect meets a port a
+        // native TCP socket holds (the listener still waits for its request).
+        let (id_a, qa) = cm::connect_with(addr, &param, 2 * wait, |id| a().build_on(id))
+            .expect("rdma_resolve_addr/route, the connecting queue pair and rdma_connect");
         let (id_b, qb) = server.join().unwrap();
         (qa, qb, [id_a, id_b])
     })

@@ -146,18 +146,35 @@ pub fn connect(
     param: &ConnParam,
     timeout: Duration,
 ) -> Result<(CmId, QueuePair)> {
+    connect_with(addr, param, timeout, |id| pd.create_qp(cq, QpType::RC).caps(caps).build_on(id))
+}
+
+/// [`connect`] with a queue pair the caller builds: `build` gets the resolved id and builds
+/// the queue pair on it ([`QueuePairBuilder::build_on`](crate::QueuePairBuilder::build_on),
+/// e.g. with a receive CQ of its own or an SRQ, from the id's
+/// [`context`](CmId::context)). Everything else is as [`connect`]: one bound for every wait,
+/// siw's `rdma_connect()` on a thread of its own, and another id after an `EADDRINUSE`, for
+/// which `build` is called again.
+///
+/// # Errors
+/// As [`connect`], with `build`'s errors for those of the queue pair's creation.
+#[doc(alias = "rdma_connect")]
+pub fn connect_with(
+    addr: SocketAddr,
+    param: &ConnParam,
+    timeout: Duration,
+    mut build: impl FnMut(&CmId) -> Result<QueuePair>,
+) -> Result<(CmId, QueuePair)> {
     let deadline = crate::cm::deadline_in(timeout);
     let mut tries = 1;
     loop {
         let id = resolve(addr, deadline.saturating_duration_since(Instant::now()))?;
-        let mut qp = pd.create_qp(cq, QpType::RC).caps(caps).build_on(&id)?;
-        let r = if pd.context().is_siw() {
+        let mut qp = build(&id)?;
+        let r = if (crate::Context { inner: qp.pd_inner().ctx.clone() }).is_siw() {
             establish_apart(id, qp, param, deadline, timeout)
         } else {
-            match establish(&id, &mut qp, param, deadline.saturating_duration_since(Instant::now())) {
-                Ok(()) => Ok((id, qp)),
-                Err(e) => Err(e),
-            }
+            establish(&id, &mut qp, param, deadline.saturating_duration_since(Instant::now()))
+                .map(|()| (id, qp))
         };
         match r {
             // The id and queue pair were dropped with the error; a new id gets another port.
@@ -167,7 +184,7 @@ pub fn connect(
     }
 }
 
-/// How many ports [`connect`] and [`Listener::bind`] (with port 0) try when rdma_cm's pick is
+/// How many ports [`connect_with`] and [`Listener::bind`] (with port 0) try when rdma_cm's pick is
 /// taken in the TCP stack.
 const PORTS_TRIED: usize = 16;
 

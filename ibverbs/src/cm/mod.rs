@@ -47,7 +47,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};
 
-pub use blocking::{accept_request, connect, device_context, establish, resolve, Listener};
+pub use blocking::{accept_request, connect, connect_with, device_context, establish, resolve, Listener};
 pub use event::{CmEvent, CmEventKind, EventChannel};
 pub use id::{CmId, ConnParam};
 
