@@ -170,7 +170,7 @@ pub fn connect_with(
     loop {
         let id = resolve(addr, deadline.saturating_duration_since(Instant::now()))?;
         let mut qp = build(&id)?;
-        let r = if (crate::Context { inner: qp.pd_inner().ctx.clone() }).is_siw() {
+        let r = if qp.context().is_siw() {
             establish_apart(id, qp, param, deadline, timeout)
         } else {
             establish(&id, &mut qp, param, deadline.saturating_duration_since(Instant::now()))

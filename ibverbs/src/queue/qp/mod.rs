@@ -996,7 +996,8 @@ impl QueuePair {
         Ok(())
     }
 
-    fn context(&self) -> Context {
+    /// The context the queue pair was created in (its protection domain's).
+    pub(crate) fn context(&self) -> Context {
         Context { inner: self.pd.ctx.clone() }
     }
 

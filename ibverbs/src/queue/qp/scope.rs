@@ -220,7 +220,7 @@ impl Scope<'_, '_> {
             return (Err(timeout), panic);
         }
         // On siw only the ERROR state stops the device (below); without it, nothing does.
-        let siw = crate::Context { inner: self.qp.pd_inner().ctx.clone() }.is_siw();
+        let siw = self.qp.context().is_siw();
         if siw && !failed {
             let _ = writeln!(
                 std::io::stderr(),
