@@ -8,8 +8,14 @@
 //! So the missing packages are first installed in simulation (`apt-get -s`). If that would remove a
 //! package, the packages to install that come from the same source package are asked for from the apt
 //! suite that offers the installed version (`qemu-system-x86/bookworm-backports`), and simulated again.
-//! If no such set exists, nothing is installed and the error explains why and what to do. The real
-//! install runs with `--no-remove` on top.
+//! If no such set exists because the installed version's backports suite is not among the apt
+//! sources (a brand-new machine of CI's kind: its image carries `qemu-utils` from
+//! bookworm-backports without the source), xtask says so, adds that suite
+//! (`/etc/apt/sources.list.d/rdma-verbs-<suite>.sources`, at the mirror the machine already uses;
+//! apt gives backports priority 100, so nothing else comes from it unless named), runs
+//! `apt-get update` and plans again. If no set exists even then, nothing is installed and the error
+//! explains why and what to do. The real install runs with `--no-remove` on top. The planner's tests
+//! replay a brand-new machine's recorded apt answers (`xtask/fixtures/apt/`).
 //!
 //! apt honours `APT_CONFIG`, and the installed-package check reads the status file apt's configuration
 //! names, so a simulated system (another status file and source list) can be examined end to end with
@@ -135,10 +141,45 @@ pub fn ensure_packages(packages: &[String], dry_run: bool, allow_remove: &[Strin
             Err(e) => return Err(e),
         }
     }
-    let plan = match plan_install(&missing) {
+    let mut apt_now = SystemApt { stage: 0 };
+    let plan = match plan_install(&apt_now, &missing) {
         Ok(plan) => plan,
-        Err(e) if !allow_remove.is_empty() => allowed_removal(&missing, allow_remove).ok_or(e)?,
-        Err(e) => return Err(e),
+        Err(Refusal { backports: Some(suite), message }) if root || dry_run => {
+            // An installed backport is in the way and its suite is not configured: the matching
+            // versions come from there. Adding the suite changes nothing else (apt gives a backports
+            // suite priority 100: only what is asked from it by name, or already from it, comes from it).
+            let uri = debian_mirror();
+            eprintln!(
+                "xtask: an installed package came from {suite}, which no apt source lists, and the packages \
+                 this project needs conflict with it in the default suite; the matching versions are in \
+                 {suite}. {} {} ({uri} {suite} main), then apt-get update, so as to take them from there \
+                 without removing anything.",
+                if dry_run { "Would add" } else { "Adding" },
+                backports_sources_path(&suite).display()
+            );
+            if dry_run {
+                eprintln!("xtask: (dry run: the plan after that is not shown)\n{message}");
+                return Ok(());
+            }
+            fs::write(backports_sources_path(&suite), backports_sources(&suite, &uri))
+                .map_err(|e| format!("writing {}: {e}", backports_sources_path(&suite).display()))?;
+            let r = apt(&["update", "-q"], APT_UPDATE_LIMIT, true)?;
+            if !r.success() {
+                return Err(format!("apt-get update after adding {suite} failed ({})", r.describe()));
+            }
+            apt_now.stage = 1;
+            match plan_install(&apt_now, &missing) {
+                Ok(plan) => plan,
+                Err(e) if !allow_remove.is_empty() => {
+                    allowed_removal(&apt_now, &missing, allow_remove).ok_or(e.message)?
+                }
+                Err(e) => return Err(e.message),
+            }
+        }
+        Err(e) if !allow_remove.is_empty() => {
+            allowed_removal(&apt_now, &missing, allow_remove).ok_or(e.message)?
+        }
+        Err(e) => return Err(e.message),
     };
     if let Some(note) = &plan.note {
         eprintln!("xtask: {note}");
@@ -192,10 +233,95 @@ fn apt(args: &[&str], limit: Duration, show: bool) -> Result<process::Finished, 
     process::run(&mut cmd, limit, show)
 }
 
-/// Runs `apt-cache ARGS` and returns its stdout.
-fn apt_cache(args: &[&str]) -> Result<String, String> {
-    let r = process::run(Command::new("apt-cache").args(args), APT_QUERY_LIMIT, false)?;
-    Ok(r.stdout)
+/// What the planner asks apt: the machine's apt, or (in tests) the recorded answers of another
+/// machine, so that the planner's decisions on a real package state are tested without that state.
+pub trait AptQuery {
+    /// `apt-get -s -q install --no-install-recommends ARGS`, parsed.
+    fn simulate(&self, args: &[String]) -> Result<Simulation, String>;
+    /// `apt-cache ARGS`'s stdout (`policy PKG`, `show PKG[=VERSION]`).
+    fn cache(&self, args: &[&str]) -> Result<String, String>;
+}
+
+/// The machine's own apt. With `XTASK_APT_RECORD=DIR`, every answer is also written to
+/// `DIR/<stage>/<query>.txt` (stage 0 before xtask changes the apt sources, 1 after), the fixtures
+/// that [`ReplayApt`] serves to the planner's tests (`xtask/fixtures/apt/`).
+struct SystemApt {
+    stage: u32,
+}
+
+/// The file name a query's answer is recorded under.
+pub fn record_name(kind: &str, args: &[&str]) -> String {
+    let mut name = kind.to_string();
+    for a in args {
+        name.push('_');
+        name.extend(a.chars().map(|c| if c.is_ascii_alphanumeric() || "-.+".contains(c) { c } else { '_' }));
+    }
+    if name.len() > 120 {
+        // Long argument lists: a prefix and a hash of the whole (FNV-1a), so that two lists that
+        // share a long prefix do not share a file.
+        let hash = name
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        name.truncate(100);
+        name.push_str(&format!("-{hash:016x}"));
+    }
+    name + ".txt"
+}
+
+impl SystemApt {
+    fn record(&self, kind: &str, args: &[&str], text: &str) {
+        if let Some(dir) = std::env::var_os("XTASK_APT_RECORD") {
+            let dir = PathBuf::from(dir).join(self.stage.to_string());
+            let _ = fs::create_dir_all(&dir);
+            let _ = fs::write(dir.join(record_name(kind, args)), text);
+        }
+    }
+}
+
+impl AptQuery for SystemApt {
+    fn simulate(&self, args: &[String]) -> Result<Simulation, String> {
+        let mut all = vec!["-s", "-q", "install", "--no-install-recommends"];
+        all.extend(args.iter().map(String::as_str));
+        let r = apt(&all, APT_QUERY_LIMIT, false)?;
+        let text = format!("{}{}", r.stdout, r.stderr);
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.record("simulate", &argv, &format!("{}\n{text}", if r.success() { "ok" } else { "failed" }));
+        Ok(parse_simulation(r.success(), &text))
+    }
+
+    fn cache(&self, args: &[&str]) -> Result<String, String> {
+        let r = process::run(Command::new("apt-cache").args(args), APT_QUERY_LIMIT, false)?;
+        self.record("cache", args, &r.stdout);
+        Ok(r.stdout)
+    }
+}
+
+/// Recorded answers of another machine's apt (see [`SystemApt`]): a query with no recorded answer
+/// is an error naming the file it would be in.
+#[cfg(test)]
+pub struct ReplayApt {
+    dir: PathBuf,
+}
+
+#[cfg(test)]
+impl ReplayApt {
+    fn read(&self, name: &str) -> Result<String, String> {
+        fs::read_to_string(self.dir.join(name)).map_err(|e| format!("{}: {e}", self.dir.join(name).display()))
+    }
+}
+
+#[cfg(test)]
+impl AptQuery for ReplayApt {
+    fn simulate(&self, args: &[String]) -> Result<Simulation, String> {
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let text = self.read(&record_name("simulate", &argv))?;
+        let (status, rest) = text.split_once('\n').unwrap_or((&text, ""));
+        Ok(parse_simulation(status == "ok", rest))
+    }
+
+    fn cache(&self, args: &[&str]) -> Result<String, String> {
+        self.read(&record_name("cache", args))
+    }
 }
 
 /// The dpkg database folder apt is configured with (`Dir::State::status`'s folder; honours `APT_CONFIG`).
@@ -286,14 +412,6 @@ pub fn parse_simulation(ok: bool, text: &str) -> Simulation {
     sim
 }
 
-/// Simulates `apt-get install --no-install-recommends ARGS`.
-fn simulate(args: &[String]) -> Result<Simulation, String> {
-    let mut all = vec!["-s", "-q", "install", "--no-install-recommends"];
-    all.extend(args.iter().map(String::as_str));
-    let r = apt(&all, APT_QUERY_LIMIT, false)?;
-    Ok(parse_simulation(r.success(), &format!("{}{}", r.stdout, r.stderr)))
-}
-
 /// One version of a package in `apt-cache policy`: the version and the suites (`bookworm-backports`)
 /// that offer it; `installed` for the one marked `***`.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -377,8 +495,8 @@ struct Plan {
 
 /// A plan that removes installed packages, if apt's simulation removes only packages named in
 /// `allowed` (and would otherwise succeed).
-fn allowed_removal(missing: &[String], allowed: &[String]) -> Option<Plan> {
-    let sim = simulate(missing).ok()?;
+fn allowed_removal(apt: &dyn AptQuery, missing: &[String], allowed: &[String]) -> Option<Plan> {
+    let sim = apt.simulate(missing).ok()?;
     let only_allowed = sim.removed.iter().all(|(name, _)| allowed.contains(name));
     (sim.ok && !sim.removed.is_empty() && only_allowed).then(|| Plan {
         args: missing.to_vec(),
@@ -408,16 +526,16 @@ pub fn unmet_dependencies(problems: &[String]) -> Vec<String> {
 }
 
 /// Whether some version of `package` comes from `suite`.
-fn offered_by(package: &str, suite: &str) -> Result<bool, String> {
-    Ok(parse_policy(&apt_cache(&["policy", package])?).iter().any(|v| v.suites.iter().any(|s| s == suite)))
+fn offered_by(apt: &dyn AptQuery, package: &str, suite: &str) -> Result<bool, String> {
+    Ok(parse_policy(&apt.cache(&["policy", package])?).iter().any(|v| v.suites.iter().any(|s| s == suite)))
 }
 
 /// How many rounds of "take the unmet dependencies from the suite too" a plan may try.
 const PIN_ROUNDS: usize = 10;
 
 /// Plans the install of `missing` so that nothing installed is removed (see the module's docs).
-fn plan_install(missing: &[String]) -> Result<Plan, String> {
-    let sim = simulate(missing)?;
+fn plan_install(apt: &dyn AptQuery, missing: &[String]) -> Result<Plan, Refusal> {
+    let sim = apt.simulate(missing)?;
     if sim.clean() {
         return Ok(Plan {
             args: missing.to_vec(),
@@ -433,20 +551,22 @@ fn plan_install(missing: &[String]) -> Result<Plan, String> {
         if culprits.iter().any(|(c, _)| c == name) {
             continue;
         }
-        if let Some(v) = parse_policy(&apt_cache(&["policy", name])?).into_iter().find(|v| v.installed) {
+        if let Some(v) = parse_policy(&apt.cache(&["policy", name])?).into_iter().find(|v| v.installed) {
             culprits.push((name.clone(), v.version));
         }
     }
     let mut explained = Vec::new();
     let mut tried = Vec::new();
+    // A culprit whose installed `~bpo` version no configured source offers: its backports suite.
+    let mut unconfigured_backports = None;
     for (culprit, version) in &culprits {
-        let policy = parse_policy(&apt_cache(&["policy", culprit])?);
+        let policy = parse_policy(&apt.cache(&["policy", culprit])?);
         // One version may be listed twice (the installed copy apart from a source's when they differ).
         let mut suites: Vec<String> = Vec::new();
         for v in policy.iter().filter(|v| &v.version == version) {
             suites.extend(v.suites.iter().filter(|s| !suites.contains(s)).cloned().collect::<Vec<_>>());
         }
-        let show = apt_cache(&["show", &format!("{culprit}={version}")])?;
+        let show = apt.cache(&["show", &format!("{culprit}={version}")])?;
         let source = parse_source(&show, culprit);
         let mut why: Vec<String> = ["Breaks", "Conflicts"]
             .iter()
@@ -454,6 +574,9 @@ fn plan_install(missing: &[String]) -> Result<Plan, String> {
             .collect();
         if why.is_empty() {
             why.push("see apt's messages below".into());
+        }
+        if suites.is_empty() && unconfigured_backports.is_none() {
+            unconfigured_backports = backports_hint(version);
         }
         let from = if suites.is_empty() { "no configured apt source".to_string() } else { suites.join(", ") };
         explained
@@ -463,7 +586,7 @@ fn plan_install(missing: &[String]) -> Result<Plan, String> {
             // then whatever dependencies apt says they need from there.
             let mut pinned = Vec::new();
             for p in missing {
-                if parse_source(&apt_cache(&["show", p])?, p) == source && offered_by(p, suite)? {
+                if parse_source(&apt.cache(&["show", p])?, p) == source && offered_by(apt, p, suite)? {
                     pinned.push(p.clone());
                 }
             }
@@ -477,7 +600,7 @@ fn plan_install(missing: &[String]) -> Result<Plan, String> {
                     .map(|p| if pinned.contains(p) { format!("{p}/{suite}") } else { p.clone() })
                     .collect();
                 args.extend(deps.iter().map(|d| format!("{d}/{suite}")));
-                let again = simulate(&args)?;
+                let again = apt.simulate(&args)?;
                 if again.clean() {
                     let note = format!(
                         "taking {} from {suite}: from the default suite, the install would remove {culprit} {version}",
@@ -493,7 +616,7 @@ fn plan_install(missing: &[String]) -> Result<Plan, String> {
                 }
                 let mut more = Vec::new();
                 for d in unmet_dependencies(&again.problems) {
-                    if !deps.contains(&d) && !pinned.contains(&d) && offered_by(&d, suite)? {
+                    if !deps.contains(&d) && !pinned.contains(&d) && offered_by(apt, &d, suite)? {
                         more.push(d);
                     }
                 }
@@ -526,14 +649,31 @@ fn plan_install(missing: &[String]) -> Result<Plan, String> {
     if let Some(hint) = culprits.iter().find_map(|(_, v)| backports_hint(v)) {
         msg.push_str(&format!(
             " (a `~bpo` version comes from backports: add `deb http://deb.debian.org/debian {hint} main` to \
-             the apt sources and run `apt-get update`; then this installs the matching packages from {hint})"
+             the apt sources and run `apt-get update`; then this installs the matching packages from {hint}; \
+             as root, `cargo xtask deps` does that itself)"
         ));
     }
     msg.push_str(&format!(
         ", or accept the removal by installing them yourself:\n    sudo apt-get install --no-install-recommends {}",
         missing.join(" ")
     ));
-    Err(msg)
+    Err(Refusal { message: msg, backports: unconfigured_backports })
+}
+
+/// Why [`plan_install`] found no plan.
+#[derive(Debug)]
+struct Refusal {
+    /// What to tell the user.
+    message: String,
+    /// The backports suite an installed package in the way came from, when no configured apt source
+    /// offers it: adding that suite may give a plan.
+    backports: Option<String>,
+}
+
+impl From<String> for Refusal {
+    fn from(message: String) -> Self {
+        Refusal { message, backports: None }
+    }
 }
 
 /// The backports suite a `~bpoNN` version comes from (`~bpo12+1` → `bookworm-backports`).
@@ -549,6 +689,56 @@ pub fn backports_hint(version: &str) -> Option<String> {
         _ => return None,
     };
     Some(format!("{codename}-backports"))
+}
+
+/// Where `cargo xtask deps` writes the apt source of a backports suite it adds.
+fn backports_sources_path(suite: &str) -> PathBuf {
+    PathBuf::from(format!("/etc/apt/sources.list.d/rdma-verbs-{suite}.sources"))
+}
+
+/// The deb822 apt source of `suite` at `uri`, signed by Debian's archive keyring.
+pub fn backports_sources(suite: &str, uri: &str) -> String {
+    format!(
+        "# Added by `cargo xtask deps` (rdma-verbs): an installed package came from {suite} and the\n\
+         # harness's packages must match it (docs/harness.md). apt gives this suite priority 100, so\n\
+         # nothing else is taken from it unless asked for by name. Remove this file to undo.\n\
+         Types: deb\nURIs: {uri}\nSuites: {suite}\nComponents: main\n\
+         Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+    )
+}
+
+/// The Debian mirror this machine's apt sources already use (the first `URIs:`/`deb` address that
+/// is not a security mirror), else deb.debian.org.
+fn debian_mirror() -> String {
+    let mut texts = Vec::new();
+    if let Ok(dir) = fs::read_dir("/etc/apt/sources.list.d") {
+        let mut paths: Vec<PathBuf> = dir.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        paths.sort();
+        texts.extend(paths.iter().filter_map(|p| fs::read_to_string(p).ok()));
+    }
+    texts.extend(fs::read_to_string("/etc/apt/sources.list").ok());
+    texts.iter().find_map(|t| mirror_in(t)).unwrap_or_else(|| "http://deb.debian.org/debian".to_string())
+}
+
+/// The first Debian (not security) mirror address named in an apt source file's text.
+pub fn mirror_in(text: &str) -> Option<String> {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .flat_map(|l| {
+            // One-line sources may carry `[options]`, which may hold spaces.
+            let l = match (l.find('['), l.find(']')) {
+                (Some(a), Some(b)) if a < b => format!("{}{}", &l[..a], &l[b + 1..]),
+                _ => l.to_string(),
+            };
+            let words: Vec<&str> = l.split_whitespace().collect();
+            match words.first() {
+                Some(&"URIs:") => words[1..].iter().map(|w| w.to_string()).collect(),
+                Some(&"deb") => words.iter().skip(1).take(1).map(|w| w.to_string()).collect(),
+                _ => Vec::new(),
+            }
+        })
+        .find(|u: &String| u.ends_with("/debian") || u.ends_with("/debian/"))
+        .map(|u| u.trim_end_matches('/').to_string())
 }
 
 /// Whether a `dpkg-query -f '${Status}'` answer means "installed".
@@ -685,6 +875,74 @@ The following packages have unmet dependencies:
                    Depends: seabios (> 1.16.3-1~) but 1.16.2-1 is to be installed
 E: Error, pkgProblemResolver::Resolve generated breaks, this may be caused by held packages.
 ";
+
+    fn fresh_machine(stage: u32) -> ReplayApt {
+        ReplayApt {
+            dir: Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/apt/fresh-debian12/{stage}")),
+        }
+    }
+
+    /// What a brand-new machine installs for `cargo xtask demo`/`test` (every group but siw, whose
+    /// kernel headers xtask adds later; the recording was of `cargo xtask deps`, less what the image
+    /// already had).
+    fn fresh_missing() -> Vec<String> {
+        "libibverbs-dev librdmacm-dev libclang-dev qemu-system-x86 linux-image-amd64 busybox-static kmod cpio \
+         rdma-core ibverbs-utils ibverbs-providers perftest rdmacm-utils linux-source-6.1"
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn fresh_machine_asks_for_the_backports_suite_of_its_qemu_utils() {
+        // Recorded apt answers of a brand-new machine (fixtures/apt/fresh-debian12): Debian 12's
+        // QEMU would remove the image's backported qemu-utils, and no source offers that version.
+        let e = plan_install(&fresh_machine(0), &fresh_missing()).unwrap_err();
+        assert_eq!(e.backports.as_deref(), Some("bookworm-backports"), "{}", e.message);
+        assert!(e.message.contains("qemu-utils 1:10.0.2+ds-2+deb13u1~bpo12+1"), "{}", e.message);
+        assert!(e.message.contains("Nothing was installed or removed"), "{}", e.message);
+    }
+
+    #[test]
+    fn fresh_machine_with_backports_takes_the_matching_qemu_and_removes_nothing() {
+        // Stage 1 was recorded once the kernel was known, so the siw group's headers are asked for too.
+        let mut missing = fresh_missing();
+        missing.push("linux-headers-6.1.0-57-amd64".into());
+        let plan = plan_install(&fresh_machine(1), &missing).map_err(|e| e.message).unwrap();
+        assert!(plan.removes.is_empty());
+        assert!(plan.args.contains(&"qemu-system-x86/bookworm-backports".to_string()), "{:?}", plan.args);
+        for p in fresh_missing().iter().filter(|p| *p != "qemu-system-x86") {
+            assert!(plan.args.contains(p), "{p} asked for from the default suite: {:?}", plan.args);
+        }
+        // The dependencies taken from backports only to match are marked automatic afterwards.
+        assert!(
+            !plan.auto.is_empty()
+                && plan.auto.iter().all(|d| d.starts_with("qemu-system-") || d == "seabios")
+        );
+        assert!(
+            plan.installs.iter().any(|i| i.starts_with("qemu-system-x86 (1:10.0")),
+            "{:?}",
+            plan.installs
+        );
+        assert!(plan.note.unwrap().contains("would remove qemu-utils"));
+    }
+
+    #[test]
+    fn the_added_backports_source_is_debs_of_the_machines_mirror() {
+        let debian12 = "Types: deb\n# http://snapshot.debian.org/archive/debian/20250520T000000Z\n\
+                        URIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\n";
+        assert_eq!(mirror_in(debian12).as_deref(), Some("http://deb.debian.org/debian"));
+        let security = "Types: deb\nURIs: http://deb.debian.org/debian-security\n";
+        assert_eq!(mirror_in(security), None);
+        let one_line = "# x\ndeb [arch=amd64 signed-by=/k.gpg] http://mirror.example/debian/ bookworm main\n";
+        assert_eq!(mirror_in(one_line).as_deref(), Some("http://mirror.example/debian"));
+        let text = backports_sources("bookworm-backports", "http://deb.debian.org/debian");
+        assert!(
+            text.contains("\nSuites: bookworm-backports\n")
+                && text.contains("\nURIs: http://deb.debian.org/debian\n")
+        );
+        assert!(text.lines().filter(|l| !l.starts_with('#')).all(|l| l.contains(": ")), "{text}");
+    }
 
     #[test]
     fn parses_apt_simulations() {
