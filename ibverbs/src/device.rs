@@ -229,6 +229,7 @@ impl<'a> Device<'a> {
                 name: self.name().to_string(),
                 cm_anchor: None,
                 siw: Default::default(),
+                quirks: Default::default(),
                 serials: Default::default(),
             }),
         })
@@ -280,6 +281,8 @@ pub(crate) struct ContextInner {
     pub(crate) cm_anchor: Option<crate::cm::DeviceAnchor>,
     /// Whether the device is siw, found by [`Context::is_siw`] once.
     pub(crate) siw: std::sync::OnceLock<bool>,
+    /// The provider and kernel bugs the crate steers around, found by [`Context::quirks`] once.
+    pub(crate) quirks: std::sync::OnceLock<crate::quirks::Quirks>,
     /// The process-unique numbers of the context's live CQs, QPs and SRQs, by address: what an
     /// asynchronous event names them by ([`crate::AsyncObject`]).
     pub(crate) serials: Serials,
@@ -432,6 +435,24 @@ impl Context {
         // A racing caller may have set the same answer first.
         let _ = self.inner.siw.set(siw);
         siw
+    }
+
+    /// The provider and kernel bugs the crate steers around on this device
+    /// ([`crate::quirks`]): found from the vendor ID and the running kernel once per context. A
+    /// failed device query is not kept (the next call asks again) and answers with every
+    /// workaround on meanwhile.
+    pub(crate) fn quirks(&self) -> crate::quirks::Quirks {
+        use crate::quirks::{kernel_release, Quirks};
+        if let Some(&q) = self.inner.quirks.get() {
+            return q;
+        }
+        let vendor = self.query_device().ok().map(|a| a.vendor_id());
+        let q = Quirks::of(vendor, self.is_iwarp(), &kernel_release());
+        if vendor.is_some() {
+            // A racing caller may have set the same answer first.
+            let _ = self.inner.quirks.set(q);
+        }
+        q
     }
 
     /// `e`, the failure of a queue's creation on this context (`ibv_create_cq`, `ibv_create_qp`,

@@ -689,6 +689,7 @@ mod pd;
 mod pool;
 mod post;
 mod queue;
+mod quirks;
 pub mod select;
 pub mod striped;
 

@@ -129,6 +129,7 @@ fn cm_context(raw: NonNull<ffi::ibv_context>) -> Result<Context> {
         name,
         cm_anchor: Some(anchor),
         siw: Default::default(),
+        quirks: Default::default(),
         serials: Default::default(),
     });
     cache.push((raw.as_ptr() as usize, Arc::downgrade(&inner)));

@@ -142,7 +142,7 @@ impl CompletionQueue {
                 // SAFETY: an extended CQ starts with its `struct ibv_cq` (ibv_cq_ex_to_cq is a cast).
                 let raw = unsafe { NonNull::new_unchecked(ffi::ibv_cq_ex_to_cq(rawx.as_ptr())) };
                 // SAFETY: the ibv_cq_ex lives as long as the CQ, which holds the table.
-                match unsafe { ExCq::new(rawx.as_ptr(), flags) } {
+                match unsafe { ExCq::new(rawx.as_ptr(), flags, ctx.quirks().ex_poll_one_per_start) } {
                     Some(t) => (raw, Some(t)),
                     None => {
                         // SAFETY: created above, destroyed once; no QP uses it yet.

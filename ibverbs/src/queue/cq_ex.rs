@@ -102,15 +102,21 @@ pub(crate) struct ExCq {
     /// Kept rather than tested on `flags` at each poll, which measured 6 instructions more per
     /// poll (callgrind, `post_poll` `ExSafe:1`: 338 against 344).
     tail: bool,
+    /// One completion per `start_poll`/`end_poll`, never `next_poll`: for a provider whose
+    /// `next_poll` reaching an empty CQ corrupts it ([`Quirks::ex_poll_one_per_start`], rxe).
+    ///
+    /// [`Quirks::ex_poll_one_per_start`]: crate::quirks::Quirks::ex_poll_one_per_start
+    one_per_start: bool,
 }
 
 impl ExCq {
     /// Reads the poll table of `raw`, created with `flags`. `None` when the provider left out
-    /// a call every poll needs or an accessor of a field asked for.
+    /// a call every poll needs or an accessor of a field asked for. With `one_per_start`, every
+    /// poll reads one completion per `start_poll`/`end_poll` and never calls `next_poll`.
     ///
     /// # Safety
     /// `raw` points to a valid `struct ibv_cq_ex` that outlives every use of the result.
-    pub(crate) unsafe fn new(raw: *mut ffi::ibv_cq_ex, flags: WcFlags) -> Option<ExCq> {
+    pub(crate) unsafe fn new(raw: *mut ffi::ibv_cq_ex, flags: WcFlags, one_per_start: bool) -> Option<ExCq> {
         // SAFETY: valid (contract); plain fields.
         let t = unsafe { &*raw };
         // An accessor asked for must be there (`None` fails the whole table); others are unused.
@@ -146,6 +152,7 @@ impl ExCq {
                     | WcFlags::DLID_PATH_BITS
                     | WcFlags::COMPLETION_TIMESTAMP,
             ),
+            one_per_start,
         })
     }
 
@@ -246,6 +253,10 @@ pub(crate) unsafe fn poll_into_ex(
     for c in out.iter_mut() {
         c.clear();
     }
+    if ex.one_per_start {
+        // SAFETY: as this function's (contract).
+        return unsafe { poll_one_per_start(ex, registry, out, draining) };
+    }
     let mut attr = ffi::ibv_poll_cq_attr::default();
     // SAFETY: valid CQ (contract); `attr` is a valid attribute struct (comp_mask 0).
     let ret = unsafe { (ex.start)(ex.raw, &mut attr) };
@@ -290,6 +301,50 @@ pub(crate) unsafe fn poll_into_ex(
     Ok(filled)
 }
 
+/// [`poll_into_ex`] for a provider whose `next_poll` must not reach an empty CQ
+/// ([`ExCq::one_per_start`]): each completion is read between its own `start_poll` and
+/// `end_poll`, until `out` is full or `start_poll` finds the CQ empty. The entries of `out` were
+/// cleared; `draining` is what `begin_poll` returned.
+///
+/// # Safety
+/// As [`poll_into_ex`].
+#[cold]
+unsafe fn poll_one_per_start(
+    ex: &ExCq,
+    registry: &Registry<Slot>,
+    out: &mut [Completion],
+    draining: bool,
+) -> Result<usize> {
+    let mut filled = 0;
+    while filled < out.len() {
+        let mut attr = ffi::ibv_poll_cq_attr::default();
+        // SAFETY: valid CQ (contract); no poll is open (each iteration ended its own).
+        let ret = unsafe { (ex.start)(ex.raw, &mut attr) };
+        if ret == libc::ENOENT {
+            if draining {
+                // SAFETY: consumer; the CQ was seen empty after begin_poll marked the rings.
+                unsafe { registry.drained() };
+            }
+            return Ok(filled);
+        }
+        if ret != 0 {
+            if filled > 0 {
+                // What was read is returned; the next call reports the error again.
+                return Ok(filled);
+            }
+            return Err(Error::from_ret("ibv_start_poll", ret));
+        }
+        let guard = EndGuard(ex);
+        // SAFETY: between start_poll and end_poll, a completion is current.
+        let (wc, ts) = unsafe { ex.read() };
+        // SAFETY: consumer (contract); the entry was cleared by the caller.
+        unsafe { out[filled].fill_ex(&wc, ts, registry) };
+        filled += 1;
+        drop(guard);
+    }
+    Ok(filled)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,7 +365,14 @@ mod tests {
         /// Completions with a value carry an invalidated rkey (`IBV_WC_WITH_INV`, host order)
         /// instead of immediate data.
         inv: bool,
+        /// rdma-core's rxe provider: the queue is a ring of [`RING`] entries (those past the
+        /// completions queued read as zeroed "successful" entries), and a `next_poll` that finds
+        /// it empty stores the consumer index, then `end_poll` advances it once more.
+        rxe_bug: bool,
     }
+
+    /// The ring size of the rxe model.
+    const RING: usize = 8;
 
     thread_local! {
         static FAKE: RefCell<Fake> = RefCell::new(Fake::default());
@@ -319,9 +381,19 @@ mod tests {
     fn current(q: *mut ffi::ibv_cq_ex) -> i32 {
         FAKE.with(|f| {
             let f = f.borrow();
-            match f.queue.get(f.next) {
+            let entry = if f.rxe_bug {
+                // Empty when the consumer index meets the producer's, modulo the ring.
+                if f.next % RING == f.queue.len() % RING {
+                    None
+                } else {
+                    Some(f.queue.get(f.next).copied().unwrap_or((0, OK, 0, None)))
+                }
+            } else {
+                f.queue.get(f.next).copied()
+            };
+            match entry {
                 None => libc::ENOENT,
-                Some(&(wr_id, status, _, _)) => {
+                Some((wr_id, status, _, _)) => {
                     // SAFETY: `q` is the test's fake CQ; plain fields a provider sets.
                     unsafe {
                         (*q).wr_id = wr_id;
@@ -362,8 +434,9 @@ mod tests {
             assert!(f.open, "end_poll without a successful start_poll");
             f.log.push("end");
             f.open = false;
-            // The last completion read is consumed by end_poll.
-            if f.next < f.queue.len() {
+            // The last completion read is consumed by end_poll; rxe's advances whatever
+            // next_poll did.
+            if f.rxe_bug || f.next < f.queue.len() {
                 f.next += 1;
             }
         });
@@ -372,7 +445,7 @@ mod tests {
         FAKE.with(|f| {
             let f = f.borrow();
             assert!(f.open, "an accessor outside a poll");
-            pick(&f.queue[f.next])
+            pick(f.queue.get(f.next).unwrap_or(&(0, OK, 0, None)))
         })
     }
     unsafe extern "C" fn opcode(_q: *mut ffi::ibv_cq_ex) -> ffi::ibv_wc_opcode {
@@ -437,11 +510,44 @@ mod tests {
     const SEND: u32 = ffi::ibv_wc_opcode::IBV_WC_SEND.0;
     const RECV_OP: u32 = ffi::ibv_wc_opcode::IBV_WC_RECV.0;
 
+    /// rxe's extended CQ, as rdma-core's provider has it: the documented sequence (a `next_poll`
+    /// that finds the CQ empty, then `end_poll`) moves the consumer past the producer, and later
+    /// polls return zeroed "successful" entries nobody posted; polling one completion per
+    /// `start_poll`/`end_poll` returns exactly what was queued, however large the array.
+    #[test]
+    fn rxe_next_poll_at_empty_corrupts_the_cq_and_one_per_start_does_not() {
+        let reg = Registry::<Slot>::for_tests(8);
+        let sends = vec![(5, OK, SEND, None), (6, OK, SEND, None)];
+        for one_per_start in [false, true] {
+            let mut q = fake_cq(sends.clone());
+            FAKE.with(|f| f.borrow_mut().rxe_bug = true);
+            // SAFETY: the fake CQ outlives the table.
+            let ex = unsafe { ExCq::new(&mut *q, WcFlags::STANDARD, one_per_start) }.unwrap();
+            let mut out: [Completion; 4] = Default::default();
+            let mut got = Vec::new();
+            for _ in 0..4 {
+                // SAFETY: single consumer.
+                let n = unsafe { poll_into_ex(&ex, &reg, &mut out) }.unwrap();
+                got.extend(out[..n].iter().map(|c| c.wr_id()));
+            }
+            let calls = log();
+            if one_per_start {
+                assert_eq!(got, [5, 6], "exactly what was queued");
+                assert!(!calls.contains(&"next"), "{calls:?}");
+                assert_eq!(calls[..5], ["start", "end", "start", "end", "start"]);
+            } else {
+                // The bug itself: phantom completions after the first poll that met the end.
+                assert_eq!(got[..2], [5, 6]);
+                assert!(got.len() > 2 && got[2..].iter().all(|&w| w == 0), "{got:?}");
+            }
+        }
+    }
+
     #[test]
     fn an_empty_cq_is_start_poll_enoent_and_no_end_poll() {
         let mut q = fake_cq(vec![]);
         // SAFETY: the fake CQ outlives the table.
-        let ex = unsafe { ExCq::new(&mut *q, WcFlags::STANDARD) }.unwrap();
+        let ex = unsafe { ExCq::new(&mut *q, WcFlags::STANDARD, false) }.unwrap();
         let reg = Registry::<Slot>::for_tests(8);
         let mut out: [Completion; 4] = Default::default();
         // SAFETY: single consumer.
@@ -459,7 +565,7 @@ mod tests {
             (TAG | RECV | (77 << 32), WcStatus::WR_FLUSH_ERR.0, 0, None),
         ]);
         // SAFETY: the fake CQ outlives the table.
-        let ex = unsafe { ExCq::new(&mut *q, WcFlags::STANDARD) }.unwrap();
+        let ex = unsafe { ExCq::new(&mut *q, WcFlags::STANDARD, false) }.unwrap();
         let mut out: [Completion; 8] = Default::default();
         // SAFETY: single consumer.
         let n = unsafe { poll_into_ex(&ex, &reg, &mut out) }.unwrap();
@@ -496,7 +602,7 @@ mod tests {
             let mut q = fake_cq(vec![(3, OK, RECV_OP, None)]);
             q.read_src_qp = Some(logged_u32);
             // SAFETY: the fake CQ outlives the table.
-            let ex = unsafe { ExCq::new(&mut *q, flags) }.unwrap();
+            let ex = unsafe { ExCq::new(&mut *q, flags, false) }.unwrap();
             let mut out: [Completion; 1] = Default::default();
             // SAFETY: single consumer.
             assert_eq!(unsafe { poll_into_ex(&ex, &reg, &mut out) }.unwrap(), 1);
@@ -517,7 +623,7 @@ mod tests {
                 let mut q = fake_cq(vec![(3, OK, RECV_OP, Some(0xfeed))]);
                 FAKE.with(|f| f.borrow_mut().inv = inv);
                 // SAFETY: the fake CQ outlives the table.
-                let ex = unsafe { ExCq::new(&mut *q, flags) }.unwrap();
+                let ex = unsafe { ExCq::new(&mut *q, flags, false) }.unwrap();
                 let mut out: [Completion; 1] = Default::default();
                 // SAFETY: single consumer.
                 assert_eq!(unsafe { poll_into_ex(&ex, &reg, &mut out) }.unwrap(), 1);
@@ -542,7 +648,7 @@ mod tests {
         let reg = Registry::<Slot>::for_tests(8);
         let mut q = fake_cq(vec![(3, OK, SEND, Some(0xbad)), (4, OK, RECV_OP, Some(0xfeed))]);
         // SAFETY: the fake CQ outlives the table.
-        let ex = unsafe { ExCq::new(&mut *q, WcFlags::STANDARD) }.unwrap();
+        let ex = unsafe { ExCq::new(&mut *q, WcFlags::STANDARD, false) }.unwrap();
         let mut out: [Completion; 2] = Default::default();
         // SAFETY: single consumer.
         assert_eq!(unsafe { poll_into_ex(&ex, &reg, &mut out) }.unwrap(), 2);
@@ -559,7 +665,7 @@ mod tests {
         assert_eq!(reg.unreserved(), 6);
         let mut q = fake_cq((1..=3).map(|i| (i, OK, SEND, None)).collect());
         // SAFETY: the fake CQ outlives the table.
-        let ex = unsafe { ExCq::new(&mut *q, WcFlags::BYTE_LEN) }.unwrap();
+        let ex = unsafe { ExCq::new(&mut *q, WcFlags::BYTE_LEN, false) }.unwrap();
         let mut out: [Completion; 2] = Default::default();
         // SAFETY: single consumer.
         unsafe {
@@ -584,7 +690,7 @@ mod tests {
         drop(ring);
         let mut q = fake_cq(vec![]);
         // SAFETY: the fake CQ outlives the table.
-        let ex = unsafe { ExCq::new(&mut *q, WcFlags::empty()) }.unwrap();
+        let ex = unsafe { ExCq::new(&mut *q, WcFlags::empty(), false) }.unwrap();
         let mut out: [Completion; 2] = Default::default();
         // SAFETY: single consumer.
         assert_eq!(unsafe { poll_into_ex(&ex, &reg, &mut out) }.unwrap(), 0);
@@ -603,7 +709,7 @@ mod tests {
             failing
         });
         // SAFETY: the fake CQ outlives the table.
-        let ex = unsafe { ExCq::new(&mut *q, WcFlags::STANDARD) }.unwrap();
+        let ex = unsafe { ExCq::new(&mut *q, WcFlags::STANDARD, false) }.unwrap();
         let mut out: [Completion; 4] = Default::default();
         // SAFETY: single consumer.
         let e = unsafe { poll_into_ex(&ex, &reg, &mut out) }.unwrap_err();
@@ -613,7 +719,7 @@ mod tests {
         let mut q = fake_cq(vec![(1, OK, SEND, None), (2, OK, SEND, None)]);
         FAKE.with(|f| f.borrow_mut().next_err = Some(libc::EIO));
         // SAFETY: the fake CQ outlives the table.
-        let ex = unsafe { ExCq::new(&mut *q, WcFlags::STANDARD) }.unwrap();
+        let ex = unsafe { ExCq::new(&mut *q, WcFlags::STANDARD, false) }.unwrap();
         // SAFETY: single consumer.
         assert_eq!(unsafe { poll_into_ex(&ex, &reg, &mut out) }.unwrap(), 1);
         assert_eq!(log(), ["start", "next", "end"]);
@@ -624,10 +730,10 @@ mod tests {
     fn timestamps_are_read_when_asked_for_and_missing_accessors_are_refused() {
         let mut q = fake_cq(vec![(7, OK, SEND, None)]);
         // SAFETY: the fake CQ outlives the table.
-        assert!(unsafe { ExCq::new(&mut *q, WcFlags::COMPLETION_TIMESTAMP) }.is_none(), "no accessor");
+        assert!(unsafe { ExCq::new(&mut *q, WcFlags::COMPLETION_TIMESTAMP, false) }.is_none(), "no accessor");
         q.read_completion_ts = Some(ts);
         // SAFETY: as above.
-        let ex = unsafe { ExCq::new(&mut *q, WcFlags::COMPLETION_TIMESTAMP) }.unwrap();
+        let ex = unsafe { ExCq::new(&mut *q, WcFlags::COMPLETION_TIMESTAMP, false) }.unwrap();
         let reg = Registry::<Slot>::for_tests(8);
         let mut out: [Completion; 1] = Default::default();
         // SAFETY: single consumer.

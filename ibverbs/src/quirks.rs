@@ -1,0 +1,101 @@
+//! Provider and kernel bugs that safe code could reach, and how the crate steers around them.
+//!
+//! A safe binding must not lose completions or crash the machine on the providers and kernels its
+//! users run, bugs included. Each quirk here is found once per [`Context`](crate::Context), from the
+//! device's vendor ID and the running kernel's version, and read where the crate takes the path that
+//! would trip it. What each costs and why is in [the guide's chapter](crate::guide::device_bugs).
+//!
+//! This module is pure logic (the decision from what was read): it imports nothing of the crate.
+
+/// rxe's vendor ID (`RXE_VENDOR_ID`, 0xffffff, in Linux's `rxe_param.h`; rxe sets no other).
+pub(crate) const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
+
+/// The first kernel whose rxe no longer panics on a local invalidation of a window a peer's Send
+/// with Invalidate already invalidated. `None`: no kernel measured fixed yet, every rxe kernel
+/// is treated as affected.
+pub(crate) const RXE_MW_INVALIDATE_FIXED: Option<(u32, u32)> = None;
+
+/// What the crate steers around on one device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Quirks {
+    /// The provider's `ibv_next_poll` that finds the CQ empty must not be followed by its
+    /// `ibv_end_poll`, although `ibv_create_cq_ex(3)` says it must. rdma-core's rxe provider
+    /// (every release through at least 50; the fix is an open pull request) stores the consumer
+    /// index and unlocks in `next_poll` on `ENOENT`, then advances the index and unlocks again in
+    /// `end_poll`: the consumer passes the producer, and every later poll returns stale or zeroed
+    /// "successful" entries (`wr_id` 0) while real completions are skipped. The crate then
+    /// polls one completion per `start_poll`/`end_poll` and never calls `next_poll`.
+    pub(crate) ex_poll_one_per_start: bool,
+    /// A local invalidation (`IBV_WR_LOCAL_INV`) of a type 2 window that is no longer valid
+    /// dereferences NULL in the kernel and panics it. Linux's rxe (`rxe_invalidate_mw`, 6.1)
+    /// refuses only windows in state INVALID, but invalidation leaves them FREE: a second
+    /// invalidation, e.g. a local one after a peer's Send with Invalidate, calls `rxe_put()` on
+    /// the NULL queue pair and region pointers. A peer may invalidate at any moment and rxe reports
+    /// it with the wrong `wc_flags` bit, so the crate cannot know in time: on such kernels safe
+    /// code cannot post a local invalidation of a type 2 window at all
+    /// ([`SendRequest::local_invalidate`](crate::SendRequest::local_invalidate) says
+    /// [`Error::Unsupported`](crate::Error::Unsupported));
+    /// [`BoundWindow::revoke`](crate::BoundWindow::revoke) ends the window's access instead.
+    pub(crate) mw_local_invalidate_panics: bool,
+}
+
+impl Quirks {
+    /// The quirks of a device with `vendor_id` (`None` when the query failed) on an iWARP
+    /// (`iwarp`) or other transport, under the kernel `release` (`uname -r`).
+    pub(crate) fn of(vendor_id: Option<u32>, iwarp: bool, release: &str) -> Quirks {
+        // A failed query: the workarounds are safe on any device, skipping them is not.
+        let rxe = !iwarp && vendor_id.map_or(true, |v| v == RXE_VENDOR_ID);
+        let kernel_fixed = match (RXE_MW_INVALIDATE_FIXED, kernel_version(release)) {
+            (Some(fixed), Some(running)) => running >= fixed,
+            _ => false,
+        };
+        Quirks { ex_poll_one_per_start: rxe, mw_local_invalidate_panics: rxe && !kernel_fixed }
+    }
+}
+
+/// The (major, minor) of a kernel release string (`6.1.0-57-amd64` → (6, 1)).
+pub(crate) fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// The running kernel's release (`uname -r`), or "" when `uname()` fails.
+pub(crate) fn kernel_release() -> String {
+    // SAFETY: `utsname` is plain bytes; uname() fills it or fails.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return String::new();
+    }
+    // SAFETY: uname() NUL-terminates `release` within the array.
+    unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_versions() {
+        assert_eq!(kernel_version("6.1.0-57-amd64"), Some((6, 1)));
+        assert_eq!(kernel_version("6.12.48+deb12-amd64"), Some((6, 12)));
+        assert_eq!(kernel_version("5.15"), Some((5, 15)));
+        assert_eq!(kernel_version("garbage"), None);
+        assert_eq!(kernel_version(""), None);
+    }
+
+    #[test]
+    fn rxe_and_others() {
+        let rxe = Quirks::of(Some(RXE_VENDOR_ID), false, "6.1.0-57-amd64");
+        assert!(rxe.ex_poll_one_per_start && rxe.mw_local_invalidate_panics);
+        let mlx5 = Quirks::of(Some(0x02c9), false, "6.1.0-57-amd64");
+        assert_eq!(mlx5, Quirks::default());
+        // siw (iWARP) is not rxe, whatever its vendor ID.
+        assert_eq!(Quirks::of(Some(0x0062_6d74), true, "6.1.0"), Quirks::default());
+        // A failed query takes the safe side.
+        assert!(Quirks::of(None, false, "6.1.0").mw_local_invalidate_panics);
+        assert!(!Quirks::of(None, true, "6.1.0").mw_local_invalidate_panics);
+    }
+}
