@@ -1,6 +1,7 @@
 //! Host test: the Chinese README keeps in step with the English one — the same quick start
 //! (`examples/quickstart.rs`, verbatim) and commands, the same selection example (which the
-//! `select` module's docs compile) — and each README links to the other.
+//! `select` module's docs compile), the same code blocks in the same order, as many sections and
+//! the same pages of docs/ — and each README links to the other.
 
 #[test]
 fn chinese_readme_has_the_english_quick_start() {
@@ -43,5 +44,43 @@ fn the_readmes_selection_example_is_the_compiled_one() {
             readme.contains(&format!("```rust\n{example}```")),
             "{name} lacks the select example:\n{example}"
         );
+    }
+}
+
+/// The fenced code blocks of a Markdown text, fences included, in order.
+fn code_blocks(text: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        match current.as_mut() {
+            None if line.starts_with("```") => current = Some(format!("{line}\n")),
+            None => {}
+            Some(block) => {
+                block.push_str(line);
+                block.push('\n');
+                if line == "```" {
+                    blocks.push(current.take().unwrap());
+                }
+            }
+        }
+    }
+    assert!(current.is_none(), "an unclosed code block");
+    blocks
+}
+
+#[test]
+fn the_chinese_readme_has_the_english_shape() {
+    let en = include_str!("../README.md");
+    let zh = include_str!("../README.zh-CN.md");
+    // The same code, block for block, in the same order.
+    assert!(code_blocks(en).len() >= 6, "the English README's code blocks were not found");
+    assert_eq!(code_blocks(en), code_blocks(zh), "the READMEs' code blocks differ");
+    // The same number of sections (the titles are translated).
+    let sections = |s: &str| s.lines().filter(|l| l.starts_with("## ")).count();
+    assert_eq!(sections(en), sections(zh), "the READMEs have different numbers of sections");
+    // Every page of docs/ the English README links to, the Chinese one links to as well.
+    for link in en.split("](docs/").skip(1) {
+        let target = &link[..link.find(')').unwrap()];
+        assert!(zh.contains(&format!("](docs/{target})")), "README.zh-CN.md lacks the link to docs/{target}");
     }
 }
