@@ -1756,6 +1756,31 @@ fn run_program_self_tests(backend: &Backend, summary: &mut Summary) {
                 Ok(())
             }),
         );
+        // A step that crashes the guest's kernel (as a kernel bug reached from a test would): a
+        // failure naming the crash, not a hang.
+        eprintln!("xtask: self-test: a kernel crash under a step (sysrq c) ...");
+        let crash = "echo 1 > /proc/sys/kernel/sysrq && echo c > /proc/sysrq-trigger; sleep 600";
+        let run = sub_xtask(
+            &args(&["--", "sh", "-c", crash]),
+            &[],
+            vm::BOOT_TIMEOUT + Duration::from_secs(60),
+            None,
+        );
+        summary.check(
+            "self-test: rxe whose kernel crashes under a step exits 125 and names the crash",
+            check_sub(run, i32::from(vm::EXIT_VM_FAILURE), |r| {
+                if !r
+                    .stderr
+                    .contains("the guest kernel crashed (Kernel panic - not syncing: sysrq triggered crash)")
+                {
+                    return Err("no message naming the guest's kernel crash".into());
+                }
+                if r.elapsed > vm::BOOT_TIMEOUT + Duration::from_secs(30) {
+                    return Err(format!("took {:.1} s", r.elapsed.as_secs_f64()));
+                }
+                Ok(())
+            }),
+        );
     }
 }
 

@@ -332,6 +332,17 @@ pub fn run_with(
         Backend::Vm { .. } => console_report(&console, &qemu_log, extras.console_suffix),
         Backend::Local(_) => (String::new(), None),
     };
+    // A VM that died under a step: say so by name when its kernel crashed (a kernel bug reached
+    // from the step, e.g. rxe's NULL dereference on a second window invalidation).
+    let end = match end {
+        End::Died(reason) => {
+            match kernel_crash(&String::from_utf8_lossy(&fs::read(&console).unwrap_or_default())) {
+                Some(crash) => End::Died(format!("the guest kernel crashed ({crash}): {reason}")),
+                None => End::Died(reason),
+            }
+        }
+        end => end,
+    };
     Ok(Report { results, end, console_tail, console_log })
 }
 
@@ -671,6 +682,33 @@ fn follow(
     }
 }
 
+/// What a guest console says of a kernel crash, in one line: the first `BUG:`/`Oops`/general
+/// protection fault line, the function it hit (`RIP: 0010:...`) and the panic line, without
+/// their timestamps; `None` when the console shows no crash.
+pub fn kernel_crash(console: &str) -> Option<String> {
+    let strip = |l: &str| -> String {
+        let l = l.trim_end();
+        match l.strip_prefix('[').and_then(|r| r.split_once("] ")) {
+            Some((_, rest)) => rest.to_string(),
+            None => l.to_string(),
+        }
+    };
+    let lines: Vec<String> = console.lines().map(strip).collect();
+    let first = |pred: &dyn Fn(&str) -> bool| lines.iter().find(|l| pred(l)).cloned();
+    let bug = first(&|l| {
+        l.starts_with("BUG: ") || l.starts_with("Oops") || l.starts_with("general protection fault")
+    });
+    let rip = first(&|l| l.starts_with("RIP: 0010:")).map(|l| l.trim_start_matches("RIP: 0010:").to_string());
+    let panic = first(&|l| l.starts_with("Kernel panic - not syncing"));
+    if bug.is_none() && panic.is_none() {
+        return None;
+    }
+    let mut parts: Vec<String> = bug.into_iter().collect();
+    parts.extend(rip.map(|r| format!("in {r}")));
+    parts.extend(panic);
+    Some(parts.join("; "))
+}
+
 /// The tails of the console and of QEMU's messages; keeps a copy of the console in the cache folder.
 fn console_report(console: &Path, qemu_log: &Path, suffix: &str) -> (String, Option<PathBuf>) {
     let mut tail = String::new();
@@ -806,6 +844,28 @@ mod tests {
         assert_eq!(report(End::Completed, 124, true).single_step_exit_code(), EXIT_TIMEOUT);
         assert_eq!(report(End::BootFailed("x".into()), 0, false).single_step_exit_code(), EXIT_VM_FAILURE);
         assert_eq!(report(End::Died("x".into()), 0, false).single_step_exit_code(), EXIT_VM_FAILURE);
+        // The guest's console when rxe 6.1 dereferenced NULL on a second window invalidation
+        // (shortened), and a sysrq crash: named in one line.
+        let oops = "[   12.5] BUG: kernel NULL pointer dereference, address: 0000000000000004\n\
+                    [   12.5] #PF: supervisor write access in kernel mode\n\
+                    [   12.5] Oops: 0002 [#1] PREEMPT SMP NOPTI\n\
+                    [   12.5] RIP: 0010:__rxe_put+0xe/0x40 [rdma_rxe]\n\
+                    [   12.6] Kernel panic - not syncing: Fatal exception in interrupt\n";
+        assert_eq!(
+            kernel_crash(oops).as_deref(),
+            Some(
+                "BUG: kernel NULL pointer dereference, address: 0000000000000004; in __rxe_put+0xe/0x40 \
+                 [rdma_rxe]; Kernel panic - not syncing: Fatal exception in interrupt"
+            )
+        );
+        assert_eq!(
+            kernel_crash(
+                "[ 4.8] sysrq: Trigger a crash\n[ 4.8] Kernel panic - not syncing: sysrq triggered crash\n"
+            )
+            .as_deref(),
+            Some("Kernel panic - not syncing: sysrq triggered crash")
+        );
+        assert_eq!(kernel_crash("[ 1.0] rdma_rxe: loaded\nsome output\n"), None);
         assert_eq!(report(End::Stuck(0), 0, false).single_step_exit_code(), EXIT_TIMEOUT);
         assert_eq!(report(End::Interrupted(15), 0, false).single_step_exit_code(), 143);
     }
