@@ -56,6 +56,20 @@ fn bind2(
     w
 }
 
+/// `SendRequest::local_invalidate(w)`, or `None` where the crate refuses it because the kernel
+/// panics on a second invalidation (rxe on Linux 6.1: reported by name, the window deallocated).
+fn local_inv(pd: &ProtectionDomain, w: BoundWindow) -> Option<SendRequest<'static>> {
+    match SendRequest::local_invalidate(w) {
+        Ok(wr) => Some(wr),
+        Err((w, Error::Unsupported { capability, .. })) => {
+            unsupported(&pd.context(), "local invalidation of a type 2 window", capability);
+            w.dealloc();
+            None
+        }
+        Err((_, e)) => panic!("local_invalidate: {e:?}"),
+    }
+}
+
 /// RDMA Writes `data` from `qp` to `remote`; returns the completion status.
 fn write(
     pd: &ProtectionDomain,
@@ -96,7 +110,8 @@ fn type2_window_takes_writes_until_locally_invalidated_then_the_region_reads_in_
     let region = region.into_private().unwrap_err();
 
     // Local invalidation; the completion proves it and hands the window back unbound.
-    b.post_send(SendRequest::local_invalidate(w).unwrap().wr_id(8)).unwrap();
+    let Some(inv) = local_inv(&pd, w) else { return };
+    b.post_send(inv.wr_id(8)).unwrap();
     let mut c = poll_one(&mut cq_b);
     assert!(c.is_ok(), "{c:?}");
     assert_eq!((c.opcode(), c.wr_id()), (WcOpcode::LOCAL_INV, 8));
@@ -110,7 +125,7 @@ fn type2_window_takes_writes_until_locally_invalidated_then_the_region_reads_in_
 
     // The refusal put `b` in the error state: an invalidation posted now is flushed, and a
     // flushed invalidation proves nothing: the window comes back still bound.
-    b.post_send(SendRequest::local_invalidate(w2).unwrap().wr_id(9)).unwrap();
+    b.post_send(local_inv(&pd, w2).unwrap().wr_id(9)).unwrap();
     let mut c = poll_one(&mut cq_b);
     assert_eq!(c.status(), WcStatus::WR_FLUSH_ERR);
     assert!(c.take_invalidated_window().is_none());
@@ -153,7 +168,8 @@ fn a_window_taken_with_take_buffers_still_never_repeats_a_key() {
     assert_ne!(first.rkey, k0);
     assert_eq!(write(&pd, &mut a, &mut cq_a, &pattern(WIN, 5), first), WcStatus::SUCCESS);
 
-    b.post_send(SendRequest::local_invalidate(*w).unwrap().wr_id(2)).unwrap();
+    let Some(inv) = local_inv(&pd, *w) else { return };
+    b.post_send(inv.wr_id(2)).unwrap();
     let mut c = poll_one(&mut cq_b);
     assert!(c.is_ok(), "{c:?}");
     let mw = c.take_invalidated_window().unwrap();
@@ -434,7 +450,8 @@ fn a_posted_bind_and_a_bound_window_keep_the_memory_registered_after_the_region_
     let w = c.take_bound_window().unwrap();
     // Still registered and allocated: the peer's write lands in live memory.
     assert_eq!(write(&pd, &mut a, &mut cq_a, &pattern(WIN, 4), w.remote()), WcStatus::SUCCESS);
-    b.post_send(SendRequest::local_invalidate(w).unwrap()).unwrap();
+    let Some(inv) = local_inv(&pd, w) else { return };
+    b.post_send(inv).unwrap();
     let mut c = poll_one(&mut cq_b);
     assert!(c.is_ok(), "{c:?}");
     // The last holder: taking the window unbound deregisters and frees the memory.
@@ -480,6 +497,7 @@ fn a_peer_writing_while_the_window_is_invalidated_is_cut_off() {
         assert!(c.is_ok(), "{c:?}");
         let w = c.take_bound_window().unwrap();
         let remote = w.remote();
+        let Some(inv) = local_inv(&pd, w) else { return };
         let mut src = pd.allocate(n).unwrap();
         src.fill(0xab);
         let go = std::sync::Barrier::new(2);
@@ -490,7 +508,7 @@ fn a_peer_writing_while_the_window_is_invalidated_is_cut_off() {
             });
             go.wait();
             std::thread::sleep(std::time::Duration::from_micros(delay_us));
-            b.post_send(SendRequest::local_invalidate(w).unwrap()).unwrap();
+            b.post_send(inv).unwrap();
             writer.join().unwrap();
         });
         let mut c = poll_one(&mut cq_b);
@@ -537,4 +555,57 @@ fn a_peer_writing_while_the_window_is_invalidated_is_cut_off() {
         "a Write cut off part-way by an invalidation",
         format_args!("no try cut a {n}-byte Write part-way (delay µs, bytes landed): {seen:?}"),
     );
+}
+
+/// A peer's Send with Invalidate of a bound type 2 window, then a local invalidation of the same
+/// window: on rxe (Linux 6.1) the second invalidation dereferenced NULL in the kernel
+/// (`rxe_invalidate_mw` → `__rxe_put`) and panicked the machine. Where the crate knows the kernel
+/// has that bug, safe code cannot post the local invalidation (`Error::Unsupported`, the window
+/// handed back) and [`BoundWindow::revoke`] ends the window's access instead; elsewhere the
+/// device must answer the local invalidation without harm (a completion, success or error).
+/// Either way the machine lives, the peer's later Write is refused, and the region comes back.
+#[test]
+fn a_local_invalidation_after_a_peers_send_with_invalidate_does_not_crash_the_kernel() {
+    let Pair { pd, mut a, mut b, mut cq_a, mut cq_b, cm: _cm, .. } = rc_pair(16);
+    if !has_windows(&pd, &[MwType::Type2]) {
+        return;
+    }
+    let region = exposed(&pd);
+    let w = bind2(&pd, &mut b, &mut cq_b, &region, 0);
+    let remote = w.remote();
+    b.post_recv(RecvRequest::new(Local::whole(pd.allocate(64).unwrap())).wr_id(31)).unwrap();
+    assert_eq!(write(&pd, &mut a, &mut cq_a, &pattern(WIN, 3), remote), WcStatus::SUCCESS);
+    a.post_send(SendRequest::send_inline_with_invalidate(b"invalidate", remote.rkey).wr_id(32)).unwrap();
+    assert!(poll_one(&mut cq_a).is_ok());
+    let c = poll_one(&mut cq_b);
+    assert!(c.is_ok() && c.wr_id() == 31, "{c:?}");
+    drop(c);
+    // The window is invalid on the device now, whatever the completion's flags said.
+    match SendRequest::local_invalidate(w) {
+        Err((w, Error::Unsupported { verb, capability })) => {
+            assert_eq!(verb, "ibv_post_send");
+            assert!(capability.contains("kernel"), "{capability}");
+            unsupported(&pd.context(), "local invalidation of a type 2 window", capability);
+            let mw = w.revoke().unwrap();
+            assert_eq!(mw.mw_type(), MwType::Type2);
+            assert_ne!(mw.rkey(), remote.rkey, "a new window, a new rkey");
+            drop(mw);
+        }
+        Err((_, e)) => panic!("local_invalidate: {e:?}"),
+        Ok(wr) => {
+            b.post_send(wr.wr_id(33)).unwrap();
+            let mut c = poll_one(&mut cq_b);
+            assert_eq!(c.wr_id(), 33, "{c:?}");
+            if c.is_ok() {
+                drop(c.take_invalidated_window().unwrap());
+            } else {
+                // Already invalid: the device says so; the window comes back still bound.
+                c.take_bound_window().unwrap().dealloc();
+            }
+        }
+    }
+    assert_eq!(region.windows(), 0);
+    assert_eq!(write(&pd, &mut a, &mut cq_a, &pattern(WIN, 4), remote), WcStatus::REM_ACCESS_ERR);
+    let private = region.into_private().unwrap();
+    assert_eq!(&private[..WIN], &pattern(WIN, 3)[..]);
 }

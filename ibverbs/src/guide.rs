@@ -15,6 +15,8 @@
 //! 5. [When it does not work](diagnosis): the `doctor` example and the crate's error messages.
 //! 6. [Connecting through RDMA-CM, and iWARP](rdma_cm): IP addresses instead of GIDs, and what
 //!    the third kind of RDMA network (RDMA over TCP) does differently.
+//! 7. [When the device itself is wrong](device_bugs): the provider and kernel bugs safe code
+//!    could reach, and what the crate does about each.
 //!
 //! The quickest check of a machine is the `doctor` example, which runs the checks of chapters 1
 //! and 5 in one go and prints which device, port and GID a program would use:
@@ -500,4 +502,60 @@ pub mod rdma_cm {
     //! rdmacm-utils' tools), the perftest-style `write_bw`, `read_bw`, `send_bw`, `write_lat` and
     //! `send_lat` with `-R` (on both sides), `async_rpc -R` and `striped_bw`. `rc_pingpong`, `srq_pingpong` and
     //! `ud_pingpong` connect by hand, as the C tools they mirror, and stop with the error above.
+}
+
+pub mod device_bugs {
+    //! # 7. When the device itself is wrong
+    //!
+    //! A safe binding promises more than "no undefined behaviour in this process": safe code
+    //! must not lose completions, spin without end or crash the machine, on the providers and
+    //! kernels people run, bugs included. These are the bugs the crate knows of, how it finds
+    //! the devices that have them (once per [`Context`](crate::Context): the vendor ID from
+    //! `ibv_query_device()` and the running kernel's version from `uname()`), and what it does.
+    //! Each has a device test that failed before the crate steered around it.
+    //!
+    //! ## rxe: the extended CQ's `ibv_next_poll` at the end of the queue
+    //! `ibv_create_cq_ex(3)` polls with `ibv_start_poll`, `ibv_next_poll` until it returns
+    //! `ENOENT`, then `ibv_end_poll`. rdma-core's rxe provider (vendor ID 0xffffff) stores the
+    //! consumer index and releases its lock in `ibv_next_poll` when it finds the queue empty,
+    //! then advances the index and releases the lock again in `ibv_end_poll`: the consumer passes
+    //! the producer, and from then on every poll returns stale or zeroed "successful" entries
+    //! (`wr_id` 0) while real completions are skipped. It happens whenever a poll's array is
+    //! larger than what is pending, the usual case. No rdma-core release has the fix (rdma-core
+    //! 44 in Debian 12 has the bug). On rxe the crate therefore reads one completion per
+    //! `ibv_start_poll`/`ibv_end_poll` and never calls `ibv_next_poll`: each completion costs
+    //! one lock round trip more, and nothing is lost.
+    //!
+    //! ## rxe: a local invalidation of a window a peer already invalidated
+    //! Linux's rxe (6.1) checks only for windows in its INVALID state before invalidating one,
+    //! but an invalidation leaves a type 2 window FREE: a second invalidation dereferences the
+    //! NULL queue pair and region pointers (`rxe_invalidate_mw` → `__rxe_put`) and panics the
+    //! kernel. A peer's Send with Invalidate followed by
+    //! [`SendRequest::local_invalidate`](crate::SendRequest::local_invalidate) of the same window
+    //! is enough. The peer may invalidate at any moment (rxe does not even check that the
+    //! invalidating queue pair is the window's), and rxe reports it with the kernel's flag bit
+    //! (`IB_WC_WITH_INVALIDATE`, which is `IBV_WC_IP_CSUM_OK` in user space), so no tracking of
+    //! completions could tell in time. On rxe the crate refuses every local invalidation of a
+    //! type 2 window with [`Error::Unsupported`](crate::Error::Unsupported) naming the bug, and
+    //! hands the window back. [`BoundWindow::revoke`](crate::BoundWindow::revoke) ends its
+    //! access instead: it deallocates the window (`ibv_dealloc_mw()`, which is safe in any
+    //! state) and allocates a fresh one on the same protection domain. Dropping the window does
+    //! the first half. Posting `IBV_WR_LOCAL_INV` through [`ffi`](crate::ffi) remains possible,
+    //! and can crash the machine.
+    //!
+    //! ## Any provider: a completion queue that never runs dry
+    //! The async adaptor's [`Op`](crate::aio::Op) future drives its completion queue while it is
+    //! polled. A CQ that keeps returning completions nobody waits for (a provider bug like the
+    //! first one above, or a flood of completions of other requests) would keep one poll busy
+    //! for ever, with the runtime's timers starved and memory growing. A poll of an `Op` (and
+    //! [`Driver::reap`](crate::aio::Driver::reap)) handles a bounded number of completions, then
+    //! wakes its task and yields. [`Driver::with_cq`](crate::aio::Driver::with_cq) hands out a
+    //! view of the driven CQ that can create queue pairs but not poll it, so no completion can
+    //! be taken behind the driver's back.
+    //!
+    //! ## Which kernels and providers were checked
+    //! The crate's device suite runs on Debian 12's kernel 6.1 (rdma-core 44) in every CI run;
+    //! the project's harness can boot bookworm-backports' newer kernel too
+    //! (`cargo xtask rxe --kernel backports`). The notes in `docs/device-bugs.md` list what each
+    //! kernel showed.
 }

@@ -246,6 +246,11 @@ impl MemoryWindow {
         self.raw.as_ptr()
     }
 
+    /// The provider and kernel bugs of the window's device ([`crate::quirks`]).
+    pub(crate) fn quirks(&self) -> crate::quirks::Quirks {
+        crate::Context { inner: self.pd.ctx.clone() }.quirks()
+    }
+
     pub(crate) fn in_pd(&self, pd: &Arc<PdInner>) -> bool {
         Arc::ptr_eq(&self.pd, pd)
     }
@@ -547,6 +552,25 @@ impl BoundWindow {
     #[doc(alias = "ibv_dealloc_mw")]
     pub fn dealloc(self) {
         drop(self);
+    }
+
+    /// Ends every access through the window at once and hands back a new, unbound window of the
+    /// same type on the same protection domain: deallocates this one (`ibv_dealloc_mw()`, which,
+    /// unlike a local invalidation, no kernel bug turns into a crash when a peer's Send with
+    /// Invalidate got there first) and allocates another (`ibv_alloc_mw()`), whose rkey differs.
+    /// Unlike [`SendRequest::local_invalidate`](crate::SendRequest::local_invalidate) it is not
+    /// ordered with the queue pair's requests: it takes effect when it returns. The region's hold
+    /// is given up as by [`dealloc`](Self::dealloc).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] (or [`Error::Unsupported`]) when the new window cannot be allocated; the
+    /// old one is deallocated either way.
+    #[doc(alias = "ibv_dealloc_mw", alias = "ibv_alloc_mw")]
+    pub fn revoke(self) -> Result<MemoryWindow> {
+        let pd = crate::ProtectionDomain { inner: self.mw.pd.clone() };
+        let ty = self.mw.ty;
+        drop(self);
+        pd.alloc_mw(ty)
     }
 }
 

@@ -390,7 +390,11 @@ impl<'a> SendRequest<'a> {
     ///
     /// # Errors
     /// The window back, with [`Error::InvalidArgument`], for a type 1 window (unbind it with
-    /// [`QueuePair::unbind_mw`](crate::QueuePair::unbind_mw)).
+    /// [`QueuePair::unbind_mw`](crate::QueuePair::unbind_mw)); with [`Error::Unsupported`] on a
+    /// device whose kernel panics when it invalidates a window a peer already invalidated (rxe:
+    /// see [the guide](crate::guide::device_bugs)): a peer's Send with Invalidate may come at any
+    /// moment, so no local invalidation of a type 2 window is safe there. End the window's access
+    /// with [`BoundWindow::revoke`] (or by dropping it) instead.
     #[doc(alias = "IBV_WR_LOCAL_INV")]
     #[allow(clippy::result_large_err)]
     pub fn local_invalidate(mut w: BoundWindow) -> std::result::Result<Self, (BoundWindow, Error)> {
@@ -398,6 +402,15 @@ impl<'a> SendRequest<'a> {
             let e = Error::InvalidArgument {
                 verb: "ibv_post_send",
                 reason: "type 1 windows are unbound with QueuePair::unbind_mw",
+            };
+            return Err((w, e));
+        }
+        if w.window().quirks().mw_local_invalidate_panics {
+            let e = Error::Unsupported {
+                verb: "ibv_post_send",
+                capability: "a local invalidation (IBV_WR_LOCAL_INV) of a type 2 window: this rxe \
+                             kernel dereferences NULL and panics when the window is no longer valid, \
+                             as after a peer's Send with Invalidate; use BoundWindow::revoke",
             };
             return Err((w, e));
         }
