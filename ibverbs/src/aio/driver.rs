@@ -19,6 +19,12 @@ use crate::queue::{Completion, CompletionChannel, CompletionQueue, PostError, Qu
 /// Completions fetched per `ibv_poll_cq()` by the driver.
 const BATCH: usize = 16;
 
+/// Completions one poll of an [`Op`] (or one [`Driver::reap`]) handles at most: then it wakes its
+/// task and yields, so that a CQ that never runs dry (completions nobody waits for, a provider
+/// bug) cannot keep a poll, the driver's lock and the executor's thread for ever, nor grow the
+/// completions it drops without bound.
+pub(crate) const POLL_BUDGET: usize = 4 * BATCH;
+
 enum Entry {
     Free,
     /// Posted; the future waits (with the waker of the task that polled it last).
@@ -333,19 +339,19 @@ impl Driver {
         Ok(Driver { shared: Shared::new(state) })
     }
 
-    /// Runs `f` on the driven CQ, e.g. to create queue pairs on it with
-    /// [`ProtectionDomain::create_qp`](crate::ProtectionDomain::create_qp). (It holds the
-    /// driver's lock: `f` must not await or call back into the driver or its queue pairs (a
-    /// post locks its queue pair, then the driver), nor poll the CQ (`poll_raw` would take the
-    /// futures' completions) or wait on it (`poll_raw_wait` would read the channel's events
-    /// behind the driver and block it).)
-    pub fn with_cq<R>(&self, f: impl FnOnce(&CompletionQueue) -> R) -> R {
-        f(&self.shared.lock().core.cq)
+    /// Runs `f` on a view of the driven CQ ([`DrivenCq`]), e.g. to create queue pairs on it
+    /// with [`DrivenCq::create_qp`]. The view cannot poll the CQ or wait on its channel: no
+    /// completion can be taken behind the driver's back. (It holds the driver's lock: `f` must
+    /// not await or call back into the driver or its queue pairs: a post locks its queue pair,
+    /// then the driver.)
+    pub fn with_cq<R>(&self, f: impl FnOnce(DrivenCq<'_>) -> R) -> R {
+        f(DrivenCq { cq: &self.shared.lock().core.cq })
     }
 
-    /// Polls the CQ once without waiting (`ibv_poll_cq()`) and hands what it finds to the
-    /// waiting futures; completions of dropped futures are dropped, returning their buffers'
-    /// room to their queue pairs. Returns how many completions it polled.
+    /// Polls the CQ without waiting (`ibv_poll_cq()`) until it is empty or a bounded number of
+    /// completions (64) was handled, and hands what it finds to the waiting futures;
+    /// completions of dropped futures are dropped, returning their buffers' room to their queue
+    /// pairs. Returns how many completions it polled (call it again while that is 64).
     ///
     /// # Errors
     /// [`Error::Verb`] when `ibv_poll_cq()` fails.
@@ -362,7 +368,7 @@ impl Driver {
                         let n = got.len();
                         st.dispatch(n, &mut wake, &mut drop_later);
                         total += n;
-                        if n < BATCH {
+                        if n < BATCH || total >= POLL_BUDGET {
                             break Ok(total);
                         }
                     }
@@ -394,6 +400,37 @@ impl Driver {
 
     fn begin(&self, user_wr_id: u64, qp: &QueuePair) -> u64 {
         self.shared.lock().alloc(user_wr_id, qp.qp_num(), qp.id)
+    }
+}
+
+/// The completion queue a [`Driver`] drives, as [`Driver::with_cq`] lends it: queue pairs can be
+/// created on it, but it cannot be polled or waited on (that would take the futures'
+/// completions, or the channel's events, behind the driver).
+#[derive(Debug, Clone, Copy)]
+pub struct DrivenCq<'a> {
+    cq: &'a CompletionQueue,
+}
+
+impl<'a> DrivenCq<'a> {
+    /// Starts a queue pair of `pd` whose send and receive completions go to the driven CQ
+    /// ([`ProtectionDomain::create_qp`](crate::ProtectionDomain::create_qp), `ibv_create_qp()`);
+    /// wrap the built queue pair with [`AsyncQueuePair::new`].
+    pub fn create_qp(
+        &self,
+        pd: &'a crate::ProtectionDomain,
+        qp_type: crate::QpType,
+    ) -> crate::QueuePairBuilder<'a> {
+        pd.create_qp(self.cq, qp_type)
+    }
+
+    /// The CQ's capacity in completions (`cqe` as the provider rounded it).
+    pub fn capacity(&self) -> u32 {
+        self.cq.capacity()
+    }
+
+    /// Whether `qp` sends and receives into the driven CQ.
+    pub fn completes(&self, qp: &QueuePair) -> bool {
+        qp.completes_into(self.cq)
     }
 }
 
@@ -475,6 +512,7 @@ impl Future for Op {
         let out = {
             let mut guard = self.shared.lock();
             let st = &mut *guard;
+            let mut handled = 0;
             loop {
                 // Done?
                 match st.slot(tok).map(|s| &mut s.entry) {
@@ -503,10 +541,19 @@ impl Future for Op {
                         }))
                     }
                 }
+                if handled >= POLL_BUDGET {
+                    // Bounded work per poll, whatever the CQ returns: come back after the
+                    // executor ran others (timers included).
+                    cx.waker().wake_by_ref();
+                    break Poll::Pending;
+                }
                 // Drive: poll the CQ, and wait for the channel when it is empty.
                 let State { core, batch, .. } = st;
                 match core.poll_ready(cx, Some(&self.shared.reactor), batch) {
-                    Poll::Ready(Ok(n)) => st.dispatch(n, &mut wake, &mut drop_later),
+                    Poll::Ready(Ok(n)) => {
+                        handled += n;
+                        st.dispatch(n, &mut wake, &mut drop_later);
+                    }
                     Poll::Ready(Err(e)) => {
                         // The request stays posted: its completion is dropped when it comes.
                         if let Some(s) = st.slot(tok) {
@@ -608,7 +655,7 @@ impl AsyncQueuePair {
     /// the completions of its own operations: those receives' messages would be dropped).
     #[allow(clippy::result_large_err)] // the QP comes back by value
     pub fn new(qp: QueuePair, driver: &Driver) -> std::result::Result<AsyncQueuePair, (QueuePair, Error)> {
-        if !driver.with_cq(|cq| qp.completes_into(cq)) {
+        if !driver.with_cq(|cq| cq.completes(&qp)) {
             let e = Error::InvalidArgument {
                 verb: "ibv_poll_cq",
                 reason: "the queue pair's send and receive queues must complete into the driver's CQ",

@@ -70,7 +70,7 @@ use std::future::poll_fn;
 use std::io;
 use std::task::{Context as TaskContext, Poll};
 
-pub use driver::{AsyncQueuePair, Driver, Op};
+pub use driver::{AsyncQueuePair, DrivenCq, Driver, Op};
 pub use events::AsyncEventStream;
 pub use seam::WatchedFd;
 
