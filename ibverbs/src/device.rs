@@ -442,12 +442,12 @@ impl Context {
     /// failed device query is not kept (the next call asks again) and answers with every
     /// workaround on meanwhile.
     pub(crate) fn quirks(&self) -> crate::quirks::Quirks {
-        use crate::quirks::{kernel_release, Quirks};
+        use crate::quirks::{kernel_release, rdma_core_version, Quirks};
         if let Some(&q) = self.inner.quirks.get() {
             return q;
         }
         let vendor = self.query_device().ok().map(|a| a.vendor_id());
-        let q = Quirks::of(vendor, self.is_iwarp(), &kernel_release());
+        let q = Quirks::of(vendor, self.is_iwarp(), &kernel_release(), rdma_core_version());
         if vendor.is_some() {
             // A racing caller may have set the same answer first.
             let _ = self.inner.quirks.set(q);

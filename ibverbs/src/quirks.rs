@@ -5,10 +5,16 @@
 //! device's vendor ID and the running kernel's version, and read where the crate takes the path that
 //! would trip it. What each costs and why is in [the guide's chapter](crate::guide::device_bugs).
 //!
-//! This module is pure logic (the decision from what was read): it imports nothing of the crate.
+//! This module sits at the bottom of the crate: it imports nothing of it but the raw bindings.
 
 /// rxe's vendor ID (`RXE_VENDOR_ID`, 0xffffff, in Linux's `rxe_param.h`; rxe sets no other).
 pub(crate) const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
+
+/// The first rdma-core release whose rxe provider's `ibv_next_poll` no longer corrupts the CQ at
+/// its end. `None`: no release is known to have the fix (rdma-core 44, Debian 12's, has the bug,
+/// measured; upstream's fix of the double advance was an open pull request when this was
+/// written), so every version is treated as affected. Set it once a release is measured fixed.
+pub(crate) const RXE_EX_POLL_FIXED: Option<u32> = None;
 
 /// The first kernel whose rxe no longer panics on a local invalidation of a window a peer's Send
 /// with Invalidate already invalidated. `None`: no kernel measured fixed yet, every rxe kernel
@@ -20,7 +26,7 @@ pub(crate) const RXE_MW_INVALIDATE_FIXED: Option<(u32, u32)> = None;
 pub(crate) struct Quirks {
     /// The provider's `ibv_next_poll` that finds the CQ empty must not be followed by its
     /// `ibv_end_poll`, although `ibv_create_cq_ex(3)` says it must. rdma-core's rxe provider
-    /// (every release through at least 50; the fix is an open pull request) stores the consumer
+    /// (every release known: see [`RXE_EX_POLL_FIXED`]) stores the consumer
     /// index and unlocks in `next_poll` on `ENOENT`, then advances the index and unlocks again in
     /// `end_poll`: the consumer passes the producer, and every later poll returns stale or zeroed
     /// "successful" entries (`wr_id` 0) while real completions are skipped. The crate then
@@ -41,15 +47,23 @@ pub(crate) struct Quirks {
 
 impl Quirks {
     /// The quirks of a device with `vendor_id` (`None` when the query failed) on an iWARP
-    /// (`iwarp`) or other transport, under the kernel `release` (`uname -r`).
-    pub(crate) fn of(vendor_id: Option<u32>, iwarp: bool, release: &str) -> Quirks {
+    /// (`iwarp`) or other transport, under the kernel `release` (`uname -r`) and rdma-core
+    /// `rdma_core` (its major version, `None` when unknown). Unknown versions count as affected.
+    pub(crate) fn of(vendor_id: Option<u32>, iwarp: bool, release: &str, rdma_core: Option<u32>) -> Quirks {
         // A failed query: the workarounds are safe on any device, skipping them is not.
         let rxe = !iwarp && vendor_id.map_or(true, |v| v == RXE_VENDOR_ID);
         let kernel_fixed = match (RXE_MW_INVALIDATE_FIXED, kernel_version(release)) {
             (Some(fixed), Some(running)) => running >= fixed,
             _ => false,
         };
-        Quirks { ex_poll_one_per_start: rxe, mw_local_invalidate_panics: rxe && !kernel_fixed }
+        let provider_fixed = match (RXE_EX_POLL_FIXED, rdma_core) {
+            (Some(fixed), Some(running)) => running >= fixed,
+            _ => false,
+        };
+        Quirks {
+            ex_poll_one_per_start: rxe && !provider_fixed,
+            mw_local_invalidate_panics: rxe && !kernel_fixed,
+        }
     }
 }
 
@@ -59,6 +73,32 @@ pub(crate) fn kernel_version(release: &str) -> Option<(u32, u32)> {
     let major = parts.next()?.parse().ok()?;
     let minor = parts.next()?.parse().ok()?;
     Some((major, minor))
+}
+
+/// rdma-core's major version from the file name of the libibverbs a process loaded:
+/// `libibverbs.so.1.<ABI minor>.<rdma-core major>.<rdma-core minor>` (rdma-core's build names its
+/// libraries so; `libibverbs.so.1.14.44.0` is rdma-core 44.0).
+pub(crate) fn rdma_core_from_file_name(name: &str) -> Option<u32> {
+    let rest = name.rsplit('/').next()?.strip_prefix("libibverbs.so.1.")?;
+    let mut parts = rest.split('.');
+    let _abi_minor: u32 = parts.next()?.parse().ok()?;
+    parts.next()?.parse().ok()
+}
+
+/// The rdma-core major version of the libibverbs this process runs with: the real file behind
+/// the library that holds `ibv_get_device_list` (`dladdr()`, then the symbolic links resolved).
+pub(crate) fn rdma_core_version() -> Option<u32> {
+    // SAFETY: `Dl_info` is plain pointers; dladdr() fills it for an address of a loaded object.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let addr = crate::ffi::ibv_get_device_list as *const libc::c_void;
+    // SAFETY: a valid address (a function of the linked libibverbs) and out-pointer.
+    if unsafe { libc::dladdr(addr, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dladdr() returned a NUL-terminated name that lives while the object is loaded.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+    let real = std::fs::canonicalize(&name).ok()?;
+    rdma_core_from_file_name(&real.to_string_lossy())
 }
 
 /// The running kernel's release (`uname -r`), or "" when `uname()` fails.
@@ -88,14 +128,23 @@ mod tests {
 
     #[test]
     fn rxe_and_others() {
-        let rxe = Quirks::of(Some(RXE_VENDOR_ID), false, "6.1.0-57-amd64");
+        let rxe = Quirks::of(Some(RXE_VENDOR_ID), false, "6.1.0-57-amd64", Some(44));
         assert!(rxe.ex_poll_one_per_start && rxe.mw_local_invalidate_panics);
-        let mlx5 = Quirks::of(Some(0x02c9), false, "6.1.0-57-amd64");
+        let mlx5 = Quirks::of(Some(0x02c9), false, "6.1.0-57-amd64", Some(44));
         assert_eq!(mlx5, Quirks::default());
         // siw (iWARP) is not rxe, whatever its vendor ID.
-        assert_eq!(Quirks::of(Some(0x0062_6d74), true, "6.1.0"), Quirks::default());
-        // A failed query takes the safe side.
-        assert!(Quirks::of(None, false, "6.1.0").mw_local_invalidate_panics);
-        assert!(!Quirks::of(None, true, "6.1.0").mw_local_invalidate_panics);
+        assert_eq!(Quirks::of(Some(0x0062_6d74), true, "6.1.0", Some(44)), Quirks::default());
+        // A failed query or unknown versions take the safe side.
+        assert!(Quirks::of(None, false, "6.1.0", Some(44)).mw_local_invalidate_panics);
+        assert!(!Quirks::of(None, true, "6.1.0", Some(44)).mw_local_invalidate_panics);
+        assert!(Quirks::of(Some(RXE_VENDOR_ID), false, "", None).ex_poll_one_per_start);
+    }
+
+    #[test]
+    fn rdma_core_versions_from_library_file_names() {
+        assert_eq!(rdma_core_from_file_name("/usr/lib/x86_64-linux-gnu/libibverbs.so.1.14.44.0"), Some(44));
+        assert_eq!(rdma_core_from_file_name("libibverbs.so.1.15.56.1"), Some(56));
+        assert_eq!(rdma_core_from_file_name("/usr/lib/libibverbs.so.1"), None);
+        assert_eq!(rdma_core_from_file_name("/usr/lib/librdmacm.so.1.3.44.0"), None);
     }
 }
