@@ -4,7 +4,8 @@
 # 1. loads the modules listed in /etc/modules.load (virtio, 9p, overlayfs, dummy, rdma_rxe, rdma_ucm);
 # 2. mounts the host's / (9p share `hostroot`, read-only) under a tmpfs overlay at /newroot, so host-built
 #    binaries run unchanged at their host paths and every write stays in the VM;
-# 3. mounts the job folder (9p share `xtask`, read-write) at /newroot$JOB, reads $JOB/vm.conf;
+# 3. mounts the job folder (9p share `xtask`, read-write) at /newroot$JOB, reads $JOB/vm.conf (with
+#    MODULES_DIR, a kernel not the host's: links it at /lib/modules/<version>);
 # 4. creates dummy0 (192.0.2.1/24) and rxe0 over it (or, with DEVICE=siw0 in vm.conf, loads the siw
 #    module xtask built, SIW_MODULE, after its dependencies SIW_DEPENDS, and creates siw0 over dummy0:
 #    siw does not work over lo), waits for its port to be ACTIVE;
@@ -64,6 +65,12 @@ mkdir -p "$S"
 mount -t 9p -o "$P9" xtask "$S" || fail "mounting the job folder (9p xtask)"
 [ -f "$S/vm.conf" ] || fail "no vm.conf in the job folder"
 . "$S/vm.conf"
+# A kernel that is not the host's (cargo xtask --kernel): its modules, unpacked in xtask's cache (a host
+# path, seen at the same path here), stand in for /lib/modules/<its version> for modprobe-host.
+if [ -n "${MODULES_DIR:-}" ]; then
+	mkdir -p "$R/lib/modules" && ln -sfn "$MODULES_DIR" "$R/lib/modules/$(uname -r)" ||
+		fail "linking $MODULES_DIR at /lib/modules/$(uname -r)"
+fi
 
 host ip link set lo up || fail "ip link set lo up"
 host ip link add dummy0 type dummy || fail "ip link add dummy0 type dummy"

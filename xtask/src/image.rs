@@ -3,12 +3,19 @@
 //!
 //! The cache is keyed on the kernel image's size and mtime, its modules, busybox and the init script, so
 //! a kernel upgrade or a change of `init.sh` rebuilds it.
+//!
+//! `--kernel backports` (or an explicit Debian kernel version, [`KernelChoice`]) boots a kernel that is
+//! not installed instead: its `linux-image-*` package is fetched with `apt-get download`, unpacked with
+//! `dpkg -x` into `~/.cache/ibverbs-xtask/kernels/<kernel version>/root/` (its modules indexed there with
+//! `depmod -b`), and the boot files are built from that tree the same way, next to it. Nothing is
+//! installed on the host: `/boot` and `/lib/modules` stay as they are.
 
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 
 /// PID 1 of the VM.
 pub const INIT_SCRIPT: &str = include_str!("../guest/init.sh");
@@ -25,6 +32,9 @@ const BUSYBOX: &str = "/bin/busybox";
 /// The magic bytes that open an xz stream.
 const XZ_MAGIC: &[u8] = b"\xFD7zXZ\x00";
 
+/// The magic bytes that open a zstd frame.
+const ZSTD_MAGIC: &[u8] = b"\x28\xB5\x2F\xFD";
+
 /// Bump to rebuild every cache after a change of the image's layout.
 const LAYOUT_VERSION: u32 = 1;
 
@@ -38,6 +48,49 @@ pub struct Image {
     pub initramfs: PathBuf,
     /// The kernel's version (`uname -r` in the VM).
     pub version: String,
+    /// For a kernel that is not the host's: its module folder in the cache (`.../root/lib/modules/<version>`),
+    /// which the guest links at `/lib/modules/<version>` for the modules it loads later. `None` for the
+    /// host's kernel, whose modules are the host's own.
+    pub modules: Option<PathBuf>,
+}
+
+/// Which kernel the VM boots (`--kernel`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum KernelChoice {
+    /// The host's installed kernel ([`find_kernel`]).
+    #[default]
+    Host,
+    /// The newest kernel of the backports suite: the one its `linux-image-amd64` depends on (found
+    /// with `apt-cache`), fetched and cached.
+    Backports,
+    /// The Debian kernel of this version (package `linux-image-<version>`), fetched and cached.
+    Version(String),
+}
+
+impl KernelChoice {
+    /// Its name on the command line: `host`, `backports` or a kernel version (`6.12.95+deb12-amd64`).
+    pub fn parse(name: &str) -> Option<KernelChoice> {
+        let version_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '~' | '-' | '_');
+        match name {
+            "host" => Some(KernelChoice::Host),
+            "backports" => Some(KernelChoice::Backports),
+            v if v.starts_with(|c: char| c.is_ascii_digit())
+                && v.contains('.')
+                && v.chars().all(version_char) =>
+            {
+                Some(KernelChoice::Version(v.to_string()))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The kernel chosen for this process's VMs ([`select_kernel`]).
+static KERNEL: OnceLock<KernelChoice> = OnceLock::new();
+
+/// Chooses the kernel every VM of this process boots (once, before the first; the host's otherwise).
+pub fn select_kernel(choice: KernelChoice) {
+    let _ = KERNEL.set(choice);
 }
 
 /// The folder of xtask's caches: `$XDG_CACHE_HOME/ibverbs-xtask` or `~/.cache/ibverbs-xtask`.
@@ -76,12 +129,34 @@ fn version_cmp(a: &str, b: &str) -> std::cmp::Ordering {
     key(a).cmp(&key(b)).then_with(|| a.cmp(b))
 }
 
-/// Returns the cached boot files for the newest suitable kernel, building them first if needed.
+/// Returns the cached boot files for the chosen kernel ([`select_kernel`]; the newest suitable
+/// installed kernel by default), fetching and building them first if needed.
 pub fn prepare() -> Result<Image, String> {
-    let (vmlinuz, version) = find_kernel()?;
-    let dir = cache_root().join(&version);
-    let image = Image { kernel: dir.join("kernel"), initramfs: dir.join("initramfs.cpio"), version };
-    let stamp = cache_stamp(&vmlinuz, &image.version)?;
+    match KERNEL.get() {
+        None | Some(KernelChoice::Host) => {
+            let (vmlinuz, version) = find_kernel()?;
+            prepare_in(&cache_root().join(&version), &vmlinuz, version, None)
+        }
+        Some(choice) => {
+            let package = resolve_kernel_package(choice)?;
+            let dir = fetched_kernel_dir(&cache_root(), &package.release);
+            let tree = fetch_kernel(&package, &dir)?;
+            let vmlinuz = tree.join("boot").join(format!("vmlinuz-{}", package.release));
+            prepare_in(&dir, &vmlinuz, package.release, Some(&tree))
+        }
+    }
+}
+
+/// The boot files of kernel `version` (image `vmlinuz`, modules under `root`, `/` if `None`), cached in
+/// `dir`: built unless the cache's stamp matches.
+fn prepare_in(dir: &Path, vmlinuz: &Path, version: String, root: Option<&Path>) -> Result<Image, String> {
+    let modules = root.map(|root| modules_dir(root, &version));
+    let image = Image { kernel: dir.join("kernel"), initramfs: dir.join("initramfs.cpio"), version, modules };
+    let modules_dep = match &image.modules {
+        Some(dir) => dir.join("modules.dep"),
+        None => PathBuf::from(format!("/lib/modules/{}/modules.dep", image.version)),
+    };
+    let stamp = cache_stamp(vmlinuz, &modules_dep)?;
     let stamp_file = dir.join("stamp");
     if image.kernel.is_file()
         && image.initramfs.is_file()
@@ -90,8 +165,8 @@ pub fn prepare() -> Result<Image, String> {
         return Ok(image);
     }
     eprintln!("xtask: building the VM's boot files for kernel {} in {}", image.version, dir.display());
-    fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let compressed = fs::read(&vmlinuz).map_err(|e| format!("reading {}: {e}", vmlinuz.display()))?;
+    fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let compressed = fs::read(vmlinuz).map_err(|e| format!("reading {}: {e}", vmlinuz.display()))?;
     let kernel = match extract_vmlinux(&compressed) {
         Some(elf) => elf,
         None => {
@@ -103,9 +178,211 @@ pub fn prepare() -> Result<Image, String> {
         }
     };
     write_atomic(&image.kernel, &kernel)?;
-    write_atomic(&image.initramfs, &build_initramfs(&image.version)?)?;
+    write_atomic(&image.initramfs, &build_initramfs(&image.version, root)?)?;
     write_atomic(&stamp_file, stamp.as_bytes())?;
     Ok(image)
+}
+
+/// A Debian kernel package to fetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelPackage {
+    /// Its name (`linux-image-6.12.95+deb12-amd64`).
+    pub name: String,
+    /// The package version to fetch (`6.12.95-1~bpo12+1`); apt's candidate if `None`.
+    pub version: Option<String>,
+    /// The suite it comes from, for messages (`bookworm-backports`).
+    pub suite: Option<String>,
+    /// The kernel version it holds (`uname -r`: `6.12.95+deb12-amd64`).
+    pub release: String,
+}
+
+/// The cache folder of a fetched kernel: `<cache root>/kernels/<kernel version>`.
+pub fn fetched_kernel_dir(cache_root: &Path, release: &str) -> PathBuf {
+    cache_root.join("kernels").join(release)
+}
+
+/// The module folder of kernel `version` in an unpacked tree (`<root>/lib/modules/<version>`).
+pub fn modules_dir(root: &Path, version: &str) -> PathBuf {
+    root.join("lib/modules").join(version)
+}
+
+/// The kernel version a `linux-image-*` package holds: its name without the prefix (and without
+/// `-unsigned`), or `None` for a package of another kind (a meta-package's name has no version).
+pub fn package_release(name: &str) -> Option<String> {
+    let release = name.strip_prefix("linux-image-")?;
+    let release = release.strip_suffix("-unsigned").unwrap_or(release);
+    release.starts_with(|c: char| c.is_ascii_digit()).then(|| release.to_string())
+}
+
+/// The versions of `apt-cache madison` lines (`name | version | URL suite/component arch Packages`)
+/// with their suites, in the order listed.
+pub fn parse_madison(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split('|').map(str::trim);
+            let (_name, version, source) = (fields.next()?, fields.next()?, fields.next()?);
+            let suite = source.split_whitespace().nth(1)?.split('/').next()?;
+            (!version.is_empty()).then(|| (version.to_string(), suite.to_string()))
+        })
+        .collect()
+}
+
+/// The newest version of a madison listing ([`parse_madison`]) from a `*-backports` suite.
+pub fn newest_backport(listing: &[(String, String)]) -> Option<&(String, String)> {
+    listing.iter().filter(|(_, suite)| suite.ends_with("-backports")).max_by(|a, b| version_cmp(&a.0, &b.0))
+}
+
+/// The kernel image package a meta-package depends on, from its `apt-cache show` stanza
+/// (`Depends: linux-image-6.12.95+deb12-amd64 (= 6.12.95-1~bpo12+1)`).
+pub fn image_dependency(show: &str) -> Option<String> {
+    let depends = show.lines().find_map(|line| line.strip_prefix("Depends:"))?;
+    depends
+        .split([',', '|'])
+        .filter_map(|dep| dep.split_whitespace().next())
+        .find(|name| package_release(name).is_some())
+        .map(String::from)
+}
+
+/// Runs `apt-cache ARGS` and returns its output, or why it failed.
+fn apt_cache(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("apt-cache")
+        .args(args)
+        .output()
+        .map_err(|e| format!("running apt-cache (is this a Debian host?): {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "apt-cache {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The package of a kernel that is not the host's. `backports`: the newest `linux-image-amd64` that a
+/// `*-backports` suite offers (`apt-cache madison`) and the image it depends on (`apt-cache show`).
+fn resolve_kernel_package(choice: &KernelChoice) -> Result<KernelPackage, String> {
+    match choice {
+        KernelChoice::Host => Err("the host's kernel is not fetched".into()),
+        KernelChoice::Version(release) => Ok(KernelPackage {
+            name: format!("linux-image-{release}"),
+            version: None,
+            suite: None,
+            release: release.clone(),
+        }),
+        KernelChoice::Backports => {
+            let meta = "linux-image-amd64";
+            let listing = apt_cache(&["madison", meta])?;
+            let parsed = parse_madison(&listing);
+            let Some((version, suite)) = newest_backport(&parsed) else {
+                return Err(format!(
+                    "no backports suite offers {meta}: `apt-cache madison {meta}` lists\n{}\
+                     (add e.g. bookworm-backports to apt's sources, as `cargo xtask deps` may have, and \
+                     run `apt-get update`)",
+                    if listing.trim().is_empty() { "nothing\n".to_string() } else { listing }
+                ));
+            };
+            let show = apt_cache(&["show", &format!("{meta}={version}")])?;
+            let name = image_dependency(&show).ok_or(format!(
+                "{meta} {version} ({suite}) depends on no linux-image-<version> package: `apt-cache show \
+                 {meta}={version}` says\n{show}"
+            ))?;
+            let release = package_release(&name).expect("image_dependency checked the name");
+            Ok(KernelPackage { name, version: Some(version.clone()), suite: Some(suite.clone()), release })
+        }
+    }
+}
+
+/// The unpacked tree of `package` in `dir/root`, fetched first unless complete (its modules indexed)
+/// and of the same package version (`dir/package` names what was fetched): `apt-get download` and
+/// `dpkg -x` into a folder of this process, `depmod -b`, then a rename.
+fn fetch_kernel(package: &KernelPackage, dir: &Path) -> Result<PathBuf, String> {
+    let tree = dir.join("root");
+    let release = &package.release;
+    let spec = match &package.version {
+        Some(version) => format!("{}={version}", package.name),
+        None => package.name.clone(),
+    };
+    let package_file = dir.join("package");
+    let complete = modules_dir(&tree, release).join("modules.dep").is_file();
+    // An explicit kernel version is taken as cached whatever package version brought it.
+    if complete && (package.version.is_none() || fs::read_to_string(&package_file).is_ok_and(|s| s == spec)) {
+        return Ok(tree);
+    }
+    let from = package.suite.as_deref().map(|s| format!(" from {s}")).unwrap_or_default();
+    eprintln!("xtask: fetching {spec}{from} (apt-get download; not installed) into {}", dir.display());
+    let work = dir.join(format!("fetch.tmp{}", std::process::id()));
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work).map_err(|e| format!("creating {}: {e}", work.display()))?;
+    let result = unpack_kernel(&spec, release, &work).and_then(|unpacked| {
+        let _ = fs::remove_dir_all(&tree);
+        fs::rename(&unpacked, &tree).or_else(|e| {
+            // Another process of ours may have put a complete tree there meanwhile.
+            if modules_dir(&tree, release).join("modules.dep").is_file() {
+                Ok(())
+            } else {
+                Err(format!("renaming {} to {}: {e}", unpacked.display(), tree.display()))
+            }
+        })
+    });
+    let _ = fs::remove_dir_all(&work);
+    if result.is_err() {
+        let _ = fs::remove_dir(dir); // only if empty: a kernel never fetched leaves no folder
+    }
+    result?;
+    write_atomic(&package_file, spec.as_bytes())?;
+    Ok(tree)
+}
+
+/// Downloads `spec` into `work`, unpacks it into `work/root`, indexes its modules; returns that tree.
+fn unpack_kernel(spec: &str, release: &str, work: &Path) -> Result<PathBuf, String> {
+    let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
+        let out = cmd.output().map_err(|e| format!("running {what}: {e}"))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(format!(
+            "{what} failed ({}):\n{}{}",
+            out.status,
+            last_lines(&String::from_utf8_lossy(&out.stdout)),
+            last_lines(&String::from_utf8_lossy(&out.stderr))
+        ))
+    };
+    run(
+        Command::new("apt-get").args(["download", spec]).current_dir(work),
+        &format!(
+            "apt-get download {spec} (in {}; are apt's lists current and the mirror reachable?)",
+            work.display()
+        ),
+    )?;
+    let deb = fs::read_dir(work)
+        .map_err(|e| format!("reading {}: {e}", work.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .ok_or(format!("apt-get download {spec} left no .deb in {}", work.display()))?;
+    let root = work.join("root");
+    run(
+        Command::new("dpkg").arg("-x").arg(&deb).arg(&root),
+        &format!("dpkg -x {} {}", deb.display(), root.display()),
+    )?;
+    let _ = fs::remove_file(&deb);
+    // A package that ships its modules under /usr/lib only: depmod and modprobe look in <root>/lib.
+    if !root.join("lib").exists() && root.join("usr/lib/modules").is_dir() {
+        std::os::unix::fs::symlink("usr/lib", root.join("lib"))
+            .map_err(|e| format!("linking {}/lib to usr/lib: {e}", root.display()))?;
+    }
+    for needed in [root.join(format!("boot/vmlinuz-{release}")), modules_dir(&root, release)] {
+        if !needed.exists() {
+            return Err(format!("{spec} has no {} (is it a kernel of version {release}?)", needed.display()));
+        }
+    }
+    run(
+        Command::new("depmod").arg("-b").arg(&root).arg(release),
+        &format!("depmod -b {} {release}", root.display()),
+    )?;
+    Ok(root)
 }
 
 /// Bump to rebuild every cached siw module after a change of how it is built.
@@ -243,7 +520,7 @@ fn siw_stamp(version: &str) -> Result<String, String> {
 }
 
 /// What the cached files were built from; a different stamp means they are stale.
-fn cache_stamp(vmlinuz: &Path, version: &str) -> Result<String, String> {
+fn cache_stamp(vmlinuz: &Path, modules_dep: &Path) -> Result<String, String> {
     let meta = |p: &Path| -> Result<String, String> {
         let m = fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
         Ok(format!("{} size={} mtime={}", p.display(), m.len(), m.mtime()))
@@ -251,7 +528,7 @@ fn cache_stamp(vmlinuz: &Path, version: &str) -> Result<String, String> {
     Ok(format!(
         "layout={LAYOUT_VERSION}\nkernel={}\nmodules={}\nbusybox={}\ninit={:016x}\nmodule-list={}\n",
         meta(vmlinuz)?,
-        meta(Path::new(&format!("/lib/modules/{version}/modules.dep")))?,
+        meta(modules_dep)?,
         meta(Path::new(BUSYBOX))?,
         fnv1a(INIT_SCRIPT.as_bytes()),
         MODULES.join(" "),
@@ -281,11 +558,14 @@ pub fn find_all<'a>(haystack: &'a [u8], needle: &'a [u8]) -> impl Iterator<Item 
     haystack.windows(needle.len()).enumerate().filter(move |(_, w)| *w == needle).map(|(i, _)| i)
 }
 
-/// The ELF vmlinux inside a bzImage whose payload is xz-compressed (Debian's), like the kernel's
-/// `scripts/extract-vmlinux`: tries `xz -d` at each xz magic until the output is an ELF file.
+/// The ELF vmlinux inside a bzImage whose payload is xz-compressed (Debian 12's 6.1) or
+/// zstd-compressed (its 6.12), like the kernel's `scripts/extract-vmlinux`: tries `xz -d` at each xz
+/// magic, then `zstd -d` at each zstd magic, until the output is an ELF file.
 pub fn extract_vmlinux(bzimage: &[u8]) -> Option<Vec<u8>> {
-    find_all(bzimage, XZ_MAGIC).find_map(|offset| {
-        let out = pipe_through(&["xz", "-dc", "--single-stream"], &bzimage[offset..]).ok()?;
+    let xz = find_all(bzimage, XZ_MAGIC).map(|offset| (&["xz", "-dc", "--single-stream"][..], offset));
+    let zstd = find_all(bzimage, ZSTD_MAGIC).map(|offset| (&["zstd", "-dc"][..], offset));
+    xz.chain(zstd).find_map(|(argv, offset)| {
+        let out = pipe_through(argv, &bzimage[offset..]).ok()?;
         out.starts_with(b"\x7fELF").then_some(out)
     })
 }
@@ -333,12 +613,17 @@ pub fn parse_show_depends(text: &str) -> Vec<Insmod> {
         .collect()
 }
 
-/// The modules to load in order (each once), with their parameters.
-fn module_plan(version: &str) -> Result<Vec<Insmod>, String> {
+/// The modules to load in order (each once), with their parameters; from the tree `root` (`modprobe -d`)
+/// when given.
+fn module_plan(version: &str, root: Option<&Path>) -> Result<Vec<Insmod>, String> {
     let mut plan: Vec<Insmod> = Vec::new();
     for module in MODULES {
         // One module per call: further names would be taken as its parameters.
-        let out = Command::new("modprobe")
+        let mut modprobe = Command::new("modprobe");
+        if let Some(root) = root {
+            modprobe.arg("-d").arg(root);
+        }
+        let out = modprobe
             .args(["-S", version, "--show-depends", module])
             .output()
             .map_err(|e| format!("running modprobe (is kmod installed?): {e}"))?;
@@ -375,8 +660,9 @@ fn read_module(path: &str) -> Result<(String, Vec<u8>), String> {
 }
 
 /// Builds the initramfs: `/init`, `/bin/busybox`, `/dev/console`, `/lib/modules/*.ko` and
-/// `/etc/modules.load` (`file params` lines in load order).
-fn build_initramfs(version: &str) -> Result<Vec<u8>, String> {
+/// `/etc/modules.load` (`file params` lines in load order). The modules come from the tree `root` when
+/// given, the host's `/lib/modules` otherwise.
+fn build_initramfs(version: &str, root: Option<&Path>) -> Result<Vec<u8>, String> {
     let mut cpio = Cpio::default();
     for dir in ["bin", "dev", "etc", "lib", "lib/modules"] {
         cpio.dir(dir);
@@ -387,7 +673,7 @@ fn build_initramfs(version: &str) -> Result<Vec<u8>, String> {
         fs::read(BUSYBOX).map_err(|e| format!("reading {BUSYBOX} (is busybox-static installed?): {e}"))?;
     cpio.file("bin/busybox", 0o755, &busybox);
     let mut load = String::new();
-    for insmod in module_plan(version)? {
+    for insmod in module_plan(version, root)? {
         let (name, data) = read_module(&insmod.path)?;
         cpio.file(&format!("lib/modules/{name}"), 0o644, &data);
         load.push_str(&format!("{name} {}\n", insmod.params));
@@ -488,6 +774,22 @@ mod tests {
     }
 
     #[test]
+    fn extracts_a_zstd_compressed_elf() {
+        // Debian's 6.12 kernels are zstd-compressed; skip where zstd is missing.
+        let elf = b"\x7fELF\x02\x01\x01 pretend this is a 6.12 kernel".repeat(100);
+        let Ok(zst) = pipe_through(&["zstd", "-c"], &elf) else { return };
+        if !zst.starts_with(ZSTD_MAGIC) {
+            return;
+        }
+        let mut bzimage = b"MZ boot sector ".to_vec();
+        bzimage.extend_from_slice(ZSTD_MAGIC); // a magic that opens no valid frame
+        bzimage.extend_from_slice(b"junk");
+        bzimage.extend_from_slice(&zst);
+        bzimage.extend_from_slice(b"trailing setup data");
+        assert_eq!(extract_vmlinux(&bzimage).as_deref(), Some(&elf[..]));
+    }
+
+    #[test]
     fn extracts_the_installed_kernel() {
         // Only where a kernel is installed (the harness's prerequisites).
         let Ok((vmlinuz, _)) = find_kernel() else { return };
@@ -523,6 +825,79 @@ mod tests {
             (PathBuf::from("/usr/src/linux-source-6.1.tar.xz"), "linux-source-6.1".to_string())
         );
         assert_eq!(kernel_source("6.12.9+bpo-amd64").1, "linux-source-6.12");
+    }
+
+    #[test]
+    fn parses_kernel_choices() {
+        assert_eq!(KernelChoice::parse("host"), Some(KernelChoice::Host));
+        assert_eq!(KernelChoice::parse("backports"), Some(KernelChoice::Backports));
+        assert_eq!(
+            KernelChoice::parse("6.12.95+deb12-amd64"),
+            Some(KernelChoice::Version("6.12.95+deb12-amd64".into()))
+        );
+        for bad in ["", "latest", "6", "6.12 x", "../6.12", "6.12/x", "-6.12"] {
+            assert_eq!(KernelChoice::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn finds_the_newest_backported_kernel() {
+        // `apt-cache madison linux-image-amd64` on a Debian 12 host with bookworm-backports.
+        let listing = "\
+linux-image-amd64 | 6.12.95-1~bpo12+1 | http://deb.debian.org/debian bookworm-backports/main amd64 Packages
+linux-image-amd64 |  6.1.192-3 | http://deb.debian.org/debian-security bookworm-security/main amd64 Packages
+linux-image-amd64 |  6.1.176-1 | http://deb.debian.org/debian bookworm/main amd64 Packages
+";
+        let parsed = parse_madison(listing);
+        assert_eq!(parsed.len(), 3);
+        assert_eq!(parsed[1], ("6.1.192-3".to_string(), "bookworm-security".to_string()));
+        assert_eq!(
+            newest_backport(&parsed),
+            Some(&("6.12.95-1~bpo12+1".to_string(), "bookworm-backports".to_string()))
+        );
+        // Listed in any order, the newest backport wins; none without a backports suite.
+        let two = [
+            ("6.12.9-1~bpo12+1".to_string(), "bookworm-backports".to_string()),
+            ("6.12.30-1~bpo12+1".to_string(), "bookworm-backports".to_string()),
+        ];
+        assert_eq!(newest_backport(&two).map(|v| v.0.as_str()), Some("6.12.30-1~bpo12+1"));
+        assert_eq!(newest_backport(&parsed[1..]), None);
+        assert_eq!(parse_madison(""), []);
+    }
+
+    #[test]
+    fn finds_the_image_a_meta_package_depends_on() {
+        let show = "Package: linux-image-amd64\nSource: linux-signed-amd64 (6.12.95+1~bpo12+1)\n\
+                    Version: 6.12.95-1~bpo12+1\n\
+                    Depends: linux-image-6.12.95+deb12-amd64 (= 6.12.95-1~bpo12+1)\n\
+                    Description: Linux for 64-bit PCs (meta-package)\n";
+        assert_eq!(image_dependency(show).as_deref(), Some("linux-image-6.12.95+deb12-amd64"));
+        assert_eq!(
+            image_dependency("Depends: foo, linux-image-6.1.0-57-amd64-unsigned (= 1) | bar\n").as_deref(),
+            Some("linux-image-6.1.0-57-amd64-unsigned")
+        );
+        assert_eq!(image_dependency("Depends: linux-image-amd64, foo\n"), None);
+        assert_eq!(image_dependency("Package: x\n"), None);
+    }
+
+    #[test]
+    fn names_a_fetched_kernel_and_its_cache() {
+        assert_eq!(
+            package_release("linux-image-6.12.95+deb12-amd64").as_deref(),
+            Some("6.12.95+deb12-amd64")
+        );
+        assert_eq!(
+            package_release("linux-image-6.12.95+deb12-amd64-unsigned").as_deref(),
+            Some("6.12.95+deb12-amd64")
+        );
+        assert_eq!(package_release("linux-image-amd64"), None);
+        assert_eq!(package_release("linux-headers-6.12.95+deb12-amd64"), None);
+        let dir = fetched_kernel_dir(Path::new("/c/ibverbs-xtask"), "6.12.95+deb12-amd64");
+        assert_eq!(dir, Path::new("/c/ibverbs-xtask/kernels/6.12.95+deb12-amd64"));
+        assert_eq!(
+            modules_dir(&dir.join("root"), "6.12.95+deb12-amd64"),
+            Path::new("/c/ibverbs-xtask/kernels/6.12.95+deb12-amd64/root/lib/modules/6.12.95+deb12-amd64")
+        );
     }
 
     #[test]

@@ -57,7 +57,7 @@ const USAGE: &str = "\
 Usage: cargo xtask <command> [options]
 
 Commands:
-  rxe [--vm] [--device rxe|siw] [--mtu N] [--timeout S] [--] CMD [ARGS...]
+  rxe [--vm] [--device rxe|siw] [--kernel K] [--mtu N] [--timeout S] [--] CMD [ARGS...]
         Run CMD where an RDMA device exists and exit with its exit status: in a QEMU VM with
         SoftRoCE (rxe0 over dummy0, 192.0.2.1), or directly on this host if it has an ACTIVE RDMA
         port. CMD runs in the current directory with IBVERBS_TEST_DEVICE, IBVERBS_TEST_GID_INDEX and
@@ -78,7 +78,7 @@ Commands:
         Exit status: the worse of the two (a side killed with rxe2-fault does not count), 124 on
         timeout, 125 when a guest failed. --mtu sets both NICs' MTU (default 1500), --mtu-b B's;
         --smp the vCPUs per guest (default 1).
-  test [--vm] [--device rxe|siw] [--mtu N] [--timeout S] [--valgrind] [--tsan] [--miri] [--twohost] [--publish] [-- TEST_ARGS...]
+  test [--vm] [--device rxe|siw] [--kernel K] [--mtu N] [--timeout S] [--valgrind] [--tsan] [--miri] [--twohost] [--publish] [-- TEST_ARGS...]
         The whole test suite: builds, host tests, doc tests; with a nightly toolchain (installed
         with rustup if missing): doc tests under nightly rustdoc (checks compile_fail error codes),
         Miri over the library's unit tests, the ThreadSanitizer build of tests/device_threads*.rs
@@ -122,6 +122,12 @@ Options:
                 (soft-iWARP, siw0 over the same dummy0, GID index 0; its module is built from
                 linux-source against the kernel's headers and cached, see image::prepare_siw).
                 `test --device siw` runs only the siw pass, `test --device rxe` all but it.
+  --kernel K    The kernel the VM boots (implies the VM): host (default: the newest installed
+                one with rdma_rxe), backports (the newest linux-image-amd64 of a *-backports apt
+                suite, found with apt-cache) or a Debian kernel version (6.12.95+deb12-amd64).
+                Other than host, its package is fetched with apt-get download (not installed),
+                unpacked with dpkg -x into ~/.cache/ibverbs-xtask/kernels/<version>/ and cached;
+                rxe only (`test --kernel` skips the siw pass).
   --mtu N       MTU of the VM's dummy0 (default 1500: rxe active MTU 1024; 9000 gives 4096).
   --timeout S   Seconds CMD (rxe; default 600), each device test binary (test; default 600) or each
                 demo command (demo; default 120) may run, once the VM is up (boot: 120 s at most).
@@ -129,8 +135,8 @@ Options:
 Environment: IBVERBS_XTASK_APPEND adds words to the VM kernel's command line (debugging);
 IBVERBS_XTASK_NIGHTLY names the nightly toolchain (default: nightly); VALGRIND_OPTS and
 TSAN_OPTIONS add options to the valgrind and ThreadSanitizer passes.
-Files: boot files cached in ~/.cache/ibverbs-xtask/<kernel>/; the last VM console in
-~/.cache/ibverbs-xtask/last-console.log.";
+Files: boot files cached in ~/.cache/ibverbs-xtask/<kernel>/ (--kernel's: kernels/<kernel>/); the
+last VM console in ~/.cache/ibverbs-xtask/last-console.log.";
 
 /// Exit status for a bad command line.
 const EXIT_USAGE: u8 = 2;
@@ -172,6 +178,8 @@ struct Options {
     allow_remove: Vec<String>,
     /// `rxe|test --device rxe|siw`: the VM's device (implies the VM); `test` without it runs both.
     device: Option<vm::VmDevice>,
+    /// `rxe|test --kernel K`: the kernel the VM boots (other than the host's, implies the VM).
+    kernel: image::KernelChoice,
 }
 
 impl Default for Options {
@@ -192,6 +200,7 @@ impl Default for Options {
             smp: None,
             allow_remove: Vec::new(),
             device: None,
+            kernel: image::KernelChoice::Host,
         }
     }
 }
@@ -283,6 +292,11 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
                 opts.device =
                     Some(vm::VmDevice::parse(&v).ok_or(format!("bad --device `{v}` (rxe or siw)"))?);
             }
+            "--kernel" if command == "rxe" || command == "test" => {
+                let v = value()?;
+                opts.kernel = image::KernelChoice::parse(&v)
+                    .ok_or(format!("bad --kernel `{v}` (host, backports or a kernel version)"))?;
+            }
             "--allow-remove" if command == "deps" => {
                 let v = value()?;
                 if v.is_empty() || v.starts_with('-') {
@@ -310,6 +324,9 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
         i += 1;
     }
     let tail = rest[i.min(rest.len())..].to_vec();
+    if opts.device == Some(vm::VmDevice::Siw) && opts.kernel != image::KernelChoice::Host {
+        return Err("--device siw boots the host's kernel only (siw is built against its headers)".into());
+    }
     match command {
         "rxe" if tail.is_empty() => Err("rxe needs a command to run".into()),
         "rxe" => Ok(Cli::Rxe(opts, tail)),
@@ -341,7 +358,8 @@ pub fn workspace_root() -> PathBuf {
 /// Picks where to run (the host's device, or the VM) and makes sure the packages of `extra` and of
 /// that place are installed (see [`prereq::ensure`]).
 fn backend(opts: &Options, extra: &[prereq::Group]) -> Result<vm::Backend, String> {
-    let host = if opts.vm || opts.device.is_some() { None } else { prereq::host_device() };
+    let vm = opts.vm || opts.device.is_some() || opts.kernel != image::KernelChoice::Host;
+    let host = if vm { None } else { prereq::host_device() };
     let mut groups = extra.to_vec();
     let backend = match host {
         Some(device) => {
@@ -444,7 +462,10 @@ fn main() -> ExitCode {
             Ok(0)
         }
         Cli::MemcheckProbe => return ExitCode::from(memcheck_probe()),
-        Cli::Rxe(opts, argv) => rxe(opts, argv),
+        Cli::Rxe(opts, argv) => {
+            image::select_kernel(opts.kernel.clone());
+            rxe(opts, argv)
+        }
         Cli::Rxe2(opts, a, b) => rxe2_command(opts, a, b),
         Cli::Test(opts, test_args) => {
             let mut passes =
@@ -453,6 +474,13 @@ fn main() -> ExitCode {
                 Some(vm::VmDevice::Siw) => passes = test::Passes::SIW_ONLY,
                 Some(vm::VmDevice::Rxe) => passes.siw = false,
                 None => {}
+            }
+            if opts.kernel != image::KernelChoice::Host {
+                if passes.siw {
+                    eprintln!("xtask: --kernel: no siw pass (siw is built for the host's kernel only)");
+                }
+                passes.siw = false;
+                image::select_kernel(opts.kernel.clone());
             }
             backend(opts, &test_groups(passes)).and_then(|backend| {
                 test::run(&test::TestOptions {
@@ -519,6 +547,35 @@ mod tests {
             parse_args(&os(&["rxe", "--", "--weird-name"])),
             Ok(Cli::Rxe(Options::default(), os(&["--weird-name"])))
         );
+    }
+
+    #[test]
+    fn parses_kernel() {
+        let backports =
+            Options { kernel: image::KernelChoice::Backports, timeout: secs(900), ..Options::default() };
+        assert_eq!(
+            parse_args(&os(&["rxe", "--kernel", "backports", "--timeout", "900", "--", "true"])),
+            Ok(Cli::Rxe(backports, os(&["true"])))
+        );
+        let version = image::KernelChoice::Version("6.12.95+deb12-amd64".into());
+        assert_eq!(
+            parse_args(&os(&["test", "--kernel=6.12.95+deb12-amd64"])),
+            Ok(Cli::Test(Options { kernel: version, ..Options::default() }, vec![]))
+        );
+        assert_eq!(
+            parse_args(&os(&["rxe", "--kernel", "host", "true"])),
+            Ok(Cli::Rxe(Options::default(), os(&["true"])))
+        );
+        for bad in [
+            &["rxe", "--kernel", "newest", "true"][..],
+            &["rxe", "--kernel"],
+            &["rxe", "--kernel", "backports", "--device", "siw", "true"],
+            &["test", "--device=siw", "--kernel=backports"],
+            &["demo", "--kernel", "backports"],
+            &["rxe2", "--kernel", "backports", "a", ":::", "b"],
+        ] {
+            assert!(parse_args(&os(bad)).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -293,7 +293,15 @@ pub fn run_with(
         Backend::Local(_) => None,
     };
     let vm_conf = match (backend, &image) {
-        (Backend::Vm { mtu, device }, Some((_, siw))) => Some(vm_conf(*mtu, *device, siw.as_ref())),
+        (Backend::Vm { mtu, device }, Some((image, siw))) => {
+            let mut conf = vm_conf(*mtu, *device, siw.as_ref());
+            // A kernel that is not the host's: the guest links its modules at /lib/modules/<version>.
+            if let Some(modules) = &image.modules {
+                let quoted = shell::quote(modules.as_os_str().as_bytes());
+                conf.push_str(&format!("MODULES_DIR={}\n", String::from_utf8_lossy(&quoted)));
+            }
+            Some(conf)
+        }
         _ => None,
     };
     write_job(&job, steps, backend, &extras.env, vm_conf.as_deref())?;
