@@ -444,6 +444,10 @@ impl<'a> DrivenCq<'a> {
 /// [`with_qp`](AsyncQueuePair::with_qp) resets or replaces the queue pair: then it resolves to
 /// [`Error::InvalidArgument`].
 ///
+/// A poll does bounded work whatever the CQ returns: it handles at most 64 completions (of any
+/// operation, or of nobody's), then wakes its own task and returns `Pending`, so that a CQ that
+/// never runs dry cannot hold the executor's thread or grow memory without bound.
+///
 /// A poll that meets a buffer's panicking drop (an [`OwnedBuffer`](crate::OwnedBuffer) free
 /// callback: of a dropped future's completion, or released by the CQ's poll) propagates the
 /// panic, and loses no completion: this operation's comes at its next poll, those the CQ's poll
