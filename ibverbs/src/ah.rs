@@ -4,9 +4,10 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use ibverbs_sys as ffi;
+
 use crate::connect::{ah_attr, ConnectOptions, Endpoint};
 use crate::error::{cvt_p, Result};
-use crate::ffi;
 use crate::pd::{PdInner, ProtectionDomain};
 
 pub(crate) struct AhInner {

@@ -21,10 +21,11 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ibverbs_sys as ffi;
+
 use crate::device::{Context, ContextInner, ObjectKind};
 use crate::error::{Error, Result};
 use crate::fd::{self, ReadinessFd};
-use crate::ffi;
 use crate::queue::CqId;
 
 /// The type of an asynchronous event (`enum ibv_event_type`); sound for any value the library

@@ -6,8 +6,9 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
+use ibverbs_sys as ffi;
+
 use crate::error::{cvt, cvt_p, Error, Result};
-use crate::ffi;
 
 /// Why a queue's creation on siw fails without `errno`. siw's kernel driver numbers the
 /// memory-map keys of a context's queues by page, from 0, lowest free range first, and libsiw

@@ -14,8 +14,9 @@
 //! safe while transfers run. Either way the child must not use the parent's verbs objects
 //! (contexts, queues, regions): they belong to the parent's device file.
 
+use ibverbs_sys as ffi;
+
 use crate::error::{cvt, Result};
-use crate::ffi;
 
 /// What `fork()` does to this process's RDMA memory (`enum ibv_fork_status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,9 +4,10 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use ibverbs_sys as ffi;
+
 use crate::device::{Context, ContextInner};
 use crate::error::{cvt_p, Result};
-use crate::ffi;
 
 pub(crate) struct PdInner {
     pub(crate) raw: NonNull<ffi::ibv_pd>,
@@ -71,7 +72,7 @@ impl Context {
     /// # Errors
     /// [`Error::Verb`](crate::Error::Verb) when the verb fails.
     #[doc(alias = "ibv_alloc_pd")]
-    pub fn alloc_pd(&self) -> Result<crate::ProtectionDomain> {
-        crate::ProtectionDomain::new(self)
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        ProtectionDomain::new(self)
     }
 }

@@ -90,7 +90,7 @@ pub(crate) fn rdma_core_from_file_name(name: &str) -> Option<u32> {
 pub(crate) fn rdma_core_version() -> Option<u32> {
     // SAFETY: `Dl_info` is plain pointers; dladdr() fills it for an address of a loaded object.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    let addr = crate::ffi::ibv_get_device_list as *const libc::c_void;
+    let addr = ibverbs_sys::ibv_get_device_list as *const libc::c_void;
     // SAFETY: a valid address (a function of the linked libibverbs) and out-pointer.
     if unsafe { libc::dladdr(addr, &mut info) } == 0 || info.dli_fname.is_null() {
         return None;

@@ -12,9 +12,12 @@ use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use super::{Backend, CqCore};
 use crate::error::{Error, Result};
 use crate::memory::RemoteSlice;
+use crate::pd::ProtectionDomain;
 use crate::post::ring::{keep_first, Payload};
 use crate::post::{Local, RecvRequest, SendRequest};
-use crate::queue::{Completion, CompletionChannel, CompletionQueue, PostError, QueuePair};
+use crate::queue::{
+    Completion, CompletionChannel, CompletionQueue, PostError, QpType, QueuePair, QueuePairBuilder,
+};
 
 /// Completions fetched per `ibv_poll_cq()` by the driver.
 const BATCH: usize = 16;
@@ -415,11 +418,7 @@ impl<'a> DrivenCq<'a> {
     /// Starts a queue pair of `pd` whose send and receive completions go to the driven CQ
     /// ([`ProtectionDomain::create_qp`](crate::ProtectionDomain::create_qp), `ibv_create_qp()`);
     /// wrap the built queue pair with [`AsyncQueuePair::new`].
-    pub fn create_qp(
-        &self,
-        pd: &'a crate::ProtectionDomain,
-        qp_type: crate::QpType,
-    ) -> crate::QueuePairBuilder<'a> {
+    pub fn create_qp(&self, pd: &'a ProtectionDomain, qp_type: QpType) -> QueuePairBuilder<'a> {
         pd.create_qp(self.cq, qp_type)
     }
 

@@ -5,8 +5,8 @@ use std::future::poll_fn;
 use std::task::{Context as TaskContext, Poll};
 
 use super::{Backend, Readiness, WatchedFd};
+use crate::async_event::{AsyncEvent, AsyncEvents};
 use crate::error::{Error, Result};
-use crate::{AsyncEvent, AsyncEvents};
 
 /// The asynchronous events of a context as a stream: [`next`](Self::next) waits for the next
 /// [`AsyncEvent`] without blocking a thread or busy polling (the reactor of the

@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use ibverbs_sys as ffi;
+
 use crate::cm::id::{CmId, CmIdInner};
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::fd::ReadinessFd;
-use crate::ffi;
 
 pub(crate) struct ChannelInner {
     raw: NonNull<ffi::rdma_event_channel>,

@@ -6,11 +6,12 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ibverbs_sys as ffi;
+
 use crate::cm::event::{ChannelInner, EventChannel};
 use crate::cm::{cm_context, read_sockaddr, timeout_ms, SockAddr};
 use crate::device::{Context, TransportType};
 use crate::error::{cvt, Error, Result};
-use crate::ffi;
 
 pub(crate) struct CmIdInner {
     pub(crate) raw: NonNull<ffi::rdma_cm_id>,

@@ -53,9 +53,10 @@ pub use id::{CmId, ConnParam};
 
 pub(crate) use id::CmIdInner;
 
+use ibverbs_sys as ffi;
+
 use crate::device::{Context, ContextInner};
 use crate::error::{Error, Result};
-use crate::ffi;
 
 /// A reference on librdmacm's device list (`rdma_get_devices()`), released with
 /// `rdma_free_devices()`: while it lives, librdmacm does not close any device of the list.

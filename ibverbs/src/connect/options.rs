@@ -1,9 +1,10 @@
 //! How to connect a queue pair: [`ConnectOptions`] and the address vector they imply.
 
+use ibverbs_sys as ffi;
+
 use crate::connect::Endpoint;
 use crate::device::{Context, LinkLayer, Mtu};
 use crate::error::{Error, Result};
-use crate::ffi;
 use crate::memory::AccessFlags;
 
 /// How to connect a queue pair: port, addressing and transport parameters.

@@ -11,9 +11,10 @@ use std::ops::RangeBounds;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use ibverbs_sys as ffi;
+
 use crate::device::{Context, ContextInner};
 use crate::error::{cvt, cvt_p, Error, Result};
-use crate::ffi;
 use crate::memory::keyed::KeyedMr;
 use crate::memory::{check_range, AccessFlags, RemoteSlice};
 use crate::pd::ProtectionDomain;

@@ -10,8 +10,9 @@
 use std::fmt;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
+use ibverbs_sys as ffi;
+
 use crate::error::{Error, Result};
-use crate::ffi;
 use crate::memory::keyed::KeyedMr;
 use crate::memory::{AccessFlags, RemoteSlice};
 use crate::pd::ProtectionDomain;

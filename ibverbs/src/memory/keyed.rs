@@ -4,7 +4,8 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::ffi;
+use ibverbs_sys as ffi;
+
 use crate::pd::PdInner;
 
 /// A registered `struct ibv_mr` whose memory is not this process's to manage: deregistered

@@ -5,8 +5,9 @@ use std::ops::{Bound, RangeBounds};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use ibverbs_sys as ffi;
+
 use crate::error::{cvt_p, Error, Result};
-use crate::ffi;
 use crate::memory::racy::{ByteUnit, RacyBytes};
 use crate::memory::{OwnedBuffer, RemoteSlice};
 use crate::pd::{PdInner, ProtectionDomain};

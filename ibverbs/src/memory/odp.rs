@@ -12,9 +12,10 @@ use std::fmt;
 use std::ops::RangeBounds;
 use std::sync::Arc;
 
+use ibverbs_sys as ffi;
+
 use crate::device::{Context, OdpCaps};
 use crate::error::{cvt_p, Error, Result};
-use crate::ffi;
 use crate::memory::keyed::KeyedMr;
 use crate::memory::{AccessFlags, MemoryRegion, MrInner, RemoteMemoryRegion};
 use crate::pd::{PdInner, ProtectionDomain};

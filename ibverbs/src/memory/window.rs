@@ -16,8 +16,10 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use ibverbs_sys as ffi;
+
+use crate::device::Context;
 use crate::error::{cvt_p, Error, Result};
-use crate::ffi;
 use crate::memory::racy::RacyBytes;
 use crate::memory::{AccessFlags, MrInner, OwnedBuffer, RemoteSlice};
 use crate::pd::{PdInner, ProtectionDomain};
@@ -248,7 +250,7 @@ impl MemoryWindow {
 
     /// The provider and kernel bugs of the window's device ([`crate::quirks`]).
     pub(crate) fn quirks(&self) -> crate::quirks::Quirks {
-        crate::Context { inner: self.pd.ctx.clone() }.quirks()
+        Context { inner: self.pd.ctx.clone() }.quirks()
     }
 
     pub(crate) fn in_pd(&self, pd: &Arc<PdInner>) -> bool {
@@ -567,7 +569,7 @@ impl BoundWindow {
     /// old one is deallocated either way.
     #[doc(alias = "ibv_dealloc_mw", alias = "ibv_alloc_mw")]
     pub fn revoke(self) -> Result<MemoryWindow> {
-        let pd = crate::ProtectionDomain { inner: self.mw.pd.clone() };
+        let pd = ProtectionDomain { inner: self.mw.pd.clone() };
         let ty = self.mw.ty;
         drop(self);
         pd.alloc_mw(ty)

@@ -5,9 +5,10 @@
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
+use ibverbs_sys as ffi;
+
 use crate::ah::AhInner;
 use crate::error::{Error, Result};
-use crate::ffi;
 use crate::post::prepared::{
     light_slot, write_light_slot, PreparedChainError, PreparedPost, PreparedRecv, PreparedScratch,
     PreparedSend,

@@ -17,8 +17,9 @@
 //! its buffers until its completions (or the queue pair's end) release them, and the error is
 //! [`Error::QueuedWithError`], as on the classic path when the provider queued the requests.
 
+use ibverbs_sys as ffi;
+
 use crate::error::{Error, Result};
-use crate::ffi;
 use crate::post::engine::{batch_head, Request, Slot};
 use crate::post::ring::Ring;
 use crate::post::wr::MAX_SGE;
@@ -49,7 +50,7 @@ bitflags::bitflags! {
         /// Atomic fetch-and-add (`IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD`, `ibv_wr_atomic_fetch_add()`).
         const ATOMIC_FETCH_AND_ADD =
             ffi::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD.0 as u64;
-        /// Every operation the safe requests ([`SendRequest`](crate::SendRequest)) can carry.
+        /// Every operation the safe requests ([`SendRequest`](SendRequest)) can carry.
         const ALL_SAFE = Self::RDMA_WRITE.bits()
             | Self::RDMA_WRITE_WITH_IMM.bits()
             | Self::SEND.bits()
@@ -334,8 +335,10 @@ pub(crate) fn post_chain<R: Request<Raw = ffi::ibv_send_wr>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::RemoteSlice;
     use crate::post::registry::Registry;
     use crate::post::ring::TAG;
+    use crate::post::wr::SendRequest;
     use std::cell::RefCell;
 
     /// What the fake provider saw, in order.
@@ -444,14 +447,14 @@ mod tests {
         let ex = setup(&mut q, SendOps::ALL_SAFE);
         let reg = Registry::<Slot>::for_tests(64);
         let [ring] = reg.register([(8, false)]).unwrap();
-        let remote = crate::RemoteSlice { addr: 0x1000, len: 64, rkey: 9 };
+        let remote = RemoteSlice { addr: 0x1000, len: 64, rkey: 9 };
         let data = *b"inline!!";
         let mut scratch = vec![ffi::ibv_send_wr::default(); 8];
         let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 8];
         let mut wrs = vec![
-            crate::SendRequest::send_inline(&data).wr_id(1),
-            crate::SendRequest::send_inline(&[]).imm(0xabcd).unsignaled(),
-            crate::SendRequest::write_inline(&data, remote),
+            SendRequest::send_inline(&data).wr_id(1),
+            SendRequest::send_inline(&[]).imm(0xabcd).unsignaled(),
+            SendRequest::write_inline(&data, remote),
         ];
         post_batch(&ex, &ring, &mut scratch, &mut sges, &mut wrs).unwrap();
         let signaled = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
@@ -481,9 +484,8 @@ mod tests {
         let [ring] = reg.register([(8, false)]).unwrap();
         let mut scratch = vec![ffi::ibv_send_wr::default(); 8];
         let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 8];
-        let remote = crate::RemoteSlice { addr: 0x1000, len: 64, rkey: 9 };
-        let mut wrs =
-            vec![crate::SendRequest::send_inline(b"a"), crate::SendRequest::write_inline(b"b", remote)];
+        let remote = RemoteSlice { addr: 0x1000, len: 64, rkey: 9 };
+        let mut wrs = vec![SendRequest::send_inline(b"a"), SendRequest::write_inline(b"b", remote)];
         let e = post_batch(&ex, &ring, &mut scratch, &mut sges, &mut wrs).unwrap_err();
         assert!(matches!(e, Error::SendOpNotEnabled { op: "IBV_QP_EX_WITH_RDMA_WRITE", .. }), "{e:?}");
         assert!(calls().is_empty(), "nothing reached the provider");
@@ -504,8 +506,7 @@ mod tests {
         let [ring] = reg.register([(8, false)]).unwrap();
         let mut scratch = vec![ffi::ibv_send_wr::default(); 8];
         let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 8];
-        let mut wrs: Vec<crate::SendRequest> =
-            (0..5).map(|i| crate::SendRequest::send_inline(b"x").wr_id(i)).collect();
+        let mut wrs: Vec<SendRequest> = (0..5).map(|i| SendRequest::send_inline(b"x").wr_id(i)).collect();
         let e = post_chain(&ex, &ring, &mut scratch, &mut sges, &mut wrs).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOMEM));
         assert!(matches!(e, Error::QueuedWithError { verb: "ibv_wr_complete", .. }), "{e:?}");
@@ -515,7 +516,7 @@ mod tests {
         assert_eq!(calls().last(), Some(&Call::Complete));
         // The ring goes on from there; the completion of the next post releases them all.
         COMPLETE_RET.with(|r| *r.borrow_mut() = 0);
-        let mut more = vec![crate::SendRequest::send_inline(b"y").wr_id(9)];
+        let mut more = vec![SendRequest::send_inline(b"y").wr_id(9)];
         post_chain(&ex, &ring, &mut scratch, &mut sges, &mut more).unwrap();
         assert_eq!(ring.outstanding(), 6);
         // SAFETY: the test is the ring's only consumer; position 5 is outstanding.
@@ -532,8 +533,7 @@ mod tests {
         let [ring] = reg.register([(2, false)]).unwrap();
         let mut scratch = vec![ffi::ibv_send_wr::default(); 8];
         let mut sges = vec![[ffi::ibv_sge::default(); MAX_SGE]; 8];
-        let mut wrs: Vec<crate::SendRequest> =
-            (0..3).map(|_| crate::SendRequest::send_inline(b"x")).collect();
+        let mut wrs: Vec<SendRequest> = (0..3).map(|_| SendRequest::send_inline(b"x")).collect();
         assert!(matches!(
             post_batch(&ex, &ring, &mut scratch, &mut sges, &mut wrs),
             Err(Error::QueueFull { .. })

@@ -8,9 +8,10 @@ use std::ptr::{addr_of_mut, NonNull};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use ibverbs_sys as ffi;
+
 use crate::ah::AhInner;
 use crate::error::{Error, Result};
-use crate::ffi;
 use crate::memory::{MemoryRegion, RemoteMemoryRegion, RemoteSlice};
 use crate::post::engine::{Request, Slot, SlotBufs};
 use crate::post::ring::Ring;

@@ -21,8 +21,9 @@
 //! # }
 //! ```
 
+use ibverbs_sys as ffi;
+
 use crate::ah::AddressHandle;
-use crate::ffi;
 use crate::memory::RemoteSlice;
 
 /// A scatter/gather entry (`struct ibv_sge`): `length` bytes at device address `addr` of the

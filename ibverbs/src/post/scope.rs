@@ -17,14 +17,15 @@ use std::marker::PhantomData;
 use std::ops::RangeBounds;
 use std::time::Duration;
 
+use ibverbs_sys as ffi;
+
 use crate::ah::AddressHandle;
 use crate::error::{Error, Result};
-use crate::ffi;
 use crate::memory::{check_range, Chunk, MemoryRegion, MrInner, RemoteMemoryRegion, RemoteSlice};
 use crate::pd::PdInner;
 use crate::post::engine::{Request, Slot, SlotBufs};
 use crate::post::ring::Ring;
-use crate::post::wr::{EntryFacts, SendRequest, MAX_SGE};
+use crate::post::wr::{EntryFacts, RecvRequest, SendRequest, MAX_SGE};
 use crate::queue::{Completion, CompletionQueue, PostError, QueuePair};
 
 /// A bounds-checked range of registered memory *borrowed* for a scope: one scatter/gather
@@ -611,7 +612,7 @@ impl<'s, 'env> Scope<'s, 'env> {
     /// As [`QueuePair::post_recv`].
     #[doc(alias = "ibv_post_recv")]
     #[allow(clippy::result_large_err)]
-    pub fn post_recv_owned(&mut self, wr: crate::RecvRequest) -> Result<(), PostError<crate::RecvRequest>> {
+    pub fn post_recv_owned(&mut self, wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
         self.qp.post_recv(wr)
     }
 

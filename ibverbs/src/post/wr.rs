@@ -4,12 +4,13 @@ use std::fmt;
 use std::ops::RangeBounds;
 use std::sync::Arc;
 
+use ibverbs_sys as ffi;
+
 use crate::ah::AddressHandle;
 use crate::error::{Error, Result};
-use crate::ffi;
 use crate::memory::{
-    check_range, BoundWindow, Chunk, ExposedRegion, MemoryRegion, MemoryWindow, MrInner, MwType, Pending,
-    RemoteMemoryRegion, RemoteSlice,
+    check_range, AccessFlags, BoundWindow, Chunk, ExposedRegion, MemoryRegion, MemoryWindow, MrInner, MwType,
+    Pending, RemoteMemoryRegion, RemoteSlice,
 };
 use crate::pd::PdInner;
 
@@ -368,7 +369,7 @@ impl<'a> SendRequest<'a> {
         mw: MemoryWindow,
         region: &ExposedRegion,
         range: impl RangeBounds<usize>,
-        access: crate::AccessFlags,
+        access: AccessFlags,
     ) -> std::result::Result<Self, (MemoryWindow, Error)> {
         if mw.mw_type() != MwType::Type2 {
             let e = Error::InvalidArgument {

@@ -34,10 +34,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use ibverbs_sys as ffi;
+
 use crate::device::{Context, ContextInner};
 use crate::error::{cvt_p, Error, Result};
 use crate::fd::{self, ReadinessFd, Wakeup};
-use crate::ffi;
 
 /// Events of one CQ acknowledged in one `ibv_ack_cq_events` call by a reader, at the latest.
 pub(crate) const ACK_BATCH: u32 = 64;
@@ -348,8 +349,8 @@ impl Context {
     /// [`Error::Verb`] when the verb, or setting up the descriptors (`fcntl`, `epoll_ctl`,
     /// `eventfd`), fails.
     #[doc(alias = "ibv_create_comp_channel")]
-    pub fn create_comp_channel(&self) -> Result<crate::CompletionChannel> {
-        crate::CompletionChannel::new(self)
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
+        CompletionChannel::new(self)
     }
 }
 

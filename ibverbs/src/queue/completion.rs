@@ -3,7 +3,8 @@
 
 use std::fmt;
 
-use crate::ffi;
+use ibverbs_sys as ffi;
+
 use crate::memory::{BoundWindow, Chunk, MemoryRegion, MemoryWindow, Pending};
 use crate::post::registry::Registry;
 use crate::post::ring::TAG;

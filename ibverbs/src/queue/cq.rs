@@ -6,9 +6,10 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ibverbs_sys as ffi;
+
 use crate::device::{Context, ContextInner, ObjectKind};
 use crate::error::{cvt, cvt_p, Error, Result};
-use crate::ffi;
 use crate::post::registry::Registry;
 use crate::post::Slot;
 use crate::queue::channel::{ChannelInner, CompletionChannel, CqEvents, CqId};
@@ -753,10 +754,10 @@ impl Context {
     pub fn create_cq_ex(
         &self,
         depth: u32,
-        channel: Option<&crate::CompletionChannel>,
+        channel: Option<&CompletionChannel>,
         wc_flags: WcFlags,
-    ) -> Result<crate::CompletionQueue> {
-        crate::CompletionQueue::new_with(self, depth, channel, Some(wc_flags))
+    ) -> Result<CompletionQueue> {
+        CompletionQueue::new_with(self, depth, channel, Some(wc_flags))
     }
 
     /// Creates a completion queue with room for at least `depth` completions
@@ -766,12 +767,8 @@ impl Context {
     /// [`Error::InvalidArgument`] for a depth of 0, [`Error::Verb`] (`EINVAL`) for a depth above
     /// the device's `max_cqe`.
     #[doc(alias = "ibv_create_cq")]
-    pub fn create_cq(
-        &self,
-        depth: u32,
-        channel: Option<&crate::CompletionChannel>,
-    ) -> Result<crate::CompletionQueue> {
-        crate::CompletionQueue::new(self, depth, channel)
+    pub fn create_cq(&self, depth: u32, channel: Option<&CompletionChannel>) -> Result<CompletionQueue> {
+        CompletionQueue::new(self, depth, channel)
     }
 }
 

@@ -10,8 +10,9 @@
 //! follows (here from a guard, so also when a buffer's drop panics in between); the accessors
 //! are valid only between the two, for the completion `start_poll`/`next_poll` made current.
 
+use ibverbs_sys as ffi;
+
 use crate::error::{Error, Result};
-use crate::ffi;
 use crate::post::registry::Registry;
 use crate::post::Slot;
 use crate::queue::completion::Completion;

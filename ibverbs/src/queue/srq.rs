@@ -5,9 +5,10 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
+use ibverbs_sys as ffi;
+
 use crate::device::ObjectKind;
 use crate::error::{cvt, cvt_p, Error, Result};
-use crate::ffi;
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::post::engine::{single_post_result, Request};
 use crate::post::prepared::{keep_pins, Pin, PreparedRecv};

@@ -7,9 +7,10 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use ibverbs_sys as ffi;
+
 use crate::device::{Context, ContextInner};
 use crate::error::{cvt_p, Error, Result};
-use crate::ffi;
 use crate::pd::ProtectionDomain;
 use crate::queue::cq::CompletionQueue;
 use crate::queue::srq::{check_depth, srq_id_for, SharedReceiveQueue};

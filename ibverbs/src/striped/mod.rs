@@ -41,9 +41,9 @@ use std::sync::Arc;
 
 use crate::connect::ConnectOptions;
 use crate::error::{Error, Result};
-use crate::memory::MrInner;
+use crate::memory::{Chunk, MemoryRegion, MrInner};
 use crate::pd::ProtectionDomain;
-use crate::{Chunk, Completion, CompletionQueue, MemoryRegion, QpType, QueuePair};
+use crate::queue::{Completion, CompletionQueue, QpType, QueuePair};
 
 pub use endpoints::EndpointList;
 pub use post::{StripedCompletion, StripedOp, StripedPostError};

@@ -1,6 +1,6 @@
 //! How a request is cut into pieces, and the ring of per-request slots: pure logic, no verbs.
 
-use crate::WcStatus;
+use crate::queue::WcStatus;
 
 /// One piece of a request: which queue pair, and which bytes of the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,8 +4,10 @@ use std::sync::Arc;
 
 use super::plan::{self, pieces};
 use super::{Hold, StripeBuf, StripedConnection};
-use crate::error::Error;
-use crate::{Local, QpState, RemoteSlice, SendRequest, WcStatus};
+use crate::error::{Error, Result};
+use crate::memory::{MemoryRegion, RemoteSlice};
+use crate::post::{Local, SendRequest};
+use crate::queue::{QpState, WcStatus};
 
 /// The operation of a striped request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +83,7 @@ impl StripedCompletion {
         self.buf.take()
     }
     /// Takes the owned region back (see [`take_buf`](Self::take_buf)).
-    pub fn take_region(&mut self) -> Option<crate::MemoryRegion> {
+    pub fn take_region(&mut self) -> Option<MemoryRegion> {
         match self.buf.take()? {
             StripeBuf::Owned(m) => Some(m),
             shared => {
@@ -216,7 +218,7 @@ impl StripedConnection {
     /// # Errors
     /// [`Error::Verb`] when `ibv_poll_cq` fails.
     #[doc(alias = "ibv_poll_cq")]
-    pub fn poll(&mut self, out: &mut Vec<StripedCompletion>) -> crate::Result<usize> {
+    pub fn poll(&mut self, out: &mut Vec<StripedCompletion>) -> Result<usize> {
         let before = out.len();
         let done = self.cq.poll(&mut self.wcs)?;
         for c in done.iter_mut() {

@@ -11,9 +11,10 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use ibverbs_sys as ffi;
+
 use crate::device::{Context, ObjectKind};
 use crate::error::{cvt, cvt_p, Error, Result};
-use crate::ffi;
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::post::engine::{register_rings, register_send_ring};
 use crate::post::ex::{ExQp, SendOps};
@@ -21,6 +22,7 @@ use crate::post::ring::Ring;
 use crate::post::{Slot, MAX_SGE};
 use crate::queue::cq::{CompletionQueue, CqInner};
 use crate::queue::srq::{SharedReceiveQueue, SrqInner};
+use crate::queue::xrc::XrcDomain;
 
 /// The transport service of a queue pair (`enum ibv_qp_type`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,7 +40,7 @@ impl QpType {
     /// queue. Needs `IBV_DEVICE_XRC`.
     pub const XRC_SEND: QpType = QpType(ffi::ibv_qp_type::IBV_QPT_XRC_SEND.0);
     /// XRC target (`IBV_QPT_XRC_RECV`): receives into the XRC SRQs of its
-    /// [`XrcDomain`](crate::XrcDomain) ([`QueuePairBuilder::xrcd`]); no work queues of its own.
+    /// [`XrcDomain`](XrcDomain) ([`QueuePairBuilder::xrcd`]); no work queues of its own.
     /// Needs `IBV_DEVICE_XRC`.
     pub const XRC_RECV: QpType = QpType(ffi::ibv_qp_type::IBV_QPT_XRC_RECV.0);
 
@@ -144,7 +146,7 @@ pub struct QueuePairBuilder<'a> {
     qp_type: QpType,
     caps: QpCaps,
     srq: Option<&'a SharedReceiveQueue>,
-    xrcd: Option<&'a crate::XrcDomain>,
+    xrcd: Option<&'a XrcDomain>,
     send_ops: Option<SendOps>,
 }
 
@@ -212,7 +214,7 @@ impl<'a> QueuePairBuilder<'a> {
     /// The XRC domain of an XRC target queue pair ([`QpType::XRC_RECV`]; required for it). The
     /// queue pair keeps the domain alive.
     #[doc(alias = "ibv_qp_init_attr_ex")]
-    pub fn xrcd(mut self, xrcd: &'a crate::XrcDomain) -> Self {
+    pub fn xrcd(mut self, xrcd: &'a XrcDomain) -> Self {
         self.xrcd = Some(xrcd);
         self
     }

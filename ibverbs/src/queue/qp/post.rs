@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
+use ibverbs_sys as ffi;
+
 use crate::error::{cvt, Error, Result};
-use crate::ffi;
 use crate::pd::PdInner;
 use crate::post::engine::{
     post_chain, post_one, post_prepared_chain, post_prepared_one, post_prepared_recv_one, post_send_iter,

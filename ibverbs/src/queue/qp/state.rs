@@ -1,10 +1,11 @@
 //! Connection setup of a queue pair: the state transitions RESET → INIT → RTR → RTS, error and
 //! reset.
 
+use ibverbs_sys as ffi;
+
 use crate::connect::{ah_attr, gid_index, ConnectOptions, Endpoint};
 use crate::device::Gid;
 use crate::error::{Error, Result};
-use crate::ffi;
 use crate::memory::AccessFlags;
 use crate::post::engine::{register_rings, register_send_ring};
 use crate::queue::qp::{random_psn, QpState, QpType, QueuePair};
