@@ -95,7 +95,7 @@ pub enum Error {
         /// The C verb that would have been called.
         verb: &'static str,
         /// The state the queue pair is in.
-        state: crate::QpState,
+        state: crate::attr::QpState,
         /// The state(s) the operation needs.
         expected: &'static str,
     },

@@ -676,6 +676,7 @@ pub use ibverbs_sys as ffi;
 mod ah;
 pub mod aio;
 mod async_event;
+mod attr;
 pub mod cm;
 mod connect;
 mod device;
@@ -695,11 +696,12 @@ pub mod striped;
 
 pub use ah::AddressHandle;
 pub use async_event::{AsyncEvent, AsyncEventType, AsyncEvents, AsyncObject, QpId};
-pub use connect::{ConnectOptions, Endpoint};
-pub use device::{
-    devices, Context, Device, DeviceAttr, DeviceAttrEx, DeviceList, Gid, GidEntry, GidType, Guid, LinkLayer,
-    Mtu, NodeType, OdpCaps, PortAttr, PortState, TransportType,
+pub use attr::{
+    DeviceAttr, DeviceAttrEx, Gid, GidEntry, GidType, Guid, LinkLayer, Mtu, NodeType, OdpCaps, PortAttr,
+    PortState, QpState, TransportType,
 };
+pub use connect::{ConnectOptions, Endpoint};
+pub use device::{devices, Context, Device, DeviceList};
 pub use error::{Error, Result};
 pub use memory::odp;
 pub use memory::{
@@ -715,7 +717,7 @@ pub use post::{
     ScopedLocal, ScopedRecv, ScopedSend, SendIterError, SendOps, SendRequest, MAX_SGE,
 };
 pub use queue::{
-    Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpState, QpType, QueuePair,
+    Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpType, QueuePair,
     QueuePairBuilder, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
     IWARP_MANUAL_CONNECT, IWARP_RESET,
 };

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use ibverbs_sys as ffi;
 
+use crate::attr::TransportType;
 use crate::cm::event::{ChannelInner, EventChannel};
 use crate::cm::{cm_context, read_sockaddr, timeout_ms, SockAddr};
-use crate::device::{Context, TransportType};
+use crate::device::Context;
 use crate::error::{cvt, Error, Result};
 
 pub(crate) struct CmIdInner {

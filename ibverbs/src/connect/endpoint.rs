@@ -1,6 +1,6 @@
 //! [`Endpoint`]: what a peer needs to connect to a queue pair, and its wire encoding.
 
-use crate::device::{Gid, Mtu};
+use crate::attr::{Gid, Mtu};
 use crate::error::{Error, Result};
 
 /// What a peer needs to connect to a queue pair: QP number, initial PSN, LID, GID and active MTU.

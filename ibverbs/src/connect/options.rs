@@ -2,8 +2,9 @@
 
 use ibverbs_sys as ffi;
 
+use crate::attr::{LinkLayer, Mtu};
 use crate::connect::Endpoint;
-use crate::device::{Context, LinkLayer, Mtu};
+use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::memory::AccessFlags;
 

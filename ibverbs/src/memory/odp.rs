@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use ibverbs_sys as ffi;
 
-use crate::device::{Context, OdpCaps};
+use crate::attr::OdpCaps;
+use crate::device::Context;
 use crate::error::{cvt_p, Error, Result};
 use crate::memory::keyed::KeyedMr;
 use crate::memory::{AccessFlags, MemoryRegion, MrInner, RemoteMemoryRegion};

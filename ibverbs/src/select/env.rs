@@ -6,8 +6,9 @@ use std::os::unix::ffi::OsStrExt;
 
 use super::parse::{int, ParseError, ParseErrorKind};
 use super::{Choice, Fabric, HcaSelector, Selection};
+use crate::attr::Mtu;
 use crate::connect::ConnectOptions;
-use crate::device::{Context, Mtu};
+use crate::device::Context;
 use crate::error::{Error, Result};
 
 /// One environment variable that [`Config::from_vars`] reads.

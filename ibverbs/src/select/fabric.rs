@@ -1,13 +1,12 @@
 //! [`Fabric`]: a plain-data description of a host's RDMA devices, ports and GIDs, built from the
 //! verbs or from sysfs, on which the selection works.
 
-use std::ffi::CStr;
 use std::fs;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 
-use crate::device::{devices, Context, DeviceList, Gid, GidEntry, GidType, Guid, LinkLayer, Mtu, PortState};
+use crate::attr::{Gid, GidEntry, GidType, Guid, LinkLayer, Mtu, Netdev, PortState};
+use crate::device::{devices, Context, DeviceList};
 use crate::error::Result;
 
 /// The RDMA devices of a host, their ports and GID tables, as plain data: what
@@ -81,80 +80,6 @@ pub struct PortDesc {
     pub gids: Vec<GidEntry>,
     /// The network device under a RoCE or iWARP port, if known.
     pub netdev: Option<Netdev>,
-}
-
-/// The network device under a RoCE or iWARP port (e.g. `eth0`, or `dummy0` for SoftRoCE and
-/// soft-iWARP in the test VM).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Netdev {
-    /// The interface name.
-    pub name: String,
-    /// Its operational state from `/sys/class/net/<name>/operstate`: `up`, `down`, `unknown`...
-    pub oper_state: String,
-    /// Its MTU in bytes, if known: the RoCE active MTU is the largest IB MTU below it (minus
-    /// headers).
-    pub mtu: Option<u32>,
-}
-
-impl Netdev {
-    /// The interface's IP addresses now (`getifaddrs()`), IPv4 first, each once: where RDMA-CM
-    /// reaches the port (an iWARP port is addressed by IP alone; a RoCE port's IPv4 address is
-    /// also its RoCE v2 GID). Empty when the interface has none or is gone.
-    ///
-    /// # Errors
-    /// The OS error of `getifaddrs()`.
-    #[doc(alias = "getifaddrs")]
-    pub fn addresses(&self) -> io::Result<Vec<IpAddr>> {
-        let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-        // SAFETY: `head` is a valid out-pointer; on success the list is ours until freeifaddrs.
-        if unsafe { libc::getifaddrs(&mut head) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut found = Vec::new();
-        let mut node = head;
-        while !node.is_null() {
-            // SAFETY: a node of the list getifaddrs gave, alive until freeifaddrs below; nothing
-            // in this loop can unwind (a failed allocation aborts).
-            let ifa = unsafe { &*node };
-            node = ifa.ifa_next;
-            // SAFETY: ifa_name is a NUL-terminated string of the node; ifa_addr, when not null,
-            // points to a sockaddr of the family it names, as long as the node (getifaddrs(3)).
-            let addr = unsafe {
-                if ifa.ifa_addr.is_null() || CStr::from_ptr(ifa.ifa_name).to_bytes() != self.name.as_bytes() {
-                    continue;
-                }
-                match i32::from((*ifa.ifa_addr).sa_family) {
-                    libc::AF_INET => {
-                        let sin = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
-                        IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
-                    }
-                    libc::AF_INET6 => {
-                        let sin6 = &*ifa.ifa_addr.cast::<libc::sockaddr_in6>();
-                        IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
-                    }
-                    _ => continue,
-                }
-            };
-            if !found.contains(&addr) {
-                found.push(addr);
-            }
-        }
-        // SAFETY: the list getifaddrs gave, freed once; no reference into it is kept.
-        unsafe { libc::freeifaddrs(head) };
-        found.sort_by_key(|a| a.is_ipv6());
-        Ok(found)
-    }
-
-    /// Its first IPv4 address ([`addresses`](Self::addresses)), if it has one.
-    ///
-    /// # Errors
-    /// As [`addresses`](Self::addresses).
-    pub fn ipv4(&self) -> io::Result<Option<Ipv4Addr>> {
-        Ok(self.addresses()?.into_iter().find_map(|a| match a {
-            IpAddr::V4(v4) => Some(v4),
-            IpAddr::V6(_) => None,
-        }))
-    }
 }
 
 impl Fabric {
@@ -438,23 +363,6 @@ fn sysfs_device(root: &Path, name: &str) -> io::Result<DeviceDesc> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `getifaddrs` (a system call Miri cannot make): the loopback interface has 127.0.0.1, an
-    /// interface that does not exist has no address.
-    #[test]
-    #[cfg_attr(miri, ignore)]
-    fn a_netdevs_addresses_come_from_getifaddrs() {
-        let named = |name: &str| Netdev { name: name.into(), oper_state: "unknown".into(), mtu: None };
-        let lo = named("lo").addresses().unwrap();
-        assert!(lo.contains(&IpAddr::V4(Ipv4Addr::LOCALHOST)), "{lo:?}");
-        assert!(
-            lo.iter().take_while(|a| a.is_ipv4()).count() >= 1
-                && lo.windows(2).all(|w| w[0].is_ipv4() || w[1].is_ipv6())
-        );
-        assert_eq!(named("lo").ipv4().unwrap(), Some(Ipv4Addr::LOCALHOST));
-        assert_eq!(named("no-such-netdev0").addresses().unwrap(), Vec::<IpAddr>::new());
-        assert_eq!(named("no-such-netdev0").ipv4().unwrap(), None);
-    }
 
     #[test]
     fn sysfs_gids_and_guids_parse() {

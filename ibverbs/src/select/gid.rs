@@ -7,7 +7,7 @@ use std::str::FromStr;
 use super::fabric::PortDesc;
 use super::parse::{int, ParseError, ParseErrorKind};
 use super::PortProblem;
-use crate::device::{GidEntry, GidType, LinkLayer};
+use crate::attr::{GidEntry, LinkLayer, RoceVersion};
 
 /// The address family of the GIDs to choose from (`NCCL_IB_ADDR_FAMILY`, our
 /// `IBVERBS_ADDR_FAMILY`): RoCE v2 GIDs are IP addresses, IPv4 ones written as IPv4-mapped IPv6
@@ -162,31 +162,8 @@ impl fmt::Display for AddrRange {
     }
 }
 
-/// A RoCE version (`NCCL_IB_ROCE_VERSION_NUM`, our `IBVERBS_ROCE_VERSION`): 1 or 2.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum RoceVersion {
-    /// RoCE v1: Ethernet frames without an IP header; one Layer-2 domain only.
-    V1,
-    /// RoCE v2: UDP/IP (port 4791); routable. NCCL's default and the only one SoftRoCE has.
-    V2,
-}
-
-impl RoceVersion {
-    /// The GID type of this version.
-    pub fn gid_type(self) -> GidType {
-        match self {
-            RoceVersion::V1 => GidType::ROCE_V1,
-            RoceVersion::V2 => GidType::ROCE_V2,
-        }
-    }
-}
-
-impl fmt::Display for RoceVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.gid_type().as_str())
-    }
-}
-
+// `RoceVersion` itself is a plain value of `attr`, below the error type (whose `PortProblem` names
+// it); its parser is here, with the other settings'.
 impl FromStr for RoceVersion {
     type Err = ParseError;
 

@@ -68,14 +68,16 @@ mod parse;
 
 use std::fmt;
 
+pub use crate::attr::{Netdev, RoceVersion};
 pub use env::{Config, Setting, Variable, VARIABLES};
-pub use fabric::{DeviceDesc, Fabric, Netdev, PortDesc};
-pub use gid::{AddrFamily, AddrRange, GidPolicy, RoceVersion};
+pub use fabric::{DeviceDesc, Fabric, PortDesc};
+pub use gid::{AddrFamily, AddrRange, GidPolicy};
 pub use hca::{HcaEntry, HcaSelector};
 pub use parse::{ParseError, ParseErrorKind};
 
+use crate::attr::{GidEntry, GidType, LinkLayer, Mtu, PortState};
 use crate::connect::ConnectOptions;
-use crate::device::{Context, GidEntry, GidType, LinkLayer, Mtu, PortState};
+use crate::device::Context;
 use crate::error::{Error, Result};
 
 /// What to use: which devices and ports ([`HcaSelector`]), which GID ([`GidPolicy`]), and

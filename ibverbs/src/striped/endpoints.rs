@@ -57,8 +57,8 @@ impl EndpointList {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attr::{Gid, Mtu};
     use crate::connect::tests_support::xorshift;
-    use crate::device::{Gid, Mtu};
 
     fn list(n: u32) -> EndpointList {
         EndpointList(

@@ -4,10 +4,11 @@ use std::sync::Arc;
 
 use super::plan::{self, pieces};
 use super::{Hold, StripeBuf, StripedConnection};
+use crate::attr::QpState;
 use crate::error::{Error, Result};
 use crate::memory::{MemoryRegion, RemoteSlice};
 use crate::post::{Local, SendRequest};
-use crate::queue::{QpState, WcStatus};
+use crate::queue::WcStatus;
 
 /// The operation of a striped request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

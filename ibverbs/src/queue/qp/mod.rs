@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use ibverbs_sys as ffi;
 
+use crate::attr::QpState;
 use crate::device::{Context, ObjectKind};
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::pd::{PdInner, ProtectionDomain};
@@ -70,49 +71,6 @@ impl fmt::Debug for QpType {
             QpType::XRC_RECV => f.write_str("XRC_RECV"),
             QpType(n) => write!(f, "QpType({n})"),
         }
-    }
-}
-
-/// The state of a queue pair (`enum ibv_qp_state`).
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(transparent)]
-pub struct QpState(pub u32);
-
-impl QpState {
-    /// Reset: just created, or reset.
-    pub const RESET: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_RESET.0);
-    /// Initialized: receives may be posted.
-    pub const INIT: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_INIT.0);
-    /// Ready to receive.
-    pub const RTR: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_RTR.0);
-    /// Ready to send.
-    pub const RTS: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_RTS.0);
-    /// Send queue drained.
-    pub const SQD: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_SQD.0);
-    /// Send queue error.
-    pub const SQE: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_SQE.0);
-    /// Error: outstanding requests are flushed.
-    pub const ERR: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_ERR.0);
-    /// Not a verbs state: this crate's mark for a queue pair that lost its work queues in a
-    /// failed [`QueuePair::reset`] (no room for fresh ones in its CQ). Nothing can be posted;
-    /// poll the CQ until it is empty and call `reset` again.
-    pub const UNUSABLE: QpState = QpState(u32::MAX);
-}
-
-impl fmt::Debug for QpState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = match *self {
-            QpState::RESET => "RESET",
-            QpState::INIT => "INIT",
-            QpState::RTR => "RTR",
-            QpState::RTS => "RTS",
-            QpState::SQD => "SQD",
-            QpState::SQE => "SQE",
-            QpState::ERR => "ERR",
-            QpState::UNUSABLE => "UNUSABLE",
-            QpState(n) => return write!(f, "QpState({n})"),
-        };
-        f.write_str(name)
     }
 }
 

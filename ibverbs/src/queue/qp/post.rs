@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use ibverbs_sys as ffi;
 
+use crate::attr::QpState;
 use crate::error::{cvt, Error, Result};
 use crate::pd::PdInner;
 use crate::post::engine::{
@@ -19,7 +20,7 @@ use crate::post::ring::Ring;
 use crate::post::wr::Op;
 use crate::post::{RecvRequest, ScopedRecv, ScopedSend, SendIterError, SendRequest};
 use crate::post::{Slot, MAX_SGE};
-use crate::queue::qp::{PostError, QpCaps, QpState, QpType, QueuePair};
+use crate::queue::qp::{PostError, QpCaps, QpType, QueuePair};
 
 /// The safe level's `post_send` on siw: fences (`IBV_SEND_FENCE`) every request of the chain
 /// but RDMA Reads and atomics, then calls the provider's `post_send`.

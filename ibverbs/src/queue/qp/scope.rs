@@ -6,11 +6,12 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::attr::QpState;
 use crate::error::{Error, Result};
 use crate::post::ring::{drop_payload, keep_first, Payload, Ring};
 use crate::post::{Scope, Slot};
 use crate::queue::cq::{CompletionQueue, CqInner};
-use crate::queue::qp::{QpState, QueuePair};
+use crate::queue::qp::QueuePair;
 use crate::queue::Completion;
 
 /// Longest bound the drain takes from the caller (an `Instant` plus any `Duration` may overflow).

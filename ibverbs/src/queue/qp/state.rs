@@ -3,12 +3,13 @@
 
 use ibverbs_sys as ffi;
 
+use crate::attr::Gid;
+use crate::attr::QpState;
 use crate::connect::{ah_attr, gid_index, ConnectOptions, Endpoint};
-use crate::device::Gid;
 use crate::error::{Error, Result};
 use crate::memory::AccessFlags;
 use crate::post::engine::{register_rings, register_send_ring};
-use crate::queue::qp::{random_psn, QpState, QpType, QueuePair};
+use crate::queue::qp::{random_psn, QpType, QueuePair};
 
 /// The capability [`QueuePair::connect`] names in [`Error::Unsupported`] on an iWARP device: a
 /// queue pair moved to RTR/RTS by hand (`ibv_modify_qp()`); iWARP connects through RDMA-CM

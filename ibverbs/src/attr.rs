@@ -1,0 +1,761 @@
+//! What devices, ports, GIDs and queue pairs report, as plain values: a device's and a port's
+//! attributes ([`DeviceAttr`], [`DeviceAttrEx`], [`OdpCaps`], [`PortAttr`]), the verbs' enums
+//! ([`NodeType`], [`TransportType`], [`Mtu`], [`PortState`], [`LinkLayer`], [`GidType`],
+//! [`QpState`]), GIDs and GUIDs, a RoCE version and the network device under a port.
+//!
+//! Plain data over the C library's values, calling no verb that can fail: the error type and
+//! every module above it can name them.
+
+use std::ffi::CStr;
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ibverbs_sys as ffi;
+
+/// The kind of node a device is (`enum ibv_node_type`): sound for any value a library reports.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct NodeType(pub i32);
+
+impl NodeType {
+    /// An InfiniBand channel adapter (also RoCE HCAs and SoftRoCE).
+    pub const CA: NodeType = NodeType(ffi::ibv_node_type::IBV_NODE_CA.0);
+    /// An InfiniBand switch.
+    pub const SWITCH: NodeType = NodeType(ffi::ibv_node_type::IBV_NODE_SWITCH.0);
+    /// An InfiniBand router.
+    pub const ROUTER: NodeType = NodeType(ffi::ibv_node_type::IBV_NODE_ROUTER.0);
+    /// An iWARP RNIC.
+    pub const RNIC: NodeType = NodeType(ffi::ibv_node_type::IBV_NODE_RNIC.0);
+
+    /// The C library's name for it (`ibv_node_type_str()`), e.g. `"InfiniBand channel adapter"`.
+    #[doc(alias = "ibv_node_type_str")]
+    pub fn as_str(self) -> &'static str {
+        // SAFETY: ibv_node_type_str returns a static string for any value ("unknown" otherwise).
+        unsafe { static_str(ffi::ibv_node_type_str(ffi::ibv_node_type(self.0))) }
+    }
+}
+
+impl fmt::Debug for NodeType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NodeType({}: {})", self.0, self.as_str())
+    }
+}
+
+/// The transport a device speaks (`enum ibv_transport_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct TransportType(pub i32);
+
+impl TransportType {
+    /// InfiniBand transport (also RoCE and SoftRoCE).
+    pub const IB: TransportType = TransportType(ffi::ibv_transport_type::IBV_TRANSPORT_IB.0);
+    /// iWARP.
+    pub const IWARP: TransportType = TransportType(ffi::ibv_transport_type::IBV_TRANSPORT_IWARP.0);
+
+    /// The name `ibv_devinfo` prints: `"InfiniBand"`, `"iWARP"`, or `"unknown"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportType::IB => "InfiniBand",
+            TransportType::IWARP => "iWARP",
+            _ => "unknown",
+        }
+    }
+}
+
+/// Reads a static C string (or `""` for `NULL`).
+///
+/// # Safety
+/// `p` is `NULL` or points to a NUL-terminated string that lives for the rest of the program.
+unsafe fn static_str(p: *const libc::c_char) -> &'static str {
+    if p.is_null() {
+        return "";
+    }
+    // SAFETY: per this function's contract.
+    unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("")
+}
+
+/// A 64-bit GUID (node, system image or port GUID), in host byte order.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Guid(pub u64);
+
+impl Guid {
+    /// From the network-order (`__be64`) value the C structs hold.
+    pub fn from_be(raw: u64) -> Guid {
+        Guid(u64::from_be(raw))
+    }
+}
+
+impl fmt::Display for Guid {
+    /// Formats as `ibv_devinfo` does: `0011:2233:4455:6677`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v = self.0;
+        write!(f, "{:04x}:{:04x}:{:04x}:{:04x}", v >> 48, (v >> 32) & 0xffff, (v >> 16) & 0xffff, v & 0xffff)
+    }
+}
+
+impl fmt::Debug for Guid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Guid({self})")
+    }
+}
+
+/// Device attributes (`struct ibv_device_attr`), from [`Context::query_device`](crate::Context::query_device).
+#[derive(Clone, Copy)]
+pub struct DeviceAttr(pub ffi::ibv_device_attr);
+
+macro_rules! int_getters {
+    ($( $(#[$m:meta])* $name:ident : $ty:ty ),* $(,)?) => {
+        $( $(#[$m])* pub fn $name(&self) -> $ty { <$ty>::try_from(self.0.$name).unwrap_or_default() } )*
+    };
+}
+
+impl DeviceAttr {
+    /// Firmware version string.
+    pub fn fw_ver(&self) -> String {
+        let bytes: Vec<u8> = self.0.fw_ver.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+    /// Node GUID.
+    pub fn node_guid(&self) -> Guid {
+        Guid::from_be(self.0.node_guid)
+    }
+    /// System image GUID.
+    pub fn sys_image_guid(&self) -> Guid {
+        Guid::from_be(self.0.sys_image_guid)
+    }
+    int_getters! {
+        /// Largest registrable memory region, in bytes.
+        max_mr_size: u64,
+        /// IEEE vendor ID.
+        vendor_id: u32,
+        /// Vendor part ID.
+        vendor_part_id: u32,
+        /// Hardware version.
+        hw_ver: u32,
+        /// Maximum number of queue pairs.
+        max_qp: u32,
+        /// Maximum work requests per queue.
+        max_qp_wr: u32,
+        /// Maximum scatter/gather entries per work request.
+        max_sge: u32,
+        /// Maximum number of completion queues.
+        max_cq: u32,
+        /// Maximum completions per completion queue.
+        max_cqe: u32,
+        /// Maximum number of memory regions.
+        max_mr: u32,
+        /// Maximum number of protection domains.
+        max_pd: u32,
+        /// Maximum outstanding RDMA Read/atomic operations a QP can be the target of.
+        max_qp_rd_atom: u32,
+        /// Maximum outstanding RDMA Read/atomic operations a QP can initiate.
+        max_qp_init_rd_atom: u32,
+        /// Maximum number of address handles.
+        max_ah: u32,
+        /// Number of physical ports.
+        phys_port_cnt: u8,
+    }
+    /// Atomic operation support (`IBV_ATOMIC_NONE/HCA/GLOB`).
+    pub fn atomic_cap(&self) -> ffi::ibv_atomic_cap {
+        self.0.atomic_cap
+    }
+}
+
+impl fmt::Debug for DeviceAttr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceAttr")
+            .field("fw_ver", &self.fw_ver())
+            .field("node_guid", &self.node_guid())
+            .field("max_qp", &self.max_qp())
+            .field("max_qp_wr", &self.max_qp_wr())
+            .field("max_sge", &self.max_sge())
+            .field("max_cqe", &self.max_cqe())
+            .field("max_mr_size", &self.max_mr_size())
+            .field("atomic_cap", &self.atomic_cap())
+            .field("phys_port_cnt", &self.phys_port_cnt())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Extended device attributes (`struct ibv_device_attr_ex`), from [`Context::query_device_ex`](crate::Context::query_device_ex).
+#[derive(Clone, Copy)]
+pub struct DeviceAttrEx(pub ffi::ibv_device_attr_ex);
+
+impl DeviceAttrEx {
+    /// The classic attributes.
+    pub fn orig(&self) -> DeviceAttr {
+        DeviceAttr(self.0.orig_attr)
+    }
+
+    /// On-demand paging capabilities (`odp_caps`): what
+    /// [`AccessFlags::ON_DEMAND`](crate::AccessFlags::ON_DEMAND) regions may do on this device.
+    pub fn odp(&self) -> OdpCaps {
+        let c = &self.0.odp_caps;
+        OdpCaps {
+            general: c.general_caps,
+            rc: c.per_transport_caps.rc_odp_caps,
+            uc: c.per_transport_caps.uc_odp_caps,
+            ud: c.per_transport_caps.ud_odp_caps,
+            xrc: self.0.xrc_odp_caps,
+        }
+    }
+
+    /// Bytes of on-device memory one [`DeviceMemory`](crate::DeviceMemory) may have
+    /// (`max_dm_size`); 0 when the device has none.
+    pub fn max_dm_size(&self) -> u64 {
+        self.0.max_dm_size
+    }
+
+    /// The extended capability flags (`device_cap_flags_ex`, `enum ibv_device_cap_flags` and
+    /// more), as the device reports them.
+    pub fn device_cap_flags_ex(&self) -> u64 {
+        self.0.device_cap_flags_ex
+    }
+}
+
+/// On-demand paging capabilities of a device (`struct ibv_odp_caps`, plus `xrc_odp_caps`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OdpCaps {
+    /// `enum ibv_odp_general_caps` bits: `IBV_ODP_SUPPORT`, `IBV_ODP_SUPPORT_IMPLICIT`.
+    pub general: u64,
+    /// `enum ibv_odp_transport_cap_bits` for RC queue pairs (send, receive, write, read, ...).
+    pub rc: u32,
+    /// The same for UC.
+    pub uc: u32,
+    /// The same for UD.
+    pub ud: u32,
+    /// The same for XRC.
+    pub xrc: u32,
+}
+
+impl OdpCaps {
+    /// Whether the device supports on-demand paging at all (`IBV_ODP_SUPPORT`).
+    pub fn supported(&self) -> bool {
+        self.general & u64::from(ffi::ibv_odp_general_caps::IBV_ODP_SUPPORT.0) != 0
+    }
+
+    /// Whether it supports implicit ODP, one region over the whole address space
+    /// (`IBV_ODP_SUPPORT_IMPLICIT`).
+    pub fn implicit(&self) -> bool {
+        self.general & u64::from(ffi::ibv_odp_general_caps::IBV_ODP_SUPPORT_IMPLICIT.0) != 0
+    }
+}
+
+impl fmt::Debug for DeviceAttrEx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceAttrEx").field("orig", &self.orig()).finish_non_exhaustive()
+    }
+}
+
+/// A path MTU (`enum ibv_mtu`): sound for any value a device reports.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(transparent)]
+pub struct Mtu(pub u32);
+
+impl Mtu {
+    /// 256 bytes.
+    pub const MTU_256: Mtu = Mtu(1);
+    /// 512 bytes.
+    pub const MTU_512: Mtu = Mtu(2);
+    /// 1024 bytes.
+    pub const MTU_1024: Mtu = Mtu(3);
+    /// 2048 bytes.
+    pub const MTU_2048: Mtu = Mtu(4);
+    /// 4096 bytes.
+    pub const MTU_4096: Mtu = Mtu(5);
+
+    /// The MTU in bytes, or `None` for a value outside the enum.
+    pub fn bytes(self) -> Option<u32> {
+        (1..=5).contains(&self.0).then(|| 128 << self.0)
+    }
+
+    /// The MTU for a byte count (256, 512, 1024, 2048 or 4096).
+    pub fn from_bytes(bytes: u32) -> Option<Mtu> {
+        match bytes {
+            256 => Some(Mtu::MTU_256),
+            512 => Some(Mtu::MTU_512),
+            1024 => Some(Mtu::MTU_1024),
+            2048 => Some(Mtu::MTU_2048),
+            4096 => Some(Mtu::MTU_4096),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Debug for Mtu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.bytes() {
+            Some(b) => write!(f, "Mtu({b})"),
+            None => write!(f, "Mtu(invalid {})", self.0),
+        }
+    }
+}
+
+impl fmt::Display for Mtu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.bytes() {
+            Some(b) => write!(f, "{b}"),
+            None => write!(f, "invalid MTU enum ({})", self.0),
+        }
+    }
+}
+
+/// The logical state of a port (`enum ibv_port_state`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct PortState(pub u32);
+
+impl PortState {
+    /// Down.
+    pub const DOWN: PortState = PortState(1);
+    /// Initializing.
+    pub const INIT: PortState = PortState(2);
+    /// Armed.
+    pub const ARMED: PortState = PortState(3);
+    /// Active: ready to move data.
+    pub const ACTIVE: PortState = PortState(4);
+
+    /// The C library's name for it (`ibv_port_state_str()`), e.g. `"active"`.
+    #[doc(alias = "ibv_port_state_str")]
+    pub fn as_str(self) -> &'static str {
+        // SAFETY: returns a static string for any value.
+        unsafe { static_str(ffi::ibv_port_state_str(ffi::ibv_port_state(self.0))) }
+    }
+}
+
+impl fmt::Debug for PortState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PortState({})", self.as_str())
+    }
+}
+
+/// The link layer of a port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct LinkLayer(pub u8);
+
+impl LinkLayer {
+    /// Unspecified (treated as InfiniBand by the C tools).
+    pub const UNSPECIFIED: LinkLayer = LinkLayer(0);
+    /// InfiniBand: addressing by LID.
+    pub const INFINIBAND: LinkLayer = LinkLayer(1);
+    /// Ethernet (RoCE, SoftRoCE): addressing by GID.
+    pub const ETHERNET: LinkLayer = LinkLayer(2);
+
+    /// The name `ibv_devinfo` prints.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkLayer::UNSPECIFIED | LinkLayer::INFINIBAND => "InfiniBand",
+            LinkLayer::ETHERNET => "Ethernet",
+            _ => "Unknown",
+        }
+    }
+}
+
+/// Port attributes (`struct ibv_port_attr`), from [`Context::query_port`](crate::Context::query_port).
+#[derive(Clone, Copy)]
+pub struct PortAttr(pub ffi::ibv_port_attr);
+
+impl PortAttr {
+    /// Logical port state.
+    pub fn state(&self) -> PortState {
+        PortState(self.0.state.0)
+    }
+    /// Largest MTU the port supports.
+    pub fn max_mtu(&self) -> Mtu {
+        Mtu(self.0.max_mtu.0)
+    }
+    /// MTU currently in effect.
+    pub fn active_mtu(&self) -> Mtu {
+        Mtu(self.0.active_mtu.0)
+    }
+    /// Base LID (InfiniBand).
+    pub fn lid(&self) -> u16 {
+        self.0.lid
+    }
+    /// LID of the subnet manager.
+    pub fn sm_lid(&self) -> u16 {
+        self.0.sm_lid
+    }
+    /// LID mask control.
+    pub fn lmc(&self) -> u8 {
+        self.0.lmc
+    }
+    /// Link layer: InfiniBand (LID addressing) or Ethernet (GID addressing).
+    pub fn link_layer(&self) -> LinkLayer {
+        LinkLayer(self.0.link_layer)
+    }
+    /// Length of the GID table.
+    pub fn gid_tbl_len(&self) -> u32 {
+        u32::try_from(self.0.gid_tbl_len).unwrap_or(0)
+    }
+    /// Active link width (encoded as in `ibv_port_attr`).
+    pub fn active_width(&self) -> u8 {
+        self.0.active_width
+    }
+    /// Active link speed (encoded as in `ibv_port_attr`).
+    pub fn active_speed(&self) -> u8 {
+        self.0.active_speed
+    }
+    /// Physical port state.
+    pub fn phys_state(&self) -> u8 {
+        self.0.phys_state
+    }
+    /// Largest message size.
+    pub fn max_msg_sz(&self) -> u32 {
+        self.0.max_msg_sz
+    }
+}
+
+impl fmt::Debug for PortAttr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PortAttr")
+            .field("state", &self.state())
+            .field("max_mtu", &self.max_mtu())
+            .field("active_mtu", &self.active_mtu())
+            .field("lid", &self.lid())
+            .field("link_layer", &self.link_layer())
+            .field("gid_tbl_len", &self.gid_tbl_len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A 128-bit global identifier (`union ibv_gid`), in network byte order.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    /// Whether this is an IPv4-mapped address (`::ffff:a.b.c.d`), as RoCE v2 GIDs of IPv4
+    /// addresses are.
+    pub fn is_ipv4_mapped(&self) -> bool {
+        self.0[..10].iter().all(|&b| b == 0) && self.0[10] == 0xff && self.0[11] == 0xff
+    }
+
+    /// The GID as an IP address: IPv4 for an IPv4-mapped GID (`::ffff:a.b.c.d`, as RoCE v2 GIDs
+    /// of IPv4 addresses are), IPv6 otherwise (RoCE GIDs of IPv6 addresses, link-local
+    /// `fe80::` GIDs, InfiniBand GIDs).
+    pub fn ip(&self) -> std::net::IpAddr {
+        let v6 = std::net::Ipv6Addr::from(self.0);
+        match v6.to_ipv4_mapped() {
+            Some(v4) => std::net::IpAddr::V4(v4),
+            None => std::net::IpAddr::V6(v6),
+        }
+    }
+
+    /// Whether the GID is all zeroes (an unused entry).
+    pub fn is_zero(&self) -> bool {
+        self.0.iter().all(|&b| b == 0)
+    }
+
+    /// The raw union, for C structs.
+    pub fn to_raw(self) -> ffi::ibv_gid {
+        ffi::ibv_gid { raw: self.0 }
+    }
+
+    /// From the raw union.
+    pub fn from_raw(raw: &ffi::ibv_gid) -> Gid {
+        // SAFETY: every bit pattern of the union is a valid [u8; 16].
+        Gid(unsafe { raw.raw })
+    }
+}
+
+impl fmt::Display for Gid {
+    /// Formats as `ibv_devinfo -v` does: eight groups of four hex digits, e.g.
+    /// `0000:0000:0000:0000:0000:ffff:c000:0201`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, pair) in self.0.chunks(2).enumerate() {
+            if i > 0 {
+                f.write_str(":")?;
+            }
+            write!(f, "{:02x}{:02x}", pair[0], pair[1])?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Gid({self})")
+    }
+}
+
+/// The type of a GID table entry (`enum ibv_gid_type`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct GidType(pub u32);
+
+impl GidType {
+    /// InfiniBand.
+    pub const IB: GidType = GidType(ffi::ibv_gid_type::IBV_GID_TYPE_IB.0);
+    /// RoCE v1 (Ethernet, no IP header).
+    pub const ROCE_V1: GidType = GidType(ffi::ibv_gid_type::IBV_GID_TYPE_ROCE_V1.0);
+    /// RoCE v2 (UDP/IP encapsulation): the only type SoftRoCE supports.
+    pub const ROCE_V2: GidType = GidType(ffi::ibv_gid_type::IBV_GID_TYPE_ROCE_V2.0);
+
+    /// The name `ibv_devinfo -v` prints: `"IB"`, `"RoCE v1"`, `"RoCE v2"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GidType::IB => "IB",
+            GidType::ROCE_V1 => "RoCE v1",
+            GidType::ROCE_V2 => "RoCE v2",
+            _ => "unknown",
+        }
+    }
+}
+
+impl fmt::Debug for GidType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GidType({})", self.as_str())
+    }
+}
+
+/// One GID table entry (`struct ibv_gid_entry`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GidEntry {
+    /// The GID.
+    pub gid: Gid,
+    /// Its index in the port's table.
+    pub index: u32,
+    /// The port.
+    pub port: u32,
+    /// Its type.
+    pub gid_type: GidType,
+    /// Interface index of the associated network device (0 for none).
+    pub ndev_ifindex: u32,
+}
+
+impl GidEntry {
+    #[cfg_attr(not(ibverbs_has_query_gid_ex), allow(dead_code))]
+    pub(crate) fn from_raw(e: &ffi::ibv_gid_entry) -> GidEntry {
+        GidEntry {
+            gid: Gid::from_raw(&e.gid),
+            index: e.gid_index,
+            port: e.port_num,
+            gid_type: GidType(e.gid_type),
+            ndev_ifindex: e.ndev_ifindex,
+        }
+    }
+}
+
+/// The state of a queue pair (`enum ibv_qp_state`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct QpState(pub u32);
+
+impl QpState {
+    /// Reset: just created, or reset.
+    pub const RESET: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_RESET.0);
+    /// Initialized: receives may be posted.
+    pub const INIT: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_INIT.0);
+    /// Ready to receive.
+    pub const RTR: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_RTR.0);
+    /// Ready to send.
+    pub const RTS: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_RTS.0);
+    /// Send queue drained.
+    pub const SQD: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_SQD.0);
+    /// Send queue error.
+    pub const SQE: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_SQE.0);
+    /// Error: outstanding requests are flushed.
+    pub const ERR: QpState = QpState(ffi::ibv_qp_state::IBV_QPS_ERR.0);
+    /// Not a verbs state: this crate's mark for a queue pair that lost its work queues in a
+    /// failed [`QueuePair::reset`](crate::QueuePair::reset) (no room for fresh ones in its CQ).
+    /// Nothing can be posted; poll the CQ until it is empty and call `reset` again.
+    pub const UNUSABLE: QpState = QpState(u32::MAX);
+}
+
+impl fmt::Debug for QpState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match *self {
+            QpState::RESET => "RESET",
+            QpState::INIT => "INIT",
+            QpState::RTR => "RTR",
+            QpState::RTS => "RTS",
+            QpState::SQD => "SQD",
+            QpState::SQE => "SQE",
+            QpState::ERR => "ERR",
+            QpState::UNUSABLE => "UNUSABLE",
+            QpState(n) => return write!(f, "QpState({n})"),
+        };
+        f.write_str(name)
+    }
+}
+
+/// A RoCE version (`NCCL_IB_ROCE_VERSION_NUM`, our `IBVERBS_ROCE_VERSION`): 1 or 2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RoceVersion {
+    /// RoCE v1: Ethernet frames without an IP header; one Layer-2 domain only.
+    V1,
+    /// RoCE v2: UDP/IP (port 4791); routable. NCCL's default and the only one SoftRoCE has.
+    V2,
+}
+
+impl RoceVersion {
+    /// The GID type of this version.
+    pub fn gid_type(self) -> GidType {
+        match self {
+            RoceVersion::V1 => GidType::ROCE_V1,
+            RoceVersion::V2 => GidType::ROCE_V2,
+        }
+    }
+}
+
+impl fmt::Display for RoceVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.gid_type().as_str())
+    }
+}
+
+/// The network device under a RoCE or iWARP port (e.g. `eth0`, or `dummy0` for SoftRoCE and
+/// soft-iWARP in the test VM).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Netdev {
+    /// The interface name.
+    pub name: String,
+    /// Its operational state from `/sys/class/net/<name>/operstate`: `up`, `down`, `unknown`...
+    pub oper_state: String,
+    /// Its MTU in bytes, if known: the RoCE active MTU is the largest IB MTU below it (minus
+    /// headers).
+    pub mtu: Option<u32>,
+}
+
+impl Netdev {
+    /// The interface's IP addresses now (`getifaddrs()`), IPv4 first, each once: where RDMA-CM
+    /// reaches the port (an iWARP port is addressed by IP alone; a RoCE port's IPv4 address is
+    /// also its RoCE v2 GID). Empty when the interface has none or is gone.
+    ///
+    /// # Errors
+    /// The OS error of `getifaddrs()`.
+    #[doc(alias = "getifaddrs")]
+    pub fn addresses(&self) -> io::Result<Vec<IpAddr>> {
+        let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+        // SAFETY: `head` is a valid out-pointer; on success the list is ours until freeifaddrs.
+        if unsafe { libc::getifaddrs(&mut head) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut found = Vec::new();
+        let mut node = head;
+        while !node.is_null() {
+            // SAFETY: a node of the list getifaddrs gave, alive until freeifaddrs below; nothing
+            // in this loop can unwind (a failed allocation aborts).
+            let ifa = unsafe { &*node };
+            node = ifa.ifa_next;
+            // SAFETY: ifa_name is a NUL-terminated string of the node; ifa_addr, when not null,
+            // points to a sockaddr of the family it names, as long as the node (getifaddrs(3)).
+            let addr = unsafe {
+                if ifa.ifa_addr.is_null() || CStr::from_ptr(ifa.ifa_name).to_bytes() != self.name.as_bytes() {
+                    continue;
+                }
+                match i32::from((*ifa.ifa_addr).sa_family) {
+                    libc::AF_INET => {
+                        let sin = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
+                        IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = &*ifa.ifa_addr.cast::<libc::sockaddr_in6>();
+                        IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+                    }
+                    _ => continue,
+                }
+            };
+            if !found.contains(&addr) {
+                found.push(addr);
+            }
+        }
+        // SAFETY: the list getifaddrs gave, freed once; no reference into it is kept.
+        unsafe { libc::freeifaddrs(head) };
+        found.sort_by_key(|a| a.is_ipv6());
+        Ok(found)
+    }
+
+    /// Its first IPv4 address ([`addresses`](Self::addresses)), if it has one.
+    ///
+    /// # Errors
+    /// As [`addresses`](Self::addresses).
+    pub fn ipv4(&self) -> io::Result<Option<Ipv4Addr>> {
+        Ok(self.addresses()?.into_iter().find_map(|a| match a {
+            IpAddr::V4(v4) => Some(v4),
+            IpAddr::V6(_) => None,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn odp_caps_read_the_general_bits() {
+        let mut attr = DeviceAttrEx(ffi::ibv_device_attr_ex::default());
+        assert!(!attr.odp().supported() && !attr.odp().implicit());
+        attr.0.odp_caps.general_caps = u64::from(ffi::ibv_odp_general_caps::IBV_ODP_SUPPORT.0);
+        attr.0.odp_caps.per_transport_caps.rc_odp_caps = 0x3f;
+        attr.0.xrc_odp_caps = 1;
+        let odp = attr.odp();
+        assert!(odp.supported() && !odp.implicit());
+        assert_eq!((odp.rc, odp.xrc), (0x3f, 1));
+        attr.0.max_dm_size = 1 << 17;
+        assert_eq!(attr.max_dm_size(), 1 << 17);
+    }
+
+    #[test]
+    fn gid_formats_like_ibv_devinfo() {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&[192, 0, 2, 1]);
+        let gid = Gid(g);
+        assert_eq!(gid.to_string(), "0000:0000:0000:0000:0000:ffff:c000:0201");
+        assert!(gid.is_ipv4_mapped());
+        assert_eq!(gid.ip().to_string(), "192.0.2.1");
+        let link_local = Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
+        assert!(!link_local.is_ipv4_mapped());
+        assert_eq!(link_local.ip().to_string(), "fe80::102:304:506:708");
+        assert_eq!(Gid::from_raw(&gid.to_raw()), gid);
+    }
+
+    #[test]
+    fn guid_formats_like_ibv_devinfo() {
+        assert_eq!(Guid(0x0011_2233_4455_6677).to_string(), "0011:2233:4455:6677");
+        assert_eq!(Guid::from_be(0x0011_2233_4455_6677u64.to_be()).0, 0x0011_2233_4455_6677);
+    }
+
+    #[test]
+    fn mtu_round_trips_and_survives_unknown_values() {
+        for b in [256, 512, 1024, 2048, 4096] {
+            assert_eq!(Mtu::from_bytes(b).unwrap().bytes(), Some(b));
+        }
+        assert_eq!(Mtu::from_bytes(1500), None);
+        assert_eq!(Mtu(77).bytes(), None);
+        assert_eq!(format!("{:?}", Mtu(77)), "Mtu(invalid 77)");
+        assert!(Mtu::MTU_1024 < Mtu::MTU_4096);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "calls into libibverbs")]
+    fn enum_newtypes_name_any_value() {
+        assert_eq!(PortState::ACTIVE.as_str(), "active");
+        assert!(!PortState(999).as_str().is_empty());
+        assert_eq!(NodeType::CA.as_str(), "InfiniBand channel adapter");
+        assert_eq!(GidType(42).as_str(), "unknown");
+        assert_eq!(LinkLayer(9).as_str(), "Unknown");
+        assert_eq!(TransportType::IB.as_str(), "InfiniBand");
+    }
+
+    /// `getifaddrs` (a system call Miri cannot make): the loopback interface has 127.0.0.1, an
+    /// interface that does not exist has no address.
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn a_netdevs_addresses_come_from_getifaddrs() {
+        let named = |name: &str| Netdev { name: name.into(), oper_state: "unknown".into(), mtu: None };
+        let lo = named("lo").addresses().unwrap();
+        assert!(lo.contains(&IpAddr::V4(Ipv4Addr::LOCALHOST)), "{lo:?}");
+        assert!(
+            lo.iter().take_while(|a| a.is_ipv4()).count() >= 1
+                && lo.windows(2).all(|w| w[0].is_ipv4() || w[1].is_ipv6())
+        );
+        assert_eq!(named("lo").ipv4().unwrap(), Some(Ipv4Addr::LOCALHOST));
+        assert_eq!(named("no-such-netdev0").addresses().unwrap(), Vec::<IpAddr>::new());
+        assert_eq!(named("no-such-netdev0").ipv4().unwrap(), None);
+    }
+}
