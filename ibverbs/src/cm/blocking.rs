@@ -3,7 +3,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::cm::event::{CmEvent, CmEventKind, EventChannel};
+use crate::attr::CmEventKind;
+use crate::cm::event::{CmEvent, EventChannel};
 use crate::cm::id::{CmId, ConnParam};
 use crate::device::Context;
 use crate::error::{Error, Result};

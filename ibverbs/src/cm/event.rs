@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use ibverbs_sys as ffi;
 
+use crate::attr::CmEventKind;
 use crate::cm::id::{CmId, CmIdInner};
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::fd::ReadinessFd;
@@ -82,86 +83,6 @@ impl AsRawFd for EventChannel {
     fn as_raw_fd(&self) -> RawFd {
         // SAFETY: the channel is valid while self lives; fd is written at creation.
         unsafe { (*self.inner.raw.as_ptr()).fd }
-    }
-}
-
-/// The kind of an RDMA-CM event (`enum rdma_cm_event_type`); sound for any value librdmacm
-/// writes.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(transparent)]
-pub struct CmEventKind(pub u32);
-
-impl CmEventKind {
-    /// `rdma_resolve_addr` succeeded.
-    pub const ADDR_RESOLVED: CmEventKind =
-        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED.0);
-    /// `rdma_resolve_addr` failed (status: the error, e.g. `-ETIMEDOUT`, `-ENODEV`).
-    pub const ADDR_ERROR: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_ERROR.0);
-    /// `rdma_resolve_route` succeeded.
-    pub const ROUTE_RESOLVED: CmEventKind =
-        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED.0);
-    /// `rdma_resolve_route` failed.
-    pub const ROUTE_ERROR: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_ERROR.0);
-    /// A peer asks to connect to a listener: the event carries the new id
-    /// ([`CmEvent::take_new_id`]) and the peer's private data.
-    pub const CONNECT_REQUEST: CmEventKind =
-        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST.0);
-    /// A reply to a connection request of an id without a queue pair.
-    pub const CONNECT_RESPONSE: CmEventKind =
-        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_RESPONSE.0);
-    /// The connection could not be established.
-    pub const CONNECT_ERROR: CmEventKind =
-        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_ERROR.0);
-    /// The peer is unreachable or did not answer.
-    pub const UNREACHABLE: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_UNREACHABLE.0);
-    /// The peer rejected the connection (status: the reason, e.g. 28 for a consumer reject and
-    /// 8 when nothing listens on an InfiniBand/RoCE port), with its private data.
-    pub const REJECTED: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_REJECTED.0);
-    /// The connection is established: the queue pair is in RTS.
-    pub const ESTABLISHED: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED.0);
-    /// The connection was disconnected (by either side, or by the peer's kernel when the
-    /// peer's process died). librdmacm does not touch a user-space queue pair on this event:
-    /// answer it with [`CmId::disconnect`](crate::cm::CmId::disconnect), which moves the queue
-    /// pair to the error state so that its outstanding requests flush and hand their buffers back.
-    pub const DISCONNECTED: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED.0);
-    /// The id's device was removed: destroy everything of it.
-    pub const DEVICE_REMOVAL: CmEventKind =
-        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_DEVICE_REMOVAL.0);
-    /// A multicast join completed.
-    pub const MULTICAST_JOIN: CmEventKind =
-        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_MULTICAST_JOIN.0);
-    /// A multicast join failed.
-    pub const MULTICAST_ERROR: CmEventKind =
-        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_MULTICAST_ERROR.0);
-    /// The id's network address changed.
-    pub const ADDR_CHANGE: CmEventKind = CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_CHANGE.0);
-    /// The queue pair of a disconnected connection left its time-wait state and may be reused.
-    pub const TIMEWAIT_EXIT: CmEventKind =
-        CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_TIMEWAIT_EXIT.0);
-}
-
-impl fmt::Debug for CmEventKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = match *self {
-            CmEventKind::ADDR_RESOLVED => "ADDR_RESOLVED",
-            CmEventKind::ADDR_ERROR => "ADDR_ERROR",
-            CmEventKind::ROUTE_RESOLVED => "ROUTE_RESOLVED",
-            CmEventKind::ROUTE_ERROR => "ROUTE_ERROR",
-            CmEventKind::CONNECT_REQUEST => "CONNECT_REQUEST",
-            CmEventKind::CONNECT_RESPONSE => "CONNECT_RESPONSE",
-            CmEventKind::CONNECT_ERROR => "CONNECT_ERROR",
-            CmEventKind::UNREACHABLE => "UNREACHABLE",
-            CmEventKind::REJECTED => "REJECTED",
-            CmEventKind::ESTABLISHED => "ESTABLISHED",
-            CmEventKind::DISCONNECTED => "DISCONNECTED",
-            CmEventKind::DEVICE_REMOVAL => "DEVICE_REMOVAL",
-            CmEventKind::MULTICAST_JOIN => "MULTICAST_JOIN",
-            CmEventKind::MULTICAST_ERROR => "MULTICAST_ERROR",
-            CmEventKind::ADDR_CHANGE => "ADDR_CHANGE",
-            CmEventKind::TIMEWAIT_EXIT => "TIMEWAIT_EXIT",
-            CmEventKind(n) => return write!(f, "CmEventKind({n})"),
-        };
-        f.write_str(name)
     }
 }
 

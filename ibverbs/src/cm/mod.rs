@@ -47,8 +47,9 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};
 
+pub use crate::attr::CmEventKind;
 pub use blocking::{accept_request, connect, connect_with, device_context, establish, resolve, Listener};
-pub use event::{CmEvent, CmEventKind, EventChannel};
+pub use event::{CmEvent, EventChannel};
 pub use id::{CmId, ConnParam};
 
 pub(crate) use id::CmIdInner;

@@ -4,12 +4,12 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
-use super::parse::{int, ParseError, ParseErrorKind};
+use super::parse::int;
 use super::{Choice, Fabric, HcaSelector, Selection};
 use crate::attr::Mtu;
 use crate::connect::ConnectOptions;
 use crate::device::Context;
-use crate::error::{Error, Result};
+use crate::error::{Error, ParseError, ParseErrorKind, Result};
 
 /// One environment variable that [`Config::from_vars`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,9 +5,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
 use super::fabric::PortDesc;
-use super::parse::{int, ParseError, ParseErrorKind};
-use super::PortProblem;
+use super::parse::int;
 use crate::attr::{GidEntry, LinkLayer, RoceVersion};
+use crate::error::{ParseError, ParseErrorKind, PortProblem};
 
 /// The address family of the GIDs to choose from (`NCCL_IB_ADDR_FAMILY`, our
 /// `IBVERBS_ADDR_FAMILY`): RoCE v2 GIDs are IP addresses, IPv4 ones written as IPv4-mapped IPv6

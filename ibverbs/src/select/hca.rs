@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::parse::{ParseError, ParseErrorKind};
+use crate::error::{ParseError, ParseErrorKind};
 
 /// Which devices and ports to use, in the syntax of NCCL's `NCCL_IB_HCA` (our variable:
 /// `IBVERBS_HCA`).
