@@ -1,6 +1,7 @@
 //! Devices and device contexts. What they report (device, port and GID attributes) are plain
 //! values of `attr`.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::fmt;
@@ -193,10 +194,10 @@ impl fmt::Debug for Device<'_> {
 pub(crate) struct ContextInner {
     pub(crate) raw: NonNull<ffi::ibv_context>,
     pub(crate) name: String,
-    /// For a context librdmacm opened (an RDMA-CM id's `verbs`): the `rdma_get_devices()` list
-    /// that keeps it open. Such a context is never closed by this crate: dropping the anchor
-    /// (`rdma_free_devices()`) hands it back to librdmacm.
-    pub(crate) cm_anchor: Option<crate::cm::DeviceAnchor>,
+    /// For a context librdmacm opened (an RDMA-CM id's `verbs`): what keeps it open (the `cm`
+    /// module's `rdma_get_devices()` list, see [`ContextInner::adopted`]). Such a context is never
+    /// closed by this crate: dropping the anchor (`rdma_free_devices()`) hands it back to librdmacm.
+    pub(crate) cm_anchor: Option<Box<dyn Any + Send + Sync>>,
     /// Whether the device is siw, found by [`Context::is_siw`] once.
     pub(crate) siw: std::sync::OnceLock<bool>,
     /// The provider and kernel bugs the crate steers around, found by [`Context::quirks`] once.
@@ -257,6 +258,25 @@ impl Serials {
 unsafe impl Send for ContextInner {}
 // SAFETY: as above.
 unsafe impl Sync for ContextInner {}
+
+impl ContextInner {
+    /// The inner of a context another library opened and keeps open while `anchor` lives
+    /// (librdmacm's, anchored by its device list): this crate never closes it.
+    pub(crate) fn adopted(
+        raw: NonNull<ffi::ibv_context>,
+        name: String,
+        anchor: Box<dyn Any + Send + Sync>,
+    ) -> ContextInner {
+        ContextInner {
+            raw,
+            name,
+            cm_anchor: Some(anchor),
+            siw: Default::default(),
+            quirks: Default::default(),
+            serials: Default::default(),
+        }
+    }
+}
 
 impl Drop for ContextInner {
     fn drop(&mut self) {

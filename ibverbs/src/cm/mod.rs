@@ -61,7 +61,7 @@ use crate::error::{Error, Result};
 
 /// A reference on librdmacm's device list (`rdma_get_devices()`), released with
 /// `rdma_free_devices()`: while it lives, librdmacm does not close any device of the list.
-pub(crate) struct DeviceAnchor {
+struct DeviceAnchor {
     list: NonNull<*mut ffi::ibv_context>,
 }
 
@@ -126,14 +126,7 @@ fn cm_context(raw: NonNull<ffi::ibv_context>) -> Result<Context> {
     let name = unsafe { std::ffi::CStr::from_ptr(ffi::ibv_get_device_name((*raw.as_ptr()).device)) }
         .to_string_lossy()
         .into_owned();
-    let inner = Arc::new(ContextInner {
-        raw,
-        name,
-        cm_anchor: Some(anchor),
-        siw: Default::default(),
-        quirks: Default::default(),
-        serials: Default::default(),
-    });
+    let inner = Arc::new(ContextInner::adopted(raw, name, Box::new(anchor)));
     cache.push((raw.as_ptr() as usize, Arc::downgrade(&inner)));
     Ok(Context { inner })
 }
