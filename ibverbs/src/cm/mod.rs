@@ -42,6 +42,7 @@
 mod blocking;
 mod event;
 mod id;
+mod qp;
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::ptr::NonNull;
@@ -51,8 +52,6 @@ pub use crate::attr::CmEventKind;
 pub use blocking::{accept_request, connect, connect_with, device_context, establish, resolve, Listener};
 pub use event::{CmEvent, EventChannel};
 pub use id::{CmId, ConnParam};
-
-pub(crate) use id::CmIdInner;
 
 use ibverbs_sys as ffi;
 

@@ -98,14 +98,14 @@ impl Default for QpCaps {
 /// Builds a [`QueuePair`] (`ibv_create_qp()`); from [`ProtectionDomain::create_qp`].
 #[derive(Debug)]
 pub struct QueuePairBuilder<'a> {
-    pd: &'a ProtectionDomain,
+    pub(crate) pd: &'a ProtectionDomain,
     send_cq: &'a CompletionQueue,
     recv_cq: &'a CompletionQueue,
-    qp_type: QpType,
+    pub(crate) qp_type: QpType,
     caps: QpCaps,
     srq: Option<&'a SharedReceiveQueue>,
     xrcd: Option<&'a XrcDomain>,
-    send_ops: Option<SendOps>,
+    pub(crate) send_ops: Option<SendOps>,
 }
 
 impl ProtectionDomain {
@@ -325,66 +325,12 @@ impl<'a> QueuePairBuilder<'a> {
         })
     }
 
-    /// Creates the queue pair on an RDMA-CM id (`rdma_create_qp()`): an RC queue pair in INIT
-    /// whose state transitions RDMA-CM drives ([`CmId::connect`](crate::cm::CmId::connect),
-    /// [`accept`](crate::cm::CmId::accept), [`disconnect`](crate::cm::CmId::disconnect)); this
-    /// crate's [`init`](QueuePair::init), [`connect`](QueuePair::connect),
-    /// [`activate_ud`](QueuePair::activate_ud) and [`reset`](QueuePair::reset) refuse it with
-    /// [`Error::CmManaged`]. Posting works as for any queue pair, with the same slot rings.
-    ///
-    /// Its [`state`](QueuePair::state) is read from the device at creation (INIT); RDMA-CM moves
-    /// it to RTS when the connection is established, so call
-    /// [`cm_established`](QueuePair::cm_established) after the `ESTABLISHED` event before posting
-    /// sends ([`cm::connect`](crate::cm::connect) and [`Listener::accept`](crate::cm::Listener::accept)
-    /// do).
-    ///
-    /// The queue pair keeps the id alive: it is destroyed first, and clears `id->qp` (as
-    /// `rdma_destroy_qp()` does), so librdmacm never uses a destroyed queue pair.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a non-RC type, an id not bound to a device yet (resolve
-    /// its route, or take it from a connection request), or a PD or CQ of another context than
-    /// the id's device (make them from [`CmId::context`](crate::cm::CmId::context)); `EINVAL`
-    /// when the id already has a queue pair; otherwise as [`build`](Self::build).
-    #[doc(alias = "rdma_create_qp")]
-    pub fn build_on(self, id: &crate::cm::CmId) -> Result<QueuePair> {
-        let bad = |reason| Err(Error::InvalidArgument { verb: "rdma_create_qp", reason });
-        if self.send_ops.is_some() {
-            return bad("extended queue pairs (send_ops) are not created on RDMA-CM ids here");
-        }
-        if self.qp_type != QpType::RC {
-            return bad("RDMA-CM ids of the RDMA_PS_TCP port space carry RC queue pairs only");
-        }
-        if id.verbs()?.as_ptr() != self.pd.inner.ctx.raw.as_ptr() {
-            // Both contexts are open now, so equal addresses mean the same context.
-            return bad(
-                "the protection domain belongs to another device context than the id (use CmId::context)",
-            );
-        }
-        let cm = id.inner.clone();
-        let pd = self.pd.as_raw();
-        let mut qp = self.build_with("rdma_create_qp", Some(cm.clone()), |init| {
-            let _g = cm.channel.lock();
-            // SAFETY: valid id, PD and CQs (the PD and CQs share the id's context, checked above
-            // and in build_with); `init` is a valid attribute struct. librdmacm stores the QP in
-            // `id->qp` under the channel lock we hold.
-            let ret = unsafe { ffi::rdma_create_qp(cm.raw.as_ptr(), pd, init) };
-            cvt("rdma_create_qp", ret)?;
-            // SAFETY: valid id; `qp` was just written under our lock.
-            cvt_p("rdma_create_qp", unsafe { (*cm.raw.as_ptr()).qp })
-        })?;
-        let s = qp.query_state()?;
-        // rdma_create_qp moved it to INIT; siw does not report states (see refresh_state).
-        qp.set_state(if qp.unreported(s) { QpState::INIT } else { s });
-        Ok(qp)
-    }
-
     /// The creation steps common to every queue pair: checks, ring registration (all or
     /// nothing), `create` (the verb), and the QP's scratch arrays.
-    fn build_with(
+    pub(crate) fn build_with(
         self,
         verb: &'static str,
-        cm: Option<Arc<crate::cm::CmIdInner>>,
+        cm: Option<Arc<dyn CmIdHold>>,
         create: impl FnOnce(&mut ffi::ibv_qp_init_attr) -> Result<NonNull<ffi::ibv_qp>>,
     ) -> Result<QueuePair> {
         let mut caps = self.caps;
@@ -628,7 +574,7 @@ pub struct QueuePair {
     pd: Arc<PdInner>,
     /// The RDMA-CM id the QP was created on: RDMA-CM drives its state, and the id is destroyed
     /// only after the QP (this Arc).
-    pub(crate) cm: Option<Arc<crate::cm::CmIdInner>>,
+    pub(crate) cm: Option<Arc<dyn CmIdHold>>,
     /// The shared receive queue receives come from: destroyed only after this QP (this Arc).
     /// Declared after `raw`'s users; the QP itself is destroyed in `Drop::drop`, before any
     /// field is dropped.
@@ -648,6 +594,18 @@ unsafe impl Send for QueuePair {}
 // SAFETY: &self methods only query the QP, post through the `unsafe` level (which providers
 // make thread-safe), or change the prepared requests' pin lists under their Mutex.
 unsafe impl Sync for QueuePair {}
+
+/// What a queue pair created on an RDMA-CM id holds of the id: the id lives until the queue pair
+/// is gone, and destroys it. The `cm` module's id implements it, and creates such queue pairs
+/// ([`QueuePairBuilder::build_on`](crate::QueuePairBuilder::build_on)).
+pub(crate) trait CmIdHold: Send + Sync {
+    /// Destroys `qp` (`ibv_destroy_qp()`) as `rdma_destroy_qp()` does, returning the verb's
+    /// result: on success the id no longer names it (`id->qp`).
+    ///
+    /// # Safety
+    /// `qp` is the queue pair created on this id, destroyed once.
+    unsafe fn destroy_qp(&self, qp: *mut ffi::ibv_qp) -> i32;
+}
 
 impl fmt::Debug for QueuePair {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -944,7 +902,7 @@ impl QueuePair {
 
     /// Whether `queried` is siw's non-answer: RESET for a queue pair on an RDMA-CM id (never in
     /// RESET) of an iWARP device.
-    fn unreported(&self, queried: QpState) -> bool {
+    pub(crate) fn unreported(&self, queried: QpState) -> bool {
         queried == QpState::RESET && self.cm.is_some() && self.context().is_iwarp()
     }
 
@@ -984,20 +942,8 @@ impl Drop for QueuePair {
                 // SAFETY: created once, destroyed once.
                 unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) }
             }
-            Some(cm) => {
-                // What rdma_destroy_qp() does (the id has no CQs of librdmacm's: we always pass
-                // ours), but with the result checked: on failure `id->qp` keeps naming the QP,
-                // which is then leaked, so librdmacm never uses freed memory.
-                let _g = cm.channel.lock();
-                // SAFETY: created once, destroyed once, under the channel lock that every
-                // librdmacm call on the id (and event processing, which uses `id->qp`) holds.
-                let ret = unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) };
-                if ret == 0 {
-                    // SAFETY: valid id (our Arc keeps it); written under the lock.
-                    unsafe { (*cm.raw.as_ptr()).qp = std::ptr::null_mut() };
-                }
-                ret
-            }
+            // SAFETY: the id's queue pair, created once, destroyed once.
+            Some(cm) => unsafe { cm.destroy_qp(self.raw.as_ptr()) },
         };
         if ret == 0 {
             self.pd.ctx.serials.remove(ObjectKind::Qp, self.raw.as_ptr() as usize, self.id);
