@@ -23,10 +23,10 @@ use std::time::Duration;
 
 use ibverbs_sys as ffi;
 
-use crate::device::{Context, ContextInner, ObjectKind};
+use crate::device::{Context, ContextInner, CqId, ObjectKind, QpId};
 use crate::error::{Error, Result};
 use crate::fd::{self, ReadinessFd};
-use crate::queue::CqId;
+use crate::queue::{CompletionQueue, QueuePair, SharedReceiveQueue};
 
 /// The type of an asynchronous event (`enum ibv_event_type`); sound for any value the library
 /// writes, with a constant for each value rdma-core defines.
@@ -155,13 +155,6 @@ enum Element {
     Unknown,
 }
 
-/// Identifies a queue pair in an [`AsyncEvent`] (compare with [`QueuePair::id`](crate::QueuePair::id)):
-/// a number unique in the process, never given to another QP (the `struct ibv_qp` address of a
-/// dropped QP may be a later one's: an event kept after its QP was dropped is not taken for
-/// that later QP). 0 for a QP created with `ffi`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct QpId(pub(crate) u64);
-
 /// The object an [`AsyncEvent`] is about, as plain values (never pointers that could dangle).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -227,17 +220,17 @@ impl AsyncEvent {
     }
 
     /// Whether the event is about `qp` (same id and QP number).
-    pub fn is_for_qp(&self, qp: &crate::QueuePair) -> bool {
+    pub fn is_for_qp(&self, qp: &QueuePair) -> bool {
         self.object == AsyncObject::QueuePair { id: qp.id(), qp_num: qp.qp_num() }
     }
 
     /// Whether the event is about `srq` (e.g. [`AsyncEventType::SRQ_LIMIT_REACHED`]).
-    pub fn is_for_srq(&self, srq: &crate::SharedReceiveQueue) -> bool {
+    pub fn is_for_srq(&self, srq: &SharedReceiveQueue) -> bool {
         self.object == AsyncObject::SharedReceiveQueue(srq.id())
     }
 
     /// Whether the event is about `cq`.
-    pub fn is_for_cq(&self, cq: &crate::CompletionQueue) -> bool {
+    pub fn is_for_cq(&self, cq: &CompletionQueue) -> bool {
         self.object == AsyncObject::CompletionQueue(cq.id())
     }
 }

@@ -253,6 +253,20 @@ impl Serials {
     }
 }
 
+/// Identifies a queue pair in an [`AsyncEvent`](crate::AsyncEvent) (compare with
+/// [`QueuePair::id`](crate::QueuePair::id)): a number unique in the process, never given to another
+/// QP (the `struct ibv_qp` address of a dropped QP may be a later one's: an event kept after its QP
+/// was dropped is not taken for that later QP). 0 for a QP created with `ffi`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QpId(pub(crate) u64);
+
+/// Identifies the completion queue an event is for (compare with
+/// [`CompletionQueue::id`](crate::CompletionQueue::id)): a number unique in the process, never
+/// given to another CQ (the `struct ibv_cq` address of a dropped CQ may be a later one's: an id
+/// kept after its CQ was dropped is not taken for that later CQ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CqId(pub(crate) u64);
+
 // SAFETY: libibverbs contexts are thread-safe: every verb taking a context may be called from any
 // thread concurrently (rdma-core documents the verbs as thread-safe).
 unsafe impl Send for ContextInner {}

@@ -695,13 +695,13 @@ pub mod select;
 pub mod striped;
 
 pub use ah::AddressHandle;
-pub use async_event::{AsyncEvent, AsyncEventType, AsyncEvents, AsyncObject, QpId};
+pub use async_event::{AsyncEvent, AsyncEventType, AsyncEvents, AsyncObject};
 pub use attr::{
     DeviceAttr, DeviceAttrEx, Gid, GidEntry, GidType, Guid, LinkLayer, Mtu, NodeType, OdpCaps, PortAttr,
     PortState, QpState, TransportType,
 };
 pub use connect::{ConnectOptions, Endpoint};
-pub use device::{devices, Context, Device, DeviceList};
+pub use device::{devices, Context, CqId, Device, DeviceList, QpId};
 pub use error::{Error, Result};
 pub use memory::odp;
 pub use memory::{
@@ -717,7 +717,7 @@ pub use post::{
     ScopedLocal, ScopedRecv, ScopedSend, SendIterError, SendOps, SendRequest, MAX_SGE,
 };
 pub use queue::{
-    Completion, CompletionChannel, CompletionQueue, CqId, PostError, QpCaps, QpType, QueuePair,
-    QueuePairBuilder, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
+    Completion, CompletionChannel, CompletionQueue, PostError, QpCaps, QpType, QueuePair, QueuePairBuilder,
+    SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
     IWARP_MANUAL_CONNECT, IWARP_RESET,
 };

@@ -7,8 +7,9 @@ use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
 use crate::async_event::AsyncEvents;
+use crate::device::CqId;
 use crate::error::Result;
-use crate::queue::{CompletionChannel, CqId};
+use crate::queue::CompletionChannel;
 
 /// The channel as the adaptor uses it.
 #[derive(Clone)]

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use ibverbs_sys as ffi;
 
-use crate::device::{Context, ContextInner};
+use crate::device::{Context, ContextInner, CqId};
 use crate::error::{cvt_p, Error, Result};
 use crate::fd::{self, ReadinessFd, Wakeup};
 
@@ -252,13 +252,6 @@ impl fmt::Debug for CompletionChannel {
         f.debug_struct("CompletionChannel").field("fd", &self.as_raw_fd()).finish()
     }
 }
-
-/// Identifies the completion queue an event is for (compare with
-/// [`CompletionQueue::id`](crate::CompletionQueue::id)): a number unique in the process, never
-/// given to another CQ (the `struct ibv_cq` address of a dropped CQ may be a later one's: an id
-/// kept after its CQ was dropped is not taken for that later CQ).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct CqId(pub(crate) u64);
 
 impl CompletionChannel {
     pub(crate) fn new(ctx: &Context) -> Result<CompletionChannel> {

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use ibverbs_sys as ffi;
 
-use crate::device::{Context, ContextInner, ObjectKind};
+use crate::device::{Context, ContextInner, CqId, ObjectKind};
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::post::registry::Registry;
 use crate::post::Slot;
-use crate::queue::channel::{ChannelInner, CompletionChannel, CqEvents, CqId};
+use crate::queue::channel::{ChannelInner, CompletionChannel, CqEvents};
 use crate::queue::completion::{Completion, WorkCompletion};
 use crate::queue::cq_ex::{poll_into_ex, ExCq, WcFlags};
 

@@ -9,7 +9,7 @@ mod qp;
 mod srq;
 mod xrc;
 
-pub use channel::{CompletionChannel, CqId};
+pub use channel::CompletionChannel;
 pub use completion::{Completion, WcOpcode, WcStatus, WorkCompletion};
 pub use cq::CompletionQueue;
 pub use cq_ex::WcFlags;

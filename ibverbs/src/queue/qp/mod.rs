@@ -14,7 +14,7 @@ use std::sync::Arc;
 use ibverbs_sys as ffi;
 
 use crate::attr::QpState;
-use crate::device::{Context, ObjectKind};
+use crate::device::{Context, ObjectKind, QpId};
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::post::engine::{register_rings, register_send_ring};
@@ -676,8 +676,8 @@ pub(crate) fn random_psn() -> u32 {
 impl QueuePair {
     /// Identifies this QP in [`AsyncEvent`](crate::AsyncEvent)s: a number unique in the
     /// process (see [`QpId`](crate::QpId)).
-    pub fn id(&self) -> crate::QpId {
-        crate::QpId(self.id)
+    pub fn id(&self) -> QpId {
+        QpId(self.id)
     }
 
     /// Whether both work queues complete into `cq` (checked by the async adaptor).
