@@ -101,7 +101,8 @@ impl fmt::Debug for Guid {
     }
 }
 
-/// Device attributes (`struct ibv_device_attr`), from [`Context::query_device`](crate::Context::query_device).
+/// Device attributes (`struct ibv_device_attr`), from
+/// [`Context::query_device`](crate::Context::query_device).
 #[derive(Clone, Copy)]
 pub struct DeviceAttr(pub ffi::ibv_device_attr);
 
@@ -179,7 +180,8 @@ impl fmt::Debug for DeviceAttr {
     }
 }
 
-/// Extended device attributes (`struct ibv_device_attr_ex`), from [`Context::query_device_ex`](crate::Context::query_device_ex).
+/// Extended device attributes (`struct ibv_device_attr_ex`), from
+/// [`Context::query_device_ex`](crate::Context::query_device_ex).
 #[derive(Clone, Copy)]
 pub struct DeviceAttrEx(pub ffi::ibv_device_attr_ex);
 

@@ -713,11 +713,11 @@ pub use pd::ProtectionDomain;
 pub use pool::ReceivePool;
 pub use post::raw;
 pub use post::{
-    Local, LocalBuf, PreparedChainError, PreparedPost, PreparedRecv, PreparedSend, RecvRequest, Scope,
-    ScopedLocal, ScopedRecv, ScopedSend, SendIterError, SendOps, SendRequest, MAX_SGE,
+    Local, LocalBuf, PreparedChainError, PreparedPost, PreparedRecv, PreparedSend, RecvRequest, ScopedLocal,
+    ScopedRecv, ScopedSend, SendIterError, SendOps, SendRequest, MAX_SGE,
 };
 pub use queue::{
     Completion, CompletionChannel, CompletionQueue, PostError, QpCaps, QpType, QueuePair, QueuePairBuilder,
-    SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
+    Scope, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
     IWARP_MANUAL_CONNECT, IWARP_RESET,
 };

@@ -33,5 +33,5 @@ pub(crate) mod wr;
 pub(crate) use engine::{Slot, SlotBufs};
 pub use ex::SendOps;
 pub use prepared::{PreparedChainError, PreparedPost, PreparedRecv, PreparedSend};
-pub use scope::{Scope, ScopedLocal, ScopedRecv, ScopedSend};
+pub use scope::{ScopedLocal, ScopedRecv, ScopedSend};
 pub use wr::{Local, LocalBuf, RecvRequest, SendIterError, SendRequest, MAX_SGE};

@@ -1,6 +1,7 @@
 //! The third posting level: requests over *borrowed* slices of registered memory, posted inside a
 //! [`QueuePair::scope`](crate::QueuePair::scope) that does not return before the device is done
-//! with every one of them (the `std::thread::scope` pattern).
+//! with every one of them (the `std::thread::scope` pattern). The [`Scope`](crate::Scope) handed
+//! to the closure, and its drain, are the queue pair's (`queue/qp/scope.rs`).
 //!
 //! A scoped request goes through the same engine as an owned one (a slot of the work queue's
 //! ring, a `wr_id` naming it, the CQ's registry finding it); its slot holds no buffer. What keeps
@@ -15,28 +16,27 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::RangeBounds;
-use std::time::Duration;
 
 use ibverbs_sys as ffi;
 
 use crate::ah::AddressHandle;
 use crate::error::{Error, Result};
-use crate::memory::{check_range, Chunk, MemoryRegion, MrInner, RemoteMemoryRegion, RemoteSlice};
+use crate::memory::{check_range, MrInner, RemoteSlice};
 use crate::pd::PdInner;
 use crate::post::engine::{Request, Slot, SlotBufs};
 use crate::post::ring::Ring;
-use crate::post::wr::{EntryFacts, RecvRequest, SendRequest, MAX_SGE};
-use crate::queue::{Completion, CompletionQueue, PostError, QueuePair};
+use crate::post::wr::{EntryFacts, SendRequest, MAX_SGE};
 
 /// A bounds-checked range of registered memory *borrowed* for a scope: one scatter/gather
 /// entry (`struct ibv_sge`) of a [`ScopedSend`] or [`ScopedRecv`].
 ///
-/// Made by [`Scope::local`] (shared borrow: the device may only read it),
-/// [`Scope::local_mut`] (exclusive borrow: the device may also write it, for receives, RDMA
-/// Reads and atomics), the `_chunk` variants of both, and [`Scope::local_remote`] (a
-/// remote-exposed region, racy by nature: shared, and still device-writable). The borrow `'b`
-/// lasts as long as the scope the request is posted in: the region can neither be touched (for
-/// `local_mut`), written (for `local`) nor dropped until the scope has drained.
+/// Made by [`Scope::local`](crate::Scope::local) (shared borrow: the device may only read it),
+/// [`Scope::local_mut`](crate::Scope::local_mut) (exclusive borrow: the device may also write it,
+/// for receives, RDMA Reads and atomics), the `_chunk` variants of both, and
+/// [`Scope::local_remote`](crate::Scope::local_remote) (a remote-exposed region, racy by nature:
+/// shared, and still device-writable). The borrow `'b` lasts as long as the scope the request is
+/// posted in: the region can neither be touched (for `local_mut`), written (for `local`) nor
+/// dropped until the scope has drained.
 ///
 /// As with [`Local`](crate::Local), a range of 0 bytes is refused by the posts.
 pub struct ScopedLocal<'b> {
@@ -59,7 +59,7 @@ impl fmt::Debug for ScopedLocal<'_> {
 }
 
 impl<'b> ScopedLocal<'b> {
-    fn new(
+    pub(crate) fn new(
         mr: &'b MrInner,
         start: *mut u8,
         size: usize,
@@ -170,9 +170,9 @@ fn pack(sges: &[Option<ScopedLocal<'_>>; MAX_SGE], out: &mut [ffi::ibv_sge; MAX_
 }
 
 /// A send-queue work request over borrowed memory (`struct ibv_send_wr`), posted with
-/// [`Scope::post_send`]: Send, RDMA Write, RDMA Read or an atomic. The builder mirrors
-/// [`SendRequest`]'s (inline data and window operations stay at the owned level:
-/// [`Scope::post_send_owned`]).
+/// [`Scope::post_send`](crate::Scope::post_send): Send, RDMA Write, RDMA Read or an atomic. The
+/// builder mirrors [`SendRequest`]'s (inline data and window operations stay at the owned level:
+/// [`Scope::post_send_owned`](crate::Scope::post_send_owned)).
 pub struct ScopedSend<'b> {
     /// The operation and its options; its own entries stay empty.
     pub(crate) wr: SendRequest<'static>,
@@ -205,7 +205,7 @@ impl<'b> ScopedSend<'b> {
     }
 
     /// An RDMA Read of `remote` into `local` (`IBV_WR_RDMA_READ`); `local` must be device
-    /// writable ([`Scope::local_mut`]).
+    /// writable ([`Scope::local_mut`](crate::Scope::local_mut)).
     pub fn read(local: ScopedLocal<'b>, remote: RemoteSlice) -> Self {
         Self::with(SendRequest::read_op(remote), local)
     }
@@ -250,9 +250,10 @@ impl<'b> ScopedSend<'b> {
         self
     }
 
-    /// Requests no completion (clears `IBV_SEND_SIGNALED`). The request then finishes with the
-    /// next signaled completion of the send queue; if none follows in the scope, the drain
-    /// cannot see it finish and ends by failing the queue pair (see [`QueuePair::scope`]).
+    /// Requests no completion (clears `IBV_SEND_SIGNALED`). The request then finishes with the next
+    /// signaled completion of the send queue; if none follows in the scope, the drain cannot see it
+    /// finish and ends by failing the queue pair (see
+    /// [`QueuePair::scope`](crate::QueuePair::scope)).
     pub fn unsignaled(mut self) -> Self {
         self.wr = self.wr.unsignaled();
         self
@@ -331,7 +332,7 @@ impl Request for ScopedSend<'_> {
 }
 
 /// A receive-queue work request over borrowed, device-writable memory (`struct ibv_recv_wr`),
-/// posted with [`Scope::post_recv`].
+/// posted with [`Scope::post_recv`](crate::Scope::post_recv).
 pub struct ScopedRecv<'b> {
     sges: [Option<ScopedLocal<'b>>; MAX_SGE],
     wr_id: u64,
@@ -347,7 +348,7 @@ impl fmt::Debug for ScopedRecv<'_> {
 }
 
 impl<'b> ScopedRecv<'b> {
-    /// A receive into `local` (device writable: [`Scope::local_mut`]).
+    /// A receive into `local` (device writable: [`Scope::local_mut`](crate::Scope::local_mut)).
     pub fn new(local: ScopedLocal<'b>) -> Self {
         ScopedRecv { sges: [Some(local), None, None, None], wr_id: 0 }
     }
@@ -410,258 +411,6 @@ impl Request for ScopedRecv<'_> {
         Slot { wr_id: self.wr_id, bufs: SlotBufs::default(), _ah: None }
     }
     fn give_back(&mut self, _slot: Slot, _sges: &[ffi::ibv_sge; MAX_SGE]) {}
-}
-
-/// How long the drain at the end of a scope waits: for the scope's requests to complete, then
-/// (after moving the queue pair to ERR) for the device to flush them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct DrainBounds {
-    pub(crate) complete: Duration,
-    pub(crate) flush: Duration,
-}
-
-/// The default drain bounds: 10 s for the requests to complete, 10 s for the flush.
-pub(crate) const DEFAULT_DRAIN: DrainBounds =
-    DrainBounds { complete: Duration::from_secs(10), flush: Duration::from_secs(10) };
-
-/// The posting scope of [`QueuePair::scope`]: posts requests over memory borrowed for the
-/// scope ([`ScopedSend`], [`ScopedRecv`]) and owned requests, and polls the queue pair's CQs.
-///
-/// `'s` is the scope's own lifetime (invariant, so no two scopes' types ever match), `'env`
-/// what the scope may borrow from: a borrowed request must outlive `'s`, which the closure
-/// cannot see the end of, so only memory borrowed from outside the closure can be posted, and it
-/// stays borrowed until `QueuePair::scope` has drained and returned.
-pub struct Scope<'s, 'env: 's> {
-    pub(crate) qp: &'s mut QueuePair,
-    pub(crate) send_cq: &'s mut CompletionQueue,
-    /// The receive CQ when it is another CQ than the send CQ ([`QueuePair::scope_split`]).
-    pub(crate) recv_cq: Option<&'s mut CompletionQueue>,
-    /// The send ring's position after the last scoped send, until the ring released it.
-    pub(crate) send_end: Option<u32>,
-    /// The receive ring's position after the last scoped receive, until the ring released it.
-    pub(crate) recv_end: Option<u32>,
-    pub(crate) bounds: DrainBounds,
-    _scope: PhantomData<fn(&'s ()) -> &'s ()>,
-    _env: PhantomData<fn(&'env ()) -> &'env ()>,
-}
-
-impl fmt::Debug for Scope<'_, '_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Scope")
-            .field("qp", &self.qp)
-            .field("send_end", &self.send_end)
-            .field("recv_end", &self.recv_end)
-            .field("bounds", &self.bounds)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<'s, 'env> Scope<'s, 'env> {
-    pub(crate) fn new(
-        qp: &'s mut QueuePair,
-        send_cq: &'s mut CompletionQueue,
-        recv_cq: Option<&'s mut CompletionQueue>,
-    ) -> Self {
-        Scope {
-            qp,
-            send_cq,
-            recv_cq,
-            send_end: None,
-            recv_end: None,
-            bounds: DEFAULT_DRAIN,
-            _scope: PhantomData,
-            _env: PhantomData,
-        }
-    }
-
-    /// The bytes `range` of `mr`, borrowed (shared) for sends and RDMA Write sources: the device
-    /// only reads them, and nothing can write them while the scope runs.
-    ///
-    /// # Errors
-    /// [`Error::OutOfBounds`] when the range leaves the region, [`Error::InvalidArgument`] for a
-    /// range of 4 GiB or more.
-    pub fn local<'b>(&self, mr: &'b MemoryRegion, range: impl RangeBounds<usize>) -> Result<ScopedLocal<'b>> {
-        ScopedLocal::new(&mr.inner, mr.inner.addr(), mr.inner.len(), range, false)
-    }
-
-    /// The bytes `range` of `mr`, borrowed exclusively: the device may write them (receives,
-    /// RDMA Reads, atomics), and nothing else can read or write the region until the scope has
-    /// drained. Split it with [`ScopedLocal::split_at`] or [`ScopedLocal::chunks`] for several
-    /// requests.
-    ///
-    /// # Errors
-    /// As [`local`](Self::local).
-    pub fn local_mut<'b>(
-        &self,
-        mr: &'b mut MemoryRegion,
-        range: impl RangeBounds<usize>,
-    ) -> Result<ScopedLocal<'b>> {
-        let mr: &'b MemoryRegion = mr;
-        ScopedLocal::new(&mr.inner, mr.inner.addr(), mr.inner.len(), range, true)
-    }
-
-    /// [`local`](Self::local) of a [`Chunk`] (`range` within the chunk).
-    ///
-    /// # Errors
-    /// As [`local`](Self::local).
-    pub fn local_chunk<'b>(
-        &self,
-        chunk: &'b Chunk,
-        range: impl RangeBounds<usize>,
-    ) -> Result<ScopedLocal<'b>> {
-        ScopedLocal::new(&chunk.mr, chunk.addr(), chunk.len(), range, false)
-    }
-
-    /// [`local_mut`](Self::local_mut) of a [`Chunk`] (`range` within the chunk).
-    ///
-    /// # Errors
-    /// As [`local`](Self::local).
-    pub fn local_chunk_mut<'b>(
-        &self,
-        chunk: &'b mut Chunk,
-        range: impl RangeBounds<usize>,
-    ) -> Result<ScopedLocal<'b>> {
-        let chunk: &'b Chunk = chunk;
-        ScopedLocal::new(&chunk.mr, chunk.addr(), chunk.len(), range, true)
-    }
-
-    /// The bytes `range` of a remote-exposed region, borrowed (shared) and device writable: peers
-    /// may write it at any moment anyway, so it only ever gives copies
-    /// ([`RemoteMemoryRegion`]'s rules), and a scope may let the device write it too.
-    ///
-    /// # Errors
-    /// As [`local`](Self::local).
-    pub fn local_remote<'b>(
-        &self,
-        mr: &'b RemoteMemoryRegion,
-        range: impl RangeBounds<usize>,
-    ) -> Result<ScopedLocal<'b>> {
-        ScopedLocal::new(&mr.inner, mr.inner.addr(), mr.inner.len(), range, true)
-    }
-
-    /// Posts a send request over borrowed memory (`ibv_post_send()`, or the `ibv_wr_*` builders
-    /// on an extended queue pair), with the checks of [`QueuePair::post_send`]. The scope will
-    /// not return before its completion (or the queue pair's failure, see
-    /// [`QueuePair::scope`]). No allocation, no lock.
-    ///
-    /// # Errors
-    /// A [`PostError`] handing the request back, as for [`QueuePair::post_send`].
-    #[doc(alias = "ibv_post_send")]
-    #[allow(clippy::result_large_err)] // the request comes back whole, without boxing
-    pub fn post_send(&mut self, wr: ScopedSend<'s>) -> Result<(), PostError<ScopedSend<'s>>> {
-        let mut wr = wr;
-        let (end, r) = self.qp.post_scoped_send(&mut wr);
-        if let Some(end) = end {
-            // Posted, also when the provider failed after queuing it (Error::QueuedWithError).
-            self.send_end = Some(end);
-        }
-        r.map_err(|error| PostError { error, request: wr })
-    }
-
-    /// Posts a chain of send requests over borrowed memory with one `ibv_post_send()` (one
-    /// doorbell; on an extended queue pair one `ibv_wr_start` ... `ibv_wr_complete` batch), with
-    /// the checks of [`QueuePair::post_send_chain`]. On success `wrs` is empty; on error it holds
-    /// the requests not posted (those before the one the provider refused are posted, and the
-    /// drain waits for them). `wrs` keeps its capacity: reused (it may be declared outside the
-    /// closure, holding borrows that outlive the scope), it allocates nothing.
-    ///
-    /// # Errors
-    /// As [`QueuePair::post_send_chain`].
-    #[doc(alias = "ibv_post_send")]
-    pub fn post_send_chain<'b: 's>(&mut self, wrs: &mut Vec<ScopedSend<'b>>) -> Result<()> {
-        let (end, r) = self.qp.post_scoped_send_chain(wrs);
-        if let Some(end) = end {
-            // Every request of the chain that reached the device is before `end`.
-            self.send_end = Some(end);
-        }
-        r
-    }
-
-    /// Posts a receive request over borrowed memory (`ibv_post_recv()`), with the checks of
-    /// [`QueuePair::post_recv`]. The scope will not return before its completion (or the queue
-    /// pair's failure). No allocation, no lock.
-    ///
-    /// # Errors
-    /// A [`PostError`] handing the request back, as for [`QueuePair::post_recv`].
-    #[doc(alias = "ibv_post_recv")]
-    #[allow(clippy::result_large_err)]
-    pub fn post_recv(&mut self, wr: ScopedRecv<'s>) -> Result<(), PostError<ScopedRecv<'s>>> {
-        let mut wr = wr;
-        let (end, r) = self.qp.post_scoped_recv(&mut wr);
-        if let Some(end) = end {
-            // Posted, also when the provider failed after queuing it (Error::QueuedWithError).
-            self.recv_end = Some(end);
-        }
-        r.map_err(|error| PostError { error, request: wr })
-    }
-
-    /// Posts an owned request ([`QueuePair::post_send`]): its buffers come back with its
-    /// completion as usual, and the drain does not wait for it.
-    ///
-    /// # Errors
-    /// As [`QueuePair::post_send`].
-    #[doc(alias = "ibv_post_send")]
-    #[allow(clippy::result_large_err)]
-    pub fn post_send_owned<'a>(&mut self, wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
-        self.qp.post_send(wr)
-    }
-
-    /// Posts an owned receive ([`QueuePair::post_recv`]); the drain does not wait for it.
-    ///
-    /// # Errors
-    /// As [`QueuePair::post_recv`].
-    #[doc(alias = "ibv_post_recv")]
-    #[allow(clippy::result_large_err)]
-    pub fn post_recv_owned(&mut self, wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
-        self.qp.post_recv(wr)
-    }
-
-    /// Polls the queue pair's CQ ([`CompletionQueue::poll`]; with two CQs, the send CQ first,
-    /// then the receive CQ into the rest of `out`). Completions of scoped requests carry the
-    /// caller's `wr_id` and no buffer; owned requests' hand their buffers back; completions of
-    /// other queue pairs sharing the CQ come as they would from `poll`. No allocation, no lock.
-    ///
-    /// # Errors
-    /// [`Error::Verb`] when `ibv_poll_cq()` fails.
-    #[doc(alias = "ibv_poll_cq")]
-    pub fn poll<'c>(&mut self, out: &'c mut [Completion]) -> Result<&'c mut [Completion]> {
-        let n = self.send_cq.poll(out)?.len();
-        let n = match self.recv_cq.as_deref_mut() {
-            Some(cq) if n < out.len() => n + cq.poll(&mut out[n..])?.len(),
-            _ => n,
-        };
-        self.refresh();
-        Ok(&mut out[..n])
-    }
-
-    /// Whether a request posted in this scope over borrowed memory may still be in use by the
-    /// device (its completion, or a later one of the same work queue, not polled yet).
-    pub fn in_flight(&mut self) -> bool {
-        self.refresh();
-        self.send_end.is_some() || self.recv_end.is_some()
-    }
-
-    /// Forgets the positions the rings have released.
-    fn refresh(&mut self) {
-        if self.send_end.is_some_and(|end| !self.qp.send_ring().pending_before(end)) {
-            self.send_end = None;
-        }
-        if self.recv_end.is_some_and(|end| !self.qp.recv_ring().pending_before(end)) {
-            self.recv_end = None;
-        }
-    }
-
-    /// The queue pair (state, number, capacities, ...).
-    pub fn qp(&self) -> &QueuePair {
-        self.qp
-    }
-
-    /// Sets the drain's bounds: how long it waits for the scope's requests to complete before
-    /// moving the queue pair to ERR, and then for the device to flush them (defaults: 10 s and
-    /// 10 s). See [`QueuePair::scope`].
-    pub fn set_drain_timeouts(&mut self, complete: Duration, flush: Duration) {
-        self.bounds = DrainBounds { complete, flush };
-    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ mod post;
 mod scope;
 mod state;
 
+pub use scope::Scope;
 pub use state::{IWARP_MANUAL_CONNECT, IWARP_RESET};
 
 use std::fmt;
