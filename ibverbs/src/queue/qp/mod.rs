@@ -4,6 +4,7 @@
 mod post;
 mod scope;
 mod state;
+mod window;
 
 pub use scope::Scope;
 pub use state::{IWARP_MANUAL_CONNECT, IWARP_RESET};
