@@ -267,6 +267,14 @@ pub struct QpId(pub(crate) u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CqId(pub(crate) u64);
 
+/// A process-wide identity of a queue pair, SRQ or CQ (what prepared requests are checked
+/// against, and what [`QpId`](crate::QpId), [`CqId`](crate::CqId) and SRQ ids are): a 64-bit
+/// counter does not wrap in any process's lifetime.
+pub(crate) fn next_queue_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 // SAFETY: libibverbs contexts are thread-safe: every verb taking a context may be called from any
 // thread concurrently (rdma-core documents the verbs as thread-safe).
 unsafe impl Send for ContextInner {}

@@ -702,7 +702,7 @@ pub use attr::{
 };
 pub use connect::{ConnectOptions, Endpoint};
 pub use device::{devices, Context, CqId, Device, DeviceList, QpId};
-pub use error::{Error, Result};
+pub use error::{Error, PostError, Result};
 pub use memory::odp;
 pub use memory::{
     page_size, AccessFlags, BoundWindow, Chunk, DeviceMemory, DeviceMemoryRegion, DmabufRegion,
@@ -717,7 +717,7 @@ pub use post::{
     ScopedRecv, ScopedSend, SendIterError, SendOps, SendRequest, MAX_SGE,
 };
 pub use queue::{
-    Completion, CompletionChannel, CompletionQueue, PostError, QpCaps, QpType, QueuePair, QueuePairBuilder,
-    Scope, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
+    Completion, CompletionChannel, CompletionQueue, QpCaps, QpType, QueuePair, QueuePairBuilder, Scope,
+    SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
     IWARP_MANUAL_CONNECT, IWARP_RESET,
 };

@@ -23,10 +23,10 @@
 //! # }
 //! ```
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PostError, Result};
 use crate::memory::Chunk;
 use crate::post::{Local, LocalBuf, RecvRequest};
-use crate::queue::{PostError, QueuePair, SharedReceiveQueue};
+use crate::queue::{QueuePair, SharedReceiveQueue};
 
 /// Keeps a queue pair's receive queue stocked with [`Chunk`]s of one (or several)
 /// registrations, the way servers register one large buffer once and carve it into slots.

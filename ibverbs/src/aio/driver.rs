@@ -10,14 +10,12 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 
 use super::{Backend, CqCore};
-use crate::error::{Error, Result};
+use crate::error::{Error, PostError, Result};
 use crate::memory::RemoteSlice;
 use crate::pd::ProtectionDomain;
 use crate::post::ring::{keep_first, Payload};
 use crate::post::{Local, RecvRequest, SendRequest};
-use crate::queue::{
-    Completion, CompletionChannel, CompletionQueue, PostError, QpType, QueuePair, QueuePairBuilder,
-};
+use crate::queue::{Completion, CompletionChannel, CompletionQueue, QpType, QueuePair, QueuePairBuilder};
 
 /// Completions fetched per `ibv_poll_cq()` by the driver.
 const BATCH: usize = 16;

@@ -2,6 +2,7 @@
 //! text ([`ParseError`], in `setting`) and why a port is not usable ([`PortProblem`],
 //! [`Rejected`], in `port`); the values it names of devices and queue pairs are in `attr`.
 
+use std::fmt;
 use std::io;
 
 mod port;
@@ -343,6 +344,40 @@ impl Error {
             | Error::QueuedWithError { source, .. } => source.raw_os_error(),
             _ => None,
         }
+    }
+}
+
+/// A failed post: the error, and the request (with its buffers) handed back.
+pub struct PostError<R> {
+    /// What went wrong.
+    pub error: Error,
+    /// The request that was not posted, with its buffers. With [`Error::QueuedWithError`] it
+    /// was posted after all: this is what is left of it, without its buffers (they come back
+    /// with its completion).
+    pub request: R,
+}
+
+impl<R> fmt::Debug for PostError<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostError").field("error", &self.error).finish_non_exhaustive()
+    }
+}
+
+impl<R> fmt::Display for PostError<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<R> std::error::Error for PostError<R> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<R> From<PostError<R>> for Error {
+    fn from(e: PostError<R>) -> Error {
+        e.error
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ibverbs_sys as ffi;
 
-use crate::device::{Context, ContextInner, CqId, ObjectKind};
+use crate::device::{next_queue_id, Context, ContextInner, CqId, ObjectKind};
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::post::registry::Registry;
 use crate::post::Slot;
@@ -116,7 +116,7 @@ impl CompletionQueue {
             });
         }
         let ch = channel.map_or(std::ptr::null_mut(), |c| c.inner.raw.as_ptr());
-        let events = Arc::new(CqEvents::new(crate::queue::qp::next_queue_id()));
+        let events = Arc::new(CqEvents::new(next_queue_id()));
         let cq_context = Arc::as_ptr(&events).cast_mut().cast();
         crate::error::clear_errno();
         let (raw, ex) = match wc_flags {

@@ -14,8 +14,6 @@ pub use completion::{Completion, WcOpcode, WcStatus, WorkCompletion};
 pub use cq::CompletionQueue;
 pub use cq_ex::WcFlags;
 pub(crate) use qp::CmIdHold;
-pub use qp::{
-    PostError, QpCaps, QpType, QueuePair, QueuePairBuilder, Scope, IWARP_MANUAL_CONNECT, IWARP_RESET,
-};
+pub use qp::{QpCaps, QpType, QueuePair, QueuePairBuilder, Scope, IWARP_MANUAL_CONNECT, IWARP_RESET};
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use xrc::XrcDomain;

@@ -7,16 +7,16 @@ use std::sync::{Arc, Mutex};
 
 use ibverbs_sys as ffi;
 
-use crate::device::ObjectKind;
-use crate::error::{cvt, cvt_p, Error, Result};
+use crate::device::{next_queue_id, ObjectKind};
+use crate::error::{cvt, cvt_p, Error, PostError, Result};
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::post::engine::{single_post_result, Request};
 use crate::post::prepared::{keep_pins, Pin, PreparedRecv};
 use crate::post::registry::{RegisterError, SrqAttachment};
 use crate::post::table::{SlotTable, MAX_SLOTS, SRQ_ID_BITS};
 use crate::post::{RecvRequest, Slot, SlotBufs, MAX_SGE};
-use crate::queue::cq::CqInner;
-use crate::queue::qp::{next_queue_id, PostError};
+use crate::queue::cq::{CompletionQueue, CqInner};
+use crate::queue::xrc::{check_xrc, XrcDomain};
 
 /// A provider's `post_srq_recv` entry point.
 type PostSrqFn =
@@ -161,7 +161,7 @@ fn next_srq_id(verb: &'static str) -> Result<u32> {
 }
 
 /// The number of the SRQ `raw`, just created: on failure (the numbers ran out) it is destroyed.
-pub(crate) fn srq_id_for(raw: NonNull<ffi::ibv_srq>, verb: &'static str) -> Result<u32> {
+fn srq_id_for(raw: NonNull<ffi::ibv_srq>, verb: &'static str) -> Result<u32> {
     next_srq_id(verb).inspect_err(|_| {
         // SAFETY: created by the caller and not handed out; nothing was posted to it. A failure
         // leaks it.
@@ -199,9 +199,72 @@ impl ProtectionDomain {
         let id = srq_id_for(raw, "ibv_create_srq")?;
         Ok(SharedReceiveQueue::from_raw(id, raw, max_wr, max_sge, self.inner.clone(), None))
     }
+
+    /// Creates an XRC shared receive queue in `xrcd` whose completions go to `cq`
+    /// (`ibv_create_srq_ex()` with `IBV_SRQT_XRC`). Posting and buffer ownership are those of
+    /// any [`SharedReceiveQueue`]; remote XRC senders name it by its SRQ number.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the device lacks `IBV_DEVICE_XRC`;
+    /// [`Error::InvalidArgument`] for a `cq` or `xrcd` of another device context than the
+    /// protection domain; otherwise as [`create_srq`](Self::create_srq), or
+    /// [`Error::CqTooSmall`] when `cq` cannot hold the
+    /// SRQ's completions, [`Error::TooManyQueuePairs`] when `cq` already serves the most queues
+    /// it can track.
+    #[doc(alias = "ibv_create_srq_ex")]
+    pub fn create_xrc_srq(
+        &self,
+        xrcd: &XrcDomain,
+        cq: &CompletionQueue,
+        max_wr: u32,
+        max_sge: u32,
+    ) -> Result<SharedReceiveQueue> {
+        const VERB: &str = "ibv_create_srq_ex";
+        check_xrc(&self.context(), VERB)?;
+        check_depth(max_wr, VERB)?;
+        if !Arc::ptr_eq(&cq.inner.ctx, &self.inner.ctx) || !Arc::ptr_eq(&xrcd.inner._ctx, &self.inner.ctx) {
+            return Err(Error::InvalidArgument {
+                verb: VERB,
+                reason: "the CQ or XRC domain belongs to another device context than the protection domain",
+            });
+        }
+        use ffi::ibv_srq_init_attr_mask as M;
+        // Written through the pointer of a zeroed MaybeUninit: the padding stays initialised (see
+        // `create_srq`).
+        let mut init = std::mem::MaybeUninit::<ffi::ibv_srq_init_attr_ex>::zeroed();
+        let p = init.as_mut_ptr();
+        // SAFETY: all-zero is a valid ibv_srq_init_attr_ex (null pointers and integers); valid
+        // context, PD, XRC domain and CQ (all kept alive by the SRQ's Arcs).
+        let raw = unsafe {
+            (*p).attr.max_wr = max_wr;
+            (*p).attr.max_sge = max_sge;
+            (*p).comp_mask = M::IBV_SRQ_INIT_ATTR_TYPE.0
+                | M::IBV_SRQ_INIT_ATTR_PD.0
+                | M::IBV_SRQ_INIT_ATTR_XRCD.0
+                | M::IBV_SRQ_INIT_ATTR_CQ.0;
+            (*p).srq_type = ffi::ibv_srq_type::IBV_SRQT_XRC;
+            (*p).pd = self.as_raw();
+            (*p).xrcd = xrcd.as_raw();
+            (*p).cq = cq.as_raw();
+            ffi::ibv_create_srq_ex(self.inner.ctx.raw.as_ptr(), p)
+        };
+        let raw = cvt_p(VERB, raw)?;
+        let id = srq_id_for(raw, VERB)?;
+        let srq = SharedReceiveQueue::from_raw(
+            id,
+            raw,
+            max_wr,
+            max_sge,
+            self.inner.clone(),
+            Some(xrcd.inner.clone()),
+        );
+        // Its completions go to `cq`: attach there (dropping `srq` on failure destroys it).
+        srq.inner.attach_to(&cq.inner, VERB)?;
+        Ok(srq)
+    }
 }
 
-pub(crate) fn check_depth(max_wr: u32, verb: &'static str) -> Result<()> {
+fn check_depth(max_wr: u32, verb: &'static str) -> Result<()> {
     if max_wr == 0 || max_wr > MAX_SLOTS {
         return Err(Error::InvalidArgument {
             verb,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use ibverbs_sys as ffi;
 
 use crate::attr::QpState;
-use crate::device::{Context, ObjectKind, QpId};
+use crate::device::{next_queue_id, Context, ObjectKind, QpId};
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::post::engine::{register_rings, register_send_ring};
@@ -618,48 +618,6 @@ impl fmt::Debug for QueuePair {
             .field("caps", &self.caps)
             .finish()
     }
-}
-
-/// A failed post: the error, and the request (with its buffers) handed back.
-pub struct PostError<R> {
-    /// What went wrong.
-    pub error: Error,
-    /// The request that was not posted, with its buffers. With [`Error::QueuedWithError`] it
-    /// was posted after all: this is what is left of it, without its buffers (they come back
-    /// with its completion).
-    pub request: R,
-}
-
-impl<R> fmt::Debug for PostError<R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostError").field("error", &self.error).finish_non_exhaustive()
-    }
-}
-
-impl<R> fmt::Display for PostError<R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.error.fmt(f)
-    }
-}
-
-impl<R> std::error::Error for PostError<R> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.error)
-    }
-}
-
-impl<R> From<PostError<R>> for Error {
-    fn from(e: PostError<R>) -> Error {
-        e.error
-    }
-}
-
-/// A process-wide identity of a queue pair, SRQ or CQ (what prepared requests are checked
-/// against, and what [`QpId`](crate::QpId), [`CqId`](crate::CqId) and SRQ ids are): a 64-bit
-/// counter does not wrap in any process's lifetime.
-pub(crate) fn next_queue_id() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 pub(crate) fn random_psn() -> u32 {

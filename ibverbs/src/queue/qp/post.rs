@@ -6,7 +6,7 @@ use std::sync::Arc;
 use ibverbs_sys as ffi;
 
 use crate::attr::QpState;
-use crate::error::{cvt, Error, Result};
+use crate::error::{cvt, Error, PostError, Result};
 use crate::pd::PdInner;
 use crate::post::engine::{
     post_chain, post_one, post_prepared_chain, post_prepared_one, post_prepared_recv_one, post_send_iter,
@@ -18,9 +18,8 @@ use crate::post::prepared::{
 };
 use crate::post::ring::Ring;
 use crate::post::wr::Op;
-use crate::post::{RecvRequest, ScopedRecv, ScopedSend, SendIterError, SendRequest};
-use crate::post::{Slot, MAX_SGE};
-use crate::queue::qp::{PostError, QpCaps, QpType, QueuePair};
+use crate::post::{RecvRequest, ScopedRecv, ScopedSend, SendIterError, SendRequest, Slot, MAX_SGE};
+use crate::queue::qp::{QpCaps, QpType, QueuePair};
 
 /// The safe level's `post_send` on siw: fences (`IBV_SEND_FENCE`) every request of the chain
 /// but RDMA Reads and atomics, then calls the provider's `post_send`.

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::attr::QpState;
-use crate::error::{Error, Result};
+use crate::error::{Error, PostError, Result};
 use crate::memory::{Chunk, MemoryRegion, RemoteMemoryRegion};
 use crate::post::ring::{drop_payload, keep_first, Payload, Ring};
 use crate::post::{RecvRequest, ScopedLocal, ScopedRecv, ScopedSend, SendRequest, Slot};
 use crate::queue::cq::{CompletionQueue, CqInner};
-use crate::queue::qp::{PostError, QueuePair};
+use crate::queue::qp::QueuePair;
 use crate::queue::Completion;
 
 /// Longest bound the drain takes from the caller (an `Instant` plus any `Duration` may overflow).
