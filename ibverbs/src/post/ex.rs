@@ -20,8 +20,9 @@
 use ibverbs_sys as ffi;
 
 use crate::error::{Error, Result};
-use crate::post::engine::{batch_head, Request, Slot};
+use crate::post::engine::batch_head;
 use crate::post::ring::Ring;
+use crate::post::slot::{Request, Slot};
 use crate::post::wr::MAX_SGE;
 
 bitflags::bitflags! {

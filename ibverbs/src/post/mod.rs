@@ -27,11 +27,12 @@ pub mod raw;
 pub(crate) mod registry;
 pub(crate) mod ring;
 pub(crate) mod scope;
+pub(crate) mod slot;
 pub(crate) mod table;
 pub(crate) mod wr;
 
-pub(crate) use engine::{Slot, SlotBufs};
 pub use ex::SendOps;
 pub use prepared::{PreparedChainError, PreparedPost, PreparedRecv, PreparedSend};
 pub use scope::{ScopedLocal, ScopedRecv, ScopedSend};
+pub(crate) use slot::{Slot, SlotBufs};
 pub use wr::{Local, LocalBuf, RecvRequest, SendIterError, SendRequest, MAX_SGE};

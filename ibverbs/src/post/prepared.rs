@@ -13,8 +13,8 @@ use ibverbs_sys as ffi;
 use crate::ah::AhInner;
 use crate::error::{Error, Result};
 use crate::memory::{MemoryRegion, RemoteMemoryRegion, RemoteSlice};
-use crate::post::engine::{Request, Slot, SlotBufs};
 use crate::post::ring::Ring;
+use crate::post::slot::{Request, Slot, SlotBufs};
 use crate::post::wr::{LocalBuf, Op, RecvRequest, SendRequest, MAX_SGE};
 
 /// A send-queue request prepared for one queue pair by

@@ -23,8 +23,8 @@ use crate::ah::AddressHandle;
 use crate::error::{Error, Result};
 use crate::memory::{check_range, MrInner, RemoteSlice};
 use crate::pd::PdInner;
-use crate::post::engine::{Request, Slot, SlotBufs};
 use crate::post::ring::Ring;
+use crate::post::slot::{Request, Slot, SlotBufs};
 use crate::post::wr::{EntryFacts, SendRequest, MAX_SGE};
 
 /// A bounds-checked range of registered memory *borrowed* for a scope: one scatter/gather

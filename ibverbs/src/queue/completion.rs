@@ -464,6 +464,45 @@ impl fmt::Debug for Completion {
 mod tests {
     use super::*;
 
+    // Light slots (prepared posts) are written with their first buffer entry only: taken back
+    // after a failed post, completed through a `Completion`, released with a later one or with
+    // the ring, nothing reads past that entry (run under Miri, an uninitialised read fails).
+    #[test]
+    fn light_slots_are_read_no_further_than_their_first_entry() {
+        use crate::post::prepared::{light_slot, write_light_slot};
+        let reg = Registry::<Slot>::for_tests(64);
+        let [ring] = reg.register([(8, false)]).unwrap();
+        let writer = ring.light_writer();
+        for pos in 0..5u32 {
+            // SAFETY: the producer of a fresh ring; positions 0..5 are free.
+            unsafe {
+                if pos % 2 == 0 {
+                    write_light_slot(&ring, pos, 100 + u64::from(pos));
+                } else {
+                    writer.write(pos, |slot| light_slot(slot, 100 + u64::from(pos)));
+                }
+            }
+        }
+        ring.set_head(5);
+        // A post that failed: the last one withdrawn and taken back whole.
+        ring.set_head(4);
+        // SAFETY: withdrawn before the consumer could see it.
+        let back = unsafe { ring.take_back(4) };
+        assert_eq!(back.wr_id, 104);
+        assert!(back.bufs.into_array().iter().all(Option::is_none));
+        // The completion of position 1 releases 0 with it and takes 1 where it lies.
+        let mut c = Completion::default();
+        let wc = ffi::ibv_wc { wr_id: ring.device_wr_id(1), ..Default::default() };
+        // SAFETY: the registry's only consumer; the entry is fresh (cleared).
+        unsafe { c.fill(&wc, &reg) };
+        assert_eq!(c.wr_id(), 101);
+        assert!(c.take_buffers().next().is_none(), "a light slot hands back nothing");
+        assert_eq!(ring.outstanding(), 2);
+        // Positions 2 and 3 are released with the ring (popped whole and dropped).
+        drop(ring);
+        drop(reg);
+    }
+
     #[test]
     #[cfg_attr(miri, ignore = "calls into libibverbs")]
     fn wc_status_is_sound_for_any_value_and_names_it() {

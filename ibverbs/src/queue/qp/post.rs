@@ -10,13 +10,14 @@ use crate::error::{cvt, Error, PostError, Result};
 use crate::pd::PdInner;
 use crate::post::engine::{
     post_chain, post_one, post_prepared_chain, post_prepared_one, post_prepared_recv_one, post_send_iter,
-    RawPost, Request,
+    RawPost,
 };
 use crate::post::ex::{self, ExQp};
 use crate::post::prepared::{
     keep_pins, Pin, PreparedChainError, PreparedPost, PreparedRecv, PreparedScratch, PreparedSend,
 };
 use crate::post::ring::Ring;
+use crate::post::slot::Request;
 use crate::post::wr::Op;
 use crate::post::{RecvRequest, ScopedRecv, ScopedSend, SendIterError, SendRequest, Slot, MAX_SGE};
 use crate::queue::qp::{QpCaps, QpType, QueuePair};

@@ -10,7 +10,7 @@ use ibverbs_sys as ffi;
 
 use crate::error::Error;
 use crate::memory::{AccessFlags, BoundWindow, ExposedRegion, MemoryWindow, MwType, Pending};
-use crate::post::engine::Request;
+use crate::post::slot::Request;
 use crate::post::{LocalBuf, Slot, SlotBufs, MAX_SGE};
 use crate::queue::qp::{QpType, QueuePair};
 use crate::queue::Completion;
