@@ -841,4 +841,11 @@ mod tests {
         assert_eq!(named("no-such-netdev0").addresses().unwrap(), Vec::<IpAddr>::new());
         assert_eq!(named("no-such-netdev0").ipv4().unwrap(), None);
     }
+
+    #[test]
+    fn event_kinds_print_their_names() {
+        assert_eq!(format!("{:?}", CmEventKind::ESTABLISHED), "ESTABLISHED");
+        assert_eq!(format!("{:?}", CmEventKind::TIMEWAIT_EXIT), "TIMEWAIT_EXIT");
+        assert_eq!(format!("{:?}", CmEventKind(999)), "CmEventKind(999)");
+    }
 }

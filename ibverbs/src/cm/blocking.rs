@@ -4,8 +4,10 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::attr::CmEventKind;
-use crate::cm::event::{CmEvent, EventChannel};
+use crate::cm::channel::EventChannel;
+use crate::cm::event::CmEvent;
 use crate::cm::id::{CmId, ConnParam};
+use crate::cm::sys::deadline_in;
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::pd::ProtectionDomain;
@@ -50,7 +52,7 @@ fn expect(
 /// not resolve.
 #[doc(alias = "rdma_resolve_addr")]
 pub fn device_context(addr: SocketAddr, timeout: Duration) -> Result<Context> {
-    let deadline = crate::cm::deadline_in(timeout);
+    let deadline = deadline_in(timeout);
     let id = EventChannel::new()?.create_id()?;
     id.resolve_addr(None, addr, timeout)?;
     expect(&id, "rdma_resolve_addr", CmEventKind::ADDR_RESOLVED, deadline, timeout)?;
@@ -69,7 +71,7 @@ pub fn device_context(addr: SocketAddr, timeout: Duration) -> Result<Context> {
 /// be started.
 #[doc(alias = "rdma_resolve_route")]
 pub fn resolve(addr: SocketAddr, timeout: Duration) -> Result<CmId> {
-    let deadline = crate::cm::deadline_in(timeout);
+    let deadline = deadline_in(timeout);
     let id = EventChannel::new()?.create_id()?;
     id.resolve_addr(None, addr, timeout)?;
     expect(&id, "rdma_resolve_addr", CmEventKind::ADDR_RESOLVED, deadline, timeout)?;
@@ -90,7 +92,7 @@ pub fn resolve(addr: SocketAddr, timeout: Duration) -> Result<CmId> {
 /// [`EventChannel::get_event`] instead), or `qp` is not `id`'s.
 #[doc(alias = "rdma_connect")]
 pub fn establish(id: &CmId, qp: &mut QueuePair, param: &ConnParam, timeout: Duration) -> Result<()> {
-    let deadline = crate::cm::deadline_in(timeout);
+    let deadline = deadline_in(timeout);
     id.check_private_channel("rdma_connect")?;
     check_own_qp(id, qp)?;
     id.connect(param)?;
@@ -166,7 +168,7 @@ pub fn connect_with(
     timeout: Duration,
     mut build: impl FnMut(&CmId) -> Result<QueuePair>,
 ) -> Result<(CmId, QueuePair)> {
-    let deadline = crate::cm::deadline_in(timeout);
+    let deadline = deadline_in(timeout);
     let mut tries = 1;
     loop {
         let id = resolve(addr, deadline.saturating_duration_since(Instant::now()))?;
@@ -303,7 +305,7 @@ impl Listener {
         param: &ConnParam,
         timeout: Duration,
     ) -> Result<(CmId, QueuePair, Vec<u8>)> {
-        let deadline = crate::cm::deadline_in(timeout);
+        let deadline = deadline_in(timeout);
         let (id, private_data) = self.request(timeout)?;
         let mut qp = match pd.create_qp(cq, QpType::RC).caps(caps).build_on(&id) {
             Ok(qp) => qp,
@@ -332,7 +334,7 @@ impl Listener {
     pub fn request(&self, timeout: Duration) -> Result<(CmId, Vec<u8>)> {
         // It reads every event of the listener's channel: other ids' events would be lost.
         self.id.check_private_channel("rdma_get_cm_event")?;
-        let deadline = crate::cm::deadline_in(timeout);
+        let deadline = deadline_in(timeout);
         let mut ev = expect(&self.id, "rdma_listen", CmEventKind::CONNECT_REQUEST, deadline, timeout)?;
         let id = ev.take_new_id().ok_or(Error::InvalidArgument {
             verb: "rdma_get_cm_event",
@@ -353,7 +355,7 @@ impl Listener {
 /// (as for [`establish`]) or `qp` is not `id`'s; the errors of [`CmId::accept`].
 #[doc(alias = "rdma_accept")]
 pub fn accept_request(id: &CmId, qp: &mut QueuePair, param: &ConnParam, timeout: Duration) -> Result<()> {
-    let deadline = crate::cm::deadline_in(timeout);
+    let deadline = deadline_in(timeout);
     id.check_private_channel("rdma_accept")?;
     check_own_qp(id, qp)?;
     id.accept(param)?;

@@ -1,90 +1,19 @@
 //! RDMA-CM event channels and events.
 
 use std::fmt;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ibverbs_sys as ffi;
 
 use crate::attr::CmEventKind;
+use crate::cm::channel::EventChannel;
 use crate::cm::id::{CmId, CmIdInner};
-use crate::error::{cvt, cvt_p, Error, Result};
-use crate::fd::ReadinessFd;
-
-pub(crate) struct ChannelInner {
-    raw: NonNull<ffi::rdma_event_channel>,
-    /// Held by every librdmacm call on an id of this channel and while an event is processed:
-    /// librdmacm reads and writes the id's fields (`qp`, `route`...) in both.
-    lock: Mutex<()>,
-    /// The epoll instance handed out as `AsFd`.
-    ready: ReadinessFd,
-    /// Live ids reporting to this channel (changed under `lock`): the blocking helpers, which
-    /// read every event on an id's channel, take only ids that have theirs to themselves.
-    pub(crate) ids: AtomicUsize,
-}
-
-// SAFETY: an event channel is a descriptor; librdmacm's calls on it are thread-safe, and the
-// fields of its ids are only touched under `lock`.
-unsafe impl Send for ChannelInner {}
-// SAFETY: as above.
-unsafe impl Sync for ChannelInner {}
-
-impl ChannelInner {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, ()> {
-        // The guarded data is `()`: a panic while it was held leaves nothing half-changed.
-        self.lock.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(crate) fn raw(&self) -> *mut ffi::rdma_event_channel {
-        self.raw.as_ptr()
-    }
-}
-
-impl Drop for ChannelInner {
-    fn drop(&mut self) {
-        // SAFETY: every id of the channel holds an Arc of this inner, so none is left.
-        unsafe { ffi::rdma_destroy_event_channel(self.raw.as_ptr()) };
-    }
-}
-
-/// An RDMA-CM event channel (`struct rdma_event_channel`): the descriptor through which
-/// librdmacm reports the events of the ids created on it.
-///
-/// [`get_event`](Self::get_event) waits with a bound, copies the event and acknowledges it. For
-/// reactors, the channel implements [`AsFd`] with a private epoll descriptor that is readable
-/// exactly when the channel is (one more descriptor per channel), and which nothing can read an
-/// event from: safe code holding the channel's own descriptor could read an event that is never
-/// acknowledged, after which `rdma_destroy_id` would block forever, so that one is only
-/// [`AsRawFd`] (to watch, never to read). When the `AsFd` descriptor is readable, call
-/// `get_event(Some(Duration::ZERO))`. Cloning is cheap (an `Arc`).
-#[derive(Clone)]
-pub struct EventChannel {
-    pub(crate) inner: Arc<ChannelInner>,
-}
-
-impl fmt::Debug for EventChannel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EventChannel").field("fd", &self.as_raw_fd()).finish()
-    }
-}
-
-impl AsFd for EventChannel {
-    /// A private epoll descriptor, readable exactly when an event waits (see the type's docs).
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.inner.ready.as_fd()
-    }
-}
-
-impl AsRawFd for EventChannel {
-    /// The channel's descriptor, to watch for readability (never to read: see the type's docs).
-    fn as_raw_fd(&self) -> RawFd {
-        // SAFETY: the channel is valid while self lives; fd is written at creation.
-        unsafe { (*self.inner.raw.as_ptr()).fd }
-    }
-}
+use crate::cm::sys::deadline_in;
+use crate::error::{cvt, Error, Result};
 
 /// An RDMA-CM event (`struct rdma_cm_event`), copied out of librdmacm and already acknowledged.
 pub struct CmEvent {
@@ -156,59 +85,6 @@ impl CmEvent {
 }
 
 impl EventChannel {
-    /// Creates an event channel (`rdma_create_event_channel()`), with a non-blocking
-    /// descriptor.
-    ///
-    /// # Errors
-    /// [`Error::Verb`] when the call fails (e.g. no `rdma_ucm` module: `ENODEV`).
-    #[doc(alias = "rdma_create_event_channel")]
-    pub fn new() -> Result<EventChannel> {
-        // SAFETY: no arguments; destroyed once in ChannelInner::drop.
-        let raw = cvt_p("rdma_create_event_channel", unsafe { ffi::rdma_create_event_channel() })?;
-        // SAFETY: the channel is valid; `fd` is a plain field written at creation.
-        let fd = unsafe { (*raw.as_ptr()).fd };
-        // Non-blocking: a reader that loses a race for an event returns instead of blocking
-        // (librdmacm supports this, see rdma_get_cm_event(3)).
-        let ready = crate::fd::set_nonblocking(fd)
-            .map_err(|source| Error::Verb { verb: "fcntl", source })
-            .and_then(|()| ReadinessFd::new(fd).map_err(|source| Error::Verb { verb: "epoll_ctl", source }));
-        match ready {
-            Ok(ready) => Ok(EventChannel {
-                inner: Arc::new(ChannelInner { raw, lock: Mutex::new(()), ready, ids: AtomicUsize::new(0) }),
-            }),
-            Err(e) => {
-                // SAFETY: created above and owned by nothing else; destroyed once.
-                unsafe { ffi::rdma_destroy_event_channel(raw.as_ptr()) };
-                Err(e)
-            }
-        }
-    }
-
-    /// Creates an id for RC connections (port space `RDMA_PS_TCP`) on this channel
-    /// (`rdma_create_id()`).
-    ///
-    /// # Errors
-    /// [`Error::Verb`] when the call fails.
-    #[doc(alias = "rdma_create_id")]
-    pub fn create_id(&self) -> Result<CmId> {
-        let _g = self.inner.lock();
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: valid channel and out-pointer; the id is destroyed once in CmIdInner::drop.
-        let ret = unsafe {
-            ffi::rdma_create_id(
-                self.inner.raw(),
-                &mut raw,
-                std::ptr::null_mut(),
-                ffi::rdma_port_space::RDMA_PS_TCP,
-            )
-        };
-        cvt("rdma_create_id", ret)?;
-        let raw = cvt_p("rdma_create_id", raw)?;
-        self.inner.ids.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the new id of this channel, ours alone.
-        Ok(CmId { inner: Arc::new(unsafe { CmIdInner::adopt(raw, self.inner.clone()) }) })
-    }
-
     /// Waits up to `timeout` (forever for `None`) for an event (`rdma_get_cm_event()`), copies
     /// it and acknowledges it (`rdma_ack_cm_event()`); `None` on timeout or when another thread
     /// took the event.
@@ -317,22 +193,22 @@ impl EventChannel {
         // SAFETY: the request's new id, now on `ch`, ours alone (never handed out).
         Ok(CmId { inner: Arc::new(unsafe { CmIdInner::adopt(new, ch.inner) }) })
     }
-
-    /// The raw `struct rdma_event_channel *`. What `ffi` calls may not do with it: read events
-    /// without acknowledging them, or destroy it.
-    pub fn as_raw(&self) -> *mut ffi::rdma_event_channel {
-        self.inner.raw()
-    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn event_kinds_print_their_names() {
-        assert_eq!(format!("{:?}", CmEventKind::ESTABLISHED), "ESTABLISHED");
-        assert_eq!(format!("{:?}", CmEventKind::TIMEWAIT_EXIT), "TIMEWAIT_EXIT");
-        assert_eq!(format!("{:?}", CmEventKind(999)), "CmEventKind(999)");
+impl CmId {
+    /// Waits (bounded by `timeout`) for the next event on the id's channel, which must be
+    /// private to the id; `Err(Error::Timeout)` when none comes.
+    pub(crate) fn next_event(&self, verb: &'static str, timeout: Duration) -> Result<CmEvent> {
+        let ch = self.channel();
+        let deadline = deadline_in(timeout);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if let Some(ev) = ch.get_event(Some(left))? {
+                return Ok(ev);
+            }
+            if left.is_zero() {
+                return Err(Error::Timeout { verb, waited: timeout });
+            }
+        }
     }
 }

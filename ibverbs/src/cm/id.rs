@@ -9,10 +9,11 @@ use std::time::Duration;
 use ibverbs_sys as ffi;
 
 use crate::attr::TransportType;
-use crate::cm::event::{ChannelInner, EventChannel};
-use crate::cm::{cm_context, read_sockaddr, timeout_ms, SockAddr};
+use crate::cm::channel::{ChannelInner, EventChannel};
+use crate::cm::devices::cm_context;
+use crate::cm::sys::{read_sockaddr, timeout_ms, SockAddr};
 use crate::device::Context;
-use crate::error::{cvt, Error, Result};
+use crate::error::{cvt, cvt_p, Error, Result};
 
 pub(crate) struct CmIdInner {
     pub(crate) raw: NonNull<ffi::rdma_cm_id>,
@@ -534,21 +535,32 @@ impl CmId {
         }
         Ok(())
     }
+}
 
-    /// Waits (bounded by `timeout`) for the next event on the id's channel, which must be
-    /// private to the id; `Err(Error::Timeout)` when none comes.
-    pub(crate) fn next_event(&self, verb: &'static str, timeout: Duration) -> Result<crate::cm::CmEvent> {
-        let ch = self.channel();
-        let deadline = crate::cm::deadline_in(timeout);
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if let Some(ev) = ch.get_event(Some(left))? {
-                return Ok(ev);
-            }
-            if left.is_zero() {
-                return Err(Error::Timeout { verb, waited: timeout });
-            }
-        }
+impl EventChannel {
+    /// Creates an id for RC connections (port space `RDMA_PS_TCP`) on this channel
+    /// (`rdma_create_id()`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the call fails.
+    #[doc(alias = "rdma_create_id")]
+    pub fn create_id(&self) -> Result<CmId> {
+        let _g = self.inner.lock();
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid channel and out-pointer; the id is destroyed once in CmIdInner::drop.
+        let ret = unsafe {
+            ffi::rdma_create_id(
+                self.inner.raw(),
+                &mut raw,
+                std::ptr::null_mut(),
+                ffi::rdma_port_space::RDMA_PS_TCP,
+            )
+        };
+        cvt("rdma_create_id", ret)?;
+        let raw = cvt_p("rdma_create_id", raw)?;
+        self.inner.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: the new id of this channel, ours alone.
+        Ok(CmId { inner: Arc::new(unsafe { CmIdInner::adopt(raw, self.inner.clone()) }) })
     }
 }
 
