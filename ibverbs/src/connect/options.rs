@@ -3,7 +3,7 @@
 use ibverbs_sys as ffi;
 
 use crate::attr::{LinkLayer, Mtu};
-use crate::connect::Endpoint;
+use crate::connect::endpoint::Endpoint;
 use crate::device::Context;
 use crate::error::{Error, Result};
 use crate::memory::AccessFlags;

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::memory::{MemoryRegion, MrInner};
+use crate::memory::mr::{MemoryRegion, MrInner};
 
 /// An owned piece of a local-only [`MemoryRegion`]: bytes `offset..offset + len` of it, usable
 /// wherever a [`Local`](crate::Local) buffer is accepted, and dereferencing to `[u8]` while no

@@ -16,7 +16,8 @@ use ibverbs_sys as ffi;
 use crate::device::{Context, ContextInner};
 use crate::error::{cvt, cvt_p, Error, Result};
 use crate::memory::keyed::KeyedMr;
-use crate::memory::{check_range, AccessFlags, RemoteSlice};
+use crate::memory::mr::{check_range, AccessFlags};
+use crate::memory::remote::RemoteSlice;
 use crate::pd::ProtectionDomain;
 
 struct DmInner {

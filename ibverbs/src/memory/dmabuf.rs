@@ -14,7 +14,8 @@ use ibverbs_sys as ffi;
 
 use crate::error::{Error, Result};
 use crate::memory::keyed::KeyedMr;
-use crate::memory::{AccessFlags, RemoteSlice};
+use crate::memory::mr::AccessFlags;
+use crate::memory::remote::RemoteSlice;
 use crate::pd::ProtectionDomain;
 
 /// A registered range of a dma-buf (`ibv_reg_dmabuf_mr()`), for the `unsafe` raw level (SGEs

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use ibverbs_sys as ffi;
 
 use crate::error::{cvt_p, Error, Result};
+use crate::memory::buffer::OwnedBuffer;
 use crate::memory::racy::{ByteUnit, RacyBytes};
-use crate::memory::{OwnedBuffer, RemoteSlice};
+use crate::memory::remote::RemoteSlice;
 use crate::pd::{PdInner, ProtectionDomain};
 
 /// The capability [`ProtectionDomain::register_iova`] and

@@ -18,7 +18,7 @@ use crate::attr::OdpCaps;
 use crate::device::Context;
 use crate::error::{cvt_p, Error, Result};
 use crate::memory::keyed::KeyedMr;
-use crate::memory::{AccessFlags, MemoryRegion, MrInner, RemoteMemoryRegion};
+use crate::memory::mr::{AccessFlags, MemoryRegion, MrInner, RemoteMemoryRegion};
 use crate::pd::{PdInner, ProtectionDomain};
 
 /// The ODP capabilities of the device `pd` belongs to.

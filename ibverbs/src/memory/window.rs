@@ -22,8 +22,10 @@ use ibverbs_sys as ffi;
 
 use crate::device::Context;
 use crate::error::{cvt_p, Error, Result};
+use crate::memory::buffer::OwnedBuffer;
+use crate::memory::mr::{AccessFlags, MrInner};
 use crate::memory::racy::RacyBytes;
-use crate::memory::{AccessFlags, MrInner, OwnedBuffer, RemoteSlice};
+use crate::memory::remote::RemoteSlice;
 use crate::pd::{PdInner, ProtectionDomain};
 
 /// The type of a memory window (`enum ibv_mw_type`).

@@ -14,9 +14,9 @@ use crate::error::{Error, PostError, Result};
 use crate::memory::{Chunk, MemoryRegion, RemoteMemoryRegion};
 use crate::post::ring::{drop_payload, keep_first, Payload, Ring};
 use crate::post::{RecvRequest, ScopedLocal, ScopedRecv, ScopedSend, SendRequest, Slot};
+use crate::queue::completion::Completion;
 use crate::queue::cq::{CompletionQueue, CqInner};
 use crate::queue::qp::QueuePair;
-use crate::queue::Completion;
 
 /// Longest bound the drain takes from the caller (an `Instant` plus any `Duration` may overflow).
 const MAX_BOUND: Duration = Duration::from_secs(365 * 24 * 3600);

@@ -12,8 +12,8 @@ use crate::error::Error;
 use crate::memory::{AccessFlags, BoundWindow, ExposedRegion, MemoryWindow, MwType, Pending};
 use crate::post::slot::Request;
 use crate::post::{LocalBuf, Slot, SlotBufs, MAX_SGE};
+use crate::queue::completion::Completion;
 use crate::queue::qp::{QpType, QueuePair};
-use crate::queue::Completion;
 
 impl BoundWindow {
     /// Accepts a peer's Send with Invalidate of this (type 2) window, reported by `c`, a receive
