@@ -375,7 +375,7 @@ impl Context {
     /// whose quirks the crate works around: it registers every memory region at its virtual
     /// address, ignoring the IOVA of `ibv_reg_mr_iova2()` (Linux 6.1 `siw_reg_user_mr` leaves
     /// `rnic_va` unused), and completes send-queue requests out of order (see
-    /// `queue::qp::post::fenced_post_send`). Queries the device once per context, on iWARP only.
+    /// `queue::qp::fenced_post_send`). Queries the device once per context, on iWARP only.
     /// A failed query is not kept (the next call asks again) and answers `true` meanwhile: the
     /// workarounds are safe on any iWARP device, while skipping the fence on siw would let a
     /// Send's completion hand back the buffer of a Read posted before it, still being written.

@@ -2,12 +2,9 @@
 //! in [`state`], posting in [`post`].
 
 mod post;
-mod scope;
-mod state;
+pub(super) mod scope;
+pub(super) mod state;
 mod window;
-
-pub use scope::Scope;
-pub use state::{IWARP_MANUAL_CONNECT, IWARP_RESET};
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -470,9 +467,7 @@ impl<'a> QueuePairBuilder<'a> {
         };
         // siw: the safe level posts through `fenced_post_send` (see there); ex QPs do not exist.
         let post_send_fn = match provider_post_send {
-            Some(_) if ex.is_none() && self.pd.context().is_siw() => {
-                Some(post::fenced_post_send as PostSendFn)
-            }
+            Some(_) if ex.is_none() && self.pd.context().is_siw() => Some(fenced_post_send as PostSendFn),
             f => f,
         };
         let actual = QpCaps {
@@ -525,6 +520,49 @@ type PostSendFn =
 type PostRecvFn =
     unsafe extern "C" fn(*mut ffi::ibv_qp, *mut ffi::ibv_recv_wr, *mut *mut ffi::ibv_recv_wr) -> i32;
 
+/// The safe level's `post_send` on siw: fences (`IBV_SEND_FENCE`) every request of the chain
+/// but RDMA Reads and atomics, then calls the provider's `post_send`.
+///
+/// siw completes a Send or RDMA Write as soon as TCP has taken it, while an RDMA Read posted
+/// before it still waits for its response (Linux 6.1 `siw_qp_sq_process`): the send queue's
+/// completions come out of order. The rings cannot take that: a completion ends every earlier
+/// request of its queue ([`Ring`]), so the Read's buffer would be handed back, or a scope
+/// would return, while the response may still be written into it. A fenced request starts only
+/// once every earlier Read and atomic has completed (siw: its ORQ is empty), which puts the
+/// completions back in posting order; a fence with no Read outstanding costs nothing.
+///
+/// # Safety
+/// As the provider's `post_send`: `qp` is a live queue pair of a siw context, `wr` heads a valid,
+/// `NULL`-terminated chain of requests this call may modify (the safe level's own), and
+/// `bad_wr` is valid for a write.
+pub(crate) unsafe extern "C" fn fenced_post_send(
+    qp: *mut ffi::ibv_qp,
+    wr: *mut ffi::ibv_send_wr,
+    bad_wr: *mut *mut ffi::ibv_send_wr,
+) -> i32 {
+    use ffi::ibv_wr_opcode as O;
+    let mut w = wr;
+    while !w.is_null() {
+        // SAFETY: a valid chain the caller lets us modify (contract).
+        unsafe {
+            let op = (*w).opcode;
+            if op != O::IBV_WR_RDMA_READ
+                && op != O::IBV_WR_ATOMIC_CMP_AND_SWP
+                && op != O::IBV_WR_ATOMIC_FETCH_AND_ADD
+            {
+                (*w).send_flags |= ffi::ibv_send_flags::IBV_SEND_FENCE.0;
+            }
+            w = (*w).next;
+        }
+    }
+    // SAFETY: a live QP (contract): its context's ops table belongs to the provider.
+    match unsafe { (*(*qp).context).ops.post_send } {
+        // SAFETY: the provider's post_send with the caller's valid arguments.
+        Some(f) => unsafe { f(qp, wr, bad_wr) },
+        None => libc::EOPNOTSUPP,
+    }
+}
+
 /// A queue pair (`struct ibv_qp`).
 ///
 /// Created in state RESET by [`ProtectionDomain::create_qp`]; [`connect`](Self::connect) (RC, UC)
@@ -541,7 +579,7 @@ pub struct QueuePair {
     /// reset failed afterwards: what [`Incarnation`] compares besides the rings.
     pub(crate) resets: u64,
     /// What the safe level posts sends through: the provider's `post_send`, or on siw
-    /// [`post::fenced_post_send`] in front of it.
+    /// [`fenced_post_send`] in front of it.
     post_send_fn: Option<PostSendFn>,
     /// The provider's `post_send`, for the `unsafe` level.
     provider_post_send: Option<PostSendFn>,

@@ -22,49 +22,6 @@ use crate::post::wr::Op;
 use crate::post::{RecvRequest, ScopedRecv, ScopedSend, SendIterError, SendRequest, Slot, MAX_SGE};
 use crate::queue::qp::{QpCaps, QpType, QueuePair};
 
-/// The safe level's `post_send` on siw: fences (`IBV_SEND_FENCE`) every request of the chain
-/// but RDMA Reads and atomics, then calls the provider's `post_send`.
-///
-/// siw completes a Send or RDMA Write as soon as TCP has taken it, while an RDMA Read posted
-/// before it still waits for its response (Linux 6.1 `siw_qp_sq_process`): the send queue's
-/// completions come out of order. The rings cannot take that: a completion ends every earlier
-/// request of its queue ([`Ring`]), so the Read's buffer would be handed back, or a scope
-/// would return, while the response may still be written into it. A fenced request starts only
-/// once every earlier Read and atomic has completed (siw: its ORQ is empty), which puts the
-/// completions back in posting order; a fence with no Read outstanding costs nothing.
-///
-/// # Safety
-/// As the provider's `post_send`: `qp` is a live queue pair of a siw context, `wr` heads a valid,
-/// `NULL`-terminated chain of requests this call may modify (the safe level's own), and
-/// `bad_wr` is valid for a write.
-pub(crate) unsafe extern "C" fn fenced_post_send(
-    qp: *mut ffi::ibv_qp,
-    wr: *mut ffi::ibv_send_wr,
-    bad_wr: *mut *mut ffi::ibv_send_wr,
-) -> i32 {
-    use ffi::ibv_wr_opcode as O;
-    let mut w = wr;
-    while !w.is_null() {
-        // SAFETY: a valid chain the caller lets us modify (contract).
-        unsafe {
-            let op = (*w).opcode;
-            if op != O::IBV_WR_RDMA_READ
-                && op != O::IBV_WR_ATOMIC_CMP_AND_SWP
-                && op != O::IBV_WR_ATOMIC_FETCH_AND_ADD
-            {
-                (*w).send_flags |= ffi::ibv_send_flags::IBV_SEND_FENCE.0;
-            }
-            w = (*w).next;
-        }
-    }
-    // SAFETY: a live QP (contract): its context's ops table belongs to the provider.
-    match unsafe { (*(*qp).context).ops.post_send } {
-        // SAFETY: the provider's post_send with the caller's valid arguments.
-        Some(f) => unsafe { f(qp, wr, bad_wr) },
-        None => libc::EOPNOTSUPP,
-    }
-}
-
 impl QueuePair {
     /// Posts `wr` on the send queue through `post` (a verb other than `ibv_post_send` that
     /// posts there, e.g. `ibv_bind_mw`), with the state check of every safe post.
@@ -867,6 +824,7 @@ mod tests {
     use crate::memory::RemoteSlice;
     use crate::post::registry::Registry;
     use crate::post::MAX_SGE;
+    use crate::queue::qp::fenced_post_send;
     use std::sync::Mutex;
 
     /// (opcode, send_flags) of every request the provider was handed, in order.
