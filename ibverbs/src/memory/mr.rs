@@ -7,11 +7,31 @@ use std::sync::Arc;
 
 use ibverbs_sys as ffi;
 
+use crate::attr::OdpCaps;
+use crate::device::Context;
 use crate::error::{cvt_p, Error, Result};
 use crate::memory::buffer::OwnedBuffer;
 use crate::memory::racy::{ByteUnit, RacyBytes};
 use crate::memory::remote::RemoteSlice;
 use crate::pd::{PdInner, ProtectionDomain};
+
+/// The ODP capabilities of the device `pd` belongs to.
+pub(crate) fn odp_caps(pd: &ProtectionDomain, verb: &'static str) -> Result<OdpCaps> {
+    let ctx = Context { inner: pd.inner.ctx.clone() };
+    ctx.query_device_ex().map(|a| a.odp()).map_err(|e| match e {
+        Error::Verb { source, .. } => Error::Verb { verb, source },
+        e => e,
+    })
+}
+
+/// Refuses an ODP registration on a device without ODP.
+pub(crate) fn check_odp(pd: &ProtectionDomain, verb: &'static str) -> Result<()> {
+    if odp_caps(pd, verb)?.supported() {
+        Ok(())
+    } else {
+        Err(Error::Unsupported { verb, capability: "on-demand paging (IBV_ODP_SUPPORT)" })
+    }
+}
 
 /// The capability [`ProtectionDomain::register_iova`] and
 /// [`register_remote_iova`](ProtectionDomain::register_remote_iova) name in
@@ -113,7 +133,7 @@ impl MrInner {
         let flags = libc::c_int::try_from(access.bits())
             .map_err(|_| Error::InvalidArgument { verb, reason: "unknown access flag bits" })?;
         if access.contains(AccessFlags::ON_DEMAND) {
-            crate::memory::odp::check_odp(pd, verb)?;
+            check_odp(pd, verb)?;
         }
         let addr = buf.ptr.as_ptr();
         if let Some(iova) = iova {

@@ -14,30 +14,10 @@ use std::sync::Arc;
 
 use ibverbs_sys as ffi;
 
-use crate::attr::OdpCaps;
-use crate::device::Context;
 use crate::error::{cvt_p, Error, Result};
 use crate::memory::keyed::KeyedMr;
-use crate::memory::mr::{AccessFlags, MemoryRegion, MrInner, RemoteMemoryRegion};
+use crate::memory::mr::{odp_caps, AccessFlags, MemoryRegion, MrInner, RemoteMemoryRegion};
 use crate::pd::{PdInner, ProtectionDomain};
-
-/// The ODP capabilities of the device `pd` belongs to.
-fn odp_caps(pd: &ProtectionDomain, verb: &'static str) -> Result<OdpCaps> {
-    let ctx = Context { inner: pd.inner.ctx.clone() };
-    ctx.query_device_ex().map(|a| a.odp()).map_err(|e| match e {
-        Error::Verb { source, .. } => Error::Verb { verb, source },
-        e => e,
-    })
-}
-
-/// Refuses an ODP registration on a device without ODP.
-pub(crate) fn check_odp(pd: &ProtectionDomain, verb: &'static str) -> Result<()> {
-    if odp_caps(pd, verb)?.supported() {
-        Ok(())
-    } else {
-        Err(Error::Unsupported { verb, capability: "on-demand paging (IBV_ODP_SUPPORT)" })
-    }
-}
 
 /// What [`MemoryRegion::advise`] asks of the device (`enum ib_uverbs_advise_mr_advice`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use ibverbs_sys as ffi;
 use crate::device::Context;
 use crate::error::{cvt_p, Error, Result};
 use crate::memory::buffer::OwnedBuffer;
-use crate::memory::mr::{AccessFlags, MrInner};
+use crate::memory::mr::{check_range, AccessFlags, MrInner};
 use crate::memory::racy::RacyBytes;
 use crate::memory::remote::RemoteSlice;
 use crate::pd::{PdInner, ProtectionDomain};
@@ -100,7 +100,7 @@ pub(crate) fn check_bind(
     if access.intersects(AccessFlags::REMOTE_MODIFY) && !mr_access.contains(AccessFlags::LOCAL_WRITE) {
         return bad("a window granting remote write or atomics needs a region with LOCAL_WRITE");
     }
-    let (off, len) = crate::memory::check_range(verb, range, mr_len)?;
+    let (off, len) = check_range(verb, range, mr_len)?;
     if len == 0 {
         return bad("an empty window: unbind instead");
     }
