@@ -4,8 +4,11 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
+use super::fabric::Fabric;
+use super::gid::AddrRange;
+use super::hca::HcaSelector;
 use super::parse::int;
-use super::{Choice, Fabric, HcaSelector, Selection};
+use super::selection::{Choice, Selection};
 use crate::attr::Mtu;
 use crate::connect::ConnectOptions;
 use crate::device::Context;
@@ -181,7 +184,7 @@ impl Config {
                     family_from = Some(format!("{name}={value}"));
                 }
                 ADDR_RANGE => {
-                    let range: super::AddrRange = value.parse().map_err(bad)?;
+                    let range: AddrRange = value.parse().map_err(bad)?;
                     if let (Some(family), Some(from)) = (config.selection.gid.family, &family_from) {
                         if family != range.family() {
                             let kind = ParseErrorKind::Conflict { with: from.clone() };

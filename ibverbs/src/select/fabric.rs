@@ -110,7 +110,7 @@ impl Fabric {
                 })
             })
             .collect();
-        devices.sort_by(|a, b| super::natural_cmp(&a.name, &b.name));
+        devices.sort_by(|a, b| natural_cmp(&a.name, &b.name));
         Fabric { devices }
     }
 
@@ -134,7 +134,7 @@ impl Fabric {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(e),
         };
-        names.sort_by(|a, b| super::natural_cmp(a, b));
+        names.sort_by(|a, b| natural_cmp(a, b));
         let devices = names
             .into_iter()
             .map(|name| {
@@ -358,6 +358,33 @@ fn sysfs_device(root: &Path, name: &str) -> io::Result<DeviceDesc> {
         ports.push(PortDesc { port, state, link_layer, lid, active_mtu: None, gid_tbl_len, gids, netdev });
     }
     Ok(DeviceDesc { name: name.to_string(), node_guid, ports, error: None, iwarp })
+}
+
+/// Compares device names naturally: runs of digits by their value, so `mlx5_2` comes before
+/// `mlx5_10` and `rxe9` before `rxe10`.
+pub fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    /// The next run of digits or of other characters, and the rest.
+    fn run(s: &str) -> (&str, &str) {
+        let digits = s.starts_with(|c: char| c.is_ascii_digit());
+        let end = s.find(|c: char| c.is_ascii_digit() != digits).unwrap_or(s.len());
+        s.split_at(end)
+    }
+    let (mut a, mut b) = (a, b);
+    while !a.is_empty() && !b.is_empty() {
+        let ((ra, rest_a), (rb, rest_b)) = (run(a), run(b));
+        let digits = |r: &str| r.starts_with(|c: char| c.is_ascii_digit());
+        let order = if digits(ra) && digits(rb) {
+            let (ta, tb) = (ra.trim_start_matches('0'), rb.trim_start_matches('0'));
+            ta.len().cmp(&tb.len()).then_with(|| ta.cmp(tb)).then_with(|| ra.len().cmp(&rb.len()))
+        } else {
+            ra.cmp(rb)
+        };
+        if order != std::cmp::Ordering::Equal {
+            return order;
+        }
+        (a, b) = (rest_a, rest_b);
+    }
+    a.len().cmp(&b.len())
 }
 
 #[cfg(test)]
