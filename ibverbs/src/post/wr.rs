@@ -406,7 +406,7 @@ impl<'a> SendRequest<'a> {
             };
             return Err((w, e));
         }
-        if false && w.window().quirks().mw_local_invalidate_panics {
+        if w.window().quirks().mw_local_invalidate_panics {
             let e = Error::Unsupported {
                 verb: "ibv_post_send",
                 capability: "a local invalidation (IBV_WR_LOCAL_INV) of a type 2 window: this rxe \
