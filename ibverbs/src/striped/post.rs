@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
+use super::connection::{Hold, StripeBuf, StripedConnection};
 use super::plan::{self, pieces};
-use super::{Hold, StripeBuf, StripedConnection};
 use crate::attr::QpState;
 use crate::error::{Error, Result};
 use crate::memory::{MemoryRegion, RemoteSlice};
