@@ -6,7 +6,10 @@ use std::task::{Context as TaskContext, Poll};
 
 use ::async_io::Async;
 
-use super::{AsyncCompletionQueue, Backend, Driver, Readiness, WatchedFd};
+use super::backend::{Backend, Readiness};
+use super::cq::AsyncCompletionQueue;
+use super::driver::Driver;
+use super::seam::WatchedFd;
 use crate::error::Result;
 use crate::queue::{CompletionChannel, CompletionQueue};
 

@@ -9,7 +9,8 @@ use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 
-use super::{Backend, CqCore};
+use super::backend::Backend;
+use super::cq::CqCore;
 use crate::error::{Error, PostError, Result};
 use crate::memory::RemoteSlice;
 use crate::pd::ProtectionDomain;

@@ -4,7 +4,8 @@ use std::fmt;
 use std::future::poll_fn;
 use std::task::{Context as TaskContext, Poll};
 
-use super::{Backend, Readiness, WatchedFd};
+use super::backend::{Backend, Readiness};
+use super::seam::WatchedFd;
 use crate::async_event::{AsyncEvent, AsyncEvents};
 use crate::error::{Error, Result};
 
