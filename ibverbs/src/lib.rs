@@ -693,6 +693,8 @@ mod queue;
 mod quirks;
 pub mod select;
 pub mod striped;
+#[cfg(test)]
+mod tests_support;
 
 pub use ah::AddressHandle;
 pub use async_event::{AsyncEvent, AsyncEventType, AsyncEvents, AsyncObject};

@@ -106,7 +106,7 @@ mod tests {
         assert!(Endpoint::decode(&bad).is_err());
     }
 
-    use crate::connect::tests_support::xorshift;
+    use crate::tests_support::xorshift;
 
     #[test]
     fn hostile_bytes_never_panic_and_only_valid_endpoints_are_accepted() {

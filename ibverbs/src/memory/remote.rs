@@ -99,7 +99,7 @@ mod tests {
         for _ in 0..rounds {
             let mut b = [0u8; RemoteSlice::ENCODED_LEN];
             for x in b.iter_mut() {
-                *x = crate::connect::tests_support::xorshift(&mut seed) as u8;
+                *x = crate::tests_support::xorshift(&mut seed) as u8;
             }
             // Bias some towards the edges of the address space.
             if seed % 4 == 0 {

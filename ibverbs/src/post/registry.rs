@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::ring::{Deferred, Ring, DRAINING, LIVE, RECV, RETIRED, TAG, UNUSED};
+#[cfg(test)]
+use super::slot::{Slot, SlotBufs};
 use super::table::{SlotTable, SRQ};
 
 /// Bits of a key: the low [`INDEX_BITS`] are the index, the rest a generation. Bits 32..61 of a
@@ -470,6 +472,21 @@ impl<T> Drop for Registry<T> {
             }
         }
     }
+}
+
+/// Test support for the CQ poll paths (`queue/cq.rs`, `queue/cq_ex.rs`): a ring of `cap` slots (a
+/// receive queue's when `recv`) registered in `reg`, with a slot per `wr_ids` entry written and
+/// published at positions `0..`.
+#[cfg(test)]
+pub(crate) fn posted_ring(reg: &Registry<Slot>, cap: u32, recv: bool, wr_ids: &[u64]) -> Arc<Ring<Slot>> {
+    let [ring] = reg.register([(cap, recv)]).unwrap();
+    for (pos, &wr_id) in (0u32..).zip(wr_ids) {
+        let slot = Slot { wr_id, bufs: SlotBufs::default(), _ah: None };
+        // SAFETY: the caller is the new ring's only producer; positions from 0 are free.
+        unsafe { ring.write(pos, slot) };
+    }
+    ring.set_head(wr_ids.len() as u32);
+    ring
 }
 
 #[cfg(test)]

@@ -772,29 +772,10 @@ impl Context {
     }
 }
 
-/// Test support for the poll paths here and in `cq_ex`: a ring of `cap` slots (a receive
-/// queue's when `recv`) registered in `reg`, with a slot per `wr_ids` entry written and
-/// published at positions `0..`.
-#[cfg(test)]
-pub(crate) fn posted_ring(
-    reg: &Registry<Slot>,
-    cap: u32,
-    recv: bool,
-    wr_ids: &[u64],
-) -> Arc<crate::post::ring::Ring<Slot>> {
-    let [ring] = reg.register([(cap, recv)]).unwrap();
-    for (pos, &wr_id) in (0u32..).zip(wr_ids) {
-        let slot = Slot { wr_id, bufs: crate::post::SlotBufs::default(), _ah: None };
-        // SAFETY: the caller is the new ring's only producer; positions from 0 are free.
-        unsafe { ring.write(pos, slot) };
-    }
-    ring.set_head(wr_ids.len() as u32);
-    ring
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::post::registry::posted_ring;
     use crate::post::ring::{RECV, TAG};
     use crate::post::SlotBufs;
     use crate::queue::completion::{WcOpcode, WcStatus};

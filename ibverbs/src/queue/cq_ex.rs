@@ -559,7 +559,7 @@ mod tests {
     #[test]
     fn completions_are_read_between_start_and_end_and_find_their_slots() {
         let reg = Registry::<Slot>::for_tests(64);
-        let ring = crate::queue::cq::posted_ring(&reg, 4, true, &[100, 101]);
+        let ring = crate::post::registry::posted_ring(&reg, 4, true, &[100, 101]);
         let mut q = fake_cq(vec![
             (ring.device_wr_id(1), OK, RECV_OP, Some(0xfeed)),
             (5, OK, SEND, None),
@@ -660,7 +660,7 @@ mod tests {
     #[test]
     fn a_full_array_ends_the_poll_without_seeing_the_cq_empty() {
         let reg = Registry::<Slot>::for_tests(8);
-        let ring = crate::queue::cq::posted_ring(&reg, 8, false, &[0, 0]);
+        let ring = crate::post::registry::posted_ring(&reg, 8, false, &[0, 0]);
         reg.retire(&ring);
         drop(ring);
         assert_eq!(reg.unreserved(), 6);

@@ -58,7 +58,7 @@ impl EndpointList {
 mod tests {
     use super::*;
     use crate::attr::{Gid, Mtu};
-    use crate::connect::tests_support::xorshift;
+    use crate::tests_support::xorshift;
 
     fn list(n: u32) -> EndpointList {
         EndpointList(
