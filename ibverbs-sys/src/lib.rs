@@ -12,6 +12,9 @@
 //!   `ibv_event_type`, `ibv_port_state`, ...) are `#[repr(transparent)]` newtypes with associated
 //!   constants, sound for any value; flag enums are bitfield newtypes (`|`, `&`).
 //!
+//! * librdmacm (`rdma/rdma_cma.h`) is bound and linked with the `rdmacm` feature, on by default;
+//!   without it the crate binds and links libibverbs alone.
+//!
 //! [`SHIM_FUNCTIONS`] lists what the shim covers. The safe API is the `ibverbs` crate, which
 //! re-exports this crate as `ibverbs::ffi`.
 //!
