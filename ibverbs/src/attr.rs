@@ -684,11 +684,13 @@ impl Netdev {
 }
 
 /// The kind of an RDMA-CM event (`enum rdma_cm_event_type`); sound for any value librdmacm
-/// writes.
+/// writes. With the `cm` feature.
+#[cfg(feature = "cm")]
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(transparent)]
 pub struct CmEventKind(pub u32);
 
+#[cfg(feature = "cm")]
 impl CmEventKind {
     /// `rdma_resolve_addr` succeeded.
     pub const ADDR_RESOLVED: CmEventKind =
@@ -738,6 +740,7 @@ impl CmEventKind {
         CmEventKind(ffi::rdma_cm_event_type::RDMA_CM_EVENT_TIMEWAIT_EXIT.0);
 }
 
+#[cfg(feature = "cm")]
 impl fmt::Debug for CmEventKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = match *self {
@@ -843,6 +846,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "cm")]
     fn event_kinds_print_their_names() {
         assert_eq!(format!("{:?}", CmEventKind::ESTABLISHED), "ESTABLISHED");
         assert_eq!(format!("{:?}", CmEventKind::TIMEWAIT_EXIT), "TIMEWAIT_EXIT");

@@ -284,6 +284,7 @@ unsafe impl Sync for ContextInner {}
 impl ContextInner {
     /// The inner of a context another library opened and keeps open while `anchor` lives
     /// (librdmacm's, anchored by its device list): this crate never closes it.
+    #[cfg(feature = "cm")]
     pub(crate) fn adopted(
         raw: NonNull<ffi::ibv_context>,
         name: String,

@@ -414,7 +414,9 @@ pub mod rdma_cm {
     //! the port, which the `doctor` example prints (`IP addresses:`;
     //! [`Netdev::addresses`](crate::select::Netdev::addresses)).
     //!
-    //! ```no_run
+    // The example needs the `cm` feature (on by default).
+    #![cfg_attr(feature = "cm", doc = "```no_run")]
+    #![cfg_attr(not(feature = "cm"), doc = "```ignore")]
     //! use std::net::SocketAddr;
     //! use std::time::Duration;
     //!

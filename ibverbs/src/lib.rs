@@ -633,10 +633,13 @@
 //! assert_static_send_sync::<ibverbs::CompletionQueue>();
 //! assert_static_send_sync::<ibverbs::MemoryRegion>();
 //! assert_static_send_sync::<ibverbs::RemoteMemoryRegion>();
-//! assert_static_send_sync::<ibverbs::cm::EventChannel>();
-//! assert_static_send_sync::<ibverbs::cm::CmId>();
-//! assert_static_send_sync::<ibverbs::cm::CmEvent>();
-//! assert_static_send_sync::<ibverbs::cm::Listener>();
+//! #[cfg(feature = "cm")]
+//! {
+//!     assert_static_send_sync::<ibverbs::cm::EventChannel>();
+//!     assert_static_send_sync::<ibverbs::cm::CmId>();
+//!     assert_static_send_sync::<ibverbs::cm::CmEvent>();
+//!     assert_static_send_sync::<ibverbs::cm::Listener>();
+//! }
 //! assert_static_send_sync::<ibverbs::CompletionChannel>();
 //! assert_static_send_sync::<ibverbs::AsyncEvents>();
 //! // Events are plain values: nothing in them is left to acknowledge.
@@ -667,7 +670,7 @@
 #![warn(missing_docs)]
 
 /// The raw C API (the `rdma-verbs-sys` crate): bindgen's bindings to `infiniband/verbs.h` and
-/// `rdma/rdma_cma.h`, every `static inline` verb callable under its C name. For the `unsafe`
+/// (with the `cm` feature) `rdma/rdma_cma.h`, every `static inline` verb callable under its C name. For the `unsafe`
 /// raw posting level ([`QueuePair::post_send_unchecked`] and friends); [`raw`] builds its work requests
 /// without naming bindgen's unions.
 #[doc(inline)]
@@ -677,6 +680,7 @@ mod ah;
 pub mod aio;
 mod async_event;
 mod attr;
+#[cfg(feature = "cm")]
 pub mod cm;
 mod connect;
 mod device;

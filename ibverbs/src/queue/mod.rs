@@ -15,6 +15,7 @@ pub use cq::CompletionQueue;
 pub use cq_ex::WcFlags;
 pub use qp::scope::Scope;
 pub use qp::state::{IWARP_MANUAL_CONNECT, IWARP_RESET};
+#[cfg(feature = "cm")]
 pub(crate) use qp::CmIdHold;
 pub use qp::{QpCaps, QpType, QueuePair, QueuePairBuilder};
 pub use srq::{SharedReceiveQueue, SrqAttr};
