@@ -12,7 +12,7 @@
 //! always polled arrays exactly as large as the completions expected never saw it, these would
 //! (zeroed "successful" completions with `wr_id` 0, real ones lost).
 //!
-//! Each test runs at least 100 rounds of 1 to 4 requests (some signaled, some not where the API
+//! Each test runs 100 rounds (10 under valgrind) of 1 to 4 requests (some signaled, some not where the API
 //! allows), payloads checked, over every kind of CQ the device has (classic, and extended where
 //! `ibv_create_cq_ex` works: on siw it does not, which is reported).
 
@@ -32,7 +32,10 @@ use ibverbs::{
 };
 
 /// Rounds per test (and per CQ kind where a test runs over both).
-const ROUNDS: u64 = 100;
+/// Rounds per test: 100, fewer under valgrind (its time scale divides them), at least 10.
+fn round_count() -> u64 {
+    (100 / u64::from(time_scale())).max(10)
+}
 /// Entries of every polling array: more than the completions ever outstanding on one CQ.
 const POLL_ENTRIES: usize = 32;
 /// Polls of a drained CQ that must find it empty.
@@ -458,7 +461,7 @@ enum Op {
 fn send_write_rounds(p: &mut Pair, ledger: &mut Ledger, rng: &mut Rng, imm: bool) {
     let target = Arc::new(p.pd.allocate_remote(4 * SLOT, AccessFlags::REMOTE_WRITE).unwrap());
     let bq = p.b.qp_num();
-    for round in 0..ROUNDS {
+    for round in 0..round_count() {
         let mut held = Vec::new();
         target.write(0, &[0u8; 4 * SLOT]).unwrap();
         let k = rng.count();
@@ -663,7 +666,7 @@ fn srq_receives_every_completion_once() {
         let (r0, mut s0, _cm0) = rc_on_srq(&pd, &srq, &cq_r[0], &cq_s);
         let (r1, mut s1, _cm1) = rc_on_srq(&pd, &srq, &cq_r[1], &cq_s);
         let rq = [r0.qp_num(), r1.qp_num()];
-        for round in 0..ROUNDS {
+        for round in 0..round_count() {
             let mut held = Vec::new();
             let k = rng.count();
             // The SRQ's receives: any receiver may take any of them.
@@ -759,7 +762,7 @@ fn prepared_posts_every_completion_once() {
         let write = p.a.prepare_send(SendRequest::write(Local::whole(src.clone()), target.remote())).unwrap();
         let send = p.a.prepare_send(maybe_imm(SendRequest::send(Local::whole(src.clone())), imm)).unwrap();
         let recv = p.b.prepare_recv(RecvRequest::new(Local::whole(landing.clone()))).unwrap();
-        for round in 0..ROUNDS {
+        for round in 0..round_count() {
             target.write(0, &[0u8; 4 * SLOT]).unwrap();
             landing.write(0, &[0u8; 4 * SLOT]).unwrap();
             let k = rng.count();
@@ -852,7 +855,7 @@ fn scoped_posts_every_completion_once() {
         let mut dst = p.pd.allocate(4 * SLOT).unwrap();
         let target = p.pd.allocate_remote(4 * SLOT, AccessFlags::REMOTE_WRITE).unwrap();
         let (aq, bq) = (p.a.qp_num(), p.b.qp_num());
-        for round in 0..ROUNDS {
+        for round in 0..round_count() {
             src.copy_from_slice(&pattern(4 * SLOT, round as u8));
             dst.fill(0);
             target.write(0, &[0u8; 4 * SLOT]).unwrap();
@@ -970,7 +973,7 @@ fn memory_windows_every_completion_once() {
         let exposed = p.pd.allocate_windowed(4 * SLOT, AccessFlags::LOCAL_WRITE).unwrap().expose();
         let mut spare: Vec<MemoryWindow> = Vec::new();
         let bq = p.b.qp_num();
-        for round in 0..ROUNDS {
+        for round in 0..round_count() {
             let mut held = Vec::new();
             let k = rng.count();
             let mut binds = Vec::new();
@@ -1187,7 +1190,7 @@ fn striped_connection_every_completion_once() {
         let source = pd.allocate_remote(4 * MAX, flags).unwrap();
         let source_bytes = pattern(4 * MAX, 77);
         source.write(0, &source_bytes).unwrap();
-        for round in 0..ROUNDS {
+        for round in 0..round_count() {
             target.write(0, &vec![0u8; 4 * MAX]).unwrap();
             let k = rng.count();
             // (0 owned Write, 1 shared Write, 2 Read; length)
@@ -1326,7 +1329,7 @@ mod aio_accounting {
         let target = pd.allocate_remote(SLOT, flags).unwrap();
         let (aq, bq) = (a.with_qp(|q| q.qp_num()), b.with_qp(|q| q.qp_num()));
         // One in flight.
-        for round in 0..ROUNDS {
+        for round in 0..round_count() {
             let data = pattern(rng.len(SLOT), round as u8);
             let remote = target.remote().slice(0, data.len() as u64).unwrap();
             let e = Expect {
@@ -1370,7 +1373,7 @@ mod aio_accounting {
             ledger.settled(round);
         }
         // Sixteen in flight: 8 receives on b, then 8 Sends from a.
-        for round in 0..ROUNDS {
+        for round in 0..round_count() {
             let mut ops: Vec<(u64, AioOp)> = Vec::new();
             let msgs: Vec<Vec<u8>> = (0..8).map(|i| pattern(rng.len(SLOT), (round * 8 + i) as u8)).collect();
             for m in &msgs {
