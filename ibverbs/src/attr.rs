@@ -32,6 +32,10 @@ impl NodeType {
     /// The C library's name for it (`ibv_node_type_str()`), e.g. `"InfiniBand channel adapter"`.
     #[doc(alias = "ibv_node_type_str")]
     pub fn as_str(self) -> &'static str {
+        // Needs no object: without libibverbs (feature `dlopen`), the same names from here.
+        if ffi::load().is_err() {
+            return node_type_name(self.0);
+        }
         // SAFETY: ibv_node_type_str returns a static string for any value ("unknown" otherwise).
         unsafe { static_str(ffi::ibv_node_type_str(ffi::ibv_node_type(self.0))) }
     }
@@ -74,6 +78,34 @@ unsafe fn static_str(p: *const libc::c_char) -> &'static str {
     }
     // SAFETY: per this function's contract.
     unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("")
+}
+
+/// `ibv_node_type_str()`'s names (rdma-core's `libibverbs/enum_strs.c`), for a process where
+/// libibverbs cannot be loaded (feature `dlopen`).
+fn node_type_name(value: i32) -> &'static str {
+    match value {
+        1 => "InfiniBand channel adapter",
+        2 => "InfiniBand switch",
+        3 => "InfiniBand router",
+        4 => "iWARP NIC",
+        5 => "usNIC",
+        6 => "usNIC UDP",
+        7 => "unspecified",
+        _ => "unknown",
+    }
+}
+
+/// `ibv_port_state_str()`'s names, as [`node_type_name`].
+fn port_state_name(value: u32) -> &'static str {
+    match value {
+        0 => "no state change (NOP)",
+        1 => "down",
+        2 => "init",
+        3 => "armed",
+        4 => "active",
+        5 => "active defer",
+        _ => "unknown",
+    }
 }
 
 /// A 64-bit GUID (node, system image or port GUID), in host byte order.
@@ -322,6 +354,10 @@ impl PortState {
     /// The C library's name for it (`ibv_port_state_str()`), e.g. `"active"`.
     #[doc(alias = "ibv_port_state_str")]
     pub fn as_str(self) -> &'static str {
+        // As NodeType::as_str.
+        if ffi::load().is_err() {
+            return port_state_name(self.0);
+        }
         // SAFETY: returns a static string for any value.
         unsafe { static_str(ffi::ibv_port_state_str(ffi::ibv_port_state(self.0))) }
     }
@@ -826,6 +862,23 @@ mod tests {
         assert_eq!(GidType(42).as_str(), "unknown");
         assert_eq!(LinkLayer(9).as_str(), "Unknown");
         assert_eq!(TransportType::IB.as_str(), "InfiniBand");
+    }
+
+    /// The names used without libibverbs are the library's.
+    #[test]
+    #[cfg_attr(miri, ignore = "calls into libibverbs")]
+    fn fallback_names_are_the_librarys() {
+        ffi::load().expect("the host tests run with libibverbs");
+        for v in -3..40 {
+            // SAFETY: static strings for any value.
+            let c = unsafe { static_str(ffi::ibv_node_type_str(ffi::ibv_node_type(v))) };
+            assert_eq!(node_type_name(v), c, "node type {v}");
+        }
+        for v in 0..40 {
+            // SAFETY: as above.
+            let c = unsafe { static_str(ffi::ibv_port_state_str(ffi::ibv_port_state(v))) };
+            assert_eq!(port_state_name(v), c, "port state {v}");
+        }
     }
 
     /// `getifaddrs` (a system call Miri cannot make): the loopback interface has 127.0.0.1, an

@@ -46,9 +46,13 @@ unsafe impl Sync for DeviceList {}
 /// Lists the RDMA devices present on this host.
 ///
 /// # Errors
-/// [`Error::Verb`] when `ibv_get_device_list()` fails (e.g. `ENOSYS` without kernel support).
+/// [`Error::Verb`] when `ibv_get_device_list()` fails (e.g. `ENOSYS` without kernel support);
+/// with the `dlopen` feature, [`Error::LibraryMissing`] when libibverbs cannot be loaded.
 #[doc(alias = "ibv_get_device_list")]
 pub fn devices() -> Result<DeviceList> {
+    // The first verbs call of a program that starts from the device list (Context::open and
+    // select do): with `dlopen`, where a missing libibverbs becomes an error (ffi's `dl` module).
+    ffi::load()?;
     let mut n = 0;
     // SAFETY: `n` is a valid out-pointer; the returned array is owned by the DeviceList.
     let list = unsafe { ffi::ibv_get_device_list(&mut n) };
@@ -498,8 +502,10 @@ impl Context {
     #[doc(alias = "ibv_query_gid_ex")]
     #[doc(alias = "ibv_query_gid")]
     pub fn query_gid(&self, port: u8, index: u32) -> Result<GidEntry> {
+        // With `dlopen` the libibverbs loaded may be older than the headers (v32 added the verb);
+        // linked, it has every function the headers declare.
         #[cfg(ibverbs_has_query_gid_ex)]
-        {
+        if ffi::has_function("_ibv_query_gid_ex") {
             let mut entry = ffi::ibv_gid_entry::default();
             // SAFETY: valid context and out-pointer; entry_size is the size of the struct we pass.
             let ret = unsafe {
@@ -513,9 +519,8 @@ impl Context {
                 )
             };
             cvt("ibv_query_gid_ex", ret).map_err(|e| gid_error(e, port, index))?;
-            Ok(GidEntry::from_raw(&entry))
+            return Ok(GidEntry::from_raw(&entry));
         }
-        #[cfg(not(ibverbs_has_query_gid_ex))]
         self.query_gid_compat(port, index)
     }
 
@@ -569,8 +574,9 @@ impl Context {
     #[doc(alias = "ibv_query_gid_table")]
     pub fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>> {
         let len = usize::try_from(self.query_port(port)?.0.gid_tbl_len).unwrap_or(0);
+        // As in query_gid: the loaded libibverbs may predate the verb (v32).
         #[cfg(ibverbs_has_query_gid_table)]
-        {
+        if ffi::has_function("_ibv_query_gid_table") {
             // The verb returns the entries of every port (EINVAL without room for all of them):
             // room for each port's table, which may differ in size from `port`'s.
             let all_ports = self.query_device()?.0.phys_port_cnt.max(1);
@@ -598,13 +604,12 @@ impl Context {
                 return Err(Error::from_ret("ibv_query_gid_table", i32::try_from(n).unwrap_or(libc::EINVAL)));
             }
             let n = usize::try_from(n).unwrap_or(0).min(entries.len());
-            Ok(entries[..n]
+            return Ok(entries[..n]
                 .iter()
                 .filter(|e| e.port_num == u32::from(port))
                 .map(GidEntry::from_raw)
-                .collect())
+                .collect());
         }
-        #[cfg(not(ibverbs_has_query_gid_table))]
         Ok((0..len as u32).filter_map(|i| self.query_gid(port, i).ok()).collect())
     }
 

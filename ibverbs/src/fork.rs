@@ -36,23 +36,23 @@ pub enum ForkSupport {
 }
 
 /// How `fork()` affects registered memory in this process (`ibv_is_fork_initialized()`).
+/// [`ForkSupport::Unknown`] also when libibverbs cannot be loaded (feature `dlopen`).
 #[doc(alias = "ibv_is_fork_initialized")]
 pub fn fork_support() -> ForkSupport {
+    // A call that needs no object: it loads the library (with `dlopen`), which may be older than
+    // the headers (v35 added the verb). Linked, it has every function the headers declare.
     #[cfg(ibverbs_has_is_fork_initialized)]
-    {
+    if ffi::load().is_ok() && ffi::has_function("ibv_is_fork_initialized") {
         // SAFETY: no arguments; reads libibverbs' global state.
         let status = unsafe { ffi::ibv_is_fork_initialized() };
-        match status {
+        return match status {
             ffi::ibv_fork_status::IBV_FORK_DISABLED => ForkSupport::Disabled,
             ffi::ibv_fork_status::IBV_FORK_ENABLED => ForkSupport::Enabled,
             ffi::ibv_fork_status::IBV_FORK_UNNEEDED => ForkSupport::Unneeded,
             _ => ForkSupport::Unknown,
-        }
+        };
     }
-    #[cfg(not(ibverbs_has_is_fork_initialized))]
-    {
-        ForkSupport::Unknown
-    }
+    ForkSupport::Unknown
 }
 
 /// Makes registrations fork-safe the pre-5.13 way (`ibv_fork_init()`): every region registered
@@ -72,9 +72,12 @@ pub fn fork_support() -> ForkSupport {
 ///
 /// # Errors
 /// [`Error::Verb`](crate::Error::Verb) from the verb (`EINVAL` when memory was registered
-/// already, or the kernel lacks `MADV_DONTFORK`).
+/// already, or the kernel lacks `MADV_DONTFORK`); with the `dlopen` feature,
+/// [`Error::LibraryMissing`](crate::Error::LibraryMissing) when libibverbs cannot be loaded.
 #[doc(alias = "ibv_fork_init")]
 pub unsafe fn fork_init() -> Result<()> {
+    // A call that needs no object: with `dlopen`, a missing libibverbs becomes an error here.
+    ffi::load()?;
     // SAFETY: no arguments; sets libibverbs' global fork mode (it refuses once regions exist),
     // with no other thread in libibverbs (the caller's contract).
     cvt("ibv_fork_init", unsafe { ffi::ibv_fork_init() })

@@ -672,7 +672,8 @@
 /// The raw C API (the `rdma-verbs-sys` crate): bindgen's bindings to `infiniband/verbs.h` and
 /// (with the `cm` feature) `rdma/rdma_cma.h`, every `static inline` verb callable under its C name. For the `unsafe`
 /// raw posting level ([`QueuePair::post_send_unchecked`] and friends); [`raw`] builds its work requests
-/// without naming bindgen's unions.
+/// without naming bindgen's unions. With the `dlopen` feature the libraries are loaded at run time
+/// (`ffi::load()`; the crate's entry points return [`Error::LibraryMissing`] without them).
 #[doc(inline)]
 pub use ibverbs_sys as ffi;
 

@@ -90,7 +90,11 @@ pub(crate) fn rdma_core_from_file_name(name: &str) -> Option<u32> {
 pub(crate) fn rdma_core_version() -> Option<u32> {
     // SAFETY: `Dl_info` is plain pointers; dladdr() fills it for an address of a loaded object.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    #[cfg(not(feature = "dlopen"))]
     let addr = ibverbs_sys::ibv_get_device_list as *const libc::c_void;
+    // Loaded at run time: the function of the bindings is ours, the library's is in its table.
+    #[cfg(feature = "dlopen")]
+    let addr = ibverbs_sys::function_address("ibv_get_device_list")?;
     // SAFETY: a valid address (a function of the linked libibverbs) and out-pointer.
     if unsafe { libc::dladdr(addr, &mut info) } == 0 || info.dli_fname.is_null() {
         return None;

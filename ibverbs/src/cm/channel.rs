@@ -89,9 +89,13 @@ impl EventChannel {
     /// descriptor.
     ///
     /// # Errors
-    /// [`Error::Verb`] when the call fails (e.g. no `rdma_ucm` module: `ENODEV`).
+    /// [`Error::Verb`] when the call fails (e.g. no `rdma_ucm` module: `ENODEV`); with the
+    /// `dlopen` feature, [`Error::LibraryMissing`] when librdmacm or libibverbs cannot be loaded.
     #[doc(alias = "rdma_create_event_channel")]
     pub fn new() -> Result<EventChannel> {
+        // Every RDMA-CM object starts from a channel (the blocking helpers make theirs here):
+        // with `dlopen`, a missing librdmacm becomes an error at this first call.
+        ffi::load_rdmacm()?;
         // SAFETY: no arguments; destroyed once in ChannelInner::drop.
         let raw = cvt_p("rdma_create_event_channel", unsafe { ffi::rdma_create_event_channel() })?;
         // SAFETY: the channel is valid; `fd` is a plain field written at creation.

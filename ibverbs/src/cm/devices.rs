@@ -23,6 +23,9 @@ unsafe impl Sync for DeviceAnchor {}
 
 impl DeviceAnchor {
     fn new() -> Result<DeviceAnchor> {
+        // `devices()` needs no other object: with `dlopen`, where a missing librdmacm becomes an
+        // error.
+        ffi::load_rdmacm()?;
         let mut n = 0;
         // SAFETY: valid out-pointer; the list is freed once in Drop.
         let list = unsafe { ffi::rdma_get_devices(&mut n) };
@@ -85,7 +88,8 @@ pub(crate) fn cm_context(raw: NonNull<ffi::ibv_context>) -> Result<Context> {
 /// (`rdma_get_devices()`).
 ///
 /// # Errors
-/// [`Error::Verb`] from `rdma_get_devices()`.
+/// [`Error::Verb`] from `rdma_get_devices()`; with the `dlopen` feature,
+/// [`Error::LibraryMissing`] when librdmacm or libibverbs cannot be loaded.
 #[doc(alias = "rdma_get_devices")]
 pub fn devices() -> Result<Vec<Context>> {
     let anchor = DeviceAnchor::new()?;

@@ -233,6 +233,21 @@ pub enum Error {
         /// Every port (or device) and why it is not usable.
         rejected: Vec<Rejected>,
     },
+    /// rdma-core's library could not be loaded (feature `dlopen`): the program runs on a host
+    /// without it (a laptop, a container without devices), or with one older than rdma-core
+    /// v28. Returned by the first call that needs it ([`devices`](crate::devices),
+    /// [`Context::open`](crate::Context::open), `cm::EventChannel::new`, ...), and by every later
+    /// one: fall back to another transport, or install the package.
+    #[error("{library} could not be loaded ({reason}): install rdma-core's {package} package")]
+    LibraryMissing {
+        /// The library's file name: `"libibverbs.so.1"` or `"librdmacm.so.1"`.
+        library: &'static str,
+        /// The Debian/Ubuntu package that installs it: `"libibverbs1"` or `"librdmacm1"`
+        /// (Fedora/RHEL: `libibverbs`, `librdmacm`).
+        package: &'static str,
+        /// The dynamic loader's message (`dlerror()`), or what the library lacks.
+        reason: String,
+    },
     /// A port named explicitly cannot be used as asked: not ACTIVE, GID index empty or not RoCE
     /// v2, an MTU above the port's active MTU... (see [`PortProblem`](crate::select::PortProblem)).
     #[error("{device} port {port}: {problem}")]
@@ -244,6 +259,17 @@ pub enum Error {
         /// What is wrong with it.
         problem: PortProblem,
     },
+}
+
+impl From<ibverbs_sys::LoadError> for Error {
+    fn from(e: ibverbs_sys::LoadError) -> Error {
+        let library = e.library();
+        Error::LibraryMissing {
+            library: library.soname(),
+            package: library.package(),
+            reason: e.reason().to_string(),
+        }
+    }
 }
 
 /// A note on common InfiniBand CM reject reasons.
@@ -511,6 +537,21 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(libc::ENODEV));
         let mut x = 0u8;
         assert!(cvt_p("ibv_open_device", &mut x).is_ok());
+    }
+
+    #[test]
+    fn a_missing_library_names_its_package() {
+        let e = Error::from(ibverbs_sys::LoadError::new(
+            ibverbs_sys::Library::Verbs,
+            "libibverbs.so.1: cannot open shared object file: No such file or directory",
+        ));
+        assert_eq!(
+            e.to_string(),
+            "libibverbs.so.1 could not be loaded (libibverbs.so.1: cannot open shared object file: No such file \
+             or directory): install rdma-core's libibverbs1 package"
+        );
+        let e = Error::from(ibverbs_sys::LoadError::new(ibverbs_sys::Library::RdmaCm, "x"));
+        assert!(matches!(e, Error::LibraryMissing { library: "librdmacm.so.1", package: "librdmacm1", .. }));
     }
 
     #[test]

@@ -52,20 +52,18 @@ impl ProtectionDomain {
         }
         let flags = libc::c_int::try_from(access.bits())
             .map_err(|_| Error::InvalidArgument { verb: VERB, reason: "unknown access flag bits" })?;
+        // With `dlopen` the libibverbs loaded may be older than the headers (v34 added the verb).
         #[cfg(ibverbs_has_reg_dmabuf_mr)]
-        {
+        if ffi::has_function("ibv_reg_dmabuf_mr") {
             // SAFETY: valid PD; `fd` is an open descriptor for the duration of the call (the
             // kernel takes its own reference to the dma-buf); no process memory is named.
             let raw =
                 unsafe { ffi::ibv_reg_dmabuf_mr(self.as_raw(), offset, len, iova, fd.as_raw_fd(), flags) };
             let raw = crate::error::cvt_p(VERB, raw).map_err(|e| e.or_unsupported("dma-buf registration"))?;
-            Ok(DmabufRegion { mr: KeyedMr::new(raw, self.inner.clone()), iova, len, access })
+            return Ok(DmabufRegion { mr: KeyedMr::new(raw, self.inner.clone()), iova, len, access });
         }
-        #[cfg(not(ibverbs_has_reg_dmabuf_mr))]
-        {
-            let _ = (fd.as_raw_fd(), offset, iova, flags);
-            Err(Error::Unsupported { verb: VERB, capability: "dma-buf registration (rdma-core before v34)" })
-        }
+        let _ = (fd.as_raw_fd(), offset, iova, flags);
+        Err(Error::Unsupported { verb: VERB, capability: "dma-buf registration (rdma-core before v34)" })
     }
 }
 

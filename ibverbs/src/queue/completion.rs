@@ -47,6 +47,10 @@ impl WcStatus {
     /// The C library's text (`ibv_wc_status_str()`), e.g. `"remote access error"`.
     #[doc(alias = "ibv_wc_status_str")]
     pub fn as_str(self) -> &'static str {
+        // Needs no object: without libibverbs (feature `dlopen`), the same names from here.
+        if ffi::load().is_err() {
+            return wc_status_name(self.0);
+        }
         // SAFETY: returns a static string for any value ("unknown" otherwise).
         let p = unsafe { ffi::ibv_wc_status_str(ffi::ibv_wc_status(self.0)) };
         if p.is_null() {
@@ -55,6 +59,38 @@ impl WcStatus {
         // SAFETY: a static NUL-terminated string.
         unsafe { std::ffi::CStr::from_ptr(p) }.to_str().unwrap_or("unknown")
     }
+}
+
+/// `ibv_wc_status_str()`'s texts (rdma-core's `libibverbs/enum_strs.c`), for a process where
+/// libibverbs cannot be loaded (feature `dlopen`).
+fn wc_status_name(value: u32) -> &'static str {
+    const NAMES: [&str; 24] = [
+        "success",
+        "local length error",
+        "local QP operation error",
+        "local EE context operation error",
+        "local protection error",
+        "Work Request Flushed Error",
+        "memory management operation error",
+        "bad response error",
+        "local access error",
+        "remote invalid request error",
+        "remote access error",
+        "remote operation error",
+        "transport retry counter exceeded",
+        "RNR retry counter exceeded",
+        "local RDD violation error",
+        "remote invalid RD request",
+        "aborted error",
+        "invalid EE context number",
+        "invalid EE context state",
+        "fatal error",
+        "response timeout error",
+        "general error",
+        "TM error",
+        "TM software rendezvous",
+    ];
+    usize::try_from(value).ok().and_then(|i| NAMES.get(i)).copied().unwrap_or("unknown")
 }
 
 impl fmt::Debug for WcStatus {
@@ -512,6 +548,20 @@ mod tests {
         assert_eq!(WcStatus(0xdead).as_str(), "unknown");
         assert_eq!(format!("{:?}", WcOpcode::RECV), "RECV");
         assert_eq!(format!("{:?}", WcOpcode(999)), "WcOpcode(999)");
+    }
+
+    /// The texts used without libibverbs are the library's.
+    #[test]
+    #[cfg_attr(miri, ignore = "calls into libibverbs")]
+    fn fallback_wc_status_names_are_the_librarys() {
+        ffi::load().expect("the host tests run with libibverbs");
+        for v in 0..64 {
+            // SAFETY: a static string for any value.
+            let p = unsafe { ffi::ibv_wc_status_str(ffi::ibv_wc_status(v)) };
+            // SAFETY: NUL-terminated.
+            let c = unsafe { std::ffi::CStr::from_ptr(p) }.to_str().unwrap();
+            assert_eq!(wc_status_name(v), c, "status {v}");
+        }
     }
 
     #[test]
