@@ -244,7 +244,7 @@ pub trait AptQuery {
 
 /// The machine's own apt. With `XTASK_APT_RECORD=DIR`, every answer is also written to
 /// `DIR/<stage>/<query>.txt` (stage 0 before xtask changes the apt sources, 1 after), the fixtures
-/// that [`ReplayApt`] serves to the planner's tests (`xtask/fixtures/apt/`).
+/// that the planner's tests replay (`ReplayApt`, `xtask/fixtures/apt/`).
 struct SystemApt {
     stage: u32,
 }
