@@ -418,6 +418,21 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
         )?;
         summary.counted("doc tests (cargo test --workspace --doc)", code, tally, "");
         summary.took(t.elapsed());
+        // The `dlopen` feature's host test (a build of its own: libibverbs and librdmacm loaded
+        // at run time): a program built with it starts where rdma-core is hidden and says which
+        // library and package are missing.
+        let t = Instant::now();
+        let (code, tally) = cargo_test(
+            &root,
+            &["test".into(), "--features".into(), "dlopen".into(), "--test".into(), "dlopen_absent".into()],
+        )?;
+        summary.counted(
+            "dlopen host test (cargo test --features dlopen --test dlopen_absent)",
+            code,
+            tally,
+            "",
+        );
+        summary.took(t.elapsed());
     }
     let nightly_start = Instant::now();
     let toolchain = passes.need_nightly().then(nightly::ensure);
