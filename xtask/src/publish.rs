@@ -162,6 +162,15 @@ pub fn docs_without_rdma_core(root: &Path, target_dir: &Path) -> Result<(), Stri
 /// `cargo publish --dry-run --workspace`: packages both crates and builds each from its package.
 pub fn dry_run(root: &Path) -> Result<(), String> {
     eprintln!("xtask: ==== cargo publish --dry-run --workspace --allow-dirty");
+    // The verification of rdma-verbs takes rdma-verbs-sys from a local overlay of the registry,
+    // which cargo extracts into $CARGO_HOME/registry/src like any registry crate, and never again
+    // once there (registry crates are immutable): on a machine that ran this check before, a
+    // changed rdma-verbs-sys of the same version was verified against the old copy (seen: the
+    // verification missed functions the new one has). Those copies go first.
+    for stale in stale_extracted_packages(&cargo_home()) {
+        eprintln!("xtask: removing {}, an earlier dry run's copy of a workspace package", stale.display());
+        let _ = std::fs::remove_dir_all(&stale);
+    }
     // The workspace's target folder: the verification builds reuse its dependencies.
     let mut cmd = cargo::command(root, &["publish", "--dry-run", "--workspace", "--allow-dirty"]);
     let r = process::run(&mut cmd, LIMIT, false)?;
@@ -176,9 +185,55 @@ pub fn dry_run(root: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Cargo's home folder (`$CARGO_HOME`, else `~/.cargo`).
+fn cargo_home() -> std::path::PathBuf {
+    std::env::var_os("CARGO_HOME").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cargo")
+    })
+}
+
+/// The registry copies of the workspace's packages (`registry/src/<index>/<package>-<version>`)
+/// under `cargo_home`: what earlier `cargo publish --dry-run`s extracted.
+pub fn stale_extracted_packages(cargo_home: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let Ok(indexes) = std::fs::read_dir(cargo_home.join("registry").join("src")) else { return found };
+    for index in indexes.flatten() {
+        let Ok(entries) = std::fs::read_dir(index.path()) else { continue };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let ours = PACKAGES.iter().any(|p| {
+                name.strip_prefix(p)
+                    .and_then(|v| v.strip_prefix('-'))
+                    .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit()))
+            });
+            if ours {
+                found.push(e.path());
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_earlier_dry_runs_copies_of_the_workspace_packages_only() {
+        let home = std::env::temp_dir().join(format!("xtask-cargo-home-{}", std::process::id()));
+        let idx = home.join("registry/src/index.crates.io-1949cf8c6b5b557f");
+        for d in ["rdma-verbs-sys-0.1.0", "rdma-verbs-0.1.0", "rdma-verbs-extra-1.0.0", "libc-0.2.1"] {
+            std::fs::create_dir_all(idx.join(d)).unwrap();
+        }
+        let got: Vec<String> = stale_extracted_packages(&home)
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(got, ["rdma-verbs-0.1.0", "rdma-verbs-sys-0.1.0"]);
+        std::fs::remove_dir_all(&home).unwrap();
+        assert!(stale_extracted_packages(&home).is_empty());
+    }
 
     #[test]
     fn reads_the_declared_msrv() {
