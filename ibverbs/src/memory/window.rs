@@ -258,19 +258,20 @@ impl MemoryWindow {
         Arc::ptr_eq(&self.pd, pd)
     }
 
-    /// Deallocates the window (`ibv_dealloc_mw()`); on failure it is leaked (with its PD).
-    fn release(self) -> bool {
+    /// Deallocates the window (`ibv_dealloc_mw()`) and returns its result (0 on success); on
+    /// failure it is leaked (with its PD).
+    fn release(self) -> i32 {
         self.settle();
         let me = ManuallyDrop::new(self);
         // SAFETY: allocated once, deallocated once (Drop does not run: ManuallyDrop).
-        let ok = unsafe { ffi::ibv_dealloc_mw(me.raw.as_ptr()) } == 0;
+        let ret = unsafe { ffi::ibv_dealloc_mw(me.raw.as_ptr()) };
         // SAFETY: read once out of the ManuallyDrop, which is not used again.
         drop(unsafe { std::ptr::read(&me.busy) });
-        if ok {
+        if ret == 0 {
             // SAFETY: read once out of the ManuallyDrop, which is not used again.
             drop(unsafe { std::ptr::read(&me.pd) });
         }
-        ok
+        ret
     }
 
     /// Prepares a bind: checks `range` and `access` against `region`, moves the rkey to its next
@@ -523,27 +524,48 @@ impl BoundWindow {
     /// is given up as by [`dealloc`](Self::dealloc).
     ///
     /// # Errors
-    /// [`Error::Verb`] (or [`Error::Unsupported`]) when the new window cannot be allocated; the
-    /// old one is deallocated either way.
+    /// [`Error::Verb`] of `ibv_dealloc_mw` when the window cannot be deallocated: its access may
+    /// not have ended, and, as when a dropped window's deallocation fails, its memory stays
+    /// registered and allocated for ever. [`Error::Verb`] (or [`Error::Unsupported`]) of
+    /// `ibv_alloc_mw` when the new window cannot be allocated: the old one is deallocated then.
     #[doc(alias = "ibv_dealloc_mw", alias = "ibv_alloc_mw")]
     pub fn revoke(self) -> Result<MemoryWindow> {
         let pd = ProtectionDomain { inner: self.mw.pd.clone() };
         let ty = self.mw.ty;
-        drop(self);
+        // The other fields are plain values: nothing is lost by not dropping them.
+        let mut me = ManuallyDrop::new(self);
+        // SAFETY: `me` is used no more, and its Drop does not run (ManuallyDrop).
+        let ret = unsafe { me.dealloc_fields() };
+        if ret != 0 {
+            return Err(Error::from_ret("ibv_dealloc_mw", ret));
+        }
         pd.alloc_mw(ty)
+    }
+
+    /// Deallocates the window and gives up the region's hold, or, when `ibv_dealloc_mw()` fails
+    /// (the window may still be bound), keeps the memory registered and allocated for ever.
+    /// Returns `ibv_dealloc_mw()`'s result. The body of `Drop` and of [`revoke`](Self::revoke).
+    ///
+    /// # Safety
+    /// Called once per window: `self.mw` and `self.mr` are taken out, and must not be used, nor
+    /// dropped, afterwards.
+    unsafe fn dealloc_fields(&mut self) -> i32 {
+        // SAFETY: each field is taken once (contract).
+        let (mw, mr) = unsafe { (ManuallyDrop::take(&mut self.mw), ManuallyDrop::take(&mut self.mr)) };
+        let ret = mw.release();
+        if ret == 0 {
+            drop(mr);
+        } else {
+            std::mem::forget(mr);
+        }
+        ret
     }
 }
 
 impl Drop for BoundWindow {
     fn drop(&mut self) {
-        // SAFETY: each field is taken once; self is not used afterwards.
-        let (mw, mr) = unsafe { (ManuallyDrop::take(&mut self.mw), ManuallyDrop::take(&mut self.mr)) };
-        if mw.release() {
-            drop(mr);
-        } else {
-            // The window may still be bound: keep the memory registered and allocated forever.
-            std::mem::forget(mr);
-        }
+        // SAFETY: Drop runs once; self is not used afterwards.
+        unsafe { self.dealloc_fields() };
     }
 }
 
