@@ -407,12 +407,13 @@ impl Context {
     /// failed device query is not kept (the next call asks again) and answers with every
     /// workaround on meanwhile.
     pub(crate) fn quirks(&self) -> crate::quirks::Quirks {
-        use crate::quirks::{kernel_release, rdma_core_version, Quirks};
+        use crate::quirks::{running_versions, Quirks};
         if let Some(&q) = self.inner.quirks.get() {
             return q;
         }
         let vendor = self.query_device().ok().map(|a| a.vendor_id());
-        let q = Quirks::of(vendor, self.is_iwarp(), &kernel_release(), rdma_core_version());
+        let (release, rdma_core) = running_versions();
+        let q = Quirks::of(vendor, self.is_iwarp(), release, *rdma_core);
         if vendor.is_some() {
             // A racing caller may have set the same answer first.
             let _ = self.inner.quirks.set(q);

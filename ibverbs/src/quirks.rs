@@ -105,6 +105,13 @@ pub(crate) fn rdma_core_version() -> Option<u32> {
     rdma_core_from_file_name(&real.to_string_lossy())
 }
 
+/// The running kernel's release and the loaded rdma-core's major version ([`kernel_release`],
+/// [`rdma_core_version`]): the same for every context of the process, so read once.
+pub(crate) fn running_versions() -> &'static (String, Option<u32>) {
+    static RUNNING: std::sync::OnceLock<(String, Option<u32>)> = std::sync::OnceLock::new();
+    RUNNING.get_or_init(|| (kernel_release(), rdma_core_version()))
+}
+
 /// The running kernel's release (`uname -r`), or "" when `uname()` fails.
 pub(crate) fn kernel_release() -> String {
     // SAFETY: `utsname` is plain bytes; uname() fills it or fails.
