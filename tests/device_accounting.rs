@@ -27,8 +27,7 @@ use ibverbs::striped::{StripeBuf, StripeOptions, StripedCompletion, StripedConne
 use ibverbs::{
     AccessFlags, BoundWindow, Completion, CompletionChannel, CompletionQueue, Context, Error, Local,
     MemoryRegion, MemoryWindow, MwType, ProtectionDomain, QpCaps, QpType, QueuePair, RecvRequest, Scope,
-    ScopedRecv, ScopedSend, SendOps, SendRequest, SharedReceiveQueue, WcFlags, WcOpcode, WcStatus,
-    WorkCompletion,
+    ScopedRecv, ScopedSend, SendOps, SendRequest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// Rounds per test (and per CQ kind where a test runs over both).
@@ -587,16 +586,22 @@ fn send_write_rounds(p: &mut Pair, ledger: &mut Ledger, rng: &mut Rng, imm: bool
     }
 }
 
+/// Data path `path` (its ledger's base and its seed): the Send/Write rounds on a pair whose CQs
+/// are `kind` and whose queue pairs post through `ops` (extended) or classically.
+fn send_write_path(kind: CqKind, ops: Option<SendOps>, test: &'static str, path: u64) {
+    let mut p = pair_on(kind, ops, 16);
+    let imm = has_immediate(&p.ctx);
+    let mut ledger = Ledger::new(test, path);
+    let mut rng = Rng::new(0x5eed_0000 + path);
+    send_write_rounds(&mut p, &mut ledger, &mut rng, imm);
+    ledger.summary();
+}
+
 /// Data path 1: Classic CQs and classic queue pairs: Send/Recv, RDMA Write, and RDMA Write with
 /// immediate where the transport has it.
 #[test]
 fn classic_cq_classic_qp_sends_and_writes_every_completion_once() {
-    let mut p = pair_on(CqKind::Classic, None, 16);
-    let imm = has_immediate(&p.ctx);
-    let mut ledger = Ledger::new("classic CQ, classic QP", 1);
-    let mut rng = Rng::new(0x5eed_0001);
-    send_write_rounds(&mut p, &mut ledger, &mut rng, imm);
-    ledger.summary();
+    send_write_path(CqKind::Classic, None, "classic CQ, classic QP", 1);
 }
 
 /// Data path 2: Extended CQs (`ibv_create_cq_ex`) and classic queue pairs: the path rxe's provider
@@ -607,12 +612,7 @@ fn extended_cq_classic_qp_sends_and_writes_every_completion_once() {
     if !cq_kinds(&ctx).contains(&CqKind::Extended) {
         return;
     }
-    let mut p = pair_on(CqKind::Extended, None, 16);
-    let imm = has_immediate(&p.ctx);
-    let mut ledger = Ledger::new("extended CQ, classic QP", 2);
-    let mut rng = Rng::new(0x5eed_0002);
-    send_write_rounds(&mut p, &mut ledger, &mut rng, imm);
-    ledger.summary();
+    send_write_path(CqKind::Extended, None, "extended CQ, classic QP", 2);
 }
 
 /// Data path 3: Extended queue pairs (posting with the `ibv_wr_*` builders) on extended CQs.
@@ -623,29 +623,7 @@ fn extended_cq_extended_qp_sends_and_writes_every_completion_once() {
         return;
     }
     let ops = SendOps::SEND | SendOps::SEND_WITH_IMM | SendOps::RDMA_WRITE | SendOps::RDMA_WRITE_WITH_IMM;
-    let mut p = pair_on(CqKind::Extended, Some(ops), 16);
-    let imm = has_immediate(&p.ctx);
-    let mut ledger = Ledger::new("extended CQ, extended QP", 3);
-    let mut rng = Rng::new(0x5eed_0003);
-    send_write_rounds(&mut p, &mut ledger, &mut rng, imm);
-    ledger.summary();
-}
-
-/// An RC queue pair receiving through `srq` into `recv_cq`, and a sender on `send_cq` connected
-/// to it (on iWARP through RDMA-CM; keep the ids).
-fn rc_on_srq(
-    pd: &ProtectionDomain,
-    srq: &SharedReceiveQueue,
-    recv_cq: &CompletionQueue,
-    send_cq: &CompletionQueue,
-) -> (QueuePair, QueuePair, Option<[ibverbs::cm::CmId; 2]>) {
-    let (r, s, cm) = connect_built(
-        pd,
-        || pd.create_qp(recv_cq, QpType::RC).max_send_wr(4).srq(srq),
-        || pd.create_qp(send_cq, QpType::RC).max_send_wr(16).max_recv_wr(1),
-    );
-    assert!(r.uses_srq());
-    (r, s, cm)
+    send_write_path(CqKind::Extended, Some(ops), "extended CQ, extended QP", 3);
 }
 
 /// Data path 4: Receives from a shared receive queue: two receivers on one SRQ, each completing

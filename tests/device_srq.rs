@@ -13,29 +13,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use ibverbs::{
-    AccessFlags, AsyncEventType, AsyncObject, Completion, CompletionQueue, Error, Local, MemoryRegion,
-    OwnedBuffer, ProtectionDomain, QpType, QueuePair, ReceivePool, RecvRequest, SendRequest,
-    SharedReceiveQueue,
+    AccessFlags, AsyncEventType, AsyncObject, Completion, Error, Local, MemoryRegion, OwnedBuffer,
+    ProtectionDomain, QpType, QueuePair, ReceivePool, RecvRequest, SendRequest, SharedReceiveQueue,
 };
-
-/// Builds an RC queue pair whose receives come from `srq`, and a plain sender connected to it
-/// (on iWARP through RDMA-CM: `pd` from [`pair_context`], and the ids returned must be kept as
-/// long as the queue pairs are used).
-fn rc_on_srq(
-    pd: &ProtectionDomain,
-    srq: &SharedReceiveQueue,
-    recv_cq: &CompletionQueue,
-    send_cq: &CompletionQueue,
-) -> (QueuePair, QueuePair, Option<[ibverbs::cm::CmId; 2]>) {
-    let (r, s, cm) = connect_built(
-        pd,
-        || pd.create_qp(recv_cq, QpType::RC).max_send_wr(4).srq(srq),
-        || pd.create_qp(send_cq, QpType::RC).max_send_wr(16).max_recv_wr(1),
-    );
-    assert!(r.uses_srq());
-    assert_eq!(r.recv_capacity(), 0, "its receives go to the SRQ");
-    (r, s, cm)
-}
 
 /// The SRQ's limit (`ibv_query_srq`), or `None` where the device does not answer the query
 /// (siw: `Error::Unsupported`), which is then reported.

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use ibverbs::cm::{self, CmId, ConnParam, Listener};
 use ibverbs::{
     Completion, CompletionQueue, ConnectOptions, Context, Endpoint, Error, Gid, Mtu, ProtectionDomain,
-    QpCaps, QpState, QpType, QueuePair, QueuePairBuilder, SendRequest, IWARP_MANUAL_CONNECT, IWARP_RESET,
+    QpCaps, QpState, QpType, QueuePair, QueuePairBuilder, SendRequest, SharedReceiveQueue,
+    IWARP_MANUAL_CONNECT, IWARP_RESET,
 };
 
 /// The test device's name: `IBVERBS_TEST_DEVICE` (set by the harness), `rxe0` when unset. For
@@ -463,4 +464,23 @@ pub fn region_freed_by(
     // SAFETY: initialised (from `vec!`), ours alone from now on, and `free` releases it once.
     let buf = unsafe { ibverbs::OwnedBuffer::from_raw_parts(ptr, len, Some(Box::new(free))) };
     pd.register(buf, ibverbs::AccessFlags::LOCAL_WRITE).unwrap()
+}
+
+/// Builds an RC queue pair whose receives come from `srq`, and a plain sender connected to it
+/// (on iWARP through RDMA-CM: `pd` from [`pair_context`], and the ids returned must be kept as
+/// long as the queue pairs are used).
+pub fn rc_on_srq(
+    pd: &ProtectionDomain,
+    srq: &SharedReceiveQueue,
+    recv_cq: &CompletionQueue,
+    send_cq: &CompletionQueue,
+) -> (QueuePair, QueuePair, Option<[CmId; 2]>) {
+    let (r, s, cm) = connect_built(
+        pd,
+        || pd.create_qp(recv_cq, QpType::RC).max_send_wr(4).srq(srq),
+        || pd.create_qp(send_cq, QpType::RC).max_send_wr(16).max_recv_wr(1),
+    );
+    assert!(r.uses_srq());
+    assert_eq!(r.recv_capacity(), 0, "its receives go to the SRQ");
+    (r, s, cm)
 }
