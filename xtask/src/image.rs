@@ -335,21 +335,23 @@ fn fetch_kernel(package: &KernelPackage, dir: &Path) -> Result<PathBuf, String> 
     Ok(tree)
 }
 
+/// Runs `cmd`; a failure says `what` failed, with the last lines of its output.
+fn run_checked(cmd: &mut Command, what: &str) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("running {what}: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} failed ({}):\n{}{}",
+        out.status,
+        last_lines(&String::from_utf8_lossy(&out.stdout)),
+        last_lines(&String::from_utf8_lossy(&out.stderr))
+    ))
+}
+
 /// Downloads `spec` into `work`, unpacks it into `work/root`, indexes its modules; returns that tree.
 fn unpack_kernel(spec: &str, release: &str, work: &Path) -> Result<PathBuf, String> {
-    let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
-        let out = cmd.output().map_err(|e| format!("running {what}: {e}"))?;
-        if out.status.success() {
-            return Ok(());
-        }
-        Err(format!(
-            "{what} failed ({}):\n{}{}",
-            out.status,
-            last_lines(&String::from_utf8_lossy(&out.stdout)),
-            last_lines(&String::from_utf8_lossy(&out.stderr))
-        ))
-    };
-    run(
+    run_checked(
         Command::new("apt-get").args(["download", spec]).current_dir(work),
         &format!(
             "apt-get download {spec} (in {}; are apt's lists current and the mirror reachable?)",
@@ -363,7 +365,7 @@ fn unpack_kernel(spec: &str, release: &str, work: &Path) -> Result<PathBuf, Stri
         .find(|p| p.extension().is_some_and(|x| x == "deb"))
         .ok_or(format!("apt-get download {spec} left no .deb in {}", work.display()))?;
     let root = work.join("root");
-    run(
+    run_checked(
         Command::new("dpkg").arg("-x").arg(&deb).arg(&root),
         &format!("dpkg -x {} {}", deb.display(), root.display()),
     )?;
@@ -378,7 +380,7 @@ fn unpack_kernel(spec: &str, release: &str, work: &Path) -> Result<PathBuf, Stri
             return Err(format!("{spec} has no {} (is it a kernel of version {release}?)", needed.display()));
         }
     }
-    run(
+    run_checked(
         Command::new("depmod").arg("-b").arg(&root).arg(release),
         &format!("depmod -b {} {release}", root.display()),
     )?;
@@ -463,25 +465,12 @@ pub fn prepare_siw(version: &str) -> Result<SiwModule, String> {
 /// Extracts siw's sources into `work` and builds them; returns the built `siw.ko`.
 fn build_siw(version: &str, tarball: &Path, top: &str, work: &Path) -> Result<PathBuf, String> {
     let sub = "drivers/infiniband/sw/siw";
-    let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
-        let out = cmd.output().map_err(|e| format!("running {what}: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "{what} failed ({}):\n{}{}",
-                out.status,
-                last_lines(&String::from_utf8_lossy(&out.stdout)),
-                last_lines(&String::from_utf8_lossy(&out.stderr))
-            ))
-        }
-    };
-    run(
+    run_checked(
         Command::new("tar").arg("-xJf").arg(tarball).arg("-C").arg(work).arg(format!("{top}/{sub}")),
         &format!("tar -xJf {} {top}/{sub}", tarball.display()),
     )?;
     let src = work.join(top).join(sub);
-    run(
+    run_checked(
         Command::new("make")
             .arg("-C")
             .arg(format!("/lib/modules/{version}/build"))

@@ -142,40 +142,41 @@ pub fn ensure_packages(packages: &[String], dry_run: bool, allow_remove: &[Strin
         }
     }
     let mut apt_now = SystemApt { stage: 0 };
-    let plan = match plan_install(&apt_now, &missing) {
-        Ok(plan) => plan,
+    let mut planned = plan_install(&apt_now, &missing);
+    let backports = match &planned {
         Err(Refusal { backports: Some(suite), message }) if root || dry_run => {
-            // An installed backport is in the way and its suite is not configured: the matching
-            // versions come from there. Adding the suite changes nothing else (apt gives a backports
-            // suite priority 100: only what is asked from it by name, or already from it, comes from it).
-            let uri = debian_mirror();
-            eprintln!(
-                "xtask: an installed package came from {suite}, which no apt source lists, and the packages \
-                 this project needs conflict with it in the default suite; the matching versions are in \
-                 {suite}. {} {} ({uri} {suite} main), then apt-get update, so as to take them from there \
-                 without removing anything.",
-                if dry_run { "Would add" } else { "Adding" },
-                backports_sources_path(&suite).display()
-            );
-            if dry_run {
-                eprintln!("xtask: (dry run: the plan after that is not shown)\n{message}");
-                return Ok(());
-            }
-            fs::write(backports_sources_path(&suite), backports_sources(&suite, &uri))
-                .map_err(|e| format!("writing {}: {e}", backports_sources_path(&suite).display()))?;
-            let r = apt(&["update", "-q"], APT_UPDATE_LIMIT, true)?;
-            if !r.success() {
-                return Err(format!("apt-get update after adding {suite} failed ({})", r.describe()));
-            }
-            apt_now.stage = 1;
-            match plan_install(&apt_now, &missing) {
-                Ok(plan) => plan,
-                Err(e) if !allow_remove.is_empty() => {
-                    allowed_removal(&apt_now, &missing, allow_remove).ok_or(e.message)?
-                }
-                Err(e) => return Err(e.message),
-            }
+            Some((suite.clone(), message.clone()))
         }
+        _ => None,
+    };
+    if let Some((suite, message)) = backports {
+        // An installed backport is in the way and its suite is not configured: the matching
+        // versions come from there. Adding the suite changes nothing else (apt gives a backports
+        // suite priority 100: only what is asked from it by name, or already from it, comes from it).
+        let uri = debian_mirror();
+        eprintln!(
+            "xtask: an installed package came from {suite}, which no apt source lists, and the packages \
+             this project needs conflict with it in the default suite; the matching versions are in \
+             {suite}. {} {} ({uri} {suite} main), then apt-get update, so as to take them from there \
+             without removing anything.",
+            if dry_run { "Would add" } else { "Adding" },
+            backports_sources_path(&suite).display()
+        );
+        if dry_run {
+            eprintln!("xtask: (dry run: the plan after that is not shown)\n{message}");
+            return Ok(());
+        }
+        fs::write(backports_sources_path(&suite), backports_sources(&suite, &uri))
+            .map_err(|e| format!("writing {}: {e}", backports_sources_path(&suite).display()))?;
+        let r = apt(&["update", "-q"], APT_UPDATE_LIMIT, true)?;
+        if !r.success() {
+            return Err(format!("apt-get update after adding {suite} failed ({})", r.describe()));
+        }
+        apt_now.stage = 1;
+        planned = plan_install(&apt_now, &missing);
+    }
+    let plan = match planned {
+        Ok(plan) => plan,
         Err(e) if !allow_remove.is_empty() => {
             allowed_removal(&apt_now, &missing, allow_remove).ok_or(e.message)?
         }
