@@ -724,7 +724,7 @@ pub use post::{
     ScopedRecv, ScopedSend, SendIterError, SendOps, SendRequest, MAX_SGE,
 };
 pub use queue::{
-    Completion, CompletionChannel, CompletionQueue, QpCaps, QpType, QueuePair, QueuePairBuilder, Scope,
-    SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
+    Completion, CompletionChannel, CompletionQueue, CqBuilder, QpCaps, QpType, QueuePair, QueuePairBuilder,
+    Scope, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
     IWARP_MANUAL_CONNECT, IWARP_RESET,
 };

@@ -13,7 +13,7 @@
 //! empty. The generation is defence in depth only: it is not what keeps stale completions apart.
 
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::ring::{Deferred, Ring, DRAINING, LIVE, RECV, RETIRED, TAG, UNUSED};
@@ -63,11 +63,13 @@ pub(crate) struct Registry<T> {
     retired: AtomicU32,
     /// Rings the consumer has seen retired and not yet removed. Written only by the consumer.
     draining: AtomicU32,
-    /// Sum of the capacities of the rings in the table (live or not yet removed): completions
-    /// that can be in the CQ at once.
-    reserved: AtomicU32,
-    /// Completions the CQ holds.
-    cq_capacity: u32,
+    /// The CQ's room in one word, so that a reservation and a resize
+    /// ([`set_capacity`](Self::set_capacity)) see each other: bits 32..64 are the completions the
+    /// CQ holds, bits 0..32 the sum of the capacities of the rings (and SRQ tables) in the table,
+    /// live or not yet removed, i.e. completions that can be in the CQ at once. The reserved sum
+    /// never exceeds the capacity after a successful [`reserve`](Self::reserve), and an
+    /// unreserve never takes more than was reserved, so the low half never borrows from the high.
+    room: AtomicU64,
     /// A panic of a released slot's drop, caught while the consumer took completions, for the
     /// poll to resume once it kept them. Consumer-only.
     deferred: Deferred,
@@ -97,8 +99,7 @@ impl<T> Registry<T> {
             generation: AtomicU32::new(1),
             retired: AtomicU32::new(0),
             draining: AtomicU32::new(0),
-            reserved: AtomicU32::new(0),
-            cq_capacity,
+            room: AtomicU64::new(u64::from(cq_capacity) << 32),
             deferred: Deferred::new(),
         }
     }
@@ -111,26 +112,34 @@ impl<T> Registry<T> {
 
     /// Completions the CQ holds.
     pub(crate) fn cq_capacity(&self) -> u32 {
-        self.cq_capacity
+        (self.room.load(Ordering::Acquire) >> 32) as u32
     }
 
     /// Completions not reserved by the rings in the table: what `unsafe`-level posts whose
     /// completions land in this CQ may use.
     pub(crate) fn unreserved(&self) -> u32 {
-        self.cq_capacity.saturating_sub(self.reserved.load(Ordering::Acquire))
+        let room = self.room.load(Ordering::Acquire);
+        ((room >> 32) as u32).saturating_sub(room as u32)
+    }
+
+    /// Completions reserved by the rings and SRQ tables in the table.
+    #[cfg(test)]
+    pub(crate) fn reserved(&self) -> u32 {
+        self.room.load(Ordering::Acquire) as u32
     }
 
     /// Reserves room for `n` more completions, all or nothing (any thread).
     fn reserve(&self, n: u64) -> Result<(), RegisterError> {
-        let mut cur = self.reserved.load(Ordering::Acquire);
+        let mut cur = self.room.load(Ordering::Acquire);
         loop {
-            let needed = u64::from(cur) + n;
-            if needed > u64::from(self.cq_capacity) {
-                return Err(RegisterError::CqTooSmall { needed, capacity: self.cq_capacity });
+            let capacity = (cur >> 32) as u32;
+            let needed = u64::from(cur as u32) + n;
+            if needed > u64::from(capacity) {
+                return Err(RegisterError::CqTooSmall { needed, capacity });
             }
-            // needed <= cq_capacity, a u32.
-            match self.reserved.compare_exchange_weak(cur, needed as u32, Ordering::AcqRel, Ordering::Acquire)
-            {
+            // needed <= capacity, a u32: the low half holds it.
+            let new = (cur & !u64::from(u32::MAX)) | needed;
+            match self.room.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Ok(()),
                 Err(now) => cur = now,
             }
@@ -138,7 +147,28 @@ impl<T> Registry<T> {
     }
 
     fn unreserve(&self, n: u32) {
-        self.reserved.fetch_sub(n, Ordering::AcqRel);
+        // The low half holds at least `n` (what was reserved): no borrow from the capacity.
+        self.room.fetch_sub(u64::from(n), Ordering::AcqRel);
+    }
+
+    /// Sets the CQ's capacity to `capacity` (any thread), unless the room already reserved
+    /// exceeds it: then nothing changes and the error names the reserved room as `needed`.
+    /// Returns the capacity it replaced. Used around `ibv_resize_cq`: lowered to the smaller of
+    /// the old and new sizes before the verb, so that no reservation made meanwhile counts on
+    /// entries the resize may take away, then set to what the device reports.
+    pub(crate) fn set_capacity(&self, capacity: u32) -> Result<u32, RegisterError> {
+        let mut cur = self.room.load(Ordering::Acquire);
+        loop {
+            let reserved = cur as u32;
+            if reserved > capacity {
+                return Err(RegisterError::CqTooSmall { needed: u64::from(reserved), capacity });
+            }
+            let new = (u64::from(capacity) << 32) | u64::from(reserved);
+            match self.room.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok((cur >> 32) as u32),
+                Err(now) => cur = now,
+            }
+        }
     }
 
     /// Registers rings of the given capacities (any thread): reserves room for all their
@@ -568,6 +598,25 @@ mod tests {
             ));
         }
         assert_eq!(reg.unreserved(), u32::MAX - 16);
+    }
+
+    #[test]
+    fn a_capacity_change_below_the_reserved_room_is_refused_and_changes_nothing() {
+        let reg = small(10);
+        let _a = one(&reg, 6, false);
+        assert_eq!(reg.reserved(), 6);
+        assert_eq!(reg.set_capacity(5), Err(RegisterError::CqTooSmall { needed: 6, capacity: 5 }));
+        assert_eq!((reg.cq_capacity(), reg.unreserved()), (10, 4));
+        assert_eq!(reg.set_capacity(6), Ok(10));
+        assert_eq!((reg.cq_capacity(), reg.unreserved()), (6, 0));
+        assert!(matches!(
+            reg.register([(1, false)]),
+            Err(RegisterError::CqTooSmall { needed: 7, capacity: 6 })
+        ));
+        assert_eq!(reg.set_capacity(u32::MAX), Ok(6));
+        assert_eq!(reg.unreserved(), u32::MAX - 6);
+        assert!(reg.register([(100, false)]).is_ok());
+        assert_eq!(reg.reserved(), 106);
     }
 
     // Regression (soundness hole 3): a retired ring's CQ room came back at once, while its

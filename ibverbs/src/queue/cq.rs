@@ -10,7 +10,7 @@ use ibverbs_sys as ffi;
 
 use crate::device::{next_queue_id, Context, ContextInner, CqId, ObjectKind};
 use crate::error::{cvt, cvt_p, Error, Result};
-use crate::post::registry::Registry;
+use crate::post::registry::{RegisterError, Registry};
 use crate::post::Slot;
 use crate::queue::channel::{ChannelInner, CompletionChannel, CqEvents};
 use crate::queue::completion::{Completion, WorkCompletion};
@@ -29,6 +29,8 @@ pub(crate) struct CqInner {
     /// The event bookkeeping `cq_context` points to (see `queue/channel.rs`): freed only after
     /// `ibv_destroy_cq` returned, or never if it failed.
     events: Arc<CqEvents>,
+    /// The completion vector it was created on.
+    comp_vector: u32,
     pub(crate) ctx: Arc<ContextInner>,
 }
 
@@ -86,15 +88,17 @@ impl fmt::Debug for CompletionQueue {
 
 impl CompletionQueue {
     pub(crate) fn new(ctx: &Context, depth: u32, channel: Option<&CompletionChannel>) -> Result<Self> {
-        Self::new_with(ctx, depth, channel, None)
+        Self::new_with(ctx, depth, channel, None, 0)
     }
 
-    /// Creates a classic CQ (`wc_flags` `None`) or an extended one.
+    /// Creates a classic CQ (`wc_flags` `None`) or an extended one, its events on completion
+    /// vector `comp_vector`.
     fn new_with(
         ctx: &Context,
         depth: u32,
         channel: Option<&CompletionChannel>,
         wc_flags: Option<WcFlags>,
+        comp_vector: u32,
     ) -> Result<Self> {
         let verb = if wc_flags.is_some() { "ibv_create_cq_ex" } else { "ibv_create_cq" };
         let cqe = i32::try_from(depth)
@@ -107,6 +111,16 @@ impl CompletionQueue {
                 reason: "the completion channel belongs to another device context",
             });
         }
+        // The kernel refuses a vector at or above num_comp_vectors with EINVAL; said before
+        // the verb, by name. (The count is at least 1 on every device; 0 is accepted whatever
+        // it says, as C does.)
+        if comp_vector != 0 && comp_vector >= ctx.num_comp_vectors() {
+            return Err(Error::InvalidArgument {
+                verb,
+                reason: "comp_vector must be below the context's num_comp_vectors",
+            });
+        }
+        let comp_vector_c = comp_vector as i32;
         if wc_flags.is_some_and(|f| f.contains(WcFlags::COMPLETION_TIMESTAMP))
             && ctx.query_device_ex()?.0.completion_timestamp_mask == 0
         {
@@ -124,7 +138,7 @@ impl CompletionQueue {
                 // SAFETY: valid context and (optional) channel, which the CQ keeps alive via its
                 // Arc; `cq_context` points to `events`, which the CQ keeps until after
                 // ibv_destroy_cq.
-                let raw = unsafe { ffi::ibv_create_cq(ctx.as_raw(), cqe, cq_context, ch, 0) };
+                let raw = unsafe { ffi::ibv_create_cq(ctx.as_raw(), cqe, cq_context, ch, comp_vector_c) };
                 (cvt_p(verb, raw).map_err(|e| ctx.explain_queue_failure(e))?, None)
             }
             Some(flags) => {
@@ -133,7 +147,7 @@ impl CompletionQueue {
                     cqe: cqe as u32,
                     cq_context,
                     channel: ch,
-                    comp_vector: 0,
+                    comp_vector,
                     wc_flags: flags.bits(),
                     ..Default::default()
                 };
@@ -175,6 +189,7 @@ impl CompletionQueue {
                 registry: Registry::new(capacity),
                 channel: channel.map(|c| c.inner.clone()),
                 events,
+                comp_vector,
                 ctx: ctx.inner.clone(),
             }),
             kept: VecDeque::new(),
@@ -185,6 +200,70 @@ impl CompletionQueue {
     /// How many completions it holds (at least the depth asked for).
     pub fn capacity(&self) -> u32 {
         self.inner.registry.cq_capacity()
+    }
+
+    /// The completion vector its events are signalled on (`comp_vector` of `ibv_create_cq`):
+    /// 0 unless set with [`CqBuilder::comp_vector`].
+    pub fn comp_vector(&self) -> u32 {
+        self.inner.comp_vector
+    }
+
+    /// Resizes the CQ to hold at least `depth` completions (`ibv_resize_cq()`) and returns its
+    /// new [`capacity`](Self::capacity), the size the device reports (it may round up).
+    ///
+    /// The safe level's accounting stays whole: the queue pairs and shared receive queues using
+    /// this CQ have reserved room for every completion they can produce (the CQ's capacity minus
+    /// [`unreserved`](Self::unreserved)), and a resize below that room is refused before the
+    /// verb. While the verb runs, queue pairs created on other threads may reserve only what both
+    /// the old and the new size hold. Requests of the `unsafe` level must keep within the new
+    /// [`unreserved`](Self::unreserved) room.
+    ///
+    /// # Errors
+    /// - [`Error::InvalidArgument`] for a depth of 0 or above `i32::MAX`;
+    /// - [`Error::CqTooSmall`] (verb `ibv_resize_cq`, `needed` the room reserved, `capacity` the
+    ///   depth asked for) when the queues using the CQ reserved more than `depth`; nothing
+    ///   changed;
+    /// - [`Error::Unsupported`] where the provider has no resize (`EOPNOTSUPP`/`ENOSYS`: siw);
+    /// - [`Error::Verb`] otherwise, e.g. `EINVAL` for a depth above the device's `max_cqe` or
+    ///   below the completions the CQ holds right now. The CQ keeps its old size then.
+    #[doc(alias = "ibv_resize_cq")]
+    pub fn resize(&mut self, depth: u32) -> Result<u32> {
+        const VERB: &str = "ibv_resize_cq";
+        let cqe = i32::try_from(depth)
+            .ok()
+            .filter(|&d| d > 0)
+            .ok_or(Error::InvalidArgument { verb: VERB, reason: "depth must be in 1..=i32::MAX" })?;
+        let registry = &self.inner.registry;
+        let to_cq_too_small = |e| match e {
+            RegisterError::CqTooSmall { needed, capacity } => {
+                Error::CqTooSmall { verb: VERB, needed, capacity }
+            }
+            RegisterError::Full => Error::TooManyQueuePairs { verb: VERB },
+        };
+        // Lowered first (a shrink): from here no reservation counts on entries past `depth`.
+        let old = registry.cq_capacity();
+        registry.set_capacity(old.min(depth)).map_err(to_cq_too_small)?;
+        // SAFETY: the CQ is alive (we hold it); `&mut self` excludes every poll of it, which is
+        // what providers need around a resize (they swap the queue's buffer); posts of queue
+        // pairs on other threads are serialised by the provider. The new size holds every
+        // completion the safe level can have outstanding (checked above).
+        let ret = unsafe { ffi::ibv_resize_cq(self.inner.raw.as_ptr(), cqe) };
+        if let Err(e) = cvt(VERB, ret) {
+            // Back to the old size, which nothing could have reserved beyond (the capacity was
+            // at most the old one meanwhile).
+            let _ = registry.set_capacity(old);
+            return Err(e.or_unsupported("ibv_resize_cq"));
+        }
+        // SAFETY: the CQ is valid; the provider wrote its new size to `cqe`.
+        let got = unsafe { (*self.inner.raw.as_ptr()).cqe };
+        let got = u32::try_from(got).unwrap_or(0);
+        // What the device reports. It holds at least `depth` (the verb's contract), hence the
+        // room reserved, which is at most `old.min(depth)`; a provider that reported less would
+        // leave `unreserved` at 0 and every new reservation refused, never an overflow counted on.
+        if registry.set_capacity(got).is_err() {
+            let _ = registry.set_capacity(old.min(depth));
+        }
+        Ok(registry.cq_capacity())
     }
 
     /// Identifies this CQ in [`CompletionChannel::get_event`] results and
@@ -757,7 +836,15 @@ impl Context {
         channel: Option<&CompletionChannel>,
         wc_flags: WcFlags,
     ) -> Result<CompletionQueue> {
-        CompletionQueue::new_with(self, depth, channel, Some(wc_flags))
+        CompletionQueue::new_with(self, depth, channel, Some(wc_flags), 0)
+    }
+
+    /// A builder of a completion queue with room for at least `depth` completions, for the
+    /// options [`create_cq`](Self::create_cq) and [`create_cq_ex`](Self::create_cq_ex) leave at
+    /// their defaults: the completion vector (`comp_vector`), besides the channel and the
+    /// extended CQ's `wc_flags`.
+    pub fn cq_builder(&self, depth: u32) -> CqBuilder<'_> {
+        CqBuilder { ctx: self, depth, channel: None, wc_flags: None, comp_vector: 0 }
     }
 
     /// Creates a completion queue with room for at least `depth` completions
@@ -769,6 +856,55 @@ impl Context {
     #[doc(alias = "ibv_create_cq")]
     pub fn create_cq(&self, depth: u32, channel: Option<&CompletionChannel>) -> Result<CompletionQueue> {
         CompletionQueue::new(self, depth, channel)
+    }
+}
+
+/// The options of a new completion queue ([`Context::cq_builder`]): `ibv_create_cq()`, or
+/// `ibv_create_cq_ex()` once [`wc_flags`](Self::wc_flags) is set.
+#[derive(Debug)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct CqBuilder<'a> {
+    ctx: &'a Context,
+    depth: u32,
+    channel: Option<&'a CompletionChannel>,
+    wc_flags: Option<WcFlags>,
+    comp_vector: u32,
+}
+
+impl<'a> CqBuilder<'a> {
+    /// Reports completion events to `channel` (`channel` of `ibv_create_cq`).
+    pub fn channel(mut self, channel: &'a CompletionChannel) -> Self {
+        self.channel = Some(channel);
+        self
+    }
+
+    /// Signals the CQ's events on completion vector `vector` (`comp_vector` of `ibv_create_cq` /
+    /// `ibv_cq_init_attr_ex`), one of the context's
+    /// [`num_comp_vectors`](Context::num_comp_vectors) (each is an interrupt, which HPC code
+    /// spreads over cores). Default 0. A vector out of range is refused by
+    /// [`build`](Self::build) before the verb.
+    pub fn comp_vector(mut self, vector: u32) -> Self {
+        self.comp_vector = vector;
+        self
+    }
+
+    /// Makes it an extended CQ (`ibv_create_cq_ex`) whose completions carry `flags`, as
+    /// [`Context::create_cq_ex`] does.
+    pub fn wc_flags(mut self, flags: WcFlags) -> Self {
+        self.wc_flags = Some(flags);
+        self
+    }
+
+    /// Creates the completion queue (`ibv_create_cq()` or `ibv_create_cq_ex()`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a vector at or above the context's
+    /// [`num_comp_vectors`](Context::num_comp_vectors) (other than 0), before the verb;
+    /// otherwise as [`Context::create_cq`] or [`Context::create_cq_ex`].
+    #[doc(alias = "ibv_create_cq")]
+    #[doc(alias = "ibv_create_cq_ex")]
+    pub fn build(self) -> Result<CompletionQueue> {
+        CompletionQueue::new_with(self.ctx, self.depth, self.channel, self.wc_flags, self.comp_vector)
     }
 }
 

@@ -11,7 +11,7 @@ mod xrc;
 
 pub use channel::CompletionChannel;
 pub use completion::{Completion, WcOpcode, WcStatus, WorkCompletion};
-pub use cq::CompletionQueue;
+pub use cq::{CompletionQueue, CqBuilder};
 pub use cq_ex::WcFlags;
 pub use qp::scope::Scope;
 pub use qp::state::{IWARP_MANUAL_CONNECT, IWARP_RESET};

