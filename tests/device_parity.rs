@@ -102,3 +102,37 @@ fn cq_resize_keeps_the_room_queue_pairs_reserved() {
     assert!(p.cq_a.unreserved() <= before - 8);
     drop(q);
 }
+
+/// The P_Key table as rdma-core's tests read it: every entry by index, the default key at index
+/// 0 of a RoCE/iWARP port, its index found back, a key not in the table and bad arguments typed.
+#[test]
+fn pkey_table_and_index() {
+    let ctx = context();
+    let len = ctx.query_port(1).unwrap().pkey_tbl_len();
+    if len == 0 {
+        // iWARP has no partitions: siw reports an empty table.
+        assert_eq!(ctx.pkey_table(1).unwrap(), Vec::<u16>::new());
+        let e = ctx.query_pkey(1, 0).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { verb: "ibv_query_pkey", .. }), "{e:?}");
+        assert_eq!(ctx.pkey_index(1, 0xffff).unwrap(), None);
+        unsupported(&ctx, "P_Key table", "pkey_tbl_len is 0");
+        return;
+    }
+    let table = ctx.pkey_table(1).unwrap();
+    assert_eq!(table.len(), usize::from(len));
+    for (i, &k) in table.iter().enumerate() {
+        assert_eq!(ctx.query_pkey(1, i as u16).unwrap(), k);
+    }
+    assert_eq!(table[0], 0xffff, "the default full-membership key first: {table:x?}");
+    assert_eq!(ctx.pkey_index(1, 0xffff).unwrap(), Some(0));
+    let absent = (1..0x7fffu16).find(|k| !table.contains(k)).unwrap();
+    assert_eq!(ctx.pkey_index(1, absent).unwrap(), None);
+    assert!(matches!(ctx.query_pkey(1, len), Err(Error::InvalidArgument { verb: "ibv_query_pkey", .. })));
+    assert!(matches!(ctx.query_pkey(0, 0), Err(Error::InvalidArgument { verb: "ibv_query_pkey", .. })));
+    assert!(matches!(
+        ctx.pkey_index(0, 0xffff),
+        Err(Error::InvalidArgument { verb: "ibv_get_pkey_index", .. })
+    ));
+    let ports = ctx.query_device().unwrap().phys_port_cnt();
+    assert!(matches!(ctx.pkey_table(ports + 1), Err(Error::Verb { verb: "ibv_query_port", .. })));
+}

@@ -429,6 +429,11 @@ impl PortAttr {
     pub fn gid_tbl_len(&self) -> u32 {
         u32::try_from(self.0.gid_tbl_len).unwrap_or(0)
     }
+    /// Length of the P_Key table (`pkey_tbl_len`): the indices
+    /// [`Context::query_pkey`](crate::Context::query_pkey) takes.
+    pub fn pkey_tbl_len(&self) -> u16 {
+        self.0.pkey_tbl_len
+    }
     /// Active link width (encoded as in `ibv_port_attr`).
     pub fn active_width(&self) -> u8 {
         self.0.active_width

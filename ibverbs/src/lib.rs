@@ -692,6 +692,7 @@ pub mod fork;
 pub mod guide;
 mod memory;
 mod pd;
+mod pkey;
 mod pool;
 mod post;
 mod queue;
