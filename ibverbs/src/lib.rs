@@ -52,6 +52,8 @@
 //! crate's own bookkeeping take `&mut self`: posting at the safe level
 //! ([`QueuePair::post_send`]) and polling with buffer tracking ([`CompletionQueue::poll`]). A QP can
 //! post from one thread while its CQ is polled in another.
+//! [`QueuePair::into_split`] hands its two work queues to two threads: a [`SendHalf`] and a
+//! [`RecvHalf`], each the only poster of its queue's slot ring, with no lock between them.
 //!
 //! # Safety model
 //!
@@ -689,6 +691,7 @@ pub mod diag;
 mod error;
 mod fd;
 pub mod fork;
+pub mod group;
 pub mod guide;
 mod memory;
 mod pd;
@@ -729,3 +732,4 @@ pub use queue::{
     Scope, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
     IWARP_MANUAL_CONNECT, IWARP_RESET,
 };
+pub use queue::{RecvHalf, ReuniteError, SendHalf, SplitError};

@@ -5,9 +5,11 @@
 use std::fmt;
 use std::io;
 
+mod group;
 mod port;
 mod setting;
 
+pub use group::RankProblem;
 pub use port::{PortProblem, Rejected};
 pub use setting::{ParseError, ParseErrorKind};
 
@@ -247,6 +249,30 @@ pub enum Error {
         package: &'static str,
         /// The dynamic loader's message (`dlerror()`), or what the library lacks.
         reason: String,
+    },
+    /// Other ranks of a [`group`](crate::group) failed, vanished or never came: returned by the
+    /// collective steps ([`Bootstrap::allgather`](crate::group::Bootstrap::allgather),
+    /// [`Group::create`](crate::group::Group::create), [`Group::check`](crate::group::Group::check))
+    /// on every rank that learns of it, naming the ranks and what happened to them.
+    #[error("{during}: {}: {problem}", group::ranks_text(.ranks))]
+    Group {
+        /// The step that could not complete, e.g. `"rendezvous"`, `"allgather"`.
+        during: &'static str,
+        /// The ranks at fault (ascending).
+        ranks: Vec<usize>,
+        /// What happened to them.
+        problem: RankProblem,
+    },
+    /// The launcher's environment does not describe a group this process can join: a variable
+    /// missing or inconsistent (`RANK` without `WORLD_SIZE`, a rank not below the size, no
+    /// rendezvous address), or the rendezvous could not be set up.
+    #[error("group bootstrap: {reason}")]
+    Bootstrap {
+        /// What is missing or wrong, naming the variables.
+        reason: String,
+        /// The OS error, where one was the cause (a port already in use...).
+        #[source]
+        source: Option<io::Error>,
     },
     /// A port named explicitly cannot be used as asked: not ACTIVE, GID index empty or not RoCE
     /// v2, an MTU above the port's active MTU... (see [`PortProblem`](crate::select::PortProblem)).
