@@ -18,5 +18,6 @@ pub use qp::state::{IWARP_MANUAL_CONNECT, IWARP_RESET};
 #[cfg(feature = "cm")]
 pub(crate) use qp::CmIdHold;
 pub use qp::{QpCaps, QpType, QueuePair, QueuePairBuilder};
+pub use qp::{RecvHalf, ReuniteError, SendHalf, SplitError};
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use xrc::XrcDomain;

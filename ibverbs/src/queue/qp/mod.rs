@@ -3,6 +3,7 @@
 
 mod post;
 pub(super) mod scope;
+mod split;
 pub(super) mod state;
 mod window;
 
@@ -23,6 +24,8 @@ use crate::post::{Slot, MAX_SGE};
 use crate::queue::cq::{CompletionQueue, CqInner};
 use crate::queue::srq::{SharedReceiveQueue, SrqInner};
 use crate::queue::xrc::XrcDomain;
+
+pub use split::{RecvHalf, ReuniteError, SendHalf, SplitError};
 
 /// The transport service of a queue pair (`enum ibv_qp_type`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]

@@ -38,7 +38,7 @@ impl QueuePair {
     /// Whether sends may be posted: one flag kept with the state (`set_state`), the error
     /// worked out apart.
     #[inline(always)]
-    fn check_send_state(&self) -> Result<()> {
+    pub(super) fn check_send_state(&self) -> Result<()> {
         if !self.sendable {
             return Err(self.unsendable());
         }
@@ -58,7 +58,7 @@ impl QueuePair {
         Error::QpState { verb: "ibv_post_send", state: self.state, expected: "RTS" }
     }
 
-    fn check_send(&self, wr: &SendRequest<'_>) -> Result<()> {
+    pub(super) fn check_send(&self, wr: &SendRequest<'_>) -> Result<()> {
         self.check_send_state()?;
         self.check_send_request(wr)
     }
@@ -66,7 +66,7 @@ impl QueuePair {
     /// Everything about a send request but the QP's state. Always inlined: as a call, its
     /// `Result` went through memory and cost post_send ~20 instructions under callgrind.
     #[inline(always)]
-    fn check_send_request(&self, wr: &SendRequest<'_>) -> Result<()> {
+    pub(super) fn check_send_request(&self, wr: &SendRequest<'_>) -> Result<()> {
         let count = wr.validate(&self.pd)?;
         self.check_send_fit(wr, count)
     }
@@ -77,7 +77,7 @@ impl QueuePair {
         send_fits(&self.pd, &self.caps, self.qp_type, wr, count)
     }
 
-    fn check_recv(&self, wr: &RecvRequest) -> Result<()> {
+    pub(super) fn check_recv(&self, wr: &RecvRequest) -> Result<()> {
         self.check_recv_state()?;
         if wr.validate(&self.pd)? > self.caps.max_recv_sge as usize {
             return Err(Error::InvalidArgument {
