@@ -136,3 +136,58 @@ fn pkey_table_and_index() {
     let ports = ctx.query_device().unwrap().phys_port_cnt();
     assert!(matches!(ctx.pkey_table(ports + 1), Err(Error::Verb { verb: "ibv_query_port", .. })));
 }
+
+/// `ibv_rereg_mr` with `IBV_REREG_MR_CHANGE_PD` and `IBV_REREG_MR_CHANGE_TRANSLATION`: a PD of
+/// another context is refused before the verb; where the provider lacks the verb (rxe, siw) the
+/// error is `Unsupported`, the new buffer comes back, and the region is left exactly as it was
+/// (keys, address, bytes, a peer's RDMA Read of it).
+#[test]
+fn rereg_pd_and_translation() {
+    let mut p = rc_pair(4);
+    let data = pattern(256, 5);
+    let mut mr = p.pd.register(data.clone(), AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ).unwrap();
+    let (lkey, rkey, addr) = (mr.lkey(), mr.rkey(), mr.addr());
+    let other = context();
+    let other_pd = other.alloc_pd().unwrap();
+    let e = mr.rereg_pd(&other_pd).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { verb: "ibv_rereg_mr", .. }), "{e:?}");
+    assert_eq!(mr.rereg_pd(&p.pd).ok(), Some(()), "its own PD: nothing to do");
+    let pd2 = p.ctx.alloc_pd().unwrap();
+    let moved = match mr.rereg_pd(&pd2) {
+        Ok(()) => true,
+        Err(Error::Unsupported { verb: "ibv_rereg_mr", capability }) => {
+            unsupported(&p.ctx, "ibv_rereg_mr(IBV_REREG_MR_CHANGE_PD)", capability);
+            false
+        }
+        Err(e) => panic!("ibv_rereg_mr(CHANGE_PD): {e:?}"),
+    };
+    drop(pd2); // the region keeps the PD it is in alive
+    let e = mr.rereg_buffer(Vec::new()).unwrap_err();
+    assert!(
+        matches!(&e, (Some(b), Error::InvalidArgument { verb: "ibv_rereg_mr", .. }) if b.is_empty()),
+        "{e:?}"
+    );
+    let fresh = pattern(512, 9);
+    let remapped = match mr.rereg_buffer(fresh.clone()) {
+        Ok(old) => {
+            assert_eq!(p.pd.register(old, AccessFlags::LOCAL_WRITE).unwrap().as_slice(), &data[..]);
+            assert_eq!((mr.len(), mr.as_slice()), (512, &fresh[..]));
+            true
+        }
+        Err((Some(back), Error::Unsupported { verb: "ibv_rereg_mr", capability })) => {
+            assert_eq!(p.pd.register(back, AccessFlags::LOCAL_WRITE).unwrap().as_slice(), &fresh[..]);
+            unsupported(&p.ctx, "ibv_rereg_mr(IBV_REREG_MR_CHANGE_TRANSLATION)", capability);
+            false
+        }
+        Err(e) => panic!("ibv_rereg_mr(CHANGE_TRANSLATION): {e:?}"),
+    };
+    if moved || remapped {
+        return; // the pair's PD no longer holds it; the data path is tested where it is unsupported
+    }
+    assert_eq!((mr.lkey(), mr.rkey(), mr.addr(), mr.as_slice()), (lkey, rkey, addr, &data[..]));
+    let dst = p.pd.allocate(256).unwrap();
+    p.b.post_send(SendRequest::read(Local::whole(dst), mr.remote()).wr_id(3)).unwrap();
+    let mut c = poll_one(&mut p.cq_b);
+    assert_eq!((c.status(), c.opcode(), c.wr_id()), (WcStatus::SUCCESS, WcOpcode::RDMA_READ, 3), "{c:?}");
+    assert_eq!(c.take_region().unwrap().as_slice(), &data[..]);
+}

@@ -101,6 +101,27 @@ pub(crate) struct MrInner {
     /// registered with an IOVA (`ibv_reg_mr_iova2`), whose keys then take IOVAs locally too.
     iova_delta: u64,
     _pd: Arc<PdInner>,
+    /// What an `ibv_rereg_mr` that failed half-way may have left the region using (buffers it
+    /// was asked to map, protection domains it was asked to move to): kept until after
+    /// `ibv_dereg_mr`. Empty (unallocated) unless such a failure happened.
+    retained: Retained,
+}
+
+/// See [`MrInner::retained`].
+#[derive(Default)]
+struct Retained {
+    bufs: Vec<OwnedBuffer>,
+    pds: Vec<Arc<PdInner>>,
+}
+
+/// Which of `ibv_rereg_mr`'s failures left the region as it was: an input error libibverbs found,
+/// a failed `madvise` of the new range, or a provider without the verb (`EOPNOTSUPP`/`ENOSYS`,
+/// nothing done). On any other failure (`IBV_REREG_MR_ERR_CMD*`: "MR shouldn't be used") the
+/// region may have the old or the new setting.
+fn rereg_left_unchanged(ret: i32, err: &Error) -> bool {
+    matches!(err, Error::Unsupported { .. })
+        || ret == ffi::ibv_rereg_mr_err_code::IBV_REREG_MR_ERR_INPUT.0
+        || ret == ffi::ibv_rereg_mr_err_code::IBV_REREG_MR_ERR_DONT_FORK_NEW.0
 }
 
 // SAFETY: the MR handle is an immutable kernel object; the buffer is Send (see OwnedBuffer).
@@ -159,7 +180,14 @@ impl MrInner {
             }
         })?;
         let iova_delta = iova.map_or(0, |iova| iova.wrapping_sub(addr as u64));
-        Ok(MrInner { raw, buf: std::mem::ManuallyDrop::new(buf), access, iova_delta, _pd: pd.inner.clone() })
+        Ok(MrInner {
+            raw,
+            buf: std::mem::ManuallyDrop::new(buf),
+            access,
+            iova_delta,
+            _pd: pd.inner.clone(),
+            retained: Retained::default(),
+        })
     }
 
     /// The address the device (local keys and peers alike) uses for the byte at `ptr` of this
@@ -201,16 +229,105 @@ impl MrInner {
         let err = Error::last_os(VERB).or_unsupported("changing a memory region's access (ibv_rereg_mr)");
         // libibverbs reports any provider failure as IBV_REREG_MR_ERR_CMD, a provider without
         // the verb (EOPNOTSUPP, nothing done) included.
-        let unchanged = matches!(err, Error::Unsupported { .. })
-            || ret == ffi::ibv_rereg_mr_err_code::IBV_REREG_MR_ERR_INPUT.0
-            || ret == ffi::ibv_rereg_mr_err_code::IBV_REREG_MR_ERR_DONT_FORK_NEW.0;
-        if !unchanged {
+        if !rereg_left_unchanged(ret, &err) {
             // The region may now have either set of rights (the man page: "MR shouldn't be
             // used", or the new one is valid): both are allowed for this type, and its keys
             // still reach only its own memory. Remember the wider set.
             self.access |= access;
         }
         Err(err)
+    }
+
+    /// `ibv_rereg_mr(IBV_REREG_MR_CHANGE_PD)`: moves the region to `pd` (of the same context),
+    /// keeping its memory and rights. The caller holds the region exclusively (no post holds it).
+    fn rereg_pd(&mut self, pd: &ProtectionDomain) -> Result<()> {
+        const VERB: &str = "ibv_rereg_mr";
+        if !Arc::ptr_eq(&pd.inner.ctx, &self._pd.ctx) {
+            return Err(Error::InvalidArgument {
+                verb: VERB,
+                reason: "the protection domain belongs to another device context",
+            });
+        }
+        if Arc::ptr_eq(&pd.inner, &self._pd) {
+            return Ok(());
+        }
+        crate::error::clear_errno();
+        // SAFETY: a valid MR registered once and a valid PD of its context, which the region
+        // keeps alive from here on whatever the outcome (below). CHANGE_PD alone keeps the
+        // translation and the rights (addr, length and access are ignored). Exclusive access
+        // (&mut self): no posted request uses the region's keys meanwhile.
+        let ret = unsafe {
+            ffi::ibv_rereg_mr(
+                self.raw.as_ptr(),
+                ffi::ibv_rereg_mr_flags::IBV_REREG_MR_CHANGE_PD.0 as libc::c_int,
+                pd.as_raw(),
+                std::ptr::null_mut(),
+                0,
+                0,
+            )
+        };
+        if ret == 0 {
+            self._pd = pd.inner.clone();
+            return Ok(());
+        }
+        let err = Error::last_os(VERB).or_unsupported("moving a memory region to another PD (ibv_rereg_mr)");
+        if !rereg_left_unchanged(ret, &err) {
+            // It may be in either PD: both stay allocated until the region is deregistered.
+            self.retained.pds.push(pd.inner.clone());
+        }
+        Err(err)
+    }
+
+    /// `ibv_rereg_mr(IBV_REREG_MR_CHANGE_TRANSLATION)`: the region maps `buf` instead of its
+    /// memory, which is returned. The caller holds the region exclusively (no post holds it).
+    #[allow(clippy::result_large_err)] // the buffer comes back whole, as bind_window's window
+    fn rereg_buffer(
+        &mut self,
+        buf: OwnedBuffer,
+    ) -> std::result::Result<OwnedBuffer, (Option<OwnedBuffer>, Error)> {
+        const VERB: &str = "ibv_rereg_mr";
+        if buf.len == 0 {
+            return Err((
+                Some(buf),
+                Error::InvalidArgument { verb: VERB, reason: "zero-length memory region" },
+            ));
+        }
+        crate::error::clear_errno();
+        // SAFETY: a valid MR registered once; `buf` is valid for `len` bytes and, whatever the
+        // outcome, stays allocated until the device can no longer reach it (owned by the region,
+        // or handed back only when the verb left the region as it was). CHANGE_TRANSLATION alone
+        // keeps the PD and the rights. Exclusive access (&mut self): no posted request uses the
+        // region's keys meanwhile.
+        let ret = unsafe {
+            ffi::ibv_rereg_mr(
+                self.raw.as_ptr(),
+                ffi::ibv_rereg_mr_flags::IBV_REREG_MR_CHANGE_TRANSLATION.0 as libc::c_int,
+                std::ptr::null_mut(),
+                buf.ptr.as_ptr().cast(),
+                buf.len,
+                0,
+            )
+        };
+        // IBV_REREG_MR_ERR_DO_FORK_OLD: the region maps the new range; only the old range's
+        // fork state could not be restored.
+        let done = ret == 0 || ret == ffi::ibv_rereg_mr_err_code::IBV_REREG_MR_ERR_DO_FORK_OLD.0;
+        if done {
+            // The device no longer maps the old memory: it is the caller's again. The new
+            // translation's device address is the buffer's own.
+            // (With IBV_REREG_MR_ERR_DO_FORK_OLD the old range stays excluded from fork
+            // children, as registered memory is: harmless to the parent.)
+            let old = std::mem::replace(&mut *self.buf, buf);
+            self.iova_delta = 0;
+            return Ok(old);
+        }
+        let err = Error::last_os(VERB).or_unsupported("changing a memory region's memory (ibv_rereg_mr)");
+        if rereg_left_unchanged(ret, &err) {
+            return Err((Some(buf), err));
+        }
+        // It may map either range: both stay allocated until the region is deregistered, and
+        // the region keeps its old memory as its bytes.
+        self.retained.bufs.push(buf);
+        Err((None, err))
     }
 
     pub(crate) fn addr(&self) -> *mut u8 {
@@ -293,6 +410,9 @@ impl Drop for MrInner {
         if ret == 0 {
             // SAFETY: the device no longer has the memory registered; dropped exactly once.
             unsafe { std::mem::ManuallyDrop::drop(&mut self.buf) };
+        } else {
+            // As `buf`: memory the device may still reach is never freed.
+            std::mem::forget(std::mem::take(&mut self.retained.bufs));
         }
         // On failure the memory may still be registered: leak it rather than free it under the
         // device.
@@ -531,6 +651,45 @@ impl MemoryRegion {
         self.inner.rereg_access(access)
     }
 
+    /// Moves the region to protection domain `pd` of the same context (`ibv_rereg_mr()` with
+    /// `IBV_REREG_MR_CHANGE_PD`), keeping its memory and rights; its keys may change. `&mut self`
+    /// proves that no post holds the region meanwhile; the region keeps `pd` alive from then on
+    /// (and the old one no longer).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a PD of another context; [`Error::Unsupported`] where the
+    /// provider does not implement the verb (rxe, siw); [`Error::Verb`] otherwise. After a
+    /// failure the provider reports as `IBV_REREG_MR_ERR_CMD` the region may be in either PD:
+    /// it keeps both alive until it is dropped, and stays safe to use (a post through the wrong
+    /// PD completes with a protection error).
+    #[doc(alias = "ibv_rereg_mr")]
+    #[doc(alias = "IBV_REREG_MR_CHANGE_PD")]
+    pub fn rereg_pd(&mut self, pd: &ProtectionDomain) -> Result<()> {
+        self.inner.rereg_pd(pd)
+    }
+
+    /// Makes the region map `buf` instead of its memory (`ibv_rereg_mr()` with
+    /// `IBV_REREG_MR_CHANGE_TRANSLATION`), keeping its PD and rights, and hands back the memory
+    /// it had: the device no longer reaches it. The region's length and address become `buf`'s
+    /// (an IOVA it was registered with is dropped); its keys may change. `&mut self` proves that
+    /// no post holds the region meanwhile.
+    ///
+    /// # Errors
+    /// The error with `Some(buf)` when the region was left as it was: [`Error::InvalidArgument`]
+    /// for an empty buffer, [`Error::Unsupported`] where the provider does not implement the
+    /// verb (rxe, siw), [`Error::Verb`] for an input error libibverbs found. With `None` after a
+    /// failure the provider reports as `IBV_REREG_MR_ERR_CMD`: the region may map either
+    /// memory, so it keeps `buf` until it is dropped, and its bytes stay its old memory.
+    #[doc(alias = "ibv_rereg_mr")]
+    #[doc(alias = "IBV_REREG_MR_CHANGE_TRANSLATION")]
+    #[allow(clippy::result_large_err)] // the buffer comes back whole, as bind_window's window
+    pub fn rereg_buffer(
+        &mut self,
+        buf: impl Into<OwnedBuffer>,
+    ) -> std::result::Result<OwnedBuffer, (Option<OwnedBuffer>, Error)> {
+        self.inner.rereg_buffer(buf.into())
+    }
+
     /// The region's bytes.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the memory is valid for len bytes, owned by self; only this process modifies it
@@ -571,6 +730,46 @@ impl RemoteMemoryRegion {
     #[doc(alias = "ibv_rereg_mr")]
     pub fn rereg_access(&mut self, access: AccessFlags) -> Result<()> {
         self.inner.rereg_access(access | AccessFlags::LOCAL_WRITE)
+    }
+
+    /// Moves the region to protection domain `pd` of the same context (`ibv_rereg_mr()` with
+    /// `IBV_REREG_MR_CHANGE_PD`), keeping its memory and rights; its keys may change. `&mut self`
+    /// proves that no other `Arc` of it, so no post holds it; the region keeps `pd` alive from then on
+    /// (and the old one no longer).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a PD of another context; [`Error::Unsupported`] where the
+    /// provider does not implement the verb (rxe, siw); [`Error::Verb`] otherwise. After a
+    /// failure the provider reports as `IBV_REREG_MR_ERR_CMD` the region may be in either PD:
+    /// it keeps both alive until it is dropped, and stays safe to use (a post through the wrong
+    /// PD completes with a protection error).
+    #[doc(alias = "ibv_rereg_mr")]
+    #[doc(alias = "IBV_REREG_MR_CHANGE_PD")]
+    pub fn rereg_pd(&mut self, pd: &ProtectionDomain) -> Result<()> {
+        self.inner.rereg_pd(pd)
+    }
+
+    /// Makes the region map `buf` instead of its memory (`ibv_rereg_mr()` with
+    /// `IBV_REREG_MR_CHANGE_TRANSLATION`), keeping its PD and rights, and hands back the memory
+    /// it had: the device no longer reaches it. The region's length and address become `buf`'s
+    /// (an IOVA it was registered with is dropped); its keys may change. `&mut self` (no other `Arc`
+    /// of it) proves that no post holds the region meanwhile; a peer that still has its old rkey
+    /// reaches the new memory or is refused, never the old memory.
+    ///
+    /// # Errors
+    /// The error with `Some(buf)` when the region was left as it was: [`Error::InvalidArgument`]
+    /// for an empty buffer, [`Error::Unsupported`] where the provider does not implement the
+    /// verb (rxe, siw), [`Error::Verb`] for an input error libibverbs found. With `None` after a
+    /// failure the provider reports as `IBV_REREG_MR_ERR_CMD`: the region may map either
+    /// memory, so it keeps `buf` until it is dropped, and its bytes stay its old memory.
+    #[doc(alias = "ibv_rereg_mr")]
+    #[doc(alias = "IBV_REREG_MR_CHANGE_TRANSLATION")]
+    #[allow(clippy::result_large_err)] // the buffer comes back whole, as bind_window's window
+    pub fn rereg_buffer(
+        &mut self,
+        buf: impl Into<OwnedBuffer>,
+    ) -> std::result::Result<OwnedBuffer, (Option<OwnedBuffer>, Error)> {
+        self.inner.rereg_buffer(buf.into())
     }
 
     fn racy(&self) -> RacyBytes {
