@@ -55,6 +55,21 @@
 //! [`QueuePair::into_split`] hands its two work queues to two threads: a [`SendHalf`] and a
 //! [`RecvHalf`], each the only poster of its queue's slot ring, with no lock between them.
 //!
+//! # Queue pair attributes
+//!
+//! [`QueuePair::connect`] and [`ConnectOptions`] are the short path. [`QueuePair::modify`] takes
+//! any move of the state machine with typed attributes ([`ModifyQp`]; timers from
+//! [`Duration`](std::time::Duration)s, rounded up as [`ack_timeout_code`] and [`rnr_timer_code`]
+//! say), checked before `ibv_modify_qp()`: a move the state machine lacks, or an attribute the
+//! move requires or does not take for the queue pair's transport, is [`Error::QpAttribute`]
+//! naming the mask bit. [`QueuePair::query`] reads them back ([`QpAttributes`]).
+//!
+//! The transport is checked at run time, not in the type: [`QueuePair`] is one type for RC, UC,
+//! UD and XRC. A type parameter would have to reach everything that holds a queue pair (RDMA-CM,
+//! striped connections, pools, the async adaptor, split halves) for the few attributes it would
+//! catch (a Q_Key on RC, an ACK timeout on UD), which `modify` refuses before the verb anyway;
+//! the common path (`connect`, `activate_ud`) sets only what fits the transport.
+//!
 //! # Safety model
 //!
 //! Posting a work request hands memory to the device until a completion says it is done. The
@@ -733,3 +748,7 @@ pub use queue::{
     IWARP_MANUAL_CONNECT, IWARP_RESET,
 };
 pub use queue::{RecvHalf, ReuniteError, SendHalf, SplitError};
+pub use queue::{
+    ack_timeout_code, ack_timeout_duration, rnr_timer_code, rnr_timer_duration, ModifyQp, PathMigState, QpAttributes,
+    PATH_MIGRATION, RATE_LIMIT,
+};

@@ -110,6 +110,23 @@ pub enum Error {
         /// The state(s) the operation needs.
         expected: &'static str,
     },
+    /// A typed `ibv_modify_qp()` ([`QueuePair::modify`](crate::QueuePair::modify)) refused
+    /// before the verb: the move is not in the queue pair state machine (`attribute` is
+    /// `"IBV_QP_STATE"`), or the attribute named (its `ibv_qp_attr_mask` bit) is required by the
+    /// move for the queue pair's transport and missing, or not taken by it. Nothing changed.
+    #[error("{verb}: {from:?} -> {to:?}: {attribute} {problem}")]
+    QpAttribute {
+        /// The C verb that would have been called.
+        verb: &'static str,
+        /// The state the queue pair is in (as its handle knows it).
+        from: crate::attr::QpState,
+        /// The state asked for.
+        to: crate::attr::QpState,
+        /// The attribute mask bit at fault, e.g. `"IBV_QP_TIMEOUT"`.
+        attribute: &'static str,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
     /// A completion queue cannot hold every completion its queue pairs could produce at once
     /// (the sum of their work queue sizes): the safe level refuses to let a CQ overflow.
     #[error("{verb}: completion queue of {capacity} entries is too small: its queue pairs need {needed}")]

@@ -19,5 +19,9 @@ pub use qp::state::{IWARP_MANUAL_CONNECT, IWARP_RESET};
 pub(crate) use qp::CmIdHold;
 pub use qp::{QpCaps, QpType, QueuePair, QueuePairBuilder};
 pub use qp::{RecvHalf, ReuniteError, SendHalf, SplitError};
+pub use qp::{
+    ack_timeout_code, ack_timeout_duration, rnr_timer_code, rnr_timer_duration, ModifyQp, PathMigState, QpAttributes,
+    PATH_MIGRATION, RATE_LIMIT,
+};
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use xrc::XrcDomain;

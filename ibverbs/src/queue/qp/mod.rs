@@ -1,6 +1,7 @@
 //! Queue pairs: creation, queries and destruction. Connection setup (the state transitions) is
 //! in [`state`], posting in [`post`].
 
+mod attrs;
 mod post;
 pub(super) mod scope;
 mod split;
@@ -25,6 +26,10 @@ use crate::queue::cq::{CompletionQueue, CqInner};
 use crate::queue::srq::{SharedReceiveQueue, SrqInner};
 use crate::queue::xrc::XrcDomain;
 
+pub use attrs::{
+    ack_timeout_code, ack_timeout_duration, rnr_timer_code, rnr_timer_duration, ModifyQp, PathMigState, QpAttributes,
+    PATH_MIGRATION, RATE_LIMIT,
+};
 pub use split::{RecvHalf, ReuniteError, SendHalf, SplitError};
 
 /// The transport service of a queue pair (`enum ibv_qp_type`).
@@ -927,7 +932,8 @@ impl QueuePair {
         self.sendable = self.has_send && (state == QpState::RTS || state == QpState::ERR);
     }
 
-    fn modify(&mut self, attr: &mut ffi::ibv_qp_attr, mask: ffi::ibv_qp_attr_mask) -> Result<()> {
+    /// `ibv_modify_qp()` as given, recording the new state.
+    fn modify_raw(&mut self, attr: &mut ffi::ibv_qp_attr, mask: ffi::ibv_qp_attr_mask) -> Result<()> {
         // SAFETY: valid QP and attribute struct.
         let ret = unsafe { ffi::ibv_modify_qp(self.raw.as_ptr(), attr, mask.0 as i32) };
         cvt("ibv_modify_qp", ret)?;

@@ -306,6 +306,16 @@ impl SendHalf {
         self.qp.query_state()
     }
 
+    /// Queries the device for the queue pair's attributes (`ibv_query_qp()`,
+    /// [`QueuePair::query`]).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when the verb fails.
+    #[doc(alias = "ibv_query_qp")]
+    pub fn query(&self) -> Result<crate::queue::qp::QpAttributes> {
+        self.qp.query()
+    }
+
     /// Whether `recv` is the other half of this half's queue pair.
     pub fn is_pair_of(&self, recv: &RecvHalf) -> bool {
         Arc::ptr_eq(&self.qp, &recv.qp)

@@ -116,7 +116,7 @@ impl QueuePair {
             attr.qp_access_flags = access.bits();
             M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS
         };
-        self.modify(&mut attr, mask)
+        self.modify_raw(&mut attr, mask)
     }
 
     /// Connects an RC or UC QP to `remote`: RESET → INIT (if needed) → RTR → RTS
@@ -196,7 +196,7 @@ impl QueuePair {
         if self.qp_type == QpType::RC || self.qp_type == QpType::XRC_RECV {
             mask = mask | M::IBV_QP_MAX_DEST_RD_ATOMIC | M::IBV_QP_MIN_RNR_TIMER;
         }
-        self.modify(&mut attr, mask)?;
+        self.modify_raw(&mut attr, mask)?;
 
         let mut attr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
@@ -219,7 +219,7 @@ impl QueuePair {
                 | M::IBV_QP_RNR_RETRY
                 | M::IBV_QP_MAX_QP_RD_ATOMIC;
         }
-        self.modify(&mut attr, mask)
+        self.modify_raw(&mut attr, mask)
     }
 
     /// Brings a UD QP to RTS: RESET → INIT (if needed) → RTR → RTS (`ibv_modify_qp()`).
@@ -242,13 +242,13 @@ impl QueuePair {
         self.reach_init(opts)?;
         use ffi::ibv_qp_attr_mask as M;
         let mut attr = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_RTR, ..Default::default() };
-        self.modify(&mut attr, M::IBV_QP_STATE)?;
+        self.modify_raw(&mut attr, M::IBV_QP_STATE)?;
         let mut attr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
             sq_psn: self.send_psn(opts),
             ..Default::default()
         };
-        self.modify(&mut attr, M::IBV_QP_STATE | M::IBV_QP_SQ_PSN)
+        self.modify_raw(&mut attr, M::IBV_QP_STATE | M::IBV_QP_SQ_PSN)
     }
 
     /// Moves the QP to the error state (`ibv_modify_qp()`): outstanding requests complete with
@@ -268,7 +268,7 @@ impl QueuePair {
             });
         }
         let mut attr = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_ERR, ..Default::default() };
-        self.modify(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE)
+        self.modify_raw(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE)
     }
 
     /// Resets the QP (`ibv_modify_qp()` to RESET) for reuse: requests still outstanding are
@@ -297,7 +297,7 @@ impl QueuePair {
     /// forgotten every request.
     pub(crate) fn reset_unchecked(&mut self) -> Result<()> {
         let mut attr = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_RESET, ..Default::default() };
-        self.modify(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE)?;
+        self.modify_raw(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE)?;
         self.resets += 1;
         // The device has forgotten every request: retire the rings (their buffers go at the next
         // poll, their indices once the CQ is seen empty) and start with empty ones.
