@@ -174,6 +174,8 @@ struct Options {
     mtu_b: Option<u32>,
     /// `rxe2 --smp N`.
     smp: Option<u32>,
+    /// `rxe2 --rails N`: links (and NICs per guest), 1 or 2.
+    rails: u32,
     /// `deps --allow-remove PKG`: installed packages the install may remove (repeatable).
     allow_remove: Vec<String>,
     /// `rxe|test --device rxe|siw`: the VM's device (implies the VM); `test` without it runs both.
@@ -187,6 +189,7 @@ impl Default for Options {
         Options {
             vm: false,
             mtu: 1500,
+            rails: 1,
             timeout: None,
             valgrind: false,
             tsan: false,
@@ -273,6 +276,11 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
                 opts.mtu_b = Some(
                     v.parse().ok().filter(|m| (68..=65535).contains(m)).ok_or(format!("bad MTU `{v}`"))?,
                 );
+            }
+            "--rails" if command == "rxe2" => {
+                let v = value()?;
+                opts.rails =
+                    v.parse().ok().filter(|n| (1..=2).contains(n)).ok_or(format!("bad --rails `{v}`"))?;
             }
             "--smp" if command == "rxe2" => {
                 let v = value()?;
@@ -441,8 +449,11 @@ fn rxe2_command(opts: &Options, a: &[OsString], b: &[OsString]) -> Result<u8, St
     }
     prereq::ensure(&[prereq::Group::Vm])?;
     let cwd = std::env::current_dir().map_err(|e| format!("the current directory: {e}"))?;
-    let pair =
-        rxe2::PairOptions { mtu: [opts.mtu, opts.mtu_b.unwrap_or(opts.mtu)], smp: opts.smp.unwrap_or(1) };
+    let pair = rxe2::PairOptions {
+        mtu: [opts.mtu, opts.mtu_b.unwrap_or(opts.mtu)],
+        smp: opts.smp.unwrap_or(if opts.rails >= 2 { 2 } else { 1 }),
+        rails: opts.rails,
+    };
     rxe2::command(&cwd, a, b, opts.timeout.unwrap_or(Duration::from_secs(600)), &pair)
 }
 

@@ -120,7 +120,9 @@ modprobe virtio_net || fail "modprobe virtio_net"
 nic=
 n=0
 while [ -z "$nic" ]; do
-	nic=$(ls /sys/bus/virtio/drivers/virtio_net/virtio*/net/ 2>/dev/null | head -n 1)
+	for d in /sys/class/net/*; do
+		case "$(cat "$d/address" 2>/dev/null)" in 52:54:00:12:34:*) nic=${d##*/} ;; esac
+	done
 	n=$((n + 1))
 	[ -n "$nic" ] || [ "$n" -le 100 ] || fail "no virtio NIC after 10 s"
 	[ -n "$nic" ] || sleep 0.1
@@ -140,6 +142,33 @@ until grep -q ACTIVE "$p/state" 2>/dev/null && [ "$(cat "$p/gids/1" 2>/dev/null)
 	sleep 0.1
 done
 echo "rxe0 over $nic ($RXE2_SELF, MTU $RXE2_MTU): $(cat "$p/state"), active_mtu $(cat "$p/active_mtu" 2>/dev/null)"
+[ "${RXE2_RAILS:-1}" -ge 2 ] || exit 0
+# The second rail: the NIC whose MAC is 52:54:00:12:35:xx, 10.0.3.x, rxe1.
+self2=$(echo "$RXE2_SELF" | sed 's/^10\.0\.2\./10.0.3./')
+nic2=
+n=0
+while [ -z "$nic2" ]; do
+	for d in /sys/class/net/*; do
+		case "$(cat "$d/address" 2>/dev/null)" in 52:54:00:12:35:*) nic2=${d##*/} ;; esac
+	done
+	n=$((n + 1))
+	[ -n "$nic2" ] || [ "$n" -le 100 ] || fail "no second NIC after 10 s"
+	[ -n "$nic2" ] || sleep 0.1
+done
+[ "$nic2" != "$nic" ] || fail "the second NIC is the first ($nic)"
+ip link set "$nic2" mtu "$RXE2_MTU" || fail "ip link set $nic2 mtu"
+ip link set "$nic2" up || fail "ip link set $nic2 up"
+ip addr add "$self2/24" dev "$nic2" || fail "ip addr add $self2/24 dev $nic2"
+rdma link add rxe1 type rxe netdev "$nic2" || fail "rdma link add rxe1 type rxe netdev $nic2"
+want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' $(echo "$self2" | tr . ' '))
+p=/sys/class/infiniband/rxe1/ports/1
+n=0
+until grep -q ACTIVE "$p/state" 2>/dev/null && [ "$(cat "$p/gids/1" 2>/dev/null)" = "$want" ]; do
+	n=$((n + 1))
+	[ "$n" -le 200 ] || fail "rxe1 not ACTIVE with GID[1] = $want after 20 s"
+	sleep 0.1
+done
+echo "rxe1 over $nic2 ($self2): NUMA nodes: $nic $(cat /sys/class/net/$nic/device/../numa_node 2>/dev/null), $nic2 $(cat /sys/class/net/$nic2/device/../numa_node 2>/dev/null); CPUs of node 1: $(cat /sys/devices/system/node/node1/cpulist 2>/dev/null)"
 "#;
 
 /// One side of the link.
@@ -189,6 +218,12 @@ pub struct PairOptions {
     pub mtu: [u32; 2],
     /// vCPUs per guest.
     pub smp: u32,
+    /// Links between the guests (1 or 2). With 2, each guest has a second NIC on a second link
+    /// (`10.0.3.1`/`10.0.3.2`, its own forwarder) with `rxe1` over it, and two NUMA nodes of one
+    /// vCPU and half the memory each: NIC 1 (rxe0) sits on a PCI expander bridge of node 0, NIC 2
+    /// (rxe1) on one of node 1 (`/sys/class/net/*/device/numa_node` says so in the guest).
+    /// Needs `smp` 2.
+    pub rails: u32,
 }
 
 /// A pair step's outcome.
@@ -659,6 +694,15 @@ pub fn run(
         (sock("a.sock"), sock("b.sock"), sock("ha.sock"), sock("hb.sock"));
     let link = Arc::new(LinkState::default());
     let forwarder = Forwarder::start([&host_a, &host_b], [&guest_a, &guest_b], Arc::clone(&link))?;
+    let two = opts.rails >= 2;
+    let (guest_a2, guest_b2, host_a2, host_b2) =
+        (sock("a2.sock"), sock("b2.sock"), sock("ha2.sock"), sock("hb2.sock"));
+    let link2 = Arc::new(LinkState::default());
+    let forwarder2 = if two {
+        Some(Forwarder::start([&host_a2, &host_b2], [&guest_a2, &guest_b2], Arc::clone(&link2))?)
+    } else {
+        None
+    };
     let shared = Arc::new(Shared::default());
     let mut jobs = Vec::new();
     for (side, dir) in [(Side::A, "job-a"), (Side::B, "job-b")] {
@@ -699,18 +743,55 @@ pub fn run(
                 Side::B => (&jobs[1], &guest_b, &host_b),
             };
             let mac = format!("52:54:00:12:34:{:02x}", 0x0a + i);
-            let extras = vm::Extras {
-                qemu_args: vec![
+            let netdev = |id: &str, own: &Path, host: &Path| {
+                [
                     OsString::from("-netdev"),
                     OsString::from(format!(
-                        "dgram,id=link,local.type=unix,local.path={},remote.type=unix,remote.path={}",
-                        vm::qemu_escape(sock_self),
-                        vm::qemu_escape(sock_host)
+                        "dgram,id={id},local.type=unix,local.path={},remote.type=unix,remote.path={}",
+                        vm::qemu_escape(own),
+                        vm::qemu_escape(host)
                     )),
-                    OsString::from("-device"),
-                    OsString::from(format!("virtio-net-pci,netdev=link,mac={mac}")),
-                ],
-                env: side_env(side, opts.mtu[i]),
+                ]
+            };
+            let mut qemu_args: Vec<OsString> = netdev("link", sock_self, sock_host).to_vec();
+            if two {
+                let (own2, host2) = match side {
+                    Side::A => (&guest_a2, &host_a2),
+                    Side::B => (&guest_b2, &host_b2),
+                };
+                let mac2 = format!("52:54:00:12:35:{:02x}", 0x0a + i);
+                qemu_args.extend(netdev("link2", own2, host2));
+                for arg in [
+                    "-object",
+                    "memory-backend-ram,id=mem0,size=1G",
+                    "-numa",
+                    "node,nodeid=0,cpus=0,memdev=mem0",
+                    "-object",
+                    "memory-backend-ram,id=mem1,size=1G",
+                    "-numa",
+                    "node,nodeid=1,cpus=1,memdev=mem1",
+                    "-device",
+                    "pxb,id=pxb0,bus_nr=32,numa_node=0,bus=pci.0",
+                    "-device",
+                    "pxb,id=pxb1,bus_nr=64,numa_node=1,bus=pci.0",
+                ] {
+                    qemu_args.push(OsString::from(arg));
+                }
+                qemu_args.push(OsString::from("-device"));
+                qemu_args
+                    .push(OsString::from(format!("virtio-net-pci,netdev=link,mac={mac},bus=pxb0,addr=0")));
+                qemu_args.push(OsString::from("-device"));
+                qemu_args
+                    .push(OsString::from(format!("virtio-net-pci,netdev=link2,mac={mac2},bus=pxb1,addr=0")));
+            } else {
+                qemu_args.push(OsString::from("-device"));
+                qemu_args.push(OsString::from(format!("virtio-net-pci,netdev=link,mac={mac}")));
+            }
+            let mut env = side_env(side, opts.mtu[i]);
+            env.push(("RXE2_RAILS".into(), opts.rails.max(1).to_string()));
+            let extras = vm::Extras {
+                qemu_args,
+                env,
                 job: Some(job.clone()),
                 pid: Some(Arc::clone(&shared.pids[i])),
                 tag: Some(side.tag()),
@@ -802,6 +883,9 @@ pub fn run(
         Ok([a, b])
     });
     forwarder.stop();
+    if let Some(f) = forwarder2 {
+        f.stop();
+    }
     let [(report_a, resumed_a), (report_b, resumed_b)] = reports?;
     let reports = [report_a, report_b];
     let killed = [shared.killed[0].load(Ordering::SeqCst), shared.killed[1].load(Ordering::SeqCst)];

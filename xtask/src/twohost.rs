@@ -33,12 +33,12 @@ must_say() { grep -q -- "$2" "$1" || { cat "$1" >&2; die "$3: no '$2' in its out
 "#;
 
 /// The pair options of the stage: both NICs at MTU 1500 (rxe active MTU 1024), one vCPU each.
-pub const OPTIONS: PairOptions = PairOptions { mtu: [1500, 1500], smp: 1 };
+pub const OPTIONS: PairOptions = PairOptions { mtu: [1500, 1500], smp: 1, rails: 1 };
 
 /// The second, short pair of the stage: the two sides' NIC MTUs differ (A 1500: rxe active MTU
 /// 1024; B 4000: 2048), so each side's endpoint advertises another MTU and `connect` must take the
 /// smaller one: a side that sent 2048-byte packets to A would lose them all.
-pub const MTU_OPTIONS: PairOptions = PairOptions { mtu: [1500, 4000], smp: 1 };
+pub const MTU_OPTIONS: PairOptions = PairOptions { mtu: [1500, 4000], smp: 1, rails: 1 };
 
 /// The steps of the [`MTU_OPTIONS`] pair: the RC test of `tests/twohost_*.rs` (multi-packet Send,
 /// Write, Read and atomics), told that the MTUs differ (it checks they do).

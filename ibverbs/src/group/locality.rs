@@ -14,8 +14,14 @@ pub(crate) fn nic_numa_node(root: &Path, device: &str, netdev: Option<&str>) -> 
         let v: i64 = text.trim().parse().ok()?;
         u32::try_from(v).ok()
     };
-    read(&root.join(format!("sys/class/infiniband/{device}/device/numa_node")))
-        .or_else(|| netdev.and_then(|n| read(&root.join(format!("sys/class/net/{n}/device/numa_node")))))
+    // A virtio NIC's `device` is the virtio device; its PCI function (with the node) is the parent.
+    let of_device = |dev: std::path::PathBuf| {
+        read(&dev.join("numa_node")).or_else(|| {
+            fs::canonicalize(&dev).ok().and_then(|d| d.parent().and_then(|p| read(&p.join("numa_node"))))
+        })
+    };
+    of_device(root.join(format!("sys/class/infiniband/{device}/device")))
+        .or_else(|| netdev.and_then(|n| of_device(root.join(format!("sys/class/net/{n}/device")))))
 }
 
 /// Parses a kernel CPU list (`0-3,8,10-11`).
@@ -171,6 +177,15 @@ mod tests {
         w("sys/class/infiniband/mlx5_0/device/numa_node", "1\n");
         w("sys/class/infiniband/mlx5_1/device/numa_node", "-1\n");
         w("sys/class/net/eth1/device/numa_node", "1\n");
+        // virtio: the netdev's device is the virtio device, the node is on its PCI parent.
+        w("sys/devices/pci0000:40/0000:40:00.0/numa_node", "1\n");
+        w("sys/devices/pci0000:40/0000:40:00.0/virtio3/uevent", "");
+        fs::create_dir_all(dir.join("sys/class/net/eth2")).unwrap();
+        std::os::unix::fs::symlink(
+            dir.join("sys/devices/pci0000:40/0000:40:00.0/virtio3"),
+            dir.join("sys/class/net/eth2/device"),
+        )
+        .unwrap();
         let nodes = numa_nodes(&dir);
         assert_eq!(nodes.len(), 2);
         assert_eq!(nodes_of(&[1].into_iter().collect(), &nodes), [1].into_iter().collect());
@@ -179,6 +194,7 @@ mod tests {
         assert_eq!(nic_numa_node(&dir, "mlx5_1", None), None);
         assert_eq!(nic_numa_node(&dir, "rxe1", Some("eth1")), Some(1));
         assert_eq!(nic_numa_node(&dir, "rxe0", Some("eth0")), None);
+        assert_eq!(nic_numa_node(&dir, "rxe2", Some("eth2")), Some(1));
         fs::remove_dir_all(&dir).unwrap();
     }
 
