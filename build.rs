@@ -9,6 +9,7 @@ fn main() {
     println!("cargo:rustc-check-cfg=cfg(ibverbs_has_query_gid_table)");
     println!("cargo:rustc-check-cfg=cfg(ibverbs_has_reg_dmabuf_mr)");
     println!("cargo:rustc-check-cfg=cfg(ibverbs_has_is_fork_initialized)");
+    println!("cargo:rustc-check-cfg=cfg(ibverbs_has_phys_port_cnt_ex)");
     let rdma_core: u32 =
         std::env::var("DEP_RDMA_VERBS_RDMA_CORE").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     // ibv_query_gid_ex() and ibv_query_gid_table() appeared in rdma-core v32.
@@ -16,11 +17,13 @@ fn main() {
         println!("cargo:rustc-cfg=ibverbs_has_query_gid_ex");
         println!("cargo:rustc-cfg=ibverbs_has_query_gid_table");
     }
-    // ibv_reg_dmabuf_mr() appeared in v34, ibv_is_fork_initialized() in v35.
+    // ibv_reg_dmabuf_mr() appeared in v34, ibv_is_fork_initialized() and
+    // ibv_device_attr_ex.phys_port_cnt_ex in v35.
     if rdma_core >= 34 {
         println!("cargo:rustc-cfg=ibverbs_has_reg_dmabuf_mr");
     }
     if rdma_core >= 35 {
         println!("cargo:rustc-cfg=ibverbs_has_is_fork_initialized");
+        println!("cargo:rustc-cfg=ibverbs_has_phys_port_cnt_ex");
     }
 }

@@ -191,3 +191,166 @@ fn rereg_pd_and_translation() {
     assert_eq!((c.status(), c.opcode(), c.wr_id()), (WcStatus::SUCCESS, WcOpcode::RDMA_READ, 3), "{c:?}");
     assert_eq!(c.take_region().unwrap().as_slice(), &data[..]);
 }
+
+/// An address handle without a GRH (LID routing): on an InfiniBand port it is created from the
+/// port's LID; on RoCE/iWARP the crate refuses it by name before the verb, and the kernel's own
+/// answer to the raw attributes (`EINVAL`) shows why.
+#[test]
+fn address_handle_without_grh() {
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let o = opts();
+    let e = pd.create_ah_lid(0, &o).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { verb: "ibv_create_ah", .. }), "{e:?}");
+    let bad_sl = ibverbs::ConnectOptions { sl: 16, ..opts() };
+    assert!(matches!(pd.create_ah_lid(1, &bad_sl), Err(Error::InvalidArgument { .. })));
+    let port = ctx.query_port(o.port).unwrap();
+    match pd.create_ah_lid(port.lid().max(1), &o) {
+        Ok(ah) => {
+            assert_eq!(port.link_layer(), ibverbs::LinkLayer::INFINIBAND);
+            assert!(!ah.as_raw().is_null());
+        }
+        Err(Error::Unsupported { verb: "ibv_create_ah", capability }) => {
+            assert_eq!(port.link_layer(), ibverbs::LinkLayer::ETHERNET);
+            let mut raw = ibverbs::ffi::ibv_ah_attr { dlid: 1, port_num: o.port, ..Default::default() };
+            // rxe: the kernel's EINVAL (RoCE needs a GRH); siw: no address handles at all.
+            let want = if is_iwarp() { libc::EOPNOTSUPP } else { libc::EINVAL };
+            match pd.create_ah_raw(&mut raw) {
+                Err(Error::Verb { verb: "ibv_create_ah", source }) => {
+                    assert_eq!(source.raw_os_error(), Some(want), "{source}")
+                }
+                other => panic!("the kernel took an AH without a GRH on RoCE: {other:?}"),
+            }
+            unsupported(&ctx, "address handles without a GRH", capability);
+        }
+        Err(e) => panic!("create_ah_lid: {e:?}"),
+    }
+}
+
+/// The device and port attributes through their getters: what rdma-core's `test_device.py`
+/// asserts of them, and every numeric field `ibv_devinfo -v` prints equal to the getter's value.
+#[test]
+fn device_attributes_match_ibv_devinfo() {
+    let ctx = context();
+    let a = ctx.query_device().unwrap();
+    let x = ctx.query_device_ex().unwrap();
+    let port = ctx.query_port(1).unwrap();
+    let page = ibverbs::page_size() as u64;
+    // rdma-core's verify_device_attr and verify_port_attr.
+    assert!(a.max_mr_size() > page && a.page_size_cap() >= page, "{a:?}");
+    assert!(a.vendor_id() != 0 && a.node_guid().0 != 0 && a.sys_image_guid().0 != 0, "{a:?}");
+    for (name, v) in [
+        ("max_qp", a.max_qp()),
+        ("max_qp_wr", a.max_qp_wr()),
+        ("max_sge", a.max_sge()),
+        ("max_cq", a.max_cq()),
+        ("max_cqe", a.max_cqe()),
+        ("max_mr", a.max_mr()),
+        ("max_pd", a.max_pd()),
+    ] {
+        assert!(v > 0, "{name} is 0");
+    }
+    if !is_iwarp() {
+        assert!(a.max_pkeys() > 0);
+    }
+    assert_eq!(x.phys_port_cnt_ex(), u32::from(a.phys_port_cnt()));
+    assert_eq!(x.orig().max_qp(), a.max_qp());
+    assert!(port.max_msg_sz() > 0x1000);
+    assert!(port.active_mtu().bytes().is_some() && port.max_mtu().bytes().is_some());
+
+    let getters: Vec<(&str, u64)> = vec![
+        ("max_mr_size", a.max_mr_size()),
+        ("page_size_cap", a.page_size_cap()),
+        ("max_qp", a.max_qp().into()),
+        ("max_qp_wr", a.max_qp_wr().into()),
+        ("device_cap_flags", a.device_cap_flags().into()),
+        ("max_sge", a.max_sge().into()),
+        ("max_sge_rd", a.max_sge_rd().into()),
+        ("max_cq", a.max_cq().into()),
+        ("max_cqe", a.max_cqe().into()),
+        ("max_mr", a.max_mr().into()),
+        ("max_pd", a.max_pd().into()),
+        ("max_qp_rd_atom", a.max_qp_rd_atom().into()),
+        ("max_ee_rd_atom", a.max_ee_rd_atom().into()),
+        ("max_res_rd_atom", a.max_res_rd_atom().into()),
+        ("max_qp_init_rd_atom", a.max_qp_init_rd_atom().into()),
+        ("max_ee_init_rd_atom", a.max_ee_init_rd_atom().into()),
+        ("max_ee", a.max_ee().into()),
+        ("max_rdd", a.max_rdd().into()),
+        ("max_mw", a.max_mw().into()),
+        ("max_raw_ipv6_qp", a.max_raw_ipv6_qp().into()),
+        ("max_raw_ethy_qp", a.max_raw_ethy_qp().into()),
+        ("max_mcast_grp", a.max_mcast_grp().into()),
+        ("max_mcast_qp_attach", a.max_mcast_qp_attach().into()),
+        ("max_total_mcast_qp_attach", a.max_total_mcast_qp_attach().into()),
+        ("max_ah", a.max_ah().into()),
+        ("max_fmr", a.max_fmr().into()),
+        ("max_map_per_fmr", a.max_map_per_fmr().into()),
+        ("max_srq", a.max_srq().into()),
+        ("max_srq_wr", a.max_srq_wr().into()),
+        ("max_srq_sge", a.max_srq_sge().into()),
+        ("max_pkeys", a.max_pkeys().into()),
+        ("local_ca_ack_delay", a.local_ca_ack_delay().into()),
+        ("vendor_id", a.vendor_id().into()),
+        ("vendor_part_id", a.vendor_part_id().into()),
+        ("hw_ver", a.hw_ver().into()),
+        ("phys_port_cnt", a.phys_port_cnt().into()),
+        ("max_msg_sz", port.max_msg_sz().into()),
+        ("port_cap_flags", port.port_cap_flags().into()),
+        ("port_cap_flags2", port.port_cap_flags2().into()),
+        ("max_vl_num", port.max_vl_num().into()),
+        ("bad_pkey_cntr", port.bad_pkey_cntr().into()),
+        ("qkey_viol_cntr", port.qkey_viol_cntr().into()),
+        ("sm_sl", port.sm_sl().into()),
+        ("pkey_tbl_len", port.pkey_tbl_len().into()),
+        ("gid_tbl_len", port.gid_tbl_len().into()),
+        ("subnet_timeout", port.subnet_timeout().into()),
+        ("init_type_reply", port.init_type_reply().into()),
+        ("sm_lid", port.sm_lid().into()),
+        ("port_lid", port.lid().into()),
+        ("port_lmc", port.lmc().into()),
+        ("max_dm_size", x.max_dm_size()),
+        ("completion_timestamp_mask", x.completion_timestamp_mask()),
+        ("hca_core_clock", x.hca_core_clock()),
+        ("device_cap_flags_ex", x.device_cap_flags_ex()),
+        ("max_wq_type_rq", x.max_wq_type_rq().into()),
+        ("max_tso", x.tso_caps().max_tso.into()),
+        ("max_rwq_indirection_tables", x.rss_caps().max_rwq_indirection_tables.into()),
+        ("max_rwq_indirection_table_size", x.rss_caps().max_rwq_indirection_table_size.into()),
+        ("rx_hash_fields_mask", x.rss_caps().rx_hash_fields_mask),
+        ("qp_rate_limit_min", x.packet_pacing_caps().qp_rate_limit_min.into()),
+        ("qp_rate_limit_max", x.packet_pacing_caps().qp_rate_limit_max.into()),
+        ("num_comp_vectors", ctx.num_comp_vectors().into()),
+    ];
+    let out = std::process::Command::new("ibv_devinfo")
+        .args(["-v", "-d", ctx.name()])
+        .output()
+        .expect("ibv_devinfo (ibverbs-utils) in the test machine");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut printed = std::collections::HashMap::new();
+    for line in text.lines() {
+        let Some((k, v)) = line.trim().split_once(':') else { continue };
+        let v = v.split_whitespace().next().unwrap_or("");
+        let n = match v.strip_prefix("0x") {
+            Some(h) => u64::from_str_radix(h, 16).ok(),
+            None => v.parse::<u64>().ok(),
+        };
+        if let Some(n) = n {
+            printed.entry(k.trim().to_string()).or_insert(n);
+        }
+    }
+    let mut compared = 0;
+    let mut not_printed = Vec::new();
+    for (name, ours) in &getters {
+        if let Some(&theirs) = printed.get(*name) {
+            assert_eq!(*ours, theirs, "{name}: getter {ours:#x}, ibv_devinfo {theirs:#x}");
+            compared += 1;
+        } else {
+            not_printed.push(*name);
+        }
+    }
+    // ibv_devinfo 44 leaves out some fields (and the extended ones a device does not fill).
+    assert!(compared >= 45, "only {compared} fields compared; ibv_devinfo printed {printed:?}");
+    println!("{compared} attributes equal to ibv_devinfo -v's; not printed by it: {not_printed:?}");
+}

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use ibverbs_sys as ffi;
 
+use crate::attr::LinkLayer;
 use crate::connect::{ah_attr, ConnectOptions, Endpoint};
-use crate::error::{cvt_p, Result};
+use crate::error::{cvt_p, Error, Result};
 use crate::pd::{PdInner, ProtectionDomain};
 
 pub(crate) struct AhInner {
@@ -62,6 +63,48 @@ impl ProtectionDomain {
     pub fn create_ah(&self, remote: &Endpoint, opts: &ConnectOptions) -> Result<AddressHandle> {
         opts.validate("ibv_create_ah")?;
         let mut attr = ah_attr(&self.context(), remote, opts, "ibv_create_ah")?;
+        self.create_ah_raw(&mut attr)
+    }
+
+    /// Creates an address handle routed by LID alone, without a global route header
+    /// (`ibv_create_ah()` with `is_global = 0`): InfiniBand's routing inside one subnet, as
+    /// rdma-core's pingpong tools do when given no GID. `dlid` is the destination port's LID
+    /// ([`Endpoint::lid`](crate::Endpoint::lid), [`PortAttr::lid`](crate::PortAttr::lid)); of
+    /// `opts`, the port, the service level (`sl`) and nothing else are used. The source path
+    /// bits and the static rate are 0.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a `dlid` of 0 or out-of-range `opts` (as
+    /// [`create_ah`](Self::create_ah)); [`Error::Unsupported`] on a port whose link layer is not
+    /// InfiniBand (RoCE and iWARP route by GID: the kernel refuses an address handle without a
+    /// GRH there with `EINVAL`), before the verb; [`Error::Verb`] from `ibv_create_ah()` or the
+    /// port query.
+    #[doc(alias = "ibv_create_ah")]
+    #[doc(alias = "is_global")]
+    pub fn create_ah_lid(&self, dlid: u16, opts: &ConnectOptions) -> Result<AddressHandle> {
+        const VERB: &str = "ibv_create_ah";
+        opts.validate(VERB)?;
+        if dlid == 0 {
+            return Err(Error::InvalidArgument { verb: VERB, reason: "LID 0 is reserved (no port has it)" });
+        }
+        // Link layer 0 (unspecified) is InfiniBand on kernels that predate the field.
+        let link_layer = self.context().query_port(opts.port)?.link_layer();
+        if !matches!(link_layer, LinkLayer::INFINIBAND | LinkLayer::UNSPECIFIED) {
+            return Err(Error::Unsupported {
+                verb: VERB,
+                capability:
+                    "address handles without a GRH (LID routing): the port's link layer routes by GID",
+            });
+        }
+        let mut attr = ffi::ibv_ah_attr {
+            dlid,
+            sl: opts.sl,
+            src_path_bits: 0,
+            static_rate: 0,
+            is_global: 0,
+            port_num: opts.port,
+            ..Default::default()
+        };
         self.create_ah_raw(&mut attr)
     }
 

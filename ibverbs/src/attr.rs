@@ -189,10 +189,63 @@ impl DeviceAttr {
         max_ah: u32,
         /// Number of physical ports.
         phys_port_cnt: u8,
+        /// Page sizes the device supports for registrations, a bit per power of two
+        /// (`page_size_cap`).
+        page_size_cap: u64,
+        /// Maximum scatter/gather entries of an RDMA Read's local side (`max_sge_rd`).
+        max_sge_rd: u32,
+        /// Maximum outstanding RDMA Read/atomic operations per end-to-end context (`max_ee_rd_atom`;
+        /// RD, 0 on current devices).
+        max_ee_rd_atom: u32,
+        /// Maximum RDMA Read/atomic operations the device can be the target of in all
+        /// (`max_res_rd_atom`).
+        max_res_rd_atom: u32,
+        /// Maximum outstanding RDMA Read/atomic operations an end-to-end context can initiate
+        /// (`max_ee_init_rd_atom`; RD).
+        max_ee_init_rd_atom: u32,
+        /// Maximum number of end-to-end contexts (`max_ee`; RD).
+        max_ee: u32,
+        /// Maximum number of reliable datagram domains (`max_rdd`; RD).
+        max_rdd: u32,
+        /// Maximum number of memory windows (`max_mw`); 0 when the device has none.
+        max_mw: u32,
+        /// Maximum number of raw IPv6 datagram queue pairs (`max_raw_ipv6_qp`).
+        max_raw_ipv6_qp: u32,
+        /// Maximum number of raw Ethertype datagram queue pairs (`max_raw_ethy_qp`).
+        max_raw_ethy_qp: u32,
+        /// Maximum number of multicast groups (`max_mcast_grp`).
+        max_mcast_grp: u32,
+        /// Maximum queue pairs attached to one multicast group (`max_mcast_qp_attach`).
+        max_mcast_qp_attach: u32,
+        /// Maximum multicast attachments in all (`max_total_mcast_qp_attach`).
+        max_total_mcast_qp_attach: u32,
+        /// Maximum number of fast memory regions (`max_fmr`; obsolete, 0 on current devices).
+        max_fmr: u32,
+        /// Maximum remaps per fast memory region (`max_map_per_fmr`; obsolete).
+        max_map_per_fmr: u32,
+        /// Maximum number of shared receive queues (`max_srq`); 0 when the device has none.
+        max_srq: u32,
+        /// Maximum work requests per shared receive queue (`max_srq_wr`).
+        max_srq_wr: u32,
+        /// Maximum scatter/gather entries per shared receive queue request (`max_srq_sge`).
+        max_srq_sge: u32,
+        /// Number of P_Key table entries per port (`max_pkeys`).
+        max_pkeys: u16,
+        /// The local CA ACK delay (`local_ca_ack_delay`): 4.096 µs × 2^value.
+        local_ca_ack_delay: u8,
     }
     /// Atomic operation support (`IBV_ATOMIC_NONE/HCA/GLOB`).
     pub fn atomic_cap(&self) -> ffi::ibv_atomic_cap {
         self.0.atomic_cap
+    }
+    /// The capability flags (`device_cap_flags`, bits of `enum ibv_device_cap_flags`, e.g.
+    /// `IBV_DEVICE_MEM_WINDOW_TYPE_2B`), as the device reports them.
+    pub fn device_cap_flags(&self) -> u32 {
+        self.0.device_cap_flags
+    }
+    /// Whether [`device_cap_flags`](Self::device_cap_flags) has `flag`.
+    pub fn has_cap(&self, flag: ffi::ibv_device_cap_flags) -> bool {
+        self.0.device_cap_flags & flag.0 != 0
     }
 }
 
@@ -246,6 +299,79 @@ impl DeviceAttrEx {
     /// more), as the device reports them.
     pub fn device_cap_flags_ex(&self) -> u64 {
         self.0.device_cap_flags_ex
+    }
+
+    /// The extended attributes' `comp_mask`, as the library and provider set it.
+    pub fn comp_mask(&self) -> u32 {
+        self.0.comp_mask
+    }
+
+    /// The bits of a completion timestamp that count (`completion_timestamp_mask`); 0 when the
+    /// device has no completion timestamps (rxe, siw).
+    pub fn completion_timestamp_mask(&self) -> u64 {
+        self.0.completion_timestamp_mask
+    }
+
+    /// The frequency of the device's clock, in kHz (`hca_core_clock`); 0 when not reported.
+    pub fn hca_core_clock(&self) -> u64 {
+        self.0.hca_core_clock
+    }
+
+    /// TCP segmentation offload (`tso_caps`): the largest segment and the queue pair types
+    /// (bits `1 << IBV_QPT_*`) it works on.
+    pub fn tso_caps(&self) -> ffi::ibv_tso_caps {
+        self.0.tso_caps
+    }
+
+    /// Receive-side scaling (`rss_caps`): indirection tables, hash fields and functions.
+    pub fn rss_caps(&self) -> ffi::ibv_rss_caps {
+        self.0.rss_caps
+    }
+
+    /// Maximum number of receive work queues (`max_wq_type_rq`).
+    pub fn max_wq_type_rq(&self) -> u32 {
+        self.0.max_wq_type_rq
+    }
+
+    /// Packet pacing (`packet_pacing_caps`): rate limits in kbps and the queue pair types.
+    pub fn packet_pacing_caps(&self) -> ffi::ibv_packet_pacing_caps {
+        self.0.packet_pacing_caps
+    }
+
+    /// Raw packet capabilities (`raw_packet_caps`, bits of `enum ibv_raw_packet_caps`).
+    pub fn raw_packet_caps(&self) -> u32 {
+        self.0.raw_packet_caps
+    }
+
+    /// Tag matching (`tm_caps`): tags, outstanding operations, rendezvous header size.
+    pub fn tm_caps(&self) -> ffi::ibv_tm_caps {
+        self.0.tm_caps
+    }
+
+    /// Completion moderation (`cq_mod_caps`): the largest count and period.
+    pub fn cq_mod_caps(&self) -> ffi::ibv_cq_moderation_caps {
+        self.0.cq_mod_caps
+    }
+
+    /// PCIe atomic operations (`pci_atomic_caps`): the operand sizes of fetch-and-add, swap and
+    /// compare-and-swap.
+    pub fn pci_atomic_caps(&self) -> ffi::ibv_pci_atomic_caps {
+        self.0.pci_atomic_caps
+    }
+
+    /// ODP capabilities of XRC (`xrc_odp_caps`); also in [`odp`](Self::odp).
+    pub fn xrc_odp_caps(&self) -> u32 {
+        self.0.xrc_odp_caps
+    }
+
+    /// Number of physical ports (`phys_port_cnt_ex`, which counts beyond 255): the classic
+    /// `phys_port_cnt` where the library or the provider leaves it 0 (rdma-core before v35).
+    pub fn phys_port_cnt_ex(&self) -> u32 {
+        #[cfg(ibverbs_has_phys_port_cnt_ex)]
+        if self.0.phys_port_cnt_ex != 0 {
+            return self.0.phys_port_cnt_ex;
+        }
+        u32::from(self.0.orig_attr.phys_port_cnt)
     }
 }
 
@@ -449,6 +575,42 @@ impl PortAttr {
     /// Largest message size.
     pub fn max_msg_sz(&self) -> u32 {
         self.0.max_msg_sz
+    }
+    /// Port capability flags (`port_cap_flags`, bits of `enum ibv_port_cap_flags`).
+    pub fn port_cap_flags(&self) -> u32 {
+        self.0.port_cap_flags
+    }
+    /// More port capability flags (`port_cap_flags2`, bits of `enum ibv_port_cap_flags2`).
+    pub fn port_cap_flags2(&self) -> u16 {
+        self.0.port_cap_flags2
+    }
+    /// Packets dropped for a bad P_Key (`bad_pkey_cntr`).
+    pub fn bad_pkey_cntr(&self) -> u32 {
+        self.0.bad_pkey_cntr
+    }
+    /// Packets dropped for a Q_Key violation (`qkey_viol_cntr`).
+    pub fn qkey_viol_cntr(&self) -> u32 {
+        self.0.qkey_viol_cntr
+    }
+    /// Number of virtual lanes (`max_vl_num`, encoded as in `ibv_port_attr`).
+    pub fn max_vl_num(&self) -> u8 {
+        self.0.max_vl_num
+    }
+    /// Service level of the subnet manager (`sm_sl`).
+    pub fn sm_sl(&self) -> u8 {
+        self.0.sm_sl
+    }
+    /// The subnet propagation delay (`subnet_timeout`): 4.096 µs × 2^value.
+    pub fn subnet_timeout(&self) -> u8 {
+        self.0.subnet_timeout
+    }
+    /// The type of initialisation the subnet manager did (`init_type_reply`).
+    pub fn init_type_reply(&self) -> u8 {
+        self.0.init_type_reply
+    }
+    /// Port flags (`flags`: `IBV_QPF_GRH_REQUIRED` when the port needs a GRH on every address).
+    pub fn flags(&self) -> u8 {
+        self.0.flags
     }
 }
 
