@@ -715,6 +715,8 @@ mod pool;
 mod post;
 mod queue;
 mod quirks;
+#[cfg(feature = "serde")]
+mod serde_impls;
 pub mod select;
 pub mod striped;
 #[cfg(test)]
@@ -743,12 +745,12 @@ pub use post::{
     ScopedRecv, ScopedSend, SendIterError, SendOps, SendRequest, MAX_SGE,
 };
 pub use queue::{
+    ack_timeout_code, ack_timeout_duration, rnr_timer_code, rnr_timer_duration, ModifyQp, PathMigState,
+    QpAttributes, PATH_MIGRATION, RATE_LIMIT,
+};
+pub use queue::{
     Completion, CompletionChannel, CompletionQueue, CqBuilder, QpCaps, QpType, QueuePair, QueuePairBuilder,
     Scope, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,
     IWARP_MANUAL_CONNECT, IWARP_RESET,
 };
 pub use queue::{RecvHalf, ReuniteError, SendHalf, SplitError};
-pub use queue::{
-    ack_timeout_code, ack_timeout_duration, rnr_timer_code, rnr_timer_duration, ModifyQp, PathMigState, QpAttributes,
-    PATH_MIGRATION, RATE_LIMIT,
-};

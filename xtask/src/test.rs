@@ -433,6 +433,19 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
             "",
         );
         summary.took(t.elapsed());
+        // The `serde` feature's host test: every wire and configuration type to JSON and back.
+        let t = Instant::now();
+        let (code, tally) = cargo_test(
+            &root,
+            &["test".into(), "--features".into(), "serde".into(), "--test".into(), "serde_roundtrip".into()],
+        )?;
+        summary.counted(
+            "serde host test (cargo test --features serde --test serde_roundtrip)",
+            code,
+            tally,
+            "",
+        );
+        summary.took(t.elapsed());
     }
     let nightly_start = Instant::now();
     let toolchain = passes.need_nightly().then(nightly::ensure);

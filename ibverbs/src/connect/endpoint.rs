@@ -5,6 +5,7 @@ use crate::error::{Error, Result};
 
 /// What a peer needs to connect to a queue pair: QP number, initial PSN, LID, GID and active MTU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Endpoint {
     /// Queue pair number (24 bits).
     pub qpn: u32,

@@ -32,6 +32,7 @@ use crate::memory::AccessFlags;
 /// hang must be impossible: the budget bounds the transport's own retries, not a peer that is
 /// alive but never posts a receive (`rnr_retry` 7) or never sends.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(default))]
 pub struct ConnectOptions {
     /// Local port number (from 1).
     pub port: u8,

@@ -5,6 +5,7 @@ use crate::error::{Error, Result};
 /// A range of a peer's (or our own) registered memory: address, length and rkey, as exchanged out
 /// of band before RDMA Write, Read or atomics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RemoteSlice {
     /// Start address in the owner's address space.
     pub addr: u64,

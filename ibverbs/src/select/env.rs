@@ -128,6 +128,7 @@ pub struct Setting {
 /// # Ok::<(), ibverbs::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(default))]
 pub struct Config {
     /// Which devices, ports and GIDs to use.
     pub selection: Selection,
@@ -138,7 +139,9 @@ pub struct Config {
     /// Striped connections ([`StripedConnection`](crate::striped::StripedConnection)): the
     /// defaults with `qps` and `split_data` from the variables.
     pub stripe: crate::striped::StripeOptions,
-    /// The variables that were set, in [`VARIABLES`] order.
+    /// The variables that were set, in [`VARIABLES`] order (not serialized: what
+    /// [`from_vars`](Self::from_vars) read, not configuration).
+    #[cfg_attr(feature = "serde", serde(skip))]
     pub settings: Vec<Setting>,
 }
 

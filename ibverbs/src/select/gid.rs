@@ -200,6 +200,7 @@ impl FromStr for RoceVersion {
 /// # let _ = (auto, fixed, v6);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(default))]
 pub struct GidPolicy {
     /// An explicit GID index (`NCCL_IB_GID_INDEX`); `None` chooses automatically.
     pub index: Option<u32>,

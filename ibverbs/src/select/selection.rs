@@ -16,6 +16,7 @@ use crate::select::hca::{HcaEntry, HcaSelector};
 /// builds one from the environment; the default selects every ACTIVE port with the automatic GID
 /// choice.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(default))]
 pub struct Selection {
     /// Devices and ports (`NCCL_IB_HCA`).
     pub hca: HcaSelector,

@@ -14,6 +14,7 @@ use crate::striped::plan;
 
 /// How a [`StripedConnection`] is built and how it splits requests.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(default))]
 pub struct StripeOptions {
     /// Queue pairs per connection (`NCCL_IB_QPS_PER_CONNECTION`), 1..=[`EndpointList::MAX`].
     pub qps: u32,

@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 /// The [`Endpoint`]s of all queue pairs of a [`StripedConnection`](super::StripedConnection), in
 /// order, as exchanged out of band.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(transparent))]
 pub struct EndpointList(pub Vec<Endpoint>);
 
 impl EndpointList {
