@@ -354,3 +354,33 @@ fn device_attributes_match_ibv_devinfo() {
     assert!(compared >= 45, "only {compared} fields compared; ibv_devinfo printed {printed:?}");
     println!("{compared} attributes equal to ibv_devinfo -v's; not printed by it: {not_printed:?}");
 }
+
+/// A 0-byte RDMA Read: completes as a Read of 0 bytes with no buffer, after the Write before it
+/// (whose bytes are then at the peer); it may be unsignaled, holding nothing.
+#[test]
+fn zero_byte_rdma_read() {
+    let mut p = rc_pair(4);
+    let target =
+        Arc::new(p.pd.allocate_remote(64, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ).unwrap());
+    let data = pattern(64, 7);
+    let mut src = p.pd.allocate(64).unwrap();
+    src.copy_from_slice(&data);
+    p.a.post_send(SendRequest::write(Local::whole(src), target.remote()).wr_id(1)).unwrap();
+    p.a.post_send(SendRequest::read_empty(target.remote()).wr_id(2)).unwrap();
+    let mut cs = poll_n(&mut p.cq_a, 2);
+    assert_eq!((cs[0].status(), cs[0].opcode(), cs[0].wr_id()), (WcStatus::SUCCESS, WcOpcode::RDMA_WRITE, 1));
+    assert_eq!((cs[1].status(), cs[1].opcode(), cs[1].wr_id()), (WcStatus::SUCCESS, WcOpcode::RDMA_READ, 2));
+    assert_eq!(cs[1].byte_len(), 0);
+    assert!(cs[1].take_region().is_none());
+    assert_eq!(target.to_vec(), data, "the Write before it is at the peer");
+    p.a.post_send(SendRequest::read_empty(target.remote().slice(8, 0).unwrap()).unsignaled().wr_id(3))
+        .unwrap();
+    p.a.post_send(SendRequest::read_empty(target.remote().slice(8, 8).unwrap()).wr_id(4)).unwrap();
+    let c = poll_one(&mut p.cq_a);
+    assert_eq!(
+        (c.status(), c.opcode(), c.wr_id(), c.byte_len()),
+        (WcStatus::SUCCESS, WcOpcode::RDMA_READ, 4, 0)
+    );
+    assert_quiet(&mut p.cq_a, std::time::Duration::from_millis(20));
+    assert_eq!(target.to_vec(), data, "nothing changed at the peer");
+}

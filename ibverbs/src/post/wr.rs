@@ -475,6 +475,21 @@ impl<'a> SendRequest<'a> {
         Self::with(Op::Read(remote), Some(local))
     }
 
+    /// A 0-byte RDMA Read (`IBV_WR_RDMA_READ` with no scatter/gather entry): transfers nothing,
+    /// but completes only once the responder answered it, which on a reliable connection it does
+    /// after the earlier requests of this queue pair — the usual way to learn that RDMA Writes
+    /// reached the peer (a flush). `remote` names the peer's memory as for
+    /// [`read`](Self::read); no byte of it is transferred. The request holds no buffer, so it may
+    /// be [`unsignaled`](Self::unsignaled).
+    ///
+    /// (A scatter/gather entry of 0 bytes is refused: some devices read a length of 0 as 2 GiB.
+    /// Leaving the entry out, as here, is the 0-byte form, as for [`send_inline`](Self::send_inline)
+    /// and [`write_inline`](Self::write_inline) with empty data.)
+    #[doc(alias = "IBV_WR_RDMA_READ")]
+    pub fn read_empty(remote: RemoteSlice) -> Self {
+        Self::with(Op::Read(remote), None)
+    }
+
     /// An atomic compare-and-swap of the 8 bytes at `remote` (`IBV_WR_ATOMIC_CMP_AND_SWP`): if
     /// they equal `compare` they become `swap`; the old value lands in `local` (8 bytes, device
     /// writable), in the byte order of the remote host.
