@@ -18,9 +18,19 @@ use crate::memory::mr::AccessFlags;
 use crate::memory::remote::RemoteSlice;
 use crate::pd::ProtectionDomain;
 
-/// A registered range of a dma-buf (`ibv_reg_dmabuf_mr()`), for the `unsafe` raw level (SGEs
-/// of `iova`-based addresses with [`lkey`](Self::lkey)) and for peers ([`remote`](Self::remote)).
-/// Deregistered when dropped.
+/// A registered range of a dma-buf (`ibv_reg_dmabuf_mr()`), for safe posts as an
+/// `Arc<DmabufRegion>` ([`LocalBuf::Dmabuf`](crate::LocalBuf::Dmabuf): `Local::whole(Arc::new(region))`
+/// or a range of it, as the source of Sends and RDMA Writes and, registered with
+/// [`AccessFlags::LOCAL_WRITE`], the target of receives, RDMA Reads and atomics), for the
+/// `unsafe` raw level (SGEs of `iova`-based addresses with [`lkey`](Self::lkey)) and for peers
+/// ([`remote`](Self::remote)). Deregistered when dropped (a post's `Arc` keeps it registered
+/// until its completion).
+///
+/// Safe posts may share it, also for device writes: the crate never hands out a reference into
+/// its memory (it is not in Rust's address space), so nothing in Rust can observe a write in
+/// progress; what the bytes are is between the exporter and the device. It is never posted
+/// inline and never prepared ([`QueuePair::prepare_send`](crate::QueuePair::prepare_send)
+/// refuses it).
 pub struct DmabufRegion {
     mr: KeyedMr,
     iova: u64,
@@ -99,6 +109,10 @@ impl DmabufRegion {
     /// The raw `struct ibv_mr *`; valid while this value lives.
     pub fn as_raw(&self) -> *mut ffi::ibv_mr {
         self.mr.as_raw()
+    }
+    /// Whether it was registered in `pd`.
+    pub(crate) fn in_pd(&self, pd: &std::sync::Arc<crate::pd::PdInner>) -> bool {
+        self.mr.in_pd(pd)
     }
 }
 

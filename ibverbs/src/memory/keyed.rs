@@ -39,6 +39,11 @@ impl KeyedMr {
     pub(crate) fn as_raw(&self) -> *mut ffi::ibv_mr {
         self.raw.as_ptr()
     }
+
+    /// Whether it was registered in `pd`.
+    pub(crate) fn in_pd(&self, pd: &Arc<PdInner>) -> bool {
+        Arc::ptr_eq(&self._pd, pd)
+    }
 }
 
 impl Drop for KeyedMr {

@@ -167,7 +167,9 @@ impl PreparedSend {
         let buf = match &local.buf {
             LocalBuf::Shared(m) => SharedBuf::Local(m.clone()),
             LocalBuf::Remote(m) => SharedBuf::Remote(m.clone()),
-            LocalBuf::Owned(_) | LocalBuf::Chunk(_) | LocalBuf::Window(_) => return None,
+            // A dma-buf is not prepared: its posts would need a pin of their own, and it must
+            // never be copied inline (the CPU does not read it).
+            LocalBuf::Owned(_) | LocalBuf::Chunk(_) | LocalBuf::Window(_) | LocalBuf::Dmabuf(_) => return None,
         };
         let mut template = ffi::ibv_send_wr::default();
         let mut sges = [ffi::ibv_sge::default(); MAX_SGE];
@@ -539,7 +541,7 @@ impl PreparedRecv {
         let LocalBuf::Remote(buf) = &local.buf else { return Err(refused) };
         Ok(PreparedRecv {
             qp,
-            lkey: local.buf.mr().lkey(),
+            lkey: local.buf.lkey(),
             base: local.buf.device_start(),
             buf_len: local.buf.bounds().1,
             buf: buf.clone(),

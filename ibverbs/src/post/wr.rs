@@ -9,8 +9,8 @@ use ibverbs_sys as ffi;
 use crate::ah::AddressHandle;
 use crate::error::{Error, Result};
 use crate::memory::{
-    check_range, AccessFlags, BoundWindow, Chunk, ExposedRegion, MemoryRegion, MemoryWindow, MrInner, MwType,
-    Pending, RemoteMemoryRegion, RemoteSlice,
+    check_range, AccessFlags, BoundWindow, Chunk, DmabufRegion, ExposedRegion, MemoryRegion, MemoryWindow, MrInner,
+    MwType, Pending, RemoteMemoryRegion, RemoteSlice,
 };
 use crate::pd::PdInner;
 
@@ -36,37 +36,75 @@ pub enum LocalBuf {
     /// [`Completion::take_bound_window`](crate::Completion::take_bound_window) or
     /// [`take_invalidated_window`](crate::Completion::take_invalidated_window).
     Window(Box<BoundWindow>),
+    /// A registered range of a dma-buf (`ibv_reg_dmabuf_mr`, e.g. GPU memory): memory of another
+    /// driver that Rust never references, so the device may read or write it (if registered
+    /// with [`AccessFlags::LOCAL_WRITE`]) while others hold the `Arc`; the `Arc` keeps it
+    /// registered until the completion. Never posted inline (the CPU does not read it).
+    Dmabuf(Arc<DmabufRegion>),
 }
 
 impl LocalBuf {
-    pub(crate) fn mr(&self) -> &MrInner {
+    /// The region of process memory the buffer lies in; `None` for a dma-buf, which is none.
+    #[inline]
+    fn host_mr(&self) -> Option<&MrInner> {
         match self {
-            LocalBuf::Owned(m) => &m.inner,
-            LocalBuf::Shared(m) => &m.inner,
-            LocalBuf::Remote(m) => &m.inner,
-            LocalBuf::Chunk(c) => &c.mr,
-            LocalBuf::Window(w) => w.mr(),
+            LocalBuf::Owned(m) => Some(&m.inner),
+            LocalBuf::Shared(m) => Some(&m.inner),
+            LocalBuf::Remote(m) => Some(&m.inner),
+            LocalBuf::Chunk(c) => Some(&c.mr),
+            LocalBuf::Window(w) => Some(w.mr()),
+            LocalBuf::Dmabuf(_) => None,
         }
     }
 
-    /// Start address and length of the buffer (the whole region, or the chunk).
+    /// The local key of the buffer's registration.
+    #[inline]
+    pub(crate) fn lkey(&self) -> u32 {
+        match (self.host_mr(), self) {
+            (Some(mr), _) => mr.lkey(),
+            (None, LocalBuf::Dmabuf(d)) => d.lkey(),
+            (None, _) => 0,
+        }
+    }
+
+    /// Whether the buffer's registration belongs to the protection domain `pd`.
+    #[inline]
+    pub(crate) fn in_pd(&self, pd: &Arc<PdInner>) -> bool {
+        match (self.host_mr(), self) {
+            (Some(mr), _) => mr.in_pd(pd),
+            (None, LocalBuf::Dmabuf(d)) => d.in_pd(pd),
+            (None, _) => false,
+        }
+    }
+
+    /// Start address and length of the buffer (the whole region, or the chunk). A dma-buf has
+    /// no host address: null, with its length.
     pub(crate) fn bounds(&self) -> (*mut u8, usize) {
         match self {
             LocalBuf::Chunk(c) => (c.addr(), c.len()),
-            _ => (self.mr().addr(), self.mr().len()),
+            LocalBuf::Dmabuf(d) => (std::ptr::null_mut(), d.len()),
+            _ => self.host_mr().map_or((std::ptr::null_mut(), 0), |mr| (mr.addr(), mr.len())),
         }
     }
 
     /// The device address of the buffer's first byte (its virtual address unless the region
-    /// was registered with an IOVA).
+    /// was registered with an IOVA; a dma-buf's IOVA).
     #[inline]
     pub(crate) fn device_start(&self) -> u64 {
-        self.mr().device_addr(self.bounds().0)
+        match (self.host_mr(), self) {
+            (Some(mr), _) => mr.device_addr(self.bounds().0),
+            (None, LocalBuf::Dmabuf(d)) => d.iova(),
+            (None, _) => 0,
+        }
     }
 
     /// Whether the device may write into it through this handle.
     pub(crate) fn device_writable(&self) -> bool {
-        !matches!(self, LocalBuf::Shared(_))
+        match self {
+            LocalBuf::Shared(_) => false,
+            LocalBuf::Dmabuf(d) => d.access().contains(AccessFlags::LOCAL_WRITE),
+            _ => true,
+        }
     }
 
     /// The owned region back, if this is [`LocalBuf::Owned`].
@@ -94,6 +132,7 @@ impl fmt::Debug for LocalBuf {
             LocalBuf::Remote(m) => f.debug_tuple("Remote").field(m).finish(),
             LocalBuf::Chunk(c) => f.debug_tuple("Chunk").field(c).finish(),
             LocalBuf::Window(w) => f.debug_tuple("Window").field(w).finish(),
+            LocalBuf::Dmabuf(d) => f.debug_tuple("Dmabuf").field(d).finish(),
         }
     }
 }
@@ -116,6 +155,11 @@ impl From<Chunk> for LocalBuf {
 impl From<Arc<RemoteMemoryRegion>> for LocalBuf {
     fn from(m: Arc<RemoteMemoryRegion>) -> Self {
         LocalBuf::Remote(m)
+    }
+}
+impl From<Arc<DmabufRegion>> for LocalBuf {
+    fn from(d: Arc<DmabufRegion>) -> Self {
+        LocalBuf::Dmabuf(d)
     }
 }
 
@@ -190,7 +234,7 @@ impl Local {
         ffi::ibv_sge {
             addr: start.wrapping_add(self.offset as u64),
             length: self.len,
-            lkey: self.buf.mr().lkey(),
+            lkey: self.buf.lkey(),
         }
     }
 }
@@ -632,7 +676,7 @@ impl<'a> SendRequest<'a> {
             f.len += u64::from(s.len);
             f.read_only |= !s.buf.device_writable();
             f.owned |= matches!(s.buf, LocalBuf::Owned(_) | LocalBuf::Chunk(_) | LocalBuf::Window(_));
-            f.foreign |= !s.buf.mr().in_pd(pd);
+            f.foreign |= !s.buf.in_pd(pd);
             if let Some(reason) = s.unusable() {
                 f.unusable = Some(reason);
             }
@@ -928,7 +972,7 @@ impl RecvRequest {
                     "the device writes receive buffers: pass an owned MemoryRegion or a RemoteMemoryRegion",
                 );
             }
-            if !s.buf.mr().in_pd(pd) {
+            if !s.buf.in_pd(pd) {
                 return bad("a buffer's memory region belongs to another protection domain");
             }
             if let Some(reason) = s.unusable() {
