@@ -384,3 +384,93 @@ fn zero_byte_rdma_read() {
     assert_quiet(&mut p.cq_a, std::time::Duration::from_millis(20));
     assert_eq!(target.to_vec(), data, "nothing changed at the peer");
 }
+
+/// Window binds and Send with Invalidate through the extended post API (`ibv_wr_bind_mw`,
+/// `ibv_wr_send_inv`): the same requests as on a classic queue pair, the window handed back by
+/// the bind's completion, the peer writing through it until its Send with Invalidate; a queue
+/// pair created without `SendOps::BIND_MW` refuses the bind before posting.
+#[test]
+fn window_bind_and_send_with_invalidate_through_the_extended_post_api() {
+    use ibverbs::{MwType, QpType, RecvRequest, SendOps};
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    match pd.alloc_mw(MwType::Type2) {
+        Ok(_) => {}
+        Err(Error::Unsupported { capability, .. }) => {
+            unsupported(&ctx, "memory windows (Type2)", capability);
+            return;
+        }
+        Err(e) => panic!("ibv_alloc_mw: {e:?}"),
+    }
+    let mut cq_a = ctx.create_cq(16, None).unwrap();
+    let mut cq_b = ctx.create_cq(16, None).unwrap();
+    let build = |cq, ops| pd.create_qp(cq, QpType::RC).max_send_wr(4).max_recv_wr(4).send_ops(ops).build();
+    let mut a = match build(&cq_a, SendOps::ALL_SAFE | SendOps::SEND_WITH_INV) {
+        Ok(q) => q,
+        Err(Error::Unsupported { capability, .. }) => {
+            unsupported(&ctx, "extended QPs", capability);
+            return;
+        }
+        Err(e) => panic!("ibv_create_qp_ex: {e:?}"),
+    };
+    let mut b = build(&cq_b, SendOps::ALL_SAFE | SendOps::BIND_MW).unwrap();
+    assert!(b.send_ops().unwrap().contains(SendOps::BIND_MW), "{:?}", b.send_ops());
+    let o = opts();
+    let (ea, eb) = (a.endpoint(&o).unwrap(), b.endpoint(&o).unwrap());
+    a.connect(&eb, &o).unwrap();
+    b.connect(&ea, &o).unwrap();
+
+    let region = pd.allocate_windowed(4096, AccessFlags::LOCAL_WRITE).unwrap().expose();
+    // `a` was not created for binds: refused before anything is posted.
+    let wr = SendRequest::bind_window(
+        pd.alloc_mw(MwType::Type2).unwrap(),
+        &region,
+        0..1024,
+        AccessFlags::REMOTE_WRITE,
+    )
+    .unwrap();
+    let e = a.post_send(wr).unwrap_err();
+    assert!(matches!(e.error, Error::SendOpNotEnabled { op: "IBV_QP_EX_WITH_BIND_MW", .. }), "{e:?}");
+    drop(e); // the refused request, with its window, comes back in the error
+    assert_eq!(region.windows(), 0);
+    assert_quiet(&mut cq_a, std::time::Duration::from_millis(10));
+
+    let mw = pd.alloc_mw(MwType::Type2).unwrap();
+    let wr = SendRequest::bind_window(mw, &region, 1024..2048, AccessFlags::REMOTE_WRITE).unwrap();
+    b.post_send(wr.wr_id(7)).unwrap();
+    let mut c = poll_one(&mut cq_b);
+    assert_eq!((c.status(), c.opcode(), c.wr_id()), (WcStatus::SUCCESS, WcOpcode::BIND_MW, 7), "{c:?}");
+    let w = c.take_bound_window().unwrap();
+    let remote = w.remote();
+    assert_eq!((remote.len, region.windows()), (1024, 1));
+
+    let data = pattern(1024, 11);
+    let mut src = pd.allocate(1024).unwrap();
+    src.copy_from_slice(&data);
+    a.post_send(SendRequest::write(Local::whole(src), remote).wr_id(1)).unwrap();
+    let mut c = poll_one(&mut cq_a);
+    assert_eq!((c.status(), c.opcode()), (WcStatus::SUCCESS, WcOpcode::RDMA_WRITE), "{c:?}");
+    let src = c.take_region().unwrap();
+    assert_eq!(&region.to_vec()[1024..2048], &data[..]);
+
+    // The peer's Send with Invalidate, built with ibv_wr_send_inv, ends the window's access.
+    b.post_recv(RecvRequest::new(Local::whole(pd.allocate(64).unwrap())).wr_id(21)).unwrap();
+    a.post_send(SendRequest::send_with_invalidate(Local::new(src, 0..16).unwrap(), remote.rkey).wr_id(2))
+        .unwrap();
+    let c = poll_one(&mut cq_a);
+    assert_eq!((c.status(), c.opcode(), c.wr_id()), (WcStatus::SUCCESS, WcOpcode::SEND, 2), "{c:?}");
+    let c = poll_one(&mut cq_b);
+    assert_eq!(
+        (c.status(), c.opcode(), c.wr_id(), c.byte_len()),
+        (WcStatus::SUCCESS, WcOpcode::RECV, 21, 16)
+    );
+    let mut src = pd.allocate(8).unwrap();
+    src.copy_from_slice(b"too late");
+    a.post_send(SendRequest::write(Local::whole(src), remote).wr_id(3)).unwrap();
+    let c = poll_one(&mut cq_a);
+    assert_eq!((c.status(), c.wr_id()), (WcStatus::REM_ACCESS_ERR, 3), "the rkey is invalidated: {c:?}");
+    w.dealloc();
+    assert_eq!(region.windows(), 0);
+    let private = region.into_private().unwrap();
+    assert_eq!(&private[1024..2048], &data[..], "the refused write changed nothing");
+}

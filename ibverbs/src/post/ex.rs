@@ -59,8 +59,20 @@ bitflags::bitflags! {
             | Self::RDMA_READ.bits()
             | Self::ATOMIC_CMP_AND_SWP.bits()
             | Self::ATOMIC_FETCH_AND_ADD.bits();
-        // Flags of newer rdma-core releases (local invalidate, bind MW, TSO, ...) survive a round
-        // trip; the safe level never posts those operations.
+        /// Binding a type 2 memory window (`IBV_QP_EX_WITH_BIND_MW`, `ibv_wr_bind_mw()`): what
+        /// [`SendRequest::bind_window`](crate::SendRequest::bind_window) posts. Not in
+        /// [`ALL_SAFE`](Self::ALL_SAFE): devices without windows refuse a QP created with it.
+        const BIND_MW = ffi::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_BIND_MW.0 as u64;
+        /// Local invalidate (`IBV_QP_EX_WITH_LOCAL_INV`, `ibv_wr_local_inv()`): what
+        /// [`SendRequest::local_invalidate`](crate::SendRequest::local_invalidate) posts. Not in
+        /// [`ALL_SAFE`](Self::ALL_SAFE).
+        const LOCAL_INV = ffi::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_LOCAL_INV.0 as u64;
+        /// Send with Invalidate (`IBV_QP_EX_WITH_SEND_WITH_INV`, `ibv_wr_send_inv()`): what
+        /// [`SendRequest::send_with_invalidate`](crate::SendRequest::send_with_invalidate)
+        /// posts. Not in [`ALL_SAFE`](Self::ALL_SAFE).
+        const SEND_WITH_INV = ffi::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_SEND_WITH_INV.0 as u64;
+        // Flags of newer rdma-core releases (TSO, ...) survive a round trip; the safe level never
+        // posts those operations.
         const _ = !0;
     }
 }
@@ -79,6 +91,9 @@ fn required_op(opcode: ffi::ibv_wr_opcode) -> Option<(SendOps, &'static str)> {
         O::IBV_WR_ATOMIC_FETCH_AND_ADD => {
             (SendOps::ATOMIC_FETCH_AND_ADD, "IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD")
         }
+        O::IBV_WR_BIND_MW => (SendOps::BIND_MW, "IBV_QP_EX_WITH_BIND_MW"),
+        O::IBV_WR_LOCAL_INV => (SendOps::LOCAL_INV, "IBV_QP_EX_WITH_LOCAL_INV"),
+        O::IBV_WR_SEND_WITH_INV => (SendOps::SEND_WITH_INV, "IBV_QP_EX_WITH_SEND_WITH_INV"),
         _ => return None,
     })
 }
@@ -94,6 +109,8 @@ type Faa = unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32, u64, u64);
 type SgeList = unsafe extern "C" fn(*mut ffi::ibv_qp_ex, usize, *const ffi::ibv_sge);
 type Inline = unsafe extern "C" fn(*mut ffi::ibv_qp_ex, *mut std::ffi::c_void, usize);
 type UdAddr = unsafe extern "C" fn(*mut ffi::ibv_qp_ex, *mut ffi::ibv_ah, u32, u32);
+type BindMw = unsafe extern "C" fn(*mut ffi::ibv_qp_ex, *mut ffi::ibv_mw, u32, *const ffi::ibv_mw_bind_info);
+type Invalidate = unsafe extern "C" fn(*mut ffi::ibv_qp_ex, u32);
 
 /// The builder table of one extended QP, read once at creation (as the classic path reads
 /// `context->ops.post_send` once): the provider fills `struct ibv_qp_ex`'s function pointers in
@@ -117,6 +134,9 @@ pub(crate) struct ExQp {
     sge_list: SgeList,
     inline: Inline,
     ud_addr: Option<UdAddr>,
+    bind_mw: Option<BindMw>,
+    local_inv: Option<Invalidate>,
+    send_inv: Option<Invalidate>,
 }
 
 impl std::fmt::Debug for ExQp {
@@ -149,6 +169,9 @@ impl ExQp {
         keep(SendOps::RDMA_READ, t.wr_rdma_read.is_some());
         keep(SendOps::ATOMIC_CMP_AND_SWP, t.wr_atomic_cmp_swp.is_some());
         keep(SendOps::ATOMIC_FETCH_AND_ADD, t.wr_atomic_fetch_add.is_some());
+        keep(SendOps::BIND_MW, t.wr_bind_mw.is_some());
+        keep(SendOps::LOCAL_INV, t.wr_local_inv.is_some());
+        keep(SendOps::SEND_WITH_INV, t.wr_send_inv.is_some());
         let ud_addr = t.wr_set_ud_addr;
         if ud && ud_addr.is_none() {
             return None;
@@ -169,6 +192,9 @@ impl ExQp {
             sge_list: t.wr_set_sge_list?,
             inline: t.wr_set_inline_data?,
             ud_addr,
+            bind_mw: t.wr_bind_mw,
+            local_inv: t.wr_local_inv,
+            send_inv: t.wr_send_inv,
         })
     }
 
@@ -180,7 +206,7 @@ impl ExQp {
             Some((_, op)) => Err(Error::SendOpNotEnabled { verb, op }),
             None => Err(Error::SendOpNotEnabled {
                 verb,
-                op: "(an opcode the extended posting path does not build: Send with Invalidate, local invalidate and memory window binds go through the classic QP)",
+                op: "(an opcode the extended posting path does not build: type 1 window binds go through ibv_bind_mw)",
             }),
         }
     }
@@ -221,6 +247,19 @@ impl ExQp {
                 O::IBV_WR_ATOMIC_FETCH_AND_ADD => {
                     let a = &wr.wr.atomic;
                     call(self.faa)(q, a.rkey, a.remote_addr, a.compare_add)
+                }
+                O::IBV_WR_SEND_WITH_INV => call(self.send_inv)(q, wr.__bindgen_anon_1.invalidate_rkey),
+                // A bind and a local invalidate are whole work requests: no address or data
+                // setter follows them (a provider may have finished the WQE already, as mlx5
+                // does). The bind info points into `wr`, read during the call.
+                O::IBV_WR_BIND_MW => {
+                    let b = &wr.__bindgen_anon_2.bind_mw;
+                    call(self.bind_mw)(q, b.mw, b.rkey, &b.bind_info);
+                    return;
+                }
+                O::IBV_WR_LOCAL_INV => {
+                    call(self.local_inv)(q, wr.__bindgen_anon_1.invalidate_rkey);
+                    return;
                 }
                 _ => unreachable!("checked before wr_start"),
             }
@@ -353,6 +392,9 @@ mod tests {
         Sges(usize),
         Inline(Vec<u8>),
         Complete,
+        Bind { rkey: u32, addr: u64, len: u64, access: u32 },
+        LocalInv(u32),
+        SendInv(u32),
     }
 
     thread_local! {
@@ -400,6 +442,23 @@ mod tests {
             unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) }.to_vec()
         };
         log(Call::Inline(data));
+    }
+
+    unsafe extern "C" fn bind_mw(
+        _q: *mut ffi::ibv_qp_ex,
+        _mw: *mut ffi::ibv_mw,
+        rkey: u32,
+        info: *const ffi::ibv_mw_bind_info,
+    ) {
+        // SAFETY: the engine passes bind info valid during the call.
+        let i = unsafe { &*info };
+        log(Call::Bind { rkey, addr: i.addr, len: i.length, access: i.mw_access_flags });
+    }
+    unsafe extern "C" fn local_inv(_q: *mut ffi::ibv_qp_ex, rkey: u32) {
+        log(Call::LocalInv(rkey));
+    }
+    unsafe extern "C" fn send_inv(_q: *mut ffi::ibv_qp_ex, rkey: u32) {
+        log(Call::SendInv(rkey));
     }
 
     /// A fake `struct ibv_qp_ex` with Send, Send with immediate, RDMA Write and compare-and-swap.
@@ -475,6 +534,65 @@ mod tests {
         );
         assert_eq!(ring.outstanding(), 3);
         assert_ne!(ring.device_wr_id(0) & TAG, 0);
+    }
+
+    // A bind and a local invalidate are whole requests (mlx5 finishes their WQE in the builder):
+    // no SGE or inline setter may follow them; a Send with Invalidate takes its SGEs like a Send.
+    #[test]
+    fn binds_and_invalidations_are_built_without_data_setters_and_need_their_flags() {
+        use ffi::ibv_wr_opcode as O;
+        let mut q = fake_qp();
+        q.wr_bind_mw = Some(bind_mw);
+        q.wr_local_inv = Some(local_inv);
+        q.wr_send_inv = Some(send_inv);
+        let ex =
+            setup(&mut q, SendOps::SEND | SendOps::BIND_MW | SendOps::LOCAL_INV | SendOps::SEND_WITH_INV);
+        assert_eq!(ex.ops, SendOps::SEND | SendOps::BIND_MW | SendOps::LOCAL_INV | SendOps::SEND_WITH_INV);
+        let mut sges = [ffi::ibv_sge::default(); MAX_SGE];
+        let mut wr = ffi::ibv_send_wr { sg_list: sges.as_mut_ptr(), ..Default::default() };
+        wr.opcode = O::IBV_WR_BIND_MW;
+        wr.__bindgen_anon_2.bind_mw = ffi::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
+            mw: std::ptr::null_mut(),
+            rkey: 0x1234,
+            bind_info: ffi::ibv_mw_bind_info {
+                mr: std::ptr::null_mut(),
+                addr: 0x1000,
+                length: 64,
+                mw_access_flags: 2,
+            },
+        };
+        ex.check(&wr).unwrap();
+        // SAFETY: a fake QP; the request names no memory.
+        unsafe { ex.build(&wr) };
+        wr.opcode = O::IBV_WR_LOCAL_INV;
+        wr.__bindgen_anon_1.invalidate_rkey = 0x55;
+        ex.check(&wr).unwrap();
+        // SAFETY: as above.
+        unsafe { ex.build(&wr) };
+        wr.opcode = O::IBV_WR_SEND_WITH_INV;
+        wr.__bindgen_anon_1.invalidate_rkey = 0x66;
+        ex.check(&wr).unwrap();
+        // SAFETY: as above (no SGE).
+        unsafe { ex.build(&wr) };
+        assert_eq!(
+            calls(),
+            vec![
+                Call::Bind { rkey: 0x1234, addr: 0x1000, len: 64, access: 2 },
+                Call::LocalInv(0x55),
+                Call::SendInv(0x66),
+                Call::Sges(0),
+            ]
+        );
+        let only_send = setup(&mut q, SendOps::SEND);
+        for (op, name) in [
+            (O::IBV_WR_BIND_MW, "IBV_QP_EX_WITH_BIND_MW"),
+            (O::IBV_WR_LOCAL_INV, "IBV_QP_EX_WITH_LOCAL_INV"),
+            (O::IBV_WR_SEND_WITH_INV, "IBV_QP_EX_WITH_SEND_WITH_INV"),
+        ] {
+            wr.opcode = op;
+            let e = only_send.check(&wr).unwrap_err();
+            assert!(matches!(e, Error::SendOpNotEnabled { op, .. } if op == name), "{e:?}");
+        }
     }
 
     #[test]
