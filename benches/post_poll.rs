@@ -32,6 +32,12 @@
 //! time spent inside the post call alone (the rest of an iteration is the device working and the
 //! poll loop waiting for it).
 //!
+//! After the table, a second one: **two threads on one queue pair**, one posting 8-byte inline
+//! RDMA Writes (and polling their completions) while the other refills receives for the peer's
+//! 8-byte Sends (and polls them), through the halves of `QueuePair::into_split` (no lock) against
+//! an `Arc<Mutex<QueuePair>>` both threads lock for each post; nanoseconds per message (both
+//! directions counted), median of several runs, the two interleaved.
+//!
 //! It needs a device: `cargo bench --no-run`, then run the binary where one exists, e.g.
 //! `cargo xtask rxe -- target/release/deps/post_poll-<hash>`. `IBVERBS_TEST_DEVICE` and
 //! `IBVERBS_TEST_GID_INDEX` choose the device and GID (default: the first device, the RoCE v2
@@ -735,6 +741,13 @@ fn main() {
             rows.push((n, l, median(&mut it), median(&mut po)));
         }
     }
+    let threads = match two_threads(&b._ctx) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("post_poll: two threads: {e}");
+            std::process::exit(1);
+        }
+    };
     println!(
         "post + poll of 8-byte inline RDMA Writes, loopback RC on {} (median of {RUNS} runs)",
         b._ctx.name()
@@ -747,4 +760,209 @@ fn main() {
         let ffi = rows.iter().find(|r| r.0 == n && r.1 == Level::Ffi).map_or(it, |r| r.2);
         println!("{n:>4}  {:<40} {it:>12.0} {:>10.0} {po:>10.0} {:>8.3}", l.name(), it / n as f64, it / ffi);
     }
+    println!(
+        "\ntwo threads on one queue pair: Writes posted by one, receives refilled by the other \
+         ({THREAD_MSGS} messages each way, median of {THREAD_RUNS} runs)"
+    );
+    println!("{:<40} {:>12}", "how", "ns/message");
+    for (name, ns) in threads {
+        println!("{name:<40} {ns:>12.0}");
+    }
+}
+
+/// Messages each way per run of [`two_threads`].
+const THREAD_MSGS: u64 = 1000;
+/// Runs of each variant of [`two_threads`] (the median is reported).
+const THREAD_RUNS: usize = 3;
+/// Depth of each queue of the two-thread pair.
+const THREAD_DEPTH: u32 = 32;
+
+/// What each of the two threads posts through: a split half, or the locked queue pair.
+trait Poster: Send + 'static {
+    fn write(&mut self, wr: SendRequest<'_>) -> Result<(), String>;
+    fn recv(&mut self, wr: ibverbs::RecvRequest) -> Result<(), String>;
+}
+
+impl Poster for ibverbs::SendHalf {
+    fn write(&mut self, wr: SendRequest<'_>) -> Result<(), String> {
+        self.post_send(wr).map_err(|e| e.error.to_string())
+    }
+    fn recv(&mut self, _: ibverbs::RecvRequest) -> Result<(), String> {
+        Err("a send half posts no receive".into())
+    }
+}
+
+impl Poster for ibverbs::RecvHalf {
+    fn write(&mut self, _: SendRequest<'_>) -> Result<(), String> {
+        Err("a receive half posts no send".into())
+    }
+    fn recv(&mut self, wr: ibverbs::RecvRequest) -> Result<(), String> {
+        self.post_recv(wr).map_err(|e| e.error.to_string())
+    }
+}
+
+impl Poster for Arc<std::sync::Mutex<QueuePair>> {
+    fn write(&mut self, wr: SendRequest<'_>) -> Result<(), String> {
+        self.lock().map_err(|e| e.to_string())?.post_send(wr).map_err(|e| e.error.to_string())
+    }
+    fn recv(&mut self, wr: ibverbs::RecvRequest) -> Result<(), String> {
+        self.lock().map_err(|e| e.to_string())?.post_recv(wr).map_err(|e| e.error.to_string())
+    }
+}
+
+/// The two-thread table's rows: (how, ns per message).
+fn two_threads(ctx: &Context) -> Result<Vec<(&'static str, f64)>, String> {
+    let e = |e: ibverbs::Error| e.to_string();
+    let pd = ctx.alloc_pd().map_err(e)?;
+    let (send_cq, recv_cq) =
+        (ctx.create_cq(THREAD_DEPTH, None).map_err(e)?, ctx.create_cq(THREAD_DEPTH, None).map_err(e)?);
+    let peer_cq = ctx.create_cq(2 * THREAD_DEPTH, None).map_err(e)?;
+    let build = |send: &CompletionQueue, recv: &CompletionQueue| {
+        pd.create_qp(send, QpType::RC)
+            .recv_cq(recv)
+            .max_send_wr(THREAD_DEPTH)
+            .max_recv_wr(THREAD_DEPTH)
+            .max_inline_data(64)
+            .build()
+    };
+    let mut qp = build(&send_cq, &recv_cq).map_err(e)?;
+    let mut peer = build(&peer_cq, &peer_cq).map_err(e)?;
+    let gid_index = std::env::var("IBVERBS_TEST_GID_INDEX").ok().and_then(|v| v.parse().ok());
+    let opts = ConnectOptions { gid_index, retry_cnt: 6, ..ConnectOptions::default() };
+    let (a, b) = (qp.endpoint(&opts).map_err(e)?, peer.endpoint(&opts).map_err(e)?);
+    qp.connect(&b, &opts).map_err(e)?;
+    peer.connect(&a, &opts).map_err(e)?;
+    let target = pd.allocate_remote(64, AccessFlags::REMOTE_WRITE).map_err(e)?;
+    let remote = target.remote().slice(0, 8).map_err(e)?;
+    let mut cqs = Some((send_cq, recv_cq, peer_cq));
+    let (mut split, mut locked) = (Vec::new(), Vec::new());
+    for run in 0..=THREAD_RUNS {
+        for locked_run in [false, true] {
+            let (s, r, p) = cqs.take().ok_or("lost the CQs")?;
+            let (ns, back, qp_back) = if locked_run {
+                let shared = Arc::new(std::sync::Mutex::new(qp));
+                let (ns, cqs_back, w, r) =
+                    drive(&pd, shared.clone(), shared.clone(), &mut peer, remote, (s, r, p))?;
+                drop((w, r));
+                let qp = Arc::try_unwrap(shared).map_err(|_| "the lock is still shared")?;
+                (ns, cqs_back, qp.into_inner().map_err(|e| e.to_string())?)
+            } else {
+                let (sh, rh) = qp.into_split().map_err(|e| e.error.to_string())?;
+                let (ns, cqs_back, sh, rh) = drive(&pd, sh, rh, &mut peer, remote, (s, r, p))?;
+                (ns, cqs_back, sh.reunite(rh).map_err(|e| e.to_string())?)
+            };
+            qp = qp_back;
+            cqs = Some(back);
+            // Run 0 warms up.
+            if run > 0 {
+                if locked_run {
+                    locked.push(ns)
+                } else {
+                    split.push(ns)
+                }
+            }
+        }
+    }
+    Ok(vec![
+        ("split halves (SendHalf + RecvHalf)", median(&mut split)),
+        ("Arc<Mutex<QueuePair>>", median(&mut locked)),
+    ])
+}
+
+type Cqs = (CompletionQueue, CompletionQueue, CompletionQueue);
+
+/// One run: a thread posts `THREAD_MSGS` inline Writes through `w` (polling the send CQ), another
+/// keeps receives posted through `r` for the peer's `THREAD_MSGS` Sends (polling the receive CQ),
+/// while this thread drives the peer. Nanoseconds per message, both directions counted; the CQs
+/// and both posters come back.
+fn drive<W: Poster, R: Poster>(
+    pd: &ibverbs::ProtectionDomain,
+    mut w: W,
+    mut r: R,
+    peer: &mut QueuePair,
+    remote: RemoteSlice,
+    (mut send_cq, mut recv_cq, mut peer_cq): Cqs,
+) -> Result<(f64, Cqs, W, R), String> {
+    use std::sync::atomic::AtomicU64;
+    let posted = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let writer = std::thread::spawn(move || -> Result<(CompletionQueue, W), String> {
+        let mut out: [Completion; 16] = Default::default();
+        let (mut sent, mut done) = (0u64, 0u64);
+        let deadline = Instant::now() + POLL_TIMEOUT;
+        while done < THREAD_MSGS {
+            if sent < THREAD_MSGS && sent - done < u64::from(THREAD_DEPTH) {
+                w.write(SendRequest::write_inline(b"two-thr!", remote).wr_id(sent))?;
+                sent += 1;
+            }
+            for c in send_cq.poll(&mut out).map_err(|e| e.to_string())?.iter() {
+                if !c.is_ok() {
+                    return Err(format!("{c:?}"));
+                }
+                done += 1;
+            }
+            if Instant::now() > deadline {
+                return Err("the writer timed out".into());
+            }
+        }
+        Ok((send_cq, w))
+    });
+    let receiver = {
+        let (posted, pd) = (posted.clone(), pd.clone());
+        std::thread::spawn(move || -> Result<(CompletionQueue, R), String> {
+            let mut out: [Completion; 16] = Default::default();
+            let (mut n, mut got) = (0u64, 0u64);
+            while n < u64::from(THREAD_DEPTH) {
+                let mr = pd.allocate(8).map_err(|e| e.to_string())?;
+                r.recv(ibverbs::RecvRequest::new(ibverbs::Local::whole(mr)))?;
+                n += 1;
+            }
+            posted.store(n, Ordering::Release);
+            let deadline = Instant::now() + POLL_TIMEOUT;
+            while got < THREAD_MSGS {
+                for c in recv_cq.poll(&mut out).map_err(|e| e.to_string())?.iter_mut() {
+                    if !c.is_ok() {
+                        return Err(format!("{c:?}"));
+                    }
+                    got += 1;
+                    if n < THREAD_MSGS {
+                        let mr = c.take_region().ok_or("no receive buffer back")?;
+                        r.recv(ibverbs::RecvRequest::new(ibverbs::Local::whole(mr)))?;
+                        n += 1;
+                        posted.store(n, Ordering::Release);
+                    }
+                }
+                if Instant::now() > deadline {
+                    return Err("the receiver timed out".into());
+                }
+            }
+            Ok((recv_cq, r))
+        })
+    };
+    let mut out: [Completion; 16] = Default::default();
+    let (mut sent, mut done) = (0u64, 0u64);
+    let deadline = Instant::now() + POLL_TIMEOUT;
+    while done < THREAD_MSGS {
+        if sent < THREAD_MSGS
+            && sent < posted.load(Ordering::Acquire)
+            && sent - done < u64::from(THREAD_DEPTH)
+        {
+            peer.post_send(SendRequest::send_inline(b"two-thr!").wr_id(sent))
+                .map_err(|e| e.error.to_string())?;
+            sent += 1;
+        }
+        for c in peer_cq.poll(&mut out).map_err(|e| e.to_string())?.iter() {
+            if !c.is_ok() {
+                return Err(format!("{c:?}"));
+            }
+            done += 1;
+        }
+        if Instant::now() > deadline {
+            return Err("the peer timed out".into());
+        }
+    }
+    let (send_cq, w) = writer.join().map_err(|_| "the writer panicked")??;
+    let (recv_cq, r) = receiver.join().map_err(|_| "the receiver panicked")??;
+    let ns = start.elapsed().as_nanos() as f64 / (2 * THREAD_MSGS) as f64;
+    Ok((ns, (send_cq, recv_cq, peer_cq), w, r))
 }
