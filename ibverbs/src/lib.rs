@@ -715,9 +715,9 @@ mod pool;
 mod post;
 mod queue;
 mod quirks;
+pub mod select;
 #[cfg(feature = "serde")]
 mod serde_impls;
-pub mod select;
 pub mod striped;
 #[cfg(test)]
 mod tests_support;

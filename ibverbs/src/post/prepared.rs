@@ -169,7 +169,9 @@ impl PreparedSend {
             LocalBuf::Remote(m) => SharedBuf::Remote(m.clone()),
             // A dma-buf is not prepared: its posts would need a pin of their own, and it must
             // never be copied inline (the CPU does not read it).
-            LocalBuf::Owned(_) | LocalBuf::Chunk(_) | LocalBuf::Window(_) | LocalBuf::Dmabuf(_) => return None,
+            LocalBuf::Owned(_) | LocalBuf::Chunk(_) | LocalBuf::Window(_) | LocalBuf::Dmabuf(_) => {
+                return None
+            }
         };
         let mut template = ffi::ibv_send_wr::default();
         let mut sges = [ffi::ibv_sge::default(); MAX_SGE];

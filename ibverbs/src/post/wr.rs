@@ -9,8 +9,8 @@ use ibverbs_sys as ffi;
 use crate::ah::AddressHandle;
 use crate::error::{Error, Result};
 use crate::memory::{
-    check_range, AccessFlags, BoundWindow, Chunk, DmabufRegion, ExposedRegion, MemoryRegion, MemoryWindow, MrInner,
-    MwType, Pending, RemoteMemoryRegion, RemoteSlice,
+    check_range, AccessFlags, BoundWindow, Chunk, DmabufRegion, ExposedRegion, MemoryRegion, MemoryWindow,
+    MrInner, MwType, Pending, RemoteMemoryRegion, RemoteSlice,
 };
 use crate::pd::PdInner;
 
@@ -231,11 +231,7 @@ impl Local {
 
     pub(crate) fn sge(&self) -> ffi::ibv_sge {
         let start = self.buf.device_start();
-        ffi::ibv_sge {
-            addr: start.wrapping_add(self.offset as u64),
-            length: self.len,
-            lkey: self.buf.lkey(),
-        }
+        ffi::ibv_sge { addr: start.wrapping_add(self.offset as u64), length: self.len, lkey: self.buf.lkey() }
     }
 }
 

@@ -17,11 +17,11 @@ pub use qp::scope::Scope;
 pub use qp::state::{IWARP_MANUAL_CONNECT, IWARP_RESET};
 #[cfg(feature = "cm")]
 pub(crate) use qp::CmIdHold;
+pub use qp::{
+    ack_timeout_code, ack_timeout_duration, rnr_timer_code, rnr_timer_duration, ModifyQp, PathMigState,
+    QpAttributes, PATH_MIGRATION, RATE_LIMIT,
+};
 pub use qp::{QpCaps, QpType, QueuePair, QueuePairBuilder};
 pub use qp::{RecvHalf, ReuniteError, SendHalf, SplitError};
-pub use qp::{
-    ack_timeout_code, ack_timeout_duration, rnr_timer_code, rnr_timer_duration, ModifyQp, PathMigState, QpAttributes,
-    PATH_MIGRATION, RATE_LIMIT,
-};
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use xrc::XrcDomain;

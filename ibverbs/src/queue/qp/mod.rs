@@ -27,8 +27,8 @@ use crate::queue::srq::{SharedReceiveQueue, SrqInner};
 use crate::queue::xrc::XrcDomain;
 
 pub use attrs::{
-    ack_timeout_code, ack_timeout_duration, rnr_timer_code, rnr_timer_duration, ModifyQp, PathMigState, QpAttributes,
-    PATH_MIGRATION, RATE_LIMIT,
+    ack_timeout_code, ack_timeout_duration, rnr_timer_code, rnr_timer_duration, ModifyQp, PathMigState,
+    QpAttributes, PATH_MIGRATION, RATE_LIMIT,
 };
 pub use split::{RecvHalf, ReuniteError, SendHalf, SplitError};
 
