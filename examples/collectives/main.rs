@@ -220,7 +220,16 @@ fn bench<B: Bootstrap>(
     }
     let mut wrong_total = 0u64;
     for coll in colls {
-        wrong_total += run_coll(args, &mut e, coll, me, n, &world)?;
+        match run_coll(args, &mut e, coll, me, n, &world) {
+            Ok(w) => wrong_total += w,
+            Err(text) => {
+                // Said at once, the other ranks told, and gone: an HPC rank that lost a peer
+                // exits (as MPI_Abort does) instead of tearing its queue pairs down one by one.
+                eprintln!("collectives: rank {me}: {text}");
+                e.group.fail(&text);
+                std::process::exit(2);
+            }
+        }
     }
     e.flush()?;
     e.group.barrier().map_err(|x| x.to_string())?;
@@ -297,7 +306,8 @@ fn run_coll<B: Bootstrap>(
     let list = if coll == Coll::Barrier { vec![0] } else { sizes(args) };
     for size in list {
         let count = size / 4;
-        let (t_out, t_in, wrong_out, wrong_in);
+        #[allow(unused_mut)] // set again by the MPI comparison (feature mpi)
+        let (mut t_out, t_in, wrong_out, wrong_in);
         match coll {
             Coll::Barrier => {
                 t_out = timed(e, args.warmup, args.iters, &mut |e| barrier(e, me, n))?;

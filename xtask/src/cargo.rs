@@ -51,8 +51,9 @@ pub struct Artifact {
 }
 
 /// The crate features every build of the test suite enables (the async adaptor's backends: the
-/// device tests `device_async` and the example `async_rpc` require them).
-pub const FEATURES: &str = "tokio,async-io";
+/// device tests `device_async` and the example `async_rpc` require them; `mpi`: the collectives
+/// example's MPI bootstrap and its comparison with `MPI_Allreduce` in the two-host stage).
+pub const FEATURES: &str = "tokio,async-io,mpi";
 
 /// The test executables of `cargo test --workspace --no-run --features FEATURES` (building them).
 pub fn test_artifacts(root: &Path) -> Result<Vec<Artifact>, String> {

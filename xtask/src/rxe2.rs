@@ -127,6 +127,9 @@ while [ -z "$nic" ]; do
 	[ -n "$nic" ] || [ "$n" -le 100 ] || fail "no virtio NIC after 10 s"
 	[ -n "$nic" ] || sleep 0.1
 done
+# Host names (Open MPI refuses a node named "(none)"), resolvable in both guests.
+hostname "guest-$RXE2_ROLE" 2>/dev/null || echo "guest-$RXE2_ROLE" > /proc/sys/kernel/hostname
+printf '10.0.2.1 guest-a\n10.0.2.2 guest-b\n' >> /etc/hosts 2>/dev/null || true
 rdma link delete rxe0 || fail "rdma link delete rxe0"
 ip link delete dummy0 || fail "ip link delete dummy0"
 ip link set "$nic" mtu "$RXE2_MTU" || fail "ip link set $nic mtu $RXE2_MTU"
