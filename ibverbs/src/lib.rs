@@ -748,6 +748,7 @@ pub use queue::{
     ack_timeout_code, ack_timeout_duration, rnr_timer_code, rnr_timer_duration, ModifyQp, PathMigState,
     QpAttributes, PATH_MIGRATION, RATE_LIMIT,
 };
+pub use queue::{is_mcast_gid, MCAST_QPN};
 pub use queue::{
     Completion, CompletionChannel, CompletionQueue, CqBuilder, QpCaps, QpType, QueuePair, QueuePairBuilder,
     Scope, SharedReceiveQueue, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion, XrcDomain,

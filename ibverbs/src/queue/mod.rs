@@ -21,6 +21,7 @@ pub use qp::{
     ack_timeout_code, ack_timeout_duration, rnr_timer_code, rnr_timer_duration, ModifyQp, PathMigState,
     QpAttributes, PATH_MIGRATION, RATE_LIMIT,
 };
+pub use qp::{is_mcast_gid, MCAST_QPN};
 pub use qp::{QpCaps, QpType, QueuePair, QueuePairBuilder};
 pub use qp::{RecvHalf, ReuniteError, SendHalf, SplitError};
 pub use srq::{SharedReceiveQueue, SrqAttr};

@@ -2,6 +2,7 @@
 //! in [`state`], posting in [`post`].
 
 mod attrs;
+mod mcast;
 mod post;
 pub(super) mod scope;
 mod split;
@@ -30,6 +31,7 @@ pub use attrs::{
     ack_timeout_code, ack_timeout_duration, rnr_timer_code, rnr_timer_duration, ModifyQp, PathMigState,
     QpAttributes, PATH_MIGRATION, RATE_LIMIT,
 };
+pub use mcast::{is_mcast_gid, MCAST_QPN};
 pub use split::{RecvHalf, ReuniteError, SendHalf, SplitError};
 
 /// The transport service of a queue pair (`enum ibv_qp_type`).
