@@ -296,8 +296,8 @@ fn rsh_side(xtask: &str, secs: u64, barrier: &str) -> Vec<u8> {
 
 /// The ranks steps: 4 ranks (2 per guest, one per NUMA node) of `examples/collectives` over
 /// `mpirun` with the environment's bootstrap and with MPI's (against `MPI_Allreduce`), then with
-/// Slurm's variables and no launcher. (A rank SIGKILLed mid-allreduce is not a step yet: the
-/// survivors did not report it, see the CHANGELOG.)
+/// Slurm's variables and no launcher, then a rank SIGKILLed mid-allreduce (torchrun's variables):
+/// the others must exit 2 naming it, within a bound.
 pub fn ranks_steps(examples: &Path, xtask: &Path) -> Vec<PairStep> {
     let c = examples.join("collectives").display().to_string();
     let x = xtask.display().to_string();
@@ -347,6 +347,65 @@ pub fn ranks_steps(examples: &Path, xtask: &Path) -> Vec<PairStep> {
         label: "ranks: Slurm's variables (SLURM_PROCID/NTASKS/LOCALID), TCP rendezvous, no launcher".into(),
         a: slurm(0),
         b: slurm(2),
+        timeout: Duration::from_secs(150),
+        output: Output::Live,
+    });
+    // 4. Rank 3 SIGKILLed mid-allreduce (torchrun's variables): ranks 0-2 exit 2 within 30 s of
+    //    the kill, each naming rank 3. The victim runs without a `timeout` wrapper (killing the
+    //    wrapper would leave the rank running).
+    let kill = |first: u32, victim: bool| {
+        let mut s = format!(
+            "{pre}s0=$(ms)\nfor i in 0 1; do r=$(({first} + i)); if [ $r -eq 3 ]; then w=; else w='timeout 150'; fi\n\
+             RANK=$r WORLD_SIZE=4 LOCAL_RANK=$i MASTER_ADDR=10.0.2.1 MASTER_PORT=29503 $w taskset -c $i {c} \\\n\
+             -b 4M -e 4M -n 1000 -w 0 -c 0 --timeout 60 >/tmp/k$r.out 2>&1 & eval p$i=$!; done\n\
+             sleep 10\n"
+        );
+        if victim {
+            s.push_str(
+                "kill -0 $p1 || die 'rank 3 ended before it was killed'\nt0=$(ms); kill -9 $p1\n\
+                 wait $p0; rc=$?; t=$(($(ms) - t0))\ncat /tmp/k2.out\n\
+                 [ $rc -eq 2 ] || die \"rank 2 exit $rc (want 2)\"\n\
+                 grep -q 'rank 3: lost' /tmp/k2.out || die 'rank 2 does not name rank 3 as lost'\n\
+                 [ $t -lt 30000 ] || die \"rank 2 took $t ms\"\necho \"rank 2 ended $t ms after the kill\"\n",
+            );
+        } else {
+            s.push_str(
+                "wait $p0; rc0=$?; wait $p1; rc1=$?; t=$(ms)\ncat /tmp/k0.out /tmp/k1.out\n\
+                 [ $rc0 -eq 2 ] && [ $rc1 -eq 2 ] || die \"rank exits $rc0 $rc1 (want 2 2)\"\n\
+                 grep -q 'rank 3: lost' /tmp/k0.out && grep -q 'rank 3: lost' /tmp/k1.out || die 'ranks 0/1 do not name rank 3 as lost'\n\
+                 [ $((t - s0)) -lt 45000 ] || die \"ranks 0/1 took $((t - s0)) ms (the kill is at about 10 s)\"\n\
+                 echo \"ranks 0 and 1 ended $((t - s0)) ms after the start (the kill: about 10 s)\"\n",
+            );
+        }
+        s.into_bytes()
+    };
+    steps.push(PairStep {
+        label: "ranks: rank 3 SIGKILLed mid-allreduce: ranks 0-2 exit 2 naming it, within 30 s".into(),
+        a: kill(0, false),
+        b: kill(2, true),
+        timeout: Duration::from_secs(120),
+        output: Output::Live,
+    });
+    // 5. The same under mpirun: rank 3 (in guest B) SIGKILLed; mpirun must exit non-zero, the
+    //    survivors having named rank 3, within 60 s.
+    steps.push(PairStep {
+        label: "ranks: rank 3 SIGKILLed under mpirun: the job fails naming it, nothing hangs".into(),
+        a: format!(
+            "{pre}t0=$(ms)\nmpirun_ 100 {c} -b 4M -e 4M -n 1000 -w 0 -c 0 --timeout 60 >/tmp/m.out 2>&1; rc=$?; t=$(($(ms) - t0))\n\
+             rxe2-barrier ranks-5 60\ncat /tmp/m.out\n[ $rc -ne 0 ] && [ $rc -ne 124 ] || die \"mpirun exit $rc\"\n\
+             grep -q 'rank 3' /tmp/m.out || die 'nothing names rank 3'\n[ $t -lt 60000 ] || die \"mpirun took $t ms\"\n\
+             echo \"mpirun exit $rc after $t ms\"\n"
+        )
+        .into_bytes(),
+        b: format!(
+            "{PRELUDE}{x} __rsh-server & srv=$!\nn=0; victim=\n\
+             while [ -z \"$victim\" ] && [ $n -lt 600 ]; do\n  \
+               for p in $(pgrep -f examples/collectives); do tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=3' && victim=$p; done\n  \
+               n=$((n + 1)); sleep 0.1\ndone\n[ -n \"$victim\" ] || die 'rank 3 never started'\n\
+             sleep 10; kill -9 $victim; echo \"killed rank 3 (pid $victim)\"\n\
+             rxe2-barrier ranks-5 120; rc=$?\nkill $srv 2>/dev/null\n[ $rc -eq 0 ] || die 'guest A did not finish'\n"
+        )
+        .into_bytes(),
         timeout: Duration::from_secs(150),
         output: Output::Live,
     });
