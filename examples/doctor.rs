@@ -8,7 +8,9 @@
 //! `-d`/`-i` name the device and port to check instead of the environment's list; the
 //! registration probe (1 MiB by default: `--probe-size`, `--no-probe`) shows whether the
 //! locked-memory limit lets memory be registered; a probe larger than the memory available
-//! (`MemAvailable`) is not run, and named as a problem.
+//! (`MemAvailable`) is not run, and named as a problem. Started by a launcher (`mpirun`, `srun`,
+//! `torchrun`: `ibverbs::group::Launch`), it also prints the rank and the NICs (rails) a group
+//! member of that local rank takes, nearest to its CPUs first, and why.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -16,8 +18,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use ibverbs::diag::{FileState, SystemReport};
+use ibverbs::group::{plan_rails, GroupOptions, Launch};
 use ibverbs::select::{Choice, Config, DeviceDesc, Fabric, HcaSelector, Outcome, PortDesc, PortProblem};
 use ibverbs::{GidType, LinkLayer};
+
+/// Rank variables of the launchers `Launch` reads (a set one that does not parse is a problem).
+const LAUNCH_VARS: [&str; 4] = ["IBVERBS_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "RANK"];
 
 /// Check this host's RDMA setup: device files, kernel modules, the locked-memory limit, each
 /// device's ports and GIDs, and which port and GID the selection (IBVERBS_HCA/NCCL_IB_HCA...)
@@ -157,6 +163,37 @@ fn main() -> ExitCode {
                 if let Err(e) = config.select_in(&fabric) {
                     problems.push(e.to_string());
                 }
+            }
+        }
+    }
+
+    // Under a launcher (mpirun, srun, torchrun): which NICs this rank would take as a group
+    // member, and why (ibverbs::group's locality rule).
+    match Launch::from_env() {
+        Ok(launch) => {
+            println!();
+            println!(
+                "rank {} of {} (local rank {}, {}{})",
+                launch.rank,
+                launch.size,
+                launch.local_rank,
+                launch.launcher,
+                launch.rendezvous.as_deref().map_or_else(String::new, |r| format!(", rendezvous {r}"))
+            );
+            let opts = GroupOptions { config: Some(config.clone()), ..GroupOptions::default() };
+            match plan_rails(launch.local_rank, &opts) {
+                Ok(rails) => {
+                    for (i, r) in rails.iter().enumerate() {
+                        println!("  rail {i}:            {r}");
+                    }
+                }
+                Err(e) => println!("  rails:             none: {e}"),
+            }
+        }
+        Err(e) => {
+            if let Some(var) = LAUNCH_VARS.iter().find(|v| std::env::var_os(v).is_some()) {
+                problems
+                    .push(format!("{var} is set but the launcher's variables do not describe a rank: {e}"));
             }
         }
     }

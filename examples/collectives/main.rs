@@ -86,7 +86,7 @@ fn parse_size(s: &str) -> Result<usize, String> {
 fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
-        Ok(wrong) if wrong == 0 => ExitCode::SUCCESS,
+        Ok(0) => ExitCode::SUCCESS,
         Ok(wrong) => {
             eprintln!("collectives: {wrong} wrong values");
             ExitCode::from(1)

@@ -188,10 +188,7 @@ impl<B: Bootstrap> Group<B> {
             Err(e) => encode_failure(&e.to_string()),
         };
         let all = boot.allgather(&payload)?;
-        let mut rails = match local {
-            Ok(r) => r,
-            Err(e) => return Err(e),
-        };
+        let mut rails = local?;
         let mut failed = Vec::new();
         let mut published: Vec<Option<Published>> = Vec::with_capacity(size);
         for (r, bytes) in all.iter().enumerate() {
@@ -235,41 +232,7 @@ impl<B: Bootstrap> Group<B> {
             Some(c) => c.clone(),
             None => Config::from_env()?,
         };
-        let fabric = Fabric::query()?;
-        let choices = config.select_in(&fabric)?;
-        let root = Path::new("/");
-        let cands: Vec<Candidate<Choice>> = choices
-            .into_iter()
-            .map(|c| {
-                let port = fabric.device(&c.device).and_then(|d| d.ports.iter().find(|p| p.port == c.port));
-                let netdev = port.and_then(|p| p.netdev.as_ref()).map(|n| n.name.clone());
-                let network = match (c.link_layer, c.gid) {
-                    (LinkLayer::INFINIBAND, Some(g)) => format!("ib:{:02x?}", &g.gid.0[..8]),
-                    (LinkLayer::INFINIBAND, None) => "ib".to_string(),
-                    (_, Some(g)) => {
-                        locality::network_of(g.gid.ip()).unwrap_or_else(|| format!("{}/?", g.gid.ip()))
-                    }
-                    (_, None) => "iwarp".to_string(),
-                };
-                Candidate {
-                    info: RailInfo {
-                        device: c.device.clone(),
-                        port: c.port,
-                        gid_index: c.gid_index(),
-                        network,
-                        numa_node: locality::nic_numa_node(root, &c.device, netdev.as_deref()),
-                        why: String::new(),
-                    },
-                    extra: c,
-                }
-            })
-            .collect();
-        let nodes = locality::numa_nodes(root);
-        let rank_nodes = match locality::affinity() {
-            Some(cpus) if !nodes.is_empty() => locality::nodes_of(&cpus, &nodes),
-            _ => BTreeSet::new(),
-        };
-        let planned = rails::plan(cands, &rank_nodes, boot.local_rank(), opts.rails);
+        let planned = planned_rails(&config, boot.local_rank(), opts.rails)?;
         let mut out = Vec::with_capacity(planned.len());
         for cand in planned {
             let choice = cand.extra;
@@ -435,7 +398,19 @@ impl<B: Bootstrap> Group<B> {
         self.boot.fail(reason)
     }
 
-    /// One line per rail: which NIC this rank took, and why.
+    /// A heading line for the rank, then one line per rail: which NIC this rank took, and why.
+    ///
+    /// ```no_run
+    /// fn main() -> ibverbs::Result<()> {
+    ///     // mpirun -n 4 --host a:2,b:2 -x IBVERBS_BOOTSTRAP=a:29500 ./my-job   (or srun, or torchrun)
+    ///     let boot = ibverbs::group::TcpBootstrap::from_env()?; // who am I, where is rank 0
+    ///     let mut group = ibverbs::group::Group::create(boot, &Default::default())?;
+    ///     println!("{}", group.describe()); // rank 1 of 4 ... rail 0: rxe1:1 on 10.0.3.0/24 (primary: ...)
+    ///     let right = (group.rank() + 1) % group.size();
+    ///     let _qp = group.rail(0).qp(right); // an RC queue pair to the right neighbour, ready to send
+    ///     Ok(())
+    /// }
+    /// ```
     pub fn describe(&self) -> String {
         let host = self.boot.host(self.rank()).unwrap_or("");
         let mut s = format!(
@@ -450,6 +425,60 @@ impl<B: Bootstrap> Group<B> {
         }
         s
     }
+}
+
+/// The rails a rank with this local rank takes on this host, in order, and why: what
+/// [`Group::create`] will use, without creating anything or meeting the other ranks (the
+/// locality part of a selection report: `doctor` prints it under a launcher).
+///
+/// # Errors
+/// As [`Config::from_env`] (when `opts.config` is `None`) and the selection
+/// ([`Error::NoUsablePort`], ...).
+pub fn plan_rails(local_rank: usize, opts: &GroupOptions) -> Result<Vec<RailInfo>> {
+    let config = match &opts.config {
+        Some(c) => c.clone(),
+        None => Config::from_env()?,
+    };
+    Ok(planned_rails(&config, local_rank, opts.rails)?.into_iter().map(|c| c.info).collect())
+}
+
+/// The selected ports of `config` as rail candidates, ordered by [`rails::plan`].
+fn planned_rails(config: &Config, local_rank: usize, policy: RailPolicy) -> Result<Vec<Candidate<Choice>>> {
+    let fabric = Fabric::query()?;
+    let choices = config.select_in(&fabric)?;
+    let root = Path::new("/");
+    let cands: Vec<Candidate<Choice>> = choices
+        .into_iter()
+        .map(|c| {
+            let port = fabric.device(&c.device).and_then(|d| d.ports.iter().find(|p| p.port == c.port));
+            let netdev = port.and_then(|p| p.netdev.as_ref()).map(|n| n.name.clone());
+            let network = match (c.link_layer, c.gid) {
+                (LinkLayer::INFINIBAND, Some(g)) => format!("ib:{:02x?}", &g.gid.0[..8]),
+                (LinkLayer::INFINIBAND, None) => "ib".to_string(),
+                (_, Some(g)) => {
+                    locality::network_of(g.gid.ip()).unwrap_or_else(|| format!("{}/?", g.gid.ip()))
+                }
+                (_, None) => "iwarp".to_string(),
+            };
+            Candidate {
+                info: RailInfo {
+                    device: c.device.clone(),
+                    port: c.port,
+                    gid_index: c.gid_index(),
+                    network,
+                    numa_node: locality::nic_numa_node(root, &c.device, netdev.as_deref()),
+                    why: String::new(),
+                },
+                extra: c,
+            }
+        })
+        .collect();
+    let nodes = locality::numa_nodes(root);
+    let rank_nodes = match locality::affinity() {
+        Some(cpus) if !nodes.is_empty() => locality::nodes_of(&cpus, &nodes),
+        _ => BTreeSet::new(),
+    };
+    Ok(rails::plan(cands, &rank_nodes, local_rank, policy))
 }
 
 fn encode_published(rails: &[Rail], size: usize) -> Vec<u8> {

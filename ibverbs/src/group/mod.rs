@@ -56,7 +56,7 @@ mod wire;
 
 pub use crate::error::RankProblem;
 pub use launch::{Launch, Launcher, MAX_RANKS};
-pub use mesh::{Group, GroupOptions, Rail};
+pub use mesh::{plan_rails, Group, GroupOptions, Rail};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiBootstrap;
 pub use rails::{RailInfo, RailPolicy};

@@ -776,6 +776,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "TCP sockets")]
     fn four_ranks_allgather_and_barrier() {
         let port = free_port();
         let handles: Vec<_> = (0..4)
@@ -802,6 +803,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "TCP sockets")]
     fn a_rank_that_never_arrives_is_named_on_every_other_rank() {
         let port = free_port();
         let handles: Vec<_> = [0, 1, 3]
@@ -825,6 +827,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "TCP sockets")]
     fn strays_are_refused_and_the_group_still_forms() {
         let port = free_port();
         let root = spawn(0, 2, port, |b| {
@@ -863,6 +866,7 @@ mod tests {
     /// A rank that dies (its connection closes without a leave) is reported as lost to the others,
     /// whether they are in an allgather or checking.
     #[test]
+    #[cfg_attr(miri, ignore = "TCP sockets")]
     fn a_lost_rank_is_named_everywhere() {
         let port = free_port();
         let (tx, rx) = std::sync::mpsc::channel::<()>();
@@ -908,6 +912,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "TCP sockets")]
     fn a_failure_is_relayed_with_its_reason() {
         let port = free_port();
         let failing = spawn(1, 3, port, |b| {
@@ -933,6 +938,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "TCP sockets")]
     fn a_silent_rank_is_unresponsive_within_the_bound() {
         let port = free_port();
         let silent = spawn(1, 2, port, |b| {
@@ -955,6 +961,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "TCP sockets")]
     fn no_rendezvous_is_a_clear_error() {
         let mut l = launch(0, 2, 1, "");
         l.rendezvous = None;
