@@ -98,3 +98,47 @@ fn datagrams_to_a_group_reach_every_attached_queue_pair() {
     assert_eq!(r1.outstanding_recvs(), 2);
     let _ = r2;
 }
+
+/// This process's queue pairs on the test device, as the kernel lists them (`rdma resource show
+/// qp`: one line per queue pair, with its owner's pid).
+fn our_qps() -> usize {
+    let out = std::process::Command::new("rdma")
+        .args(["resource", "show", "qp", "link", &format!("{}/1", test_device_name())])
+        .output()
+        .expect("run `rdma resource show qp`");
+    assert!(out.status.success(), "rdma resource show qp: {}", String::from_utf8_lossy(&out.stderr));
+    let pid = format!("pid {} ", std::process::id());
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| format!("{l} ").contains(&pid)).count()
+}
+
+#[test]
+fn a_queue_pair_dropped_while_attached_is_destroyed() {
+    // Linux refuses to destroy a queue pair with multicast attachments (EBUSY): the drop
+    // detaches first, so the queue pair is gone from the kernel afterwards (it used to be leaked).
+    if iwarp_lacks_qp_type(QpType::UD) {
+        return;
+    }
+    let ctx = context();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4, None).unwrap();
+    let before = our_qps();
+    let mut qp = pd.create_qp(&cq, QpType::UD).max_send_wr(1).max_recv_wr(1).build().unwrap();
+    qp.activate_ud(&opts()).unwrap();
+    let mut g2 = group();
+    g2.0[15] = 2;
+    qp.attach_mcast(&group(), 0).unwrap();
+    qp.attach_mcast(&group(), 0).unwrap(); // twice: one attachment
+    qp.attach_mcast(&g2, 0).unwrap();
+    qp.detach_mcast(&g2, 0).unwrap();
+    assert_eq!(our_qps(), before + 1, "the queue pair is listed");
+    drop(qp);
+    assert_eq!(our_qps(), before, "the attached queue pair was destroyed by its drop");
+    // A detached group is not detached again: detaching it now is the kernel's error.
+    let mut qp = pd.create_qp(&cq, QpType::UD).max_send_wr(1).max_recv_wr(1).build().unwrap();
+    qp.activate_ud(&opts()).unwrap();
+    qp.attach_mcast(&group(), 0).unwrap();
+    qp.detach_mcast(&group(), 0).unwrap();
+    assert!(matches!(qp.detach_mcast(&group(), 0), Err(Error::Verb { .. })), "not attached any more");
+    drop(qp);
+    assert_eq!(our_qps(), before);
+}

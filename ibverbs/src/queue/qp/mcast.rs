@@ -55,7 +55,8 @@ impl QueuePair {
     /// Attaches this UD queue pair to the multicast group `gid` (with its `lid` on InfiniBand, 0
     /// on RoCE) (`ibv_attach_mcast()`): the device delivers the group's datagrams whose Q_Key
     /// matches this queue pair's to its receive queue (each starting with a 40-byte GRH). The
-    /// kernel detaches a queue pair that is destroyed.
+    /// queue pair's drop detaches it from every group still attached (Linux refuses to destroy a
+    /// queue pair with attachments); attaching a group twice is one attachment.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a queue pair that is not UD or a GID that is not a
@@ -68,7 +69,11 @@ impl QueuePair {
         let raw = gid.to_raw();
         // SAFETY: a valid QP and GID, read during the call.
         let ret = unsafe { ffi::ibv_attach_mcast(self.raw.as_ptr(), &raw, lid) };
-        cvt(VERB, ret).map_err(|e| e.or_unsupported("multicast"))
+        cvt(VERB, ret).map_err(|e| e.or_unsupported("multicast"))?;
+        if !self.mcast.contains(&(*gid, lid)) {
+            self.mcast.push((*gid, lid));
+        }
+        Ok(())
     }
 
     /// Detaches this UD queue pair from the multicast group `gid` (`ibv_detach_mcast()`).
@@ -83,7 +88,9 @@ impl QueuePair {
         let raw = gid.to_raw();
         // SAFETY: a valid QP and GID, read during the call.
         let ret = unsafe { ffi::ibv_detach_mcast(self.raw.as_ptr(), &raw, lid) };
-        cvt(VERB, ret).map_err(|e| e.or_unsupported("multicast"))
+        cvt(VERB, ret).map_err(|e| e.or_unsupported("multicast"))?;
+        self.mcast.retain(|&m| m != (*gid, lid));
+        Ok(())
     }
 }
 

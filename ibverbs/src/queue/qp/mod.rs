@@ -521,6 +521,7 @@ impl<'a> QueuePairBuilder<'a> {
             has_send,
             has_recv,
             _xrcd: self.xrcd.filter(|_| self.qp_type == QpType::XRC_RECV).map(|x| x.inner.clone()),
+            mcast: Vec::new(),
         })
     }
 }
@@ -635,6 +636,10 @@ pub struct QueuePair {
     pub(crate) has_recv: bool,
     /// The XRC domain of an XRC target, destroyed after it.
     _xrcd: Option<Arc<crate::queue::xrc::XrcdInner>>,
+    /// The multicast groups (GID, LID) attached through [`attach_mcast`](Self::attach_mcast) and
+    /// not detached: the drop detaches them first (Linux refuses to destroy a queue pair with
+    /// attachments: `EBUSY`).
+    pub(crate) mcast: Vec<(crate::attr::Gid, u16)>,
 }
 
 // SAFETY: libibverbs QPs may be used from any thread (providers lock their queues). The rings are
@@ -946,6 +951,14 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
+        // Linux's ibv_destroy_qp fails with EBUSY while multicast groups are attached through
+        // ibv_attach_mcast (uverbs_free_qp): detach them first, best effort (a failure leaves the
+        // destroy to fail and the queue pair leaked below, never freed while live).
+        for (gid, lid) in std::mem::take(&mut self.mcast) {
+            let gid = gid.to_raw();
+            // SAFETY: a valid QP (not destroyed yet) and GID, read during the call.
+            let _ = unsafe { ffi::ibv_detach_mcast(self.raw.as_ptr(), &gid, lid) };
+        }
         let ret = match &self.cm {
             None => {
                 // SAFETY: created once, destroyed once.
