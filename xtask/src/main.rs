@@ -38,6 +38,7 @@ mod plot;
 mod prereq;
 mod process;
 mod publish;
+mod ranks_bench;
 mod rsh;
 mod rxe2;
 mod shell;
@@ -72,10 +73,10 @@ Commands:
         RXE2_PEER, RXE2_CTL, IBVERBS_TEST_DEVICE=rxe0, IBVERBS_TEST_GID_INDEX=1 and
         IBVERBS_TEST_IP=RXE2_SELF, and on its PATH: `rxe2-barrier NAME [S]` (wait for the other
         side to reach NAME: 0, 1 if it is gone, 124 after S seconds) and `rxe2-fault kill-peer |
-        restart-peer [S] | cut [S] | restore` (SIGKILL the other guest's QEMU; the same, then boot
-        it again, S seconds later: it reruns its command with RXE2_RESTARTED=1; drop the link's
-        frames for S seconds or until restored). Both commands start together; output lines are
-        prefixed [A]/[B].
+        restart-peer [S] | cut[2] [S] | restore[2]` (SIGKILL the other guest's QEMU; the same,
+        then boot it again, S seconds later: it reruns its command with RXE2_RESTARTED=1; drop
+        the link's frames for S seconds or until restored; cut2/restore2: the second link of
+        --rails 2). Both commands start together; output lines are prefixed [A]/[B].
         Exit status: the worse of the two (a side killed with rxe2-fault does not count), 124 on
         timeout, 125 when a guest failed. --mtu sets both NICs' MTU (default 1500), --mtu-b B's;
         --smp the vCPUs per guest (default 1).
@@ -96,7 +97,7 @@ Commands:
         TEST_ARGS go to each device test binary (e.g. a test name filter).
   demo [--vm] [--mtu N] [--timeout S]
         Show the device at work: our devinfo, rc_pingpong and write_bw examples (one VM boot).
-  bench [--vm] [--mtu N] [--timeout S] [--twohost | --sweep | --callgrind]
+  bench [--vm] [--mtu N] [--timeout S] [--twohost | --ranks | --sweep | --callgrind]
         Benchmarks (release build), in two VM boots: the sweep below (10 rounds at 2 B, 4 KiB and
         64 KiB, where the safe level's targets are; 2 elsewhere), then our --safe --ex write_lat,
         send_lat and write_bw against perftest's, the post/poll micro-benchmark (safe level vs
@@ -106,6 +107,10 @@ Commands:
         --callgrind: only the instruction counts.
         --twohost: instead, the same comparison across the two guests of rxe2 (servers in A,
         clients in B; examples/perf/compare_twohost.sh, PAIRS=3 by default), as a table.
+        --ranks: instead, 4 ranks on the two guests (2 each, two rails): our allreduce
+        (examples/collectives) against Open MPI's MPI_Allreduce under mpirun, 8 B - 64 MiB,
+        alternating rounds (pml ucx over rxe if it runs, else ob1/tcp, named), as a table,
+        target/xtask-bench/ranks.json and docs/bench/ranks_allreduce*.svg.
         --sweep: instead, the size sweep (2 B - 1 MiB) of the five tests and the scaling sweep
         (write_bw, 1-64 QPs), ours at both posting levels vs perftest (examples/perf/sweep.sh;
         PAIRS, SIZES, TESTS, QPS, TARGET_SIZES, TARGET_PAIRS, PIN from the environment; servers
@@ -167,6 +172,8 @@ struct Options {
     twohost: bool,
     /// `bench --sweep`.
     sweep: bool,
+    /// `bench --ranks`.
+    ranks: bool,
     /// `bench --callgrind`.
     callgrind: bool,
     /// `deps --dry-run`.
@@ -198,6 +205,7 @@ impl Default for Options {
             publish: false,
             twohost: false,
             sweep: false,
+            ranks: false,
             callgrind: false,
             dry_run: false,
             mtu_b: None,
@@ -294,6 +302,7 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
             "--publish" if flag && command == "test" => opts.publish = true,
             "--twohost" if flag && (command == "test" || command == "bench") => opts.twohost = true,
             "--sweep" if flag && command == "bench" => opts.sweep = true,
+            "--ranks" if flag && command == "bench" => opts.ranks = true,
             "--callgrind" if flag && command == "bench" => opts.callgrind = true,
             "--dry-run" if flag && command == "deps" => opts.dry_run = true,
             "--device" if command == "rxe" || command == "test" => {
@@ -349,8 +358,10 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
         }
         "test" => Ok(Cli::Test(opts, tail)),
         _ if !tail.is_empty() => Err(format!("{command} takes no arguments")),
-        "bench" if [opts.twohost, opts.sweep, opts.callgrind].iter().filter(|&&b| b).count() > 1 => {
-            Err("bench takes one of --twohost, --sweep and --callgrind".into())
+        "bench"
+            if [opts.twohost, opts.ranks, opts.sweep, opts.callgrind].iter().filter(|&&b| b).count() > 1 =>
+        {
+            Err("bench takes one of --twohost, --ranks, --sweep and --callgrind".into())
         }
         "bench" => Ok(Cli::Bench(opts)),
         "deps" => Ok(Cli::Deps(opts)),
@@ -515,6 +526,8 @@ fn main() -> ExitCode {
         }
         Cli::Bench(opts) if opts.twohost => prereq::ensure(&[prereq::Group::Build, prereq::Group::Vm])
             .and_then(|()| demo::bench_twohost(opts.timeout)),
+        Cli::Bench(opts) if opts.ranks => prereq::ensure(&[prereq::Group::Build, prereq::Group::Vm])
+            .and_then(|()| ranks_bench::run(opts.timeout)),
         Cli::Bench(opts) if opts.sweep => {
             backend(opts, &[prereq::Group::Build]).and_then(|backend| sweep::run(&backend, opts.timeout, &[]))
         }
@@ -656,6 +669,7 @@ mod tests {
             Ok(Cli::Bench(Options { sweep: true, ..Options::default() }))
         );
         assert!(parse_args(&os(&["bench", "--sweep", "--twohost"])).is_err());
+        assert!(parse_args(&os(&["bench", "--ranks", "--twohost"])).is_err());
         assert!(parse_args(&os(&["test", "--sweep"])).is_err());
         assert!(parse_args(&os(&["bench", "--sweep", "--callgrind"])).is_err());
         assert_eq!(

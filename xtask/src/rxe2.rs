@@ -16,12 +16,14 @@
 //!   - `rxe2-barrier NAME [SECONDS]`: creates `ctl/barrier/NAME.arrived` and waits for the host's
 //!     `NAME.go` (both guests arrived: exit 0), `NAME.dead` (the other guest is gone: exit 1) or its own
 //!     limit (default 300 s: exit 124). Rust tests run the helper as a command.
-//!   - `rxe2-fault kill-peer | restart-peer [SECONDS] | cut [SECONDS] | restore`: writes `ctl/fault/ID.req` and
+//!   - `rxe2-fault kill-peer | restart-peer [SECONDS] | cut[2] [SECONDS] | restore[2]`: writes `ctl/fault/ID.req` and
 //!     waits (at most 30 s) for the host's `ID.done`, then prints `ok applied_at_ns=N` (the host's wall
 //!     clock when it did it: the round trip through 9p takes up to seconds in a loaded guest, so a test
 //!     that times a fault compares its own wall clock with N). `kill-peer` SIGKILLs the other guest's
 //!     QEMU (returns once it is dead); `restart-peer` does the same and then boots that guest again,
-//!     SECONDS later if given (see *Restart*); `cut` stops the forwarder relaying datagrams (for SECONDS, or until `restore`).
+//!     SECONDS later if given (see *Restart*); `cut` stops the forwarder relaying datagrams (for
+//!     SECONDS, or until `restore`); `cut2` and `restore2` do that to the second link of
+//!     `--rails 2` only.
 //! - **Steps**: both guests run the same number of steps; each step starts with a barrier, so step N of A
 //!   and of B start together. A pair's exit status is the worse of the two (124 if either timed out); a
 //!   guest killed on request does not count (its peer's status is the pair's).
@@ -89,7 +91,7 @@ exit 124
 
 /// The fault helper (see the module documentation).
 const FAULT_SCRIPT: &str = r#"#!/bin/sh
-# rxe2-fault kill-peer | restart-peer [SECONDS] | cut [SECONDS] | restore: ask the host for a fault (cargo xtask rxe2).
+# rxe2-fault kill-peer | restart-peer [SECONDS] | cut[2] [SECONDS] | restore[2]: ask the host for a fault (cargo xtask rxe2).
 # Returns once the host has done it: exit 0 and prints "ok applied_at_ns=N" (the host's wall clock when
 # it did it), or exit 1 with the host's reason, 124 without an answer in 30 s.
 id=$$.$(date +%s%N)
@@ -356,6 +358,10 @@ pub enum Fault {
     Cut(Option<Duration>),
     /// Relay datagrams again.
     Restore,
+    /// [`Fault::Cut`] of the second link (`--rails 2`: rxe1, 10.0.3.x) only.
+    Cut2(Option<Duration>),
+    /// [`Fault::Restore`] of the second link.
+    Restore2,
     /// SIGKILL the other guest's QEMU, then boot that guest again (it resumes the step it was in),
     /// after this long (at once if `None`): the survivor can see the peer gone before it returns.
     RestartPeer(Option<Duration>),
@@ -372,8 +378,11 @@ impl Fault {
             ["restore"] => Ok(Fault::Restore),
             ["cut"] => Ok(Fault::Cut(None)),
             ["cut", secs] => Ok(Fault::Cut(Some(seconds(secs)?))),
+            ["restore2"] => Ok(Fault::Restore2),
+            ["cut2"] => Ok(Fault::Cut2(None)),
+            ["cut2", secs] => Ok(Fault::Cut2(Some(seconds(secs)?))),
             _ => Err(format!(
-                "unknown fault `{line}` (kill-peer | restart-peer [SECONDS] | cut [SECONDS] | restore)"
+                "unknown fault `{line}` (kill-peer | restart-peer [SECONDS] | cut[2] [SECONDS] | restore[2])"
             )),
         }
     }
@@ -517,6 +526,8 @@ struct Control {
     ctl: [PathBuf; 2],
     shared: Arc<Shared>,
     link: Arc<LinkState>,
+    /// The second link (`rails` 2; cut and restored but never relayed otherwise).
+    link2: Arc<LinkState>,
 }
 
 impl Control {
@@ -623,6 +634,14 @@ impl Control {
                 self.link.restore();
                 Ok(())
             }
+            Fault::Cut2(d) => {
+                self.link2.cut(*d);
+                Ok(())
+            }
+            Fault::Restore2 => {
+                self.link2.restore();
+                Ok(())
+            }
         }
     }
 }
@@ -727,6 +746,7 @@ pub fn run(
         ctl: [jobs[0].join("ctl"), jobs[1].join("ctl")],
         shared: Arc::clone(&shared),
         link: Arc::clone(&link),
+        link2: Arc::clone(&link2),
     };
     let start = Instant::now();
     let ready: Mutex<[Option<Instant>; 2]> = Mutex::new([None, None]);
@@ -1049,6 +1069,8 @@ mod tests {
         assert_eq!(Fault::parse("cut"), Ok(Fault::Cut(None)));
         assert_eq!(Fault::parse("cut 3s"), Ok(Fault::Cut(Some(Duration::from_secs(3)))));
         assert_eq!(Fault::parse("cut 0.5"), Ok(Fault::Cut(Some(Duration::from_millis(500)))));
+        assert_eq!(Fault::parse("cut2 4"), Ok(Fault::Cut2(Some(Duration::from_secs(4)))));
+        assert_eq!(Fault::parse("restore2"), Ok(Fault::Restore2));
         for bad in [
             "",
             "kill",
@@ -1129,6 +1151,7 @@ mod tests {
             ctl: [ctl[0].clone(), ctl[1].clone()],
             shared: Arc::new(Shared::default()),
             link: Arc::new(LinkState::default()),
+            link2: Arc::new(LinkState::default()),
         };
         let stop = AtomicBool::new(false);
         let sh = |ctl: &Path, script: &str, args: &[&str]| {

@@ -22,7 +22,7 @@ use crate::vm::Output;
 use crate::{cargo::Artifact, shell};
 
 /// Shell helpers every step script starts with.
-const PRELUDE: &str = r#"set -u
+pub const PRELUDE: &str = r#"set -u
 # Our examples' ACK timeout: 2^16 x 4.096 us = 268 ms per try (7 tries: 1.9 s) instead of the default
 # 67 ms (0.47 s), which a guest descheduled on a loaded 2-core host can exceed while its peer is alive.
 export IBVERBS_TIMEOUT=16
@@ -274,19 +274,21 @@ p=$!
 pub const RANKS_OPTIONS: PairOptions = PairOptions { mtu: [1500, 1500], smp: 2, rails: 2 };
 
 /// Shell helpers of the ranks steps (after [`PRELUDE`]).
-const RANKS_PRELUDE: &str = r#"
+pub const RANKS_PRELUDE: &str = r#"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # A loaded 2-core host runs four vCPUs: 1 s ACK timeouts (x7: 7.5 s before a live peer is called dead).
 export IBVERBS_TIMEOUT=18
 # mpirun across the two guests: its daemons start through xtask's remote shell (__rsh), Open MPI's
-# own traffic on the first link only (pml ob1, btl tcp: UCX has no rxe transport here).
+# own traffic on the first link only: pml ob1, btl tcp unless $PML_ARGS says otherwise (the tests
+# keep TCP; `cargo xtask bench --ranks` tries pml ucx over the rxe devices first).
 mpirun_() { t=$1; shift; timeout "$t" mpirun -n 4 --host 10.0.2.1:2,10.0.2.2:2 --mca plm_rsh_agent "$XTASK __rsh" \
-  --mca oob_tcp_if_include 10.0.2.0/24 --mca btl tcp,self,vader --mca btl_tcp_if_include 10.0.2.0/24 \
-  --mca pml ob1 --map-by numa --bind-to core -x IBVERBS_TIMEOUT -x IBVERBS_BOOTSTRAP=10.0.2.1:29501 "$@"; }
+  --mca oob_tcp_if_include 10.0.2.0/24 \
+  ${PML_ARGS:---mca btl tcp,self,vader --mca btl_tcp_if_include 10.0.2.0/24 --mca pml ob1} \
+  --map-by numa --bind-to core -x IBVERBS_TIMEOUT -x IBVERBS_BOOTSTRAP=10.0.2.1:29501 "$@"; }
 "#;
 
 /// B's side of an mpirun step: serve the remote shell until A is done.
-fn rsh_side(xtask: &str, secs: u64, barrier: &str) -> Vec<u8> {
+pub fn rsh_side(xtask: &str, secs: u64, barrier: &str) -> Vec<u8> {
     format!(
         "{PRELUDE}{xtask} __rsh-server & srv=$!\nrxe2-barrier {barrier} {secs}; rc=$?\nkill $srv 2>/dev/null\n\
          [ $rc -eq 0 ] || die 'guest A did not finish'\n"
@@ -296,8 +298,9 @@ fn rsh_side(xtask: &str, secs: u64, barrier: &str) -> Vec<u8> {
 
 /// The ranks steps: 4 ranks (2 per guest, one per NUMA node) of `examples/collectives` over
 /// `mpirun` with the environment's bootstrap and with MPI's (against `MPI_Allreduce`), then with
-/// Slurm's variables and no launcher, then a rank SIGKILLed mid-allreduce (torchrun's variables):
-/// the others must exit 2 naming it, within a bound.
+/// Slurm's variables and no launcher, then a rank SIGKILLed mid-allreduce (torchrun's variables;
+/// then under mpirun): the others must exit 2 naming it, within a bound; last, the second rail's
+/// link cut mid-allreduce while the first lives.
 pub fn ranks_steps(examples: &Path, xtask: &Path) -> Vec<PairStep> {
     let c = examples.join("collectives").display().to_string();
     let x = xtask.display().to_string();
@@ -334,9 +337,18 @@ pub fn ranks_steps(examples: &Path, xtask: &Path) -> Vec<PairStep> {
         output: Output::Live,
     });
     // 3. Slurm's variables, no launcher: two ranks per guest started by the script.
+    let d = examples.join("doctor").display().to_string();
     let slurm = |first: u32| {
+        // doctor under Slurm's variables names each local rank's primary rail (its NUMA node's NIC).
+        let doctor = format!(
+            "for i in 0 1; do SLURM_PROCID=$(({first} + i)) SLURM_NTASKS=4 SLURM_LOCALID=$i taskset -c $i {d} --no-probe \\\n\
+             >/tmp/d$i.out 2>&1 || {{ cat /tmp/d$i.out; die 'doctor failed'; }}\n\
+             grep -q \"rail 0: *rxe$i:1 on 10.0.$((2 + i)).0/24 (primary: NUMA node $i\" /tmp/d$i.out \\\n\
+             || {{ cat /tmp/d$i.out; die \"doctor: local rank $i's primary rail is not rxe$i\"; }}; done\n\
+             grep -A2 '^rank' /tmp/d0.out /tmp/d1.out\n"
+        );
         format!(
-            "{pre}for i in 0 1; do r=$(({first} + i)); SLURM_PROCID=$r SLURM_NTASKS=4 SLURM_LOCALID=$i SLURM_JOB_ID=42 \\\n\
+            "{pre}{doctor}for i in 0 1; do r=$(({first} + i)); SLURM_PROCID=$r SLURM_NTASKS=4 SLURM_LOCALID=$i SLURM_JOB_ID=42 \\\n\
              SLURM_STEP_ID=0 IBVERBS_BOOTSTRAP=10.0.2.1:29502 timeout 120 taskset -c $i {c} -b 8 -e 256K -f 8 -n 3 -w 1 \\\n\
              >/tmp/s$r.out 2>&1 & eval p$i=$!; done\nwait $p0; rc0=$?; wait $p1; rc1=$?\ncat /tmp/s*.out\n\
              [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || die \"rank exits $rc0 $rc1\"\n"
@@ -407,6 +419,46 @@ pub fn ranks_steps(examples: &Path, xtask: &Path) -> Vec<PairStep> {
         )
         .into_bytes(),
         timeout: Duration::from_secs(150),
+        output: Output::Live,
+    });
+    // 6. Rail 2 (rxe1's link, 10.0.3.x) cut for good mid-allreduce while rail 1 lives: the pieces
+    //    striped onto rxe1 exhaust their retries (7 x 1 s ACK timeouts), the rank that sees it tells
+    //    the group, and every rank exits 2 naming rxe1 within 45 s of the cut. No failover onto
+    //    the live rail: an RC queue pair in error is not moved (see docs/groups.md).
+    let cut = |first: u32| {
+        let mut s = format!(
+            "{pre}s0=$(ms)\nfor i in 0 1; do r=$(({first} + i))\n\
+             RANK=$r WORLD_SIZE=4 LOCAL_RANK=$i MASTER_ADDR=10.0.2.1 MASTER_PORT=29504 timeout 150 taskset -c $i {c} \\\n\
+             -b 4M -e 4M -n 1000 -w 0 -c 0 --rails all --timeout 60 >/tmp/c$r.out 2>&1 & eval p$i=$!; done\n"
+        );
+        if first == 0 {
+            s.push_str(
+                "sleep 10\nkill -0 $p0 && kill -0 $p1 || die 'a rank ended before the cut'\n\
+                 t0=$(ms); rxe2-fault cut2 120 || die 'no cut'\n",
+            );
+        } else {
+            s.push_str("t0=$((s0 + 10000))\n");
+        }
+        s.push_str(&format!(
+            "wait $p0; rc0=$?; wait $p1; rc1=$?; t=$(($(ms) - t0))\n\
+             cat /tmp/c{first}.out /tmp/c$(({first} + 1)).out\n\
+             [ $rc0 -eq 2 ] && [ $rc1 -eq 2 ] || die \"rank exits $rc0 $rc1 (want 2 2)\"\n\
+             grep -q rxe1 /tmp/c{first}.out && grep -q rxe1 /tmp/c$(({first} + 1)).out || die 'a rank does not name rxe1'\n\
+             [ $t -lt 45000 ] || die \"the ranks took $t ms after the cut\"\n\
+             echo \"both ranks ended $t ms after the cut\"\n"
+        ));
+        if first == 0 {
+            s.push_str("rxe2-fault restore2 >/dev/null\n");
+        }
+        s.into_bytes()
+    };
+    steps.push(PairStep {
+        label:
+            "ranks: rail 2 (rxe1) cut mid-allreduce, rail 1 alive: every rank exits 2 naming rxe1 within 45 s"
+                .into(),
+        a: cut(0),
+        b: cut(2),
+        timeout: Duration::from_secs(120),
         output: Output::Live,
     });
     steps
