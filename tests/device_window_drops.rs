@@ -252,3 +252,44 @@ fn a_window_in_a_pending_bind_holds_its_dropped_queue_pair() {
     drop((a, cq_a, cq_b, region, pd, cm));
     assert_kernel_never_waited();
 }
+
+/// Windows of two queue pairs, each queue pair dropped before its window: each queue pair is
+/// destroyed when its own window is revoked (`BoundWindow::revoke`: deallocated, a new window
+/// allocated), not before, and independently of the other. A CQ's room comes back (after polls
+/// that find it empty) only once its queue pair is destroyed.
+#[test]
+fn revoking_each_window_destroys_only_its_own_dropped_queue_pair() {
+    if !windows_supported(MwType::Type2) {
+        return;
+    }
+    let (mut o, _cm) = setup(MwType::Type2);
+    let (a, mut cq_a, b, mut cq_b) = o.qps.take().unwrap();
+    let mut windows = o.windows.take().unwrap();
+    // Window 0 was bound through b, window 1 through a.
+    let through_a = windows.pop().unwrap();
+    let through_b = windows.pop().unwrap();
+    let start = Instant::now();
+    drop((a, b));
+    assert!(start.elapsed() < scaled(Duration::from_secs(1)), "the drops returned at once");
+    let mut got = [ibverbs::Completion::default(), ibverbs::Completion::default()];
+    let mut settle = |cq: &mut CompletionQueue| {
+        for _ in 0..2 {
+            let polled = cq.poll(&mut got).unwrap();
+            assert!(polled.is_empty(), "unexpected completions {polled:?}");
+        }
+        cq.capacity() - cq.unreserved()
+    };
+    assert!(settle(&mut cq_a) > 0 && settle(&mut cq_b) > 0, "both queue pairs are held by their windows");
+    let start = Instant::now();
+    let fresh_b = through_b.revoke().unwrap();
+    println!("revoking b's window (destroying b) took {:?}", start.elapsed());
+    assert_eq!(settle(&mut cq_b), 0, "b is destroyed: its room came back");
+    assert!(settle(&mut cq_a) > 0, "a is still held by its window");
+    let start = Instant::now();
+    let fresh_a = through_a.revoke().unwrap();
+    println!("revoking a's window (destroying a) took {:?}", start.elapsed());
+    assert_eq!(settle(&mut cq_a), 0, "a is destroyed: its room came back");
+    assert_eq!(o.regions.as_ref().unwrap().iter().map(|r| r.windows()).sum::<usize>(), 0);
+    drop((fresh_a, fresh_b, cq_a, cq_b, o));
+    assert_kernel_never_waited();
+}

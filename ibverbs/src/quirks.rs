@@ -46,8 +46,8 @@ pub(crate) struct Quirks {
     /// `ibv_destroy_qp` of a queue pair that a type 2 window is still bound through waits in the
     /// kernel for the window's reference on the queue pair: Linux's rxe takes one per type 2 bind
     /// (`rxe_do_bind_mw`) and drops it only at the window's invalidation or deallocation, and
-    /// `__rxe_cleanup` waits up to 50 s (6.1), warns, and frees the queue pair anyway, which the
-    /// window's later deallocation then touches. The crate defers such a queue pair's destruction
+    /// `__rxe_cleanup` waits (about 51 s per queue pair on 6.1, measured), warns, then frees the
+    /// queue pair anyway, which the window's later deallocation then touches. The crate defers such a queue pair's destruction
     /// until its windows are gone (`memory/hold.rs`): every drop order returns at once.
     pub(crate) destroy_qp_waits_for_type2_windows: bool,
 }

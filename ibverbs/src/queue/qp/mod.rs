@@ -998,8 +998,10 @@ struct QpTeardown {
     _xrcd: Option<Arc<crate::queue::xrc::XrcdInner>>,
 }
 
-// SAFETY: what a QueuePair (Send) holds, taken out of it when it was dropped; nothing posts to the
-// queue pair any more.
+// SAFETY: its fields are (a subset of) what a QueuePair holds, and QueuePair is Send: the raw
+// `ibv_qp` may be destroyed from any thread, the rest are Send handles. It is taken out of the
+// queue pair by its drop, so nothing posts to the queue pair any more, and it runs once (`run`
+// takes it by value) on whichever thread drops the last window holding the queue pair.
 unsafe impl Send for QpTeardown {}
 
 impl QpTeardown {
