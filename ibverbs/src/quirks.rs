@@ -43,6 +43,13 @@ pub(crate) struct Quirks {
     /// [`Error::Unsupported`](crate::Error::Unsupported));
     /// [`BoundWindow::revoke`](crate::BoundWindow::revoke) ends the window's access instead.
     pub(crate) mw_local_invalidate_panics: bool,
+    /// `ibv_destroy_qp` of a queue pair that a type 2 window is still bound through waits in the
+    /// kernel for the window's reference on the queue pair: Linux's rxe takes one per type 2 bind
+    /// (`rxe_do_bind_mw`) and drops it only at the window's invalidation or deallocation, and
+    /// `__rxe_cleanup` waits (about 51 s per queue pair on 6.1, measured), warns, then frees the
+    /// queue pair anyway, which the window's later deallocation then touches. The crate defers such a queue pair's destruction
+    /// until its windows are gone (`memory/hold.rs`): every drop order returns at once.
+    pub(crate) destroy_qp_waits_for_type2_windows: bool,
 }
 
 impl Quirks {
@@ -63,6 +70,7 @@ impl Quirks {
         Quirks {
             ex_poll_one_per_start: rxe && !provider_fixed,
             mw_local_invalidate_panics: rxe && !kernel_fixed,
+            destroy_qp_waits_for_type2_windows: rxe,
         }
     }
 }

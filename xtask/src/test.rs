@@ -1074,7 +1074,7 @@ fn skip_args(name: &str, test_args: &[OsString], skips: &[(&str, &str)]) -> Vec<
 /// windows, RoCE GID selection, queues beyond 576 KiB per context...). Not here: the binaries of
 /// rxe's tools and perftest (`device_examples*`, `device_example_faults`). Three of them also
 /// run under valgrind ([`SIW_VALGRIND`]). The plain runs: 137 s, 188 tests (CI, 2026-12-03).
-pub const SIW_BINARIES: [&str; 20] = [
+pub const SIW_BINARIES: [&str; 21] = [
     "device_core",
     "device_cm",
     "device_cm_examples",
@@ -1090,6 +1090,7 @@ pub const SIW_BINARIES: [&str; 20] = [
     "device_async",
     "device_ex",
     "device_mw",
+    "device_window_drops",
     "device_multi_qp",
     "device_caps",
     "device_select",

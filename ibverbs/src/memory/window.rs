@@ -23,6 +23,7 @@ use ibverbs_sys as ffi;
 use crate::device::Context;
 use crate::error::{cvt_p, Error, Result};
 use crate::memory::buffer::OwnedBuffer;
+use crate::memory::hold::QpHoldToken;
 use crate::memory::mr::{check_range, AccessFlags, MrInner};
 use crate::memory::racy::RacyBytes;
 use crate::memory::remote::RemoteSlice;
@@ -318,6 +319,7 @@ impl MemoryWindow {
             new_rkey,
             qp: None,
             pending: Pending::Bind,
+            hold: None,
         })
     }
 }
@@ -412,6 +414,10 @@ pub struct BoundWindow {
     /// Type 2: the QP it is bound to (id, number).
     pub(crate) qp: Option<(u64, u32)>,
     pub(crate) pending: Pending,
+    /// Type 2, on devices whose `ibv_destroy_qp` waits for the windows bound through the queue
+    /// pair (rxe): holds back that queue pair's destruction until this window is deallocated or
+    /// proven unbound (see `memory/hold.rs`).
+    hold: Option<QpHoldToken>,
 }
 
 impl fmt::Debug for BoundWindow {
@@ -444,6 +450,27 @@ impl BoundWindow {
             unsafe { (*self.mw.raw.as_ptr()).rkey = rkey };
         }
     }
+    /// A type 2 bind of this window is being posted through queue pair `qp_id` (`self.qp` was
+    /// just set): on a device whose `ibv_destroy_qp` waits for the windows bound through the
+    /// queue pair, the window now holds that queue pair's destruction back until it is
+    /// deallocated or proven unbound (`memory/hold.rs`). Taken at the post, not at the
+    /// completion: the device may execute the bind (and take its reference on the queue pair)
+    /// before the queue pair is dropped and its completion polled. A request recorded for one
+    /// queue pair and then posted on another (a chain whose later request failed its check)
+    /// moves its token to the new one. Only bind posts come here (never the data path).
+    pub(crate) fn hold_qp(&mut self) {
+        let Some((qp_id, _)) = self.qp else { return };
+        if self.mw.ty != MwType::Type2 || self.hold.as_ref().is_some_and(|h| h.qp_id() == qp_id) {
+            return;
+        }
+        if !self.mw.quirks().destroy_qp_waits_for_type2_windows {
+            return;
+        }
+        // The old token (of a queue pair this request was never posted on) goes after the new
+        // one is taken; its drop may run that queue pair's parked destruction.
+        drop(self.hold.replace(QpHoldToken::new(qp_id)));
+    }
+
     /// Offset of the window in its region.
     pub fn offset(&self) -> usize {
         self.offset
@@ -505,6 +532,9 @@ impl BoundWindow {
         // SAFETY: each field is taken once out of the ManuallyDrop, which is not used again.
         let (mw, mr) = unsafe { (ManuallyDrop::take(&mut me.mw), ManuallyDrop::take(&mut me.mr)) };
         drop(mr);
+        // Unbound: the kernel dropped its reference on the queue pair (invalidation), or never
+        // took one (a bind never posted). May run the queue pair's parked destruction.
+        drop(me.hold.take());
         mw
     }
 
@@ -552,11 +582,17 @@ impl BoundWindow {
     unsafe fn dealloc_fields(&mut self) -> i32 {
         // SAFETY: each field is taken once (contract).
         let (mw, mr) = unsafe { (ManuallyDrop::take(&mut self.mw), ManuallyDrop::take(&mut self.mr)) };
+        let hold = self.hold.take();
         let ret = mw.release();
         if ret == 0 {
             drop(mr);
+            // Deallocated: the kernel's reference on the queue pair went with it. May run the
+            // queue pair's parked destruction.
+            drop(hold);
         } else {
             std::mem::forget(mr);
+            // It may still be bound: the queue pair it references is never destroyed.
+            std::mem::forget(hold);
         }
         ret
     }

@@ -480,6 +480,7 @@ impl<'a> SendRequest<'a> {
     pub(crate) fn bind_to(&mut self, qp_id: u64, qp_num: u32) {
         if let (Op::BindMw, Some(w)) = (self.op, self.window.as_mut()) {
             w.qp = Some((qp_id, qp_num));
+            w.hold_qp();
         }
     }
 

@@ -959,9 +959,69 @@ impl Drop for QueuePair {
             // SAFETY: a valid QP (not destroyed yet) and GID, read during the call.
             let _ = unsafe { ffi::ibv_detach_mcast(self.raw.as_ptr(), &gid, lid) };
         }
+        // Everything the destruction needs, and every reference that must outlive the queue
+        // pair, moves into the teardown; what stays here is dropped when this returns.
+        let pins = |p: &mut std::sync::Mutex<Vec<crate::post::prepared::Pin>>| {
+            std::mem::take(p.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner))
+        };
+        let t = QpTeardown {
+            raw: self.raw,
+            id: self.id,
+            cm: self.cm.take(),
+            pd: self.pd.clone(),
+            send: self.send.clone(),
+            recv: self.recv.clone(),
+            send_cq: self.send_cq.clone(),
+            recv_cq: self.recv_cq.clone(),
+            has_send: self.has_send,
+            has_recv: self.has_recv,
+            pins: pins(&mut self.pins),
+            recv_pins: pins(&mut self.recv_pins),
+            _prepared: self.prepared.take(),
+            _srq: self.srq.take(),
+            _xrcd: self._xrcd.take(),
+        };
+        // Deferred while type 2 windows bound through it live, on devices whose
+        // ibv_destroy_qp would wait for them (rxe: see memory/hold.rs); at once otherwise.
+        if let Some(run) = crate::memory::park_qp_teardown(self.id, Box::new(move || t.run())) {
+            run();
+        }
+    }
+}
+
+/// The destruction of a dropped queue pair (`ibv_destroy_qp`, then its buffers handed to its
+/// CQs), with the references that must outlive it: its CQs, PD, SRQ, XRC domain and RDMA-CM id
+/// are dropped only after the verb. Run by the queue pair's drop, or later by the last window
+/// that held it back (`memory/hold.rs`).
+struct QpTeardown {
+    raw: NonNull<ffi::ibv_qp>,
+    id: u64,
+    cm: Option<Arc<dyn CmIdHold>>,
+    pd: Arc<PdInner>,
+    send: Arc<Ring<Slot>>,
+    recv: Arc<Ring<Slot>>,
+    send_cq: Arc<CqInner>,
+    recv_cq: Arc<CqInner>,
+    has_send: bool,
+    has_recv: bool,
+    pins: Vec<crate::post::prepared::Pin>,
+    recv_pins: Vec<crate::post::prepared::Pin>,
+    _prepared: Option<crate::post::prepared::PreparedScratch>,
+    _srq: Option<Arc<SrqInner>>,
+    _xrcd: Option<Arc<crate::queue::xrc::XrcdInner>>,
+}
+
+// SAFETY: its fields are (a subset of) what a QueuePair holds, and QueuePair is Send: the raw
+// `ibv_qp` may be destroyed from any thread, the rest are Send handles. It is taken out of the
+// queue pair by its drop, so nothing posts to the queue pair any more, and it runs once (`run`
+// takes it by value) on whichever thread drops the last window holding the queue pair.
+unsafe impl Send for QpTeardown {}
+
+impl QpTeardown {
+    fn run(mut self) {
         let ret = match &self.cm {
             None => {
-                // SAFETY: created once, destroyed once.
+                // SAFETY: created once, destroyed once (the queue pair was dropped).
                 unsafe { ffi::ibv_destroy_qp(self.raw.as_ptr()) }
             }
             // SAFETY: the id's queue pair, created once, destroyed once.
@@ -980,10 +1040,8 @@ impl Drop for QueuePair {
             // The QP may still be live in the device: never release its buffers.
             std::mem::forget(self.send.clone());
             std::mem::forget(self.recv.clone());
-            for pins in [&mut self.pins, &mut self.recv_pins] {
-                let pins = pins.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
-                std::mem::forget(std::mem::take(pins));
-            }
+            std::mem::forget(std::mem::take(&mut self.pins));
+            std::mem::forget(std::mem::take(&mut self.recv_pins));
         }
     }
 }
