@@ -23,6 +23,11 @@ pub(crate) struct CmIdInner {
     ///
     /// [`CmEvent::is_for`]: crate::cm::CmEvent::is_for
     pub(crate) serial: u64,
+    /// The multicast groups joined and not left (`rdma_join_multicast` succeeded, once per
+    /// call; changed under the channel lock): left before the id's queue pair is destroyed (the
+    /// kernel refuses to destroy a queue pair attached to a group, `EBUSY`) and before the id is
+    /// (librdmacm's `rdma_destroy_id` does not free the memory of groups not left).
+    pub(crate) groups: std::sync::Mutex<Vec<std::net::IpAddr>>,
 }
 
 impl CmIdInner {
@@ -37,7 +42,7 @@ impl CmIdInner {
         let serial = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: a live id that is ours alone (contract); librdmacm never reads `context`.
         unsafe { (*raw.as_ptr()).context = serial as usize as *mut std::ffi::c_void };
-        CmIdInner { raw, channel, serial }
+        CmIdInner { raw, channel, serial, groups: std::sync::Mutex::new(Vec::new()) }
     }
 }
 
@@ -50,6 +55,10 @@ unsafe impl Sync for CmIdInner {}
 impl Drop for CmIdInner {
     fn drop(&mut self) {
         let _g = self.channel.lock();
+        // Leave what the caller did not (a QP on the id left them already when it was
+        // destroyed): librdmacm frees a group's memory only in rdma_leave_multicast.
+        // SAFETY: the channel lock is held.
+        unsafe { self.leave_all_groups() };
         // SAFETY: created once, destroyed once; a QP on the id holds an Arc of this inner, so
         // it is gone (and `id->qp` cleared). Every event of the id was acknowledged when it was
         // read (get_event acknowledges under the lock we hold), so this does not block.

@@ -22,6 +22,12 @@
 //! acknowledged; [`EventChannel::get_event`] reads and acknowledges under the channel's lock,
 //! which [`CmId::leave_multicast`] holds too, so that wait is never reached.
 //!
+//! The crate remembers the groups an id joined and has not left. Dropping the id's queue pair
+//! leaves them first: the kernel refuses to destroy a queue pair still attached to a group
+//! (`EBUSY`), and the queue pair would leak. Dropping the id leaves those still joined:
+//! librdmacm's `rdma_destroy_id` frees nothing of a group not left (measured with valgrind: 240
+//! bytes per group, and the attached queue pair's 856 bytes plus its rings, before this).
+//!
 //! [`McastJoin`]: crate::cm::McastJoin
 
 use std::net::{IpAddr, SocketAddr};
@@ -29,7 +35,7 @@ use std::net::{IpAddr, SocketAddr};
 use ibverbs_sys as ffi;
 
 use crate::cm::channel::EventChannel;
-use crate::cm::id::CmId;
+use crate::cm::id::{CmId, CmIdInner};
 use crate::cm::sys::SockAddr;
 use crate::error::{cvt, Result};
 
@@ -81,12 +87,15 @@ impl CmId {
         // by librdmacm during the call. The user context is NULL, so a MULTICAST_JOIN event's
         // `param.ud.private_data` (which `get_event` reads as `param.conn.private_data`) is NULL.
         let ret = unsafe { ffi::rdma_join_multicast(self.raw(), sa.as_mut_ptr(), std::ptr::null_mut()) };
-        cvt("rdma_join_multicast", ret)
+        cvt("rdma_join_multicast", ret)?;
+        lock_groups(&self.inner).push(group);
+        Ok(())
     }
 
     /// Leaves the multicast group `group` (`rdma_leave_multicast()`), joined with
     /// [`join_multicast`](Self::join_multicast): the id's queue pair is detached from it, and an
-    /// outcome of the join not read yet is discarded. Destroying the id leaves its groups too.
+    /// outcome of the join not read yet is discarded. Dropping the id's queue pair, or the id,
+    /// leaves its groups too (see the module docs); after that this is `EADDRNOTAVAIL`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an id that is not of the
@@ -102,6 +111,12 @@ impl CmId {
         // Its wait for the group's read events to be acknowledged returns at once: get_event
         // reads and acknowledges each event under this lock (see the module docs).
         let ret = unsafe { ffi::rdma_leave_multicast(self.raw(), sa.as_mut_ptr()) };
+        // Whatever the result, librdmacm no longer has the group if it had it (it unlinks and
+        // frees it even when the kernel's leave fails): forget one join of it.
+        let mut groups = lock_groups(&self.inner);
+        if let Some(i) = groups.iter().position(|g| *g == group) {
+            groups.remove(i);
+        }
         cvt("rdma_leave_multicast", ret)
     }
 
@@ -113,5 +128,30 @@ impl CmId {
             });
         }
         Ok(())
+    }
+}
+
+/// The id's list of joined groups; the data is a plain list, valid whatever a panicking holder
+/// left.
+fn lock_groups(inner: &CmIdInner) -> std::sync::MutexGuard<'_, Vec<IpAddr>> {
+    inner.groups.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl CmIdInner {
+    /// Leaves every group the id joined and did not leave (`rdma_leave_multicast()`, errors
+    /// ignored: librdmacm frees its record of the group whatever the kernel answers), which
+    /// detaches the id's queue pair from them: before that queue pair or the id is destroyed.
+    ///
+    /// # Safety
+    /// The caller holds the id's channel lock (librdmacm reads `id->qp` here).
+    pub(crate) unsafe fn leave_all_groups(&self) {
+        let groups = std::mem::take(&mut *lock_groups(self));
+        for group in groups {
+            let mut sa = SockAddr::new(SocketAddr::new(group, 0));
+            // SAFETY: a live id (we are its owner); `sa` as in join_multicast; `id->qp` is NULL or
+            // a live queue pair, and the channel lock is held (the caller's contract), so every
+            // read event is acknowledged and the call does not wait.
+            unsafe { ffi::rdma_leave_multicast(self.raw.as_ptr(), sa.as_mut_ptr()) };
+        }
     }
 }

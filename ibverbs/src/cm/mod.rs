@@ -21,7 +21,8 @@
 //! [`CmEvent::multicast`] is the group, typed ([`McastJoin`]: GID, LID, service level, remote QP
 //! number and Q_Key, and [`McastJoin::create_ah`] for the address handle to send to it with);
 //! the id's queue pair is attached to the group as the event is read, and detached by
-//! [`CmId::leave_multicast`] (`rdma_leave_multicast`) or the id's destruction. On RoCE the join
+//! [`CmId::leave_multicast`] (`rdma_leave_multicast`), which dropping the queue pair or the id
+//! does for the groups still joined. On RoCE the join
 //! also makes the host a member of the IP group, without which rxe delivers nothing. The
 //! example `mcast` talks to rdmacm-utils' `mckey` in both roles.
 //!

@@ -26,7 +26,10 @@ impl QueuePairBuilder<'_> {
     /// do).
     ///
     /// The queue pair keeps the id alive: it is destroyed first, and clears `id->qp` (as
-    /// `rdma_destroy_qp()` does), so librdmacm never uses a destroyed queue pair.
+    /// `rdma_destroy_qp()` does), so librdmacm never uses a destroyed queue pair. Before it is
+    /// destroyed, the id leaves the multicast groups it joined and did not leave
+    /// ([`CmId::leave_multicast`](crate::cm::CmId::leave_multicast)): the kernel refuses to
+    /// destroy a queue pair attached to a group.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a type the id's port space does not carry (RC on
@@ -79,6 +82,10 @@ impl CmIdHold for CmIdInner {
         // with the result checked: on failure `id->qp` keeps naming the QP, which is then leaked,
         // so librdmacm never uses freed memory.
         let _g = self.channel.lock();
+        // The kernel refuses to destroy a queue pair still attached to a multicast group
+        // (EBUSY): leave the id's groups first, which detaches it (rdma_leave_multicast).
+        // SAFETY: the channel lock is held.
+        unsafe { self.leave_all_groups() };
         // SAFETY: created once, destroyed once (the caller's contract), under the channel lock
         // that every librdmacm call on the id (and event processing, which uses `id->qp`) holds.
         let ret = unsafe { ffi::ibv_destroy_qp(qp) };
