@@ -54,8 +54,13 @@ impl QueuePair {
 
     /// Attaches this UD queue pair to the multicast group `gid` (with its `lid` on InfiniBand, 0
     /// on RoCE) (`ibv_attach_mcast()`): the device delivers the group's datagrams whose Q_Key
-    /// matches this queue pair's to its receive queue (each starting with a 40-byte GRH). The
-    /// kernel detaches a queue pair that is destroyed.
+    /// matches this queue pair's to its receive queue (each starting with a 40-byte GRH).
+    ///
+    /// Detach it ([`detach_mcast`](Self::detach_mcast)) before dropping it: the kernel refuses
+    /// to destroy a queue pair still attached to a group (`EBUSY`), and the crate then leaks the
+    /// queue pair and its buffers (it never frees what the device may still use; measured with
+    /// valgrind on rxe). A queue pair on an RDMA-CM id is detached from the id's groups (joined
+    /// with `cm::CmId::join_multicast`) when it is dropped, not from groups attached here.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a queue pair that is not UD or a GID that is not a
