@@ -1,4 +1,4 @@
-//! Device tests of the RDMA-CM examples (`rping`, `rdma_server`, `rdma_client`) against
+//! Device tests of the RDMA-CM examples (`rping`, `rdma_server`, `rdma_client`, `mcast`) against
 //! rdma-core's tools (rdmacm-utils) and each other, in both roles, over SoftRoCE (rxe0 on dummy0
 //! at 192.0.2.1) and soft-iWARP (the siw stage), and of `async_rpc -R`. The examples run as
 //! child processes: this binary opens no device itself, so the valgrind pass leaves it out
@@ -337,4 +337,95 @@ fn async_rpc_connects_through_rdma_cm() {
     c.assert_failed_within(bound);
     s.assert_failed_within(bound);
     assert!(c.stderr.contains("-R"), "the client says why: {c:#?}");
+}
+
+// ---- mcast: our example against rdma-core's `mckey` (rdmacm-utils), both roles ----
+
+/// How many datagrams of how many bytes each mcast run sends: mckey's default size, twice its
+/// default count.
+const MCAST_COUNT: &str = "20";
+const MCAST_SIZE: &str = "100";
+
+/// `mckey` with its stdout line-buffered (through coreutils' `stdbuf`), so that its "joined"
+/// line can be waited for.
+fn mckey(args: &[&str]) -> Proc {
+    let mut a = vec!["-oL", "mckey"];
+    a.extend_from_slice(args);
+    Proc::spawn("stdbuf", &a)
+}
+
+/// One multicast run on `group` (an address of its own per test): a receiver (ours or `mckey`)
+/// posts its receives and joins; then a sender (ours or `mckey`) joins and sends 20 datagrams of
+/// 100 bytes to the group through RDMA-CM; both must succeed. Our receiver checks every
+/// datagram (length, GRH: IPv4/UDP to the group from this host, immediate data = the sender's
+/// QP number, the same sender throughout) and every payload byte: our sender's pattern, or for
+/// `mckey`, which sends one unwritten buffer, the same bytes in every datagram. `mckey` as the
+/// receiver checks only the count (it prints "data transfers complete" once it has them all).
+fn mcast_run(sender_ours: bool, receiver_ours: bool, group: &str) {
+    let ours = example("mcast");
+    let dev = test_device_name();
+    let base = ["-m", group, "-b", HOST, "-C", MCAST_COUNT, "-S", MCAST_SIZE];
+    if dev.starts_with("siw") {
+        // iWARP has no UD queue pairs: our example says so and fails cleanly, within its bound.
+        let r = Proc::spawn(&ours, &base).finish(run_timeout());
+        r.assert_failed_within(run_timeout());
+        assert!(r.stderr.contains("rdma_create_qp"), "{r:#?}");
+        unsupported_on(&dev, "multicast (UD) through RDMA-CM", "iWARP has no UD queue pairs");
+        return;
+    }
+    let receiver = if receiver_ours {
+        let mut a = base.to_vec();
+        a.extend(["--timeout", "60", "--from", HOST, "--peer", if sender_ours { "ours" } else { "mckey" }]);
+        let p = Proc::spawn(&ours, &a);
+        assert!(p.wait_for_line("mcast: joined", run_timeout()), "our receiver never joined");
+        p
+    } else {
+        let p = mckey(&base);
+        assert!(p.wait_for_line("mckey: joined", run_timeout()), "mckey never joined");
+        p
+    };
+    let sender = if sender_ours {
+        let mut a = base.to_vec();
+        a.extend(["-s", "--delay", "1", "--timeout", "60"]);
+        Proc::spawn(&ours, &a)
+    } else {
+        let mut a = base.to_vec();
+        a.push("-s");
+        mckey(&a)
+    };
+    let s = sender.finish(run_timeout());
+    let r = receiver.finish(run_timeout());
+    s.assert_ok();
+    r.assert_ok();
+    if sender_ours {
+        assert_eq!(s.count("mcast: sent 20 datagrams of 100 bytes"), 1, "{s:#?}");
+    } else {
+        assert_eq!(s.count("data transfers complete"), 1, "{s:#?}");
+        assert!(s.stdout.contains("return status 0"), "{s:#?}");
+    }
+    if receiver_ours {
+        assert_eq!(r.count("mcast: received 20 datagrams of 100 bytes"), 1, "{r:#?}");
+        if !sender_ours {
+            assert_eq!(r.count("mcast: mckey's payload: the same 100 bytes in every datagram"), 1, "{r:#?}");
+        }
+    } else {
+        assert_eq!(r.count("data transfers complete"), 1, "{r:#?}");
+        assert!(r.stdout.contains("return status 0"), "{r:#?}");
+    }
+    eprintln!("{} -> {}: ok\n{}{}", s.what, r.what, s.stdout, r.stdout);
+}
+
+#[test]
+fn mcast_ours_with_ours() {
+    mcast_run(true, true, "239.255.7.21");
+}
+
+#[test]
+fn mcast_our_sender_with_mckey_receiver() {
+    mcast_run(true, false, "239.255.7.22");
+}
+
+#[test]
+fn mcast_mckey_sender_with_our_receiver() {
+    mcast_run(false, true, "239.255.7.23");
 }

@@ -96,6 +96,8 @@ fn datagrams_to_a_group_reach_every_attached_queue_pair() {
     assert_eq!(&c.take_region().unwrap().as_slice()[GRH..], &pattern(LEN, 2)[..]);
     assert_quiet(&mut cq_r1, scaled(Duration::from_millis(300)));
     assert_eq!(r1.outstanding_recvs(), 2);
+    // r2 is dropped still attached: its drop detaches it first (the kernel refuses to destroy an
+    // attached queue pair, EBUSY; the valgrind pass reported the leak before the drop did).
     let _ = r2;
 }
 

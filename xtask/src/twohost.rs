@@ -4,6 +4,8 @@
 //! 1. interop across hosts: our `rc_pingpong` and `ud_pingpong` against rdma-core's
 //!    `ibv_rc_pingpong`/`ibv_ud_pingpong`, both roles each; our `write_bw` against itself; over
 //!    RDMA-CM, our `rping` and `rdma_server`/`rdma_client` against rdmacm-utils' in both roles;
+//!    RDMA-CM multicast, our `mcast` and rdmacm-utils' `mckey` as the sender in one guest, both as
+//!    receivers in the other, each way ([`mcast_step`]);
 //!    `read_bw`, `send_bw` and `send_lat` ours against ours; `write_bw -R` (RDMA-CM) ours against ours;
 //! 2. `write_bw`'s server when its client's host vanishes (the link is cut for good: no FIN, no
 //!    packet): it must exit non-zero within its `--timeout` plus slack;
@@ -108,6 +110,24 @@ fn served(label: &str, server: &str, client: &str, server_says: &str, client_say
     }
 }
 
+/// The multicast step: RDMA-CM multicast across the guests (`xtask/guest/mcast_twohost.sh`). In
+/// two phases, each way at once with a group per direction (1: our `mcast` sends, 2: `mckey`
+/// sends), the other guest's receivers, our `mcast` and `mckey`, both joined before the sender
+/// starts, must each get all 20 datagrams of 100 bytes; ours checks every datagram's GRH
+/// (IPv4/UDP to the group from the sender's address), immediate data and every payload byte.
+/// About 10 s on TCG (`cargo xtask rxe2` by hand: 10.0 s); every wait in the script is bounded
+/// (25 s per tool, 15 s for the joins, 30 s per barrier), the step by 60 s.
+fn mcast_step(examples: &str) -> PairStep {
+    let script = format!("{PRELUDE}E='{examples}'\n{}", include_str!("../guest/mcast_twohost.sh"));
+    PairStep {
+        label: "interop over RDMA-CM multicast: mcast (ours) and mckey, sender in one guest, both receiving in the other, each way".into(),
+        a: script.clone().into_bytes(),
+        b: script.into_bytes(),
+        timeout: Duration::from_secs(60),
+        output: Output::Live,
+    }
+}
+
 /// The stage's steps. `examples` is the folder of the built examples; `bins` the two-host test binaries.
 pub fn steps(root: &Path, examples: &Path, bins: &[Artifact]) -> Vec<PairStep> {
     let e = examples.display();
@@ -185,6 +205,7 @@ pub fn steps(root: &Path, examples: &Path, bins: &[Artifact]) -> Vec<PairStep> {
             "rdma_client: end 0",
         ),
     ]);
+    steps.push(mcast_step(&e.to_string()));
     // The other perf examples, ours <-> ours.
     for (tool, args, says) in [
         ("read_bw", "-n 300", "65536"),

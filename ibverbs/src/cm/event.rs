@@ -29,6 +29,87 @@ pub struct CmEvent {
     retry_count: u8,
     rnr_retry_count: u8,
     new_id: Option<CmId>,
+    /// The group of a [`CmEventKind::MULTICAST_JOIN`].
+    mcast: Option<McastJoin>,
+}
+
+/// The multicast group a [`CmEventKind::MULTICAST_JOIN`] event reports (its `param.ud`,
+/// `struct rdma_ud_param`), typed: the group's GID and LID, the service level, the remote QP
+/// number and Q_Key to send to it with, and its address vector, from which
+/// [`create_ah`](Self::create_ah) makes the address handle. By the time the event is returned
+/// the id's queue pair, if it had one, is attached to the group (librdmacm calls
+/// `ibv_attach_mcast()` while the event is read; when that fails the event is
+/// `MULTICAST_ERROR` instead). From [`CmId::join_multicast`].
+#[derive(Clone, Copy)]
+pub struct McastJoin {
+    gid: crate::attr::Gid,
+    lid: u16,
+    qp_num: u32,
+    qkey: u32,
+    sl: u8,
+    ah_attr: ffi::ibv_ah_attr,
+}
+
+impl fmt::Debug for McastJoin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McastJoin")
+            .field("gid", &self.gid)
+            .field("lid", &self.lid)
+            .field("qp_num", &self.qp_num)
+            .field("qkey", &self.qkey)
+            .field("sl", &self.sl)
+            .finish()
+    }
+}
+
+impl McastJoin {
+    /// The group's GID (`ah_attr.grh.dgid`; on RoCE v2 an IPv4 group's IPv4-mapped address,
+    /// `::ffff:a.b.c.d`).
+    pub fn gid(&self) -> crate::attr::Gid {
+        self.gid
+    }
+
+    /// The group's LID (`ah_attr.dlid`: the multicast LID on InfiniBand; 0 on RoCE).
+    pub fn lid(&self) -> u16 {
+        self.lid
+    }
+
+    /// The remote QP number of sends to the group (`qp_num`: `0xFFFFFF`,
+    /// [`MCAST_QPN`](crate::MCAST_QPN)).
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// The Q_Key of sends to the group (`qkey`: `RDMA_UDP_QKEY`, `0x01234567`, in the UDP port
+    /// space).
+    pub fn qkey(&self) -> u32 {
+        self.qkey
+    }
+
+    /// The service level of the group's path (`ah_attr.sl`).
+    pub fn sl(&self) -> u8 {
+        self.sl
+    }
+
+    /// The address vector of the event (`ah_attr`), as [`create_ah`](Self::create_ah) passes
+    /// it to `ibv_create_ah()`.
+    pub fn ah_attr(&self) -> &ffi::ibv_ah_attr {
+        &self.ah_attr
+    }
+
+    /// An address handle for the group (`ibv_create_ah()` with the event's address vector:
+    /// the group's GID with the id's port and source GID index), in `pd`, which must be of the
+    /// id's device context ([`CmId::context`]). Send with
+    /// `SendRequest::send(..).ud(&ah, join.qp_num(), join.qkey())`.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] from `ibv_create_ah()` (e.g. `EINVAL` for a `pd` of another device, whose
+    /// ports or GID table the address vector does not fit).
+    #[doc(alias = "ibv_create_ah")]
+    pub fn create_ah(&self, pd: &crate::ProtectionDomain) -> Result<crate::AddressHandle> {
+        let mut attr = self.ah_attr;
+        pd.create_ah_raw(&mut attr)
+    }
 }
 
 impl fmt::Debug for CmEvent {
@@ -38,6 +119,7 @@ impl fmt::Debug for CmEvent {
             .field("status", &self.status)
             .field("private_data_len", &self.private_data.len())
             .field("new_id", &self.new_id.is_some())
+            .field("multicast", &self.mcast)
             .finish()
     }
 }
@@ -73,6 +155,13 @@ impl CmEvent {
     /// `retry_count`, `rnr_retry_count`), in a connection request or reply.
     pub fn conn_param(&self) -> (u8, u8, u8, u8) {
         (self.responder_resources, self.initiator_depth, self.retry_count, self.rnr_retry_count)
+    }
+
+    /// The group of a [`CmEventKind::MULTICAST_JOIN`] event ([`CmId::join_multicast`]); `None`
+    /// for any other event (`MULTICAST_ERROR` carries only its [`status`](Self::status)).
+    #[doc(alias = "rdma_ud_param")]
+    pub fn multicast(&self) -> Option<&McastJoin> {
+        self.mcast.as_ref()
     }
 
     /// Takes the new id of a [`CmEventKind::CONNECT_REQUEST`]: accept or reject it. It is owned
@@ -128,6 +217,19 @@ impl EventChannel {
             let e = &*ev.as_ptr();
             (CmEventKind(e.event.0), e.status, e.id, e.listen_id, e.param.conn)
         };
+        let mcast = (kind == CmEventKind::MULTICAST_JOIN).then(|| {
+            // SAFETY: as above; a MULTICAST_JOIN event's parameters are the `ud` member (plain
+            // data: its `private_data` is the join's context, which we always pass as NULL).
+            let ud = unsafe { (*ev.as_ptr()).param.ud };
+            McastJoin {
+                gid: crate::attr::Gid::from_raw(&ud.ah_attr.grh.dgid),
+                lid: ud.ah_attr.dlid,
+                qp_num: ud.qp_num,
+                qkey: ud.qkey,
+                sl: ud.ah_attr.sl,
+                ah_attr: ud.ah_attr,
+            }
+        });
         // The serials of the ids the event names, from their `context` (see `CmIdInner`); a
         // connection request's new id has its listener's until it is adopted below.
         let serial = |p: *mut ffi::rdma_cm_id| {
@@ -169,6 +271,7 @@ impl EventChannel {
             retry_count: conn.retry_count,
             rnr_retry_count: conn.rnr_retry_count,
             new_id,
+            mcast,
         }))
     }
 

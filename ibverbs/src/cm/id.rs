@@ -23,6 +23,11 @@ pub(crate) struct CmIdInner {
     ///
     /// [`CmEvent::is_for`]: crate::cm::CmEvent::is_for
     pub(crate) serial: u64,
+    /// The multicast groups joined and not left (`rdma_join_multicast` succeeded, once per
+    /// call; changed under the channel lock): left before the id's queue pair is destroyed (the
+    /// kernel refuses to destroy a queue pair attached to a group, `EBUSY`) and before the id is
+    /// (librdmacm's `rdma_destroy_id` does not free the memory of groups not left).
+    pub(crate) groups: std::sync::Mutex<Vec<std::net::IpAddr>>,
 }
 
 impl CmIdInner {
@@ -37,7 +42,7 @@ impl CmIdInner {
         let serial = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: a live id that is ours alone (contract); librdmacm never reads `context`.
         unsafe { (*raw.as_ptr()).context = serial as usize as *mut std::ffi::c_void };
-        CmIdInner { raw, channel, serial }
+        CmIdInner { raw, channel, serial, groups: std::sync::Mutex::new(Vec::new()) }
     }
 }
 
@@ -50,6 +55,10 @@ unsafe impl Sync for CmIdInner {}
 impl Drop for CmIdInner {
     fn drop(&mut self) {
         let _g = self.channel.lock();
+        // Leave what the caller did not (a QP on the id left them already when it was
+        // destroyed): librdmacm frees a group's memory only in rdma_leave_multicast.
+        // SAFETY: the channel lock is held.
+        unsafe { self.leave_all_groups() };
         // SAFETY: created once, destroyed once; a QP on the id holds an Arc of this inner, so
         // it is gone (and `id->qp` cleared). Every event of the id was acknowledged when it was
         // read (get_event acknowledges under the lock we hold), so this does not block.
@@ -59,9 +68,10 @@ impl Drop for CmIdInner {
 }
 
 /// An RDMA-CM identifier (`struct rdma_cm_id`): the RDMA analogue of a socket, in the
-/// `RDMA_PS_TCP` port space (RC connections).
+/// `RDMA_PS_TCP` port space (RC connections) or the `RDMA_PS_UDP` one (UD datagrams and
+/// multicast: [`EventChannel::create_udp_id`], [`join_multicast`](Self::join_multicast)).
 ///
-/// Created by [`EventChannel::create_id`] or taken from a connection request
+/// Created by [`EventChannel::create_id`], [`EventChannel::create_udp_id`] or taken from a connection request
 /// ([`CmEvent::take_new_id`](crate::cm::CmEvent::take_new_id)). The calls start an operation
 /// whose outcome arrives as an event on the id's [`channel`](Self::channel). Dropping the id
 /// destroys it (`rdma_destroy_id()`), after a queue pair created on it (which keeps it alive).
@@ -238,7 +248,7 @@ unsafe fn accept_capped(
 }
 
 impl CmId {
-    fn raw(&self) -> *mut ffi::rdma_cm_id {
+    pub(crate) fn raw(&self) -> *mut ffi::rdma_cm_id {
         self.inner.raw.as_ptr()
     }
 
@@ -545,17 +555,15 @@ impl EventChannel {
     /// [`Error::Verb`] when the call fails.
     #[doc(alias = "rdma_create_id")]
     pub fn create_id(&self) -> Result<CmId> {
+        self.create_id_in(ffi::rdma_port_space::RDMA_PS_TCP)
+    }
+
+    /// `rdma_create_id()` in the port space `ps` (TCP or UDP: what [`CmId`] supports).
+    pub(crate) fn create_id_in(&self, ps: ffi::rdma_port_space) -> Result<CmId> {
         let _g = self.inner.lock();
         let mut raw = std::ptr::null_mut();
         // SAFETY: valid channel and out-pointer; the id is destroyed once in CmIdInner::drop.
-        let ret = unsafe {
-            ffi::rdma_create_id(
-                self.inner.raw(),
-                &mut raw,
-                std::ptr::null_mut(),
-                ffi::rdma_port_space::RDMA_PS_TCP,
-            )
-        };
+        let ret = unsafe { ffi::rdma_create_id(self.inner.raw(), &mut raw, std::ptr::null_mut(), ps) };
         cvt("rdma_create_id", ret)?;
         let raw = cvt_p("rdma_create_id", raw)?;
         self.inner.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -1,17 +1,30 @@
 //! Connection management with **librdmacm** (RDMA-CM): IP addressing, route resolution and the
 //! connection handshake of RC queue pairs, as `rping`, `ib_write_bw -R` and most RDMA
-//! applications do it.
+//! applications do it; and multicast groups joined by IP address on UD queue pairs, as
+//! `mckey` does it.
 //!
 //! | type | C object | created by | destroyed by |
 //! |---|---|---|---|
 //! | [`EventChannel`] | `rdma_event_channel` | [`EventChannel::new`] | `rdma_destroy_event_channel` |
-//! | [`CmId`] | `rdma_cm_id` | [`EventChannel::create_id`], a [`CmEventKind::CONNECT_REQUEST`] | `rdma_destroy_id` |
+//! | [`CmId`] | `rdma_cm_id` | [`EventChannel::create_id`] (`RDMA_PS_TCP`), [`EventChannel::create_udp_id`] (`RDMA_PS_UDP`), a [`CmEventKind::CONNECT_REQUEST`] | `rdma_destroy_id` |
 //! | [`QueuePair`](crate::QueuePair) on an id | `ibv_qp` (`id->qp`) | [`QueuePairBuilder::build_on`](crate::QueuePairBuilder::build_on) | `ibv_destroy_qp`, then `id->qp = NULL` (what `rdma_destroy_qp` does) |
 //!
 //! The blocking helpers [`connect`] and [`Listener`] do the whole exchange with bounded waits;
 //! their halves ([`resolve`] + [`establish`], [`Listener::request`] + [`accept_request`]) let the
 //! caller build the queue pair on the id in between (e.g. to post receives before the connection
 //! exists); the event-level API ([`CmId`] + [`EventChannel::get_event`]) does it step by step.
+//!
+//! # Multicast
+//! An id of [`EventChannel::create_udp_id`] carries a UD queue pair (librdmacm brings it to RTS
+//! with the Q_Key `RDMA_UDP_QKEY`) and joins IP multicast groups: [`CmId::join_multicast`]
+//! (`rdma_join_multicast`) reports a [`CmEventKind::MULTICAST_JOIN`] event whose
+//! [`CmEvent::multicast`] is the group, typed ([`McastJoin`]: GID, LID, service level, remote QP
+//! number and Q_Key, and [`McastJoin::create_ah`] for the address handle to send to it with);
+//! the id's queue pair is attached to the group as the event is read, and detached by
+//! [`CmId::leave_multicast`] (`rdma_leave_multicast`), which dropping the queue pair or the id
+//! does for the groups still joined. On RoCE the join
+//! also makes the host a member of the IP group, without which rxe delivers nothing. The
+//! example `mcast` talks to rdmacm-utils' `mckey` in both roles.
 //!
 //! # Contexts
 //! librdmacm opens the devices itself: an id's device context (`id->verbs`, known once its
@@ -44,6 +57,7 @@ mod channel;
 mod devices;
 mod event;
 mod id;
+mod mcast;
 mod qp;
 mod sys;
 
@@ -51,5 +65,5 @@ pub use crate::attr::CmEventKind;
 pub use blocking::{accept_request, connect, connect_with, device_context, establish, resolve, Listener};
 pub use channel::EventChannel;
 pub use devices::devices;
-pub use event::CmEvent;
+pub use event::{CmEvent, McastJoin};
 pub use id::{CmId, ConnParam};

@@ -9,7 +9,10 @@ use crate::error::{cvt, cvt_p, Error, Result};
 use crate::queue::{CmIdHold, QpType, QueuePair, QueuePairBuilder};
 
 impl QueuePairBuilder<'_> {
-    /// Creates the queue pair on an RDMA-CM id (`rdma_create_qp()`): an RC queue pair in INIT
+    /// Creates the queue pair on an RDMA-CM id (`rdma_create_qp()`): on an id of
+    /// [`EventChannel::create_udp_id`](crate::cm::EventChannel::create_udp_id) a UD queue pair,
+    /// which librdmacm brings to RTS with the port space's Q_Key (for multicast:
+    /// [`CmId::join_multicast`](crate::cm::CmId::join_multicast)); otherwise an RC queue pair in INIT
     /// whose state transitions RDMA-CM drives ([`CmId::connect`](crate::cm::CmId::connect),
     /// [`accept`](crate::cm::CmId::accept), [`disconnect`](crate::cm::CmId::disconnect)); this
     /// crate's [`init`](QueuePair::init), [`connect`](QueuePair::connect),
@@ -23,10 +26,14 @@ impl QueuePairBuilder<'_> {
     /// do).
     ///
     /// The queue pair keeps the id alive: it is destroyed first, and clears `id->qp` (as
-    /// `rdma_destroy_qp()` does), so librdmacm never uses a destroyed queue pair.
+    /// `rdma_destroy_qp()` does), so librdmacm never uses a destroyed queue pair. Before it is
+    /// destroyed, the id leaves the multicast groups it joined and did not leave
+    /// ([`CmId::leave_multicast`](crate::cm::CmId::leave_multicast)): the kernel refuses to
+    /// destroy a queue pair attached to a group.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a non-RC type, an id not bound to a device yet (resolve
+    /// [`Error::InvalidArgument`] for a type the id's port space does not carry (RC on
+    /// `RDMA_PS_TCP`, UD on `RDMA_PS_UDP`), an id not bound to a device yet (resolve
     /// its route, or take it from a connection request), or a PD or CQ of another context than
     /// the id's device (make them from [`CmId::context`](crate::cm::CmId::context)); `EINVAL`
     /// when the id already has a queue pair; otherwise as [`build`](Self::build).
@@ -36,8 +43,12 @@ impl QueuePairBuilder<'_> {
         if self.send_ops.is_some() {
             return bad("extended queue pairs (send_ops) are not created on RDMA-CM ids here");
         }
-        if self.qp_type != QpType::RC {
+        let udp = id.is_udp();
+        if !udp && self.qp_type != QpType::RC {
             return bad("RDMA-CM ids of the RDMA_PS_TCP port space carry RC queue pairs only");
+        }
+        if udp && self.qp_type != QpType::UD {
+            return bad("RDMA-CM ids of the RDMA_PS_UDP port space carry UD queue pairs only");
         }
         if id.verbs()?.as_ptr() != self.pd.inner.ctx.raw.as_ptr() {
             // Both contexts are open now, so equal addresses mean the same context.
@@ -58,7 +69,8 @@ impl QueuePairBuilder<'_> {
             cvt_p("rdma_create_qp", unsafe { (*cm.raw.as_ptr()).qp })
         })?;
         let s = qp.query_state()?;
-        // rdma_create_qp moved it to INIT; siw does not report states (see refresh_state).
+        // rdma_create_qp moved it to INIT (a UD one on to RTS); siw does not report states (see
+        // refresh_state).
         qp.set_state(if qp.unreported(s) { QpState::INIT } else { s });
         Ok(qp)
     }
@@ -70,6 +82,10 @@ impl CmIdHold for CmIdInner {
         // with the result checked: on failure `id->qp` keeps naming the QP, which is then leaked,
         // so librdmacm never uses freed memory.
         let _g = self.channel.lock();
+        // The kernel refuses to destroy a queue pair still attached to a multicast group
+        // (EBUSY): leave the id's groups first, which detaches it (rdma_leave_multicast).
+        // SAFETY: the channel lock is held.
+        unsafe { self.leave_all_groups() };
         // SAFETY: created once, destroyed once (the caller's contract), under the channel lock
         // that every librdmacm call on the id (and event processing, which uses `id->qp`) holds.
         let ret = unsafe { ffi::ibv_destroy_qp(qp) };

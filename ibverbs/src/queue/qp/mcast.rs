@@ -54,9 +54,13 @@ impl QueuePair {
 
     /// Attaches this UD queue pair to the multicast group `gid` (with its `lid` on InfiniBand, 0
     /// on RoCE) (`ibv_attach_mcast()`): the device delivers the group's datagrams whose Q_Key
-    /// matches this queue pair's to its receive queue (each starting with a 40-byte GRH). The
-    /// queue pair's drop detaches it from every group still attached (Linux refuses to destroy a
-    /// queue pair with attachments); attaching a group twice is one attachment.
+    /// matches this queue pair's to its receive queue (each starting with a 40-byte GRH).
+    /// Attaching a group twice is one attachment.
+    ///
+    /// The queue pair's drop detaches it from every group still attached here: the kernel
+    /// refuses to destroy a queue pair with attachments (`EBUSY`), which would leak it. A queue
+    /// pair on an RDMA-CM id is also left from the id's groups (joined with
+    /// `cm::CmId::join_multicast`) when it is dropped.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a queue pair that is not UD or a GID that is not a
