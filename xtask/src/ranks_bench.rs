@@ -4,13 +4,14 @@
 //! ([`crate::twohost::RANKS_OPTIONS`]).
 //!
 //! Open MPI's transport: `pml ucx` over the rxe devices is tried first (a short run with
-//! `UCX_TLS=rc_verbs,self,sm`); when it fails, the comparison uses `pml ob1` with the TCP BTL on the
-//! first link, and the table says which. Outputs: a Markdown table (ratios at every size),
+//! `UCX_TLS=rc_verbs,ud_verbs,self,sm`: UCX wires RC up over UD); when it fails, the comparison
+//! uses `pml ob1` with the TCP BTL on the first link, and the table says which. Outputs: a Markdown table (ratios at every size),
 //! `target/xtask-bench/ranks.json` and `docs/bench/ranks_allreduce.svg` (busbw) and
 //! `docs/bench/ranks_allreduce_time.svg` (time per allreduce).
 
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::time::Duration;
 
 use crate::plot::{Chart, Series};
@@ -28,10 +29,14 @@ pub struct Row {
     pub ours_us: f64,
     /// `MPI_Allreduce`'s, µs.
     pub mpi_us: f64,
-    /// Bus bandwidths, GB/s (nccl-tests' busbw: algbw × 2(n−1)/n).
-    pub ours_busbw: f64,
-    /// MPI's.
-    pub mpi_busbw: f64,
+}
+
+impl Row {
+    /// Bus bandwidth in MB/s from a time (nccl-tests' busbw: algbw × 2(n−1)/n, 4 ranks), computed
+    /// here: the example prints GB/s to 4 decimals, too coarse for small sizes.
+    fn busbw(&self, us: f64) -> f64 {
+        self.size as f64 / us * 1.5
+    }
 }
 
 /// The `mpi SIZE OURS_US MPI_US OURS_BUSBW MPI_BUSBW ...` rows of the example's output, and the
@@ -43,13 +48,11 @@ pub fn parse(out: &str) -> (Vec<Row>, String) {
         let f: Vec<&str> = line.split_whitespace().collect();
         match f.as_slice() {
             ["PML", name] => pml = (*name).to_string(),
-            ["mpi", size, ours, mpi, ob, mb, ..] => {
-                let num = |s: &str| s.parse::<f64>().ok().filter(|v| v.is_finite());
-                if let (Ok(size), Some(ours_us), Some(mpi_us), Some(ours_busbw), Some(mpi_busbw)) =
-                    (size.parse::<u64>(), num(ours), num(mpi), num(ob), num(mb))
-                {
+            ["mpi", size, ours, mpi, ..] => {
+                let num = |s: &str| s.parse::<f64>().ok().filter(|v| v.is_finite() && *v > 0.0);
+                if let (Ok(size), Some(ours_us), Some(mpi_us)) = (size.parse::<u64>(), num(ours), num(mpi)) {
                     rows.retain(|r| r.size != size);
-                    rows.push(Row { size, ours_us, mpi_us, ours_busbw, mpi_busbw });
+                    rows.push(Row { size, ours_us, mpi_us });
                 }
             }
             _ => {}
@@ -71,19 +74,19 @@ fn size_label(x: u64) -> String {
 /// busbw: above 1 is ours faster; ours / MPI for time: below 1 is ours faster).
 pub fn table(rows: &[Row], pml: &str) -> String {
     let mut t = format!(
-        "| size | ours, µs | MPI_Allreduce ({pml}), µs | time ours/MPI | ours busbw, GB/s | MPI busbw, GB/s | busbw ours/MPI |\n\
+        "| size | ours, µs | MPI_Allreduce ({pml}), µs | time ours/MPI | ours busbw, MB/s | MPI busbw, MB/s | busbw ours/MPI |\n\
          |---|---|---|---|---|---|---|\n"
     );
     for r in rows {
         t.push_str(&format!(
-            "| {} | {:.1} | {:.1} | {:.2} | {:.4} | {:.4} | {:.2} |\n",
+            "| {} | {:.0} | {:.0} | {:.2} | {:.3} | {:.3} | {:.2} |\n",
             size_label(r.size),
             r.ours_us,
             r.mpi_us,
             r.ours_us / r.mpi_us,
-            r.ours_busbw,
-            r.mpi_busbw,
-            r.ours_busbw / r.mpi_busbw
+            r.busbw(r.ours_us),
+            r.busbw(r.mpi_us),
+            r.mpi_us / r.ours_us
         ));
     }
     t
@@ -94,8 +97,12 @@ fn json(rows: &[Row], pml: &str) -> String {
         .iter()
         .map(|r| {
             format!(
-                "{{\"size\": {}, \"ours_us\": {}, \"mpi_us\": {}, \"ours_busbw\": {}, \"mpi_busbw\": {}}}",
-                r.size, r.ours_us, r.mpi_us, r.ours_busbw, r.mpi_busbw
+                "{{\"size\": {}, \"ours_us\": {}, \"mpi_us\": {}, \"ours_busbw_mbs\": {}, \"mpi_busbw_mbs\": {}}}",
+                r.size,
+                r.ours_us,
+                r.mpi_us,
+                r.busbw(r.ours_us),
+                r.busbw(r.mpi_us)
             )
         })
         .collect();
@@ -114,10 +121,10 @@ fn charts(rows: &[Row], pml: &str) -> [(&'static str, Chart); 2] {
             Chart {
                 title: "allreduce, 4 ranks on 2 guests (rxe): bus bandwidth".into(),
                 x_label: "bytes per rank".into(),
-                y_label: "busbw, GB/s".into(),
+                y_label: "busbw, MB/s".into(),
                 x_log2: true,
                 y_log10: true,
-                series: vec![series("ours", &|r| r.ours_busbw), series(&mpi, &|r| r.mpi_busbw)],
+                series: vec![series("ours", &|r| r.busbw(r.ours_us)), series(&mpi, &|r| r.busbw(r.mpi_us))],
             },
         ),
         (
@@ -140,11 +147,12 @@ fn script_a(collectives: &str, xtask: &str) -> Vec<u8> {
     let c = collectives;
     format!(
         "{PRELUDE}{RANKS_PRELUDE}XTASK={xtask}\n\
-         UCX_ARGS='--mca pml ucx --mca btl self -x UCX_TLS=rc_verbs,self,sm -x UCX_NET_DEVICES=rxe0:1,rxe1:1'\n\
+         UCX_ARGS='--mca pml ucx --mca btl self -x UCX_TLS=rc_verbs,ud_verbs,self,sm -x UCX_NET_DEVICES=rxe0:1,rxe1:1'\n\
          if PML_ARGS=$UCX_ARGS mpirun_ 120 {c} --bootstrap mpi --compare-mpi --rounds 1 -b 8 -e 64K -f 8 -n 2 -w 1 >/tmp/u.out 2>&1; then\n\
            echo 'PML ucx/rc_verbs'; PML_ARGS=$UCX_ARGS\n\
          else\n\
-           echo 'Open MPI with pml ucx over rxe failed; the comparison uses pml ob1, btl tcp. Its output:'; tail -n 25 /tmp/u.out\n\
+           echo 'Open MPI with pml ucx over rxe failed; the comparison uses pml ob1, btl tcp. UCX said:'\n\
+           grep -i -m 8 'ucx.*error\\|fatal\\|ucx.*warn' /tmp/u.out; echo '(the end of its output:)'; tail -n 12 /tmp/u.out\n\
            echo 'PML ob1/tcp'; unset PML_ARGS\n\
          fi\n\
          export PML_ARGS\n\
@@ -178,14 +186,27 @@ pub fn run(timeout: Option<Duration>) -> Result<u8, String> {
         timeout: Duration::from_secs(secs),
         output: Output::Live,
     }];
-    let report = crate::rxe2::run(&steps, &RANKS_OPTIONS, &mut |_, _| {})?;
-    report.explain(&crate::rxe2::side_steps_of(&steps));
-    let out =
-        report.results.first().and_then(|r| r.sides[0].as_ref()).map(|r| String::from_utf8_lossy(&r.stdout));
-    let (rows, pml) = parse(out.as_deref().unwrap_or(""));
+    // XTASK_RANKS_FROM=FILE: redraw the table and plots from a saved run's output (guest A's
+    // lines, `[A] ` prefixes allowed) instead of booting the guests.
+    let (out, code) = match std::env::var_os("XTASK_RANKS_FROM") {
+        Some(f) => {
+            let text = fs::read_to_string(&f).map_err(|e| format!("{}: {e}", Path::new(&f).display()))?;
+            (text.lines().map(|l| l.strip_prefix("[A] ").unwrap_or(l)).collect::<Vec<_>>().join("\n"), 0)
+        }
+        None => {
+            let report = crate::rxe2::run(&steps, &RANKS_OPTIONS, &mut |_, _| {})?;
+            report.explain(&crate::rxe2::side_steps_of(&steps));
+            let out = report.results.first().and_then(|r| r.sides[0].as_ref());
+            (
+                out.map(|r| String::from_utf8_lossy(&r.stdout).into_owned()).unwrap_or_default(),
+                report.exit_code(),
+            )
+        }
+    };
+    let (rows, pml) = parse(&out);
     if rows.is_empty() {
         eprintln!("xtask: no comparison rows in guest A's output");
-        return Ok(report.exit_code().max(1));
+        return Ok(code.max(1));
     }
     let io = |p: &std::path::Path, e: std::io::Error| format!("writing {}: {e}", p.display());
     let data = target.join("xtask-bench");
@@ -201,7 +222,7 @@ pub fn run(timeout: Option<Duration>) -> Result<u8, String> {
         eprintln!("xtask: wrote {}", p.display());
     }
     println!("{}", table(&rows, &pml));
-    Ok(report.exit_code())
+    Ok(code)
 }
 
 #[cfg(test)]
@@ -221,8 +242,8 @@ mod tests {
         assert_eq!(rows[0].size, 8);
         assert_eq!(rows[1].mpi_us, 500.0);
         let t = table(&rows, &pml);
-        assert!(t.contains("| 8 B | 20.0 | 40.0 | 0.50 | 0.0004 | 0.0002 | 2.00 |"), "{t}");
-        assert!(t.contains("| 1 MiB | 1000.0 | 500.0 | 2.00 |"), "{t}");
+        assert!(t.contains("| 8 B | 20 | 40 | 0.50 | 0.600 | 0.300 | 2.00 |"), "{t}");
+        assert!(t.contains("| 1 MiB | 1000 | 500 | 2.00 | 1572.864 | 3145.728 | 0.50 |"), "{t}");
         let v = crate::json::parse(&json(&rows, &pml)).expect("valid JSON");
         assert_eq!(v.get("rows").and_then(|r| r.as_array()).map(<[_]>::len), Some(2));
         assert_eq!(parse("no rows").1, "ob1/tcp");

@@ -413,7 +413,8 @@ impl<B: Bootstrap> Group<B> {
     /// ```
     pub fn describe(&self) -> String {
         let host = self.boot.host(self.rank()).map_or_else(String::new, |h| format!(", host {h}"));
-        let mut s = format!("rank {} of {} (local rank {}{host}):", self.rank(), self.size(), self.local_rank());
+        let mut s =
+            format!("rank {} of {} (local rank {}{host}):", self.rank(), self.size(), self.local_rank());
         for (i, r) in self.rails.iter().enumerate() {
             let peers = r.peers().count();
             s.push_str(&format!("\n  rail {i}: {} -> {peers} peers", r.info));
