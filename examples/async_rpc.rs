@@ -401,6 +401,12 @@ fn check(c: &Completion, what: &str) -> Result<(), String> {
 
 /// Answers `n` requests: `conc + 2` tasks, each with a receive posted, replying to what lands
 /// in it. `ready` is called once every task's first receive is posted.
+///
+/// A task posts its next receive (from a spare buffer) before it replies: a client sends its
+/// next request once it has the reply, and on iWARP a Send that finds no receive posted ends
+/// the connection (there is no RNR retry), so every request must find one. (Re-posting after
+/// the reply's completion lost the connection now and then on siw: the client's next request
+/// could arrive first.)
 async fn server(
     ep: Arc<AsyncQueuePair>,
     pd: Arc<ProtectionDomain>,
@@ -411,9 +417,11 @@ async fn server(
 ) -> Result<(), String> {
     let served = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
-    // One registration for every task's buffer (received into, then replied from).
-    let mut buffers = pool(&pd, size, conc + 2)?;
+    // One registration for every task's two buffers (one received into, then replied from,
+    // while the other is posted).
+    let mut buffers = pool(&pd, size, 2 * (conc + 2))?;
     while let Some(buf) = buffers.pop() {
+        let mut spare = buffers.pop().ok_or("the pool ran out")?;
         let (ep, served) = (ep.clone(), served.clone());
         // Posted here, not in the task: all are posted before `ready`.
         let first = ep.post_recv(RecvRequest::new(Local::whole(buf))).map_err(|e| e.error.to_string())?;
@@ -424,6 +432,8 @@ async fn server(
                 check(&c, "a receive")?;
                 let len = c.byte_len() as usize;
                 let req = c.take_chunk().ok_or("the receive's buffer did not come back")?;
+                // The next receive first (see above).
+                op = ep.post_recv(RecvRequest::new(Local::whole(spare))).map_err(|e| e.error.to_string())?;
                 // A message of no bytes is echoed with no entry (no post takes an entry of 0
                 // bytes); the buffer stays here.
                 let (reply, kept) = if len == 0 {
@@ -440,7 +450,7 @@ async fn server(
                 if served.fetch_add(1, Ordering::AcqRel) + 1 >= n {
                     return Ok::<(), String>(());
                 }
-                op = ep.post_recv(RecvRequest::new(Local::whole(buf))).map_err(|e| e.error.to_string())?;
+                spare = buf;
             }
         }));
     }
@@ -481,18 +491,23 @@ async fn client(
     limit: Duration,
 ) -> Result<Vec<Duration>, String> {
     let waiters: Waiters = Arc::new(Mutex::new((0..conc).map(|_| None).collect()));
-    // Receivers: a task per posted receive, handing each reply to the request's slot; their
-    // buffers and the senders' come from one registration.
-    let mut buffers = pool(&pd, size, 2 * conc + 2)?;
+    // Receivers: a task per posted receive, handing each reply to the request's slot after
+    // posting the next receive from a spare buffer (as the server does: on iWARP a reply that
+    // finds no receive ends the connection); their buffers and the senders' come from one
+    // registration.
+    let mut buffers = pool(&pd, size, 3 * conc + 4)?;
     let mut receivers = Vec::new();
     for _ in 0..conc + 2 {
         let (ep, waiters) = (ep.clone(), waiters.clone());
-        let mut buf = buffers.pop().ok_or("the pool ran out")?;
+        let buf = buffers.pop().ok_or("the pool ran out")?;
+        let mut spare = buffers.pop().ok_or("the pool ran out")?;
+        let mut op = ep.post_recv(RecvRequest::new(Local::whole(buf))).map_err(|e| e.error.to_string())?;
         receivers.push(tokio::spawn(async move {
             loop {
-                let mut c = ep.recv(RecvRequest::new(Local::whole(buf))).await.map_err(|e| e.to_string())?;
+                let mut c = op.await.map_err(|e| e.to_string())?;
                 check(&c, "a receive")?;
                 let m = c.take_chunk().ok_or("the receive's buffer did not come back")?;
+                op = ep.post_recv(RecvRequest::new(Local::whole(spare))).map_err(|e| e.error.to_string())?;
                 let slot = u64::from_le_bytes(m.as_slice()[..8].try_into().unwrap());
                 let seq = u64::from_le_bytes(m.as_slice()[8..16].try_into().unwrap());
                 let tx = waiters.lock().unwrap().get_mut(slot as usize).and_then(Option::take);
@@ -502,7 +517,7 @@ async fn client(
                     }
                     None => return Err::<(), String>(format!("a reply for slot {slot} that waits for none")),
                 }
-                buf = m;
+                spare = m;
             }
         }));
     }
