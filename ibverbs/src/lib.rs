@@ -64,6 +64,12 @@
 //! move requires or does not take for the queue pair's transport, is [`Error::QpAttribute`]
 //! naming the mask bit. [`QueuePair::query`] reads them back ([`QpAttributes`]).
 //!
+//! The short path is built on [`ModifyQp`]: [`QueuePair::connect`] (RESET → INIT → RTR → RTS),
+//! [`QueuePair::init`] and [`QueuePair::activate_ud`] make each of their moves a [`ModifyQp`] from
+//! the [`ConnectOptions`] and go through the same checks as [`QueuePair::modify`] before the verb.
+//! `ConnectOptions`' `timeout` and `min_rnr_timer` are the raw codes and reach the device as
+//! they are (no rounding through a `Duration`).
+//!
 //! The transport is checked at run time, not in the type: [`QueuePair`] is one type for RC, UC,
 //! UD and XRC. A type parameter would have to reach everything that holds a queue pair (RDMA-CM,
 //! striped connections, pools, the async adaptor, split halves) for the few attributes it would

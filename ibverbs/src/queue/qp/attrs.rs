@@ -485,6 +485,83 @@ impl ModifyQp {
     pub fn mask(&self) -> u32 {
         self.mask
     }
+
+    /// The local ACK timeout as its raw code (`IBV_QP_TIMEOUT`), for [`ConnectOptions::timeout`],
+    /// which is one: set as it is, with no round trip through a [`Duration`] (0..=31 checked by
+    /// [`ConnectOptions`]' validation before).
+    pub(crate) fn ack_timeout_raw(self, code: u8) -> Self {
+        self.set(M::IBV_QP_TIMEOUT, |a| a.timeout = code)
+    }
+
+    /// The minimum RNR NAK timer as its raw code (`IBV_QP_MIN_RNR_TIMER`), for
+    /// [`ConnectOptions::min_rnr_timer`], set as it is.
+    pub(crate) fn min_rnr_timer_raw(self, code: u8) -> Self {
+        self.set(M::IBV_QP_MIN_RNR_TIMER, |a| a.min_rnr_timer = code)
+    }
+
+    /// The primary path as an address vector already built (`IBV_QP_AV`): `connect` builds it
+    /// (and reports its errors) before the first transition, where [`address`](Self::address)
+    /// would build it only at the RTR move.
+    pub(crate) fn address_raw(mut self, av: ffi::ibv_ah_attr) -> Self {
+        self.path = None;
+        self.set(M::IBV_QP_AV, |a| a.ah_attr = av)
+    }
+
+    /// The first setter's refusal, as [`QueuePair::modify`] reports it.
+    fn check_values(&self) -> Result<()> {
+        match self.error {
+            Some(reason) => Err(Error::InvalidArgument { verb: "ibv_modify_qp", reason }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Checks `m` as a move from `from` on a queue pair of type `t`, before the verb: the values its
+/// setters were given, that the move is in the state machine for the transport, that every
+/// attribute it requires is set and none it does not take is. Moves to RESET and ERR are not in
+/// the table (`modify` hands them to `reset` and `set_error`).
+fn check_move(from: QpState, t: QpType, m: &ModifyQp) -> Result<()> {
+    const VERB: &str = "ibv_modify_qp";
+    m.check_values()?;
+    let extra = m.mask & !M::IBV_QP_STATE.0;
+    let Some(class) = Class::of(t) else {
+        return Err(Error::InvalidArgument {
+            verb: VERB,
+            reason: "no state machine known for this queue pair type",
+        });
+    };
+    let Some((required, optional)) = transition(from, m.to, class) else {
+        return Err(Error::QpAttribute {
+            verb: VERB,
+            from,
+            to: m.to,
+            attribute: "IBV_QP_STATE",
+            problem: "is a move the queue pair state machine does not have",
+        });
+    };
+    let missing = required & !extra;
+    if missing != 0 {
+        return Err(attr_error(
+            from,
+            m.to,
+            missing & missing.wrapping_neg(),
+            "is required by this move for this transport",
+        ));
+    }
+    let stray = extra & !(required | optional);
+    if stray != 0 {
+        return Err(attr_error(
+            from,
+            m.to,
+            stray & stray.wrapping_neg(),
+            "is not taken by this move for this transport",
+        ));
+    }
+    Ok(())
+}
+
+fn attr_error(from: QpState, to: QpState, bit: u32, problem: &'static str) -> Error {
+    Error::QpAttribute { verb: "ibv_modify_qp", from, to, attribute: name_of(bit), problem }
 }
 
 /// A queue pair's attributes as the device reports them ([`QueuePair::query`],
@@ -611,14 +688,13 @@ impl QueuePair {
     pub fn modify(&mut self, m: &ModifyQp) -> Result<()> {
         const VERB: &str = "ibv_modify_qp";
         self.check_not_cm()?;
-        if let Some(reason) = m.error {
-            return Err(Error::InvalidArgument { verb: VERB, reason });
-        }
-        let from = self.state;
+        // Before the RESET/ERR hand-off: a bad value is refused whatever the target.
+        m.check_values()?;
         let extra = m.mask & !M::IBV_QP_STATE.0;
         if m.to == QpState::RESET || m.to == QpState::ERR {
             if extra != 0 {
-                return Err(self.attr_error(
+                return Err(attr_error(
+                    self.state,
                     m.to,
                     extra & extra.wrapping_neg(),
                     "is not taken by a move to RESET or ERR",
@@ -629,37 +705,18 @@ impl QueuePair {
         if self.context().is_iwarp() {
             return Err(Error::Unsupported { verb: VERB, capability: crate::IWARP_MANUAL_CONNECT });
         }
-        let Some(class) = Class::of(self.qp_type) else {
-            return Err(Error::InvalidArgument {
-                verb: VERB,
-                reason: "no state machine known for this queue pair type",
-            });
-        };
-        let Some((required, optional)) = transition(from, m.to, class) else {
-            return Err(Error::QpAttribute {
-                verb: VERB,
-                from,
-                to: m.to,
-                attribute: "IBV_QP_STATE",
-                problem: "is a move the queue pair state machine does not have",
-            });
-        };
-        let missing = required & !extra;
-        if missing != 0 {
-            return Err(self.attr_error(
-                m.to,
-                missing & missing.wrapping_neg(),
-                "is required by this move for this transport",
-            ));
-        }
-        let stray = extra & !(required | optional);
-        if stray != 0 {
-            return Err(self.attr_error(
-                m.to,
-                stray & stray.wrapping_neg(),
-                "is not taken by this move for this transport",
-            ));
-        }
+        self.modify_checked(m)
+    }
+
+    /// The checked path under [`modify`](Self::modify) and the moves of
+    /// [`connect`](Self::connect), [`init`](Self::init) and [`activate_ud`](Self::activate_ud)
+    /// (which make their own RDMA-CM, iWARP and state checks first): `m` checked against the
+    /// state machine and the masks for this transport ([`check_move`]), the device's path
+    /// migration and packet pacing where asked for, the address vectors built, then
+    /// `ibv_modify_qp()` with `m`'s attributes and mask.
+    pub(super) fn modify_checked(&mut self, m: &ModifyQp) -> Result<()> {
+        const VERB: &str = "ibv_modify_qp";
+        check_move(self.state, self.qp_type, m)?;
         let mut attr = m.attr;
         let ctx = self.context();
         if m.mask & (M::IBV_QP_ALT_PATH.0 | M::IBV_QP_PATH_MIG_STATE.0) != 0 {
@@ -695,10 +752,6 @@ impl QueuePair {
             attr.alt_timeout = opts.timeout;
         }
         self.modify_raw(&mut attr, ffi::ibv_qp_attr_mask(m.mask))
-    }
-
-    fn attr_error(&self, to: QpState, bit: u32, problem: &'static str) -> Error {
-        Error::QpAttribute { verb: "ibv_modify_qp", from: self.state, to, attribute: name_of(bit), problem }
     }
 
     /// RTS → SQD (`ibv_modify_qp()`): the device finishes the send requests under way and
@@ -776,6 +829,113 @@ mod tests {
         assert_eq!(opt, M::IBV_QP_EN_SQD_ASYNC_NOTIFY.0);
         assert!(transition(S::SQE, S::RTS, rc).is_none(), "RC has no SQE");
         assert_eq!(NAMES.iter().fold(0, |b, (m, _)| b | m.0).count_ones(), NAMES.len() as u32);
+    }
+
+    #[test]
+    fn raw_timer_codes_set_what_their_durations_set() {
+        for code in 0..=31u8 {
+            let raw = ModifyQp::to(QpState::RTS).ack_timeout_raw(code);
+            let typed = ModifyQp::to(QpState::RTS).ack_timeout(ack_timeout_duration(code));
+            assert_eq!((raw.attr.timeout, raw.mask), (code, typed.mask));
+            assert_eq!(typed.attr.timeout, code, "ACK timeout code {code} round-trips");
+            let raw = ModifyQp::to(QpState::RTR).min_rnr_timer_raw(code);
+            let typed = ModifyQp::to(QpState::RTR).min_rnr_timer(rnr_timer_duration(code).unwrap());
+            assert_eq!((raw.attr.min_rnr_timer, raw.mask), (code, typed.mask));
+            assert_eq!(typed.attr.min_rnr_timer, code, "RNR timer code {code} round-trips");
+        }
+    }
+
+    /// `connect`, `init` and `activate_ud` build their moves as `ModifyQp`s: for every transport,
+    /// the attributes and masks that reach `ibv_modify_qp()` are those the raw `ibv_qp_attr`s
+    /// carried before, and each move passes the checks `modify` makes.
+    #[test]
+    fn connect_moves_carry_the_masks_they_always_had_and_pass_the_checks() {
+        use super::super::state::{init_move, rtr_move, rts_move};
+        use crate::attr::Gid;
+        use QpState as S;
+        let opts = ConnectOptions {
+            timeout: 17,
+            min_rnr_timer: 9,
+            retry_cnt: 6,
+            rnr_retry: 5,
+            qkey: 0x1234_5678,
+            pkey_index: 3,
+            port: 2,
+            access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            ..ConnectOptions::default()
+        };
+        let remote =
+            Endpoint { qpn: 0x00ab_cdef, psn: 0x0012_3456, lid: 7, gid: Gid::default(), mtu: Mtu::MTU_1024 };
+        let av = ffi::ibv_ah_attr { dlid: 7, sl: 2, port_num: 2, ..Default::default() };
+        let state = M::IBV_QP_STATE;
+        let path = state | M::IBV_QP_AV | M::IBV_QP_PATH_MTU | M::IBV_QP_DEST_QPN | M::IBV_QP_RQ_PSN;
+        let requester =
+            M::IBV_QP_TIMEOUT | M::IBV_QP_RETRY_CNT | M::IBV_QP_RNR_RETRY | M::IBV_QP_MAX_QP_RD_ATOMIC;
+        for t in [QpType::RC, QpType::UC, QpType::UD, QpType::XRC_SEND, QpType::XRC_RECV] {
+            let init = init_move(t, &opts);
+            let (a, ud) = (&init.attr, t == QpType::UD);
+            assert_eq!(a.qp_state, ffi::ibv_qp_state::IBV_QPS_INIT);
+            assert_eq!((a.pkey_index, a.port_num), (3, 2));
+            let rest = if ud { M::IBV_QP_QKEY } else { M::IBV_QP_ACCESS_FLAGS };
+            assert_eq!(init.mask, (state | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | rest).0, "{t:?}");
+            match t {
+                QpType::UD => assert_eq!(a.qkey, 0x1234_5678),
+                QpType::UC => {
+                    assert_eq!(
+                        a.qp_access_flags,
+                        (AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).bits()
+                    )
+                }
+                _ => assert_eq!(a.qp_access_flags, opts.access.bits()),
+            }
+            check_move(S::RESET, t, &init).unwrap();
+            if ud {
+                // activate_ud's moves.
+                let rtr = ModifyQp::to(S::RTR);
+                assert_eq!(rtr.mask, state.0);
+                check_move(S::INIT, t, &rtr).unwrap();
+                let rts = ModifyQp::to(S::RTS).sq_psn(0x00ff_fffe);
+                assert_eq!((rts.mask, rts.attr.sq_psn), ((state | M::IBV_QP_SQ_PSN).0, 0x00ff_fffe));
+                check_move(S::RTR, t, &rts).unwrap();
+                continue;
+            }
+            let rtr = rtr_move(t, &remote, &opts, av, Mtu::MTU_1024, 4);
+            let a = &rtr.attr;
+            assert_eq!(a.qp_state, ffi::ibv_qp_state::IBV_QPS_RTR);
+            assert_eq!(
+                (a.path_mtu, a.dest_qp_num, a.rq_psn),
+                (ffi::ibv_mtu(Mtu::MTU_1024.0), 0x00ab_cdef, 0x0012_3456)
+            );
+            assert_eq!((a.ah_attr.dlid, a.ah_attr.sl, a.ah_attr.port_num), (7, 2, 2));
+            let responder = t == QpType::RC || t == QpType::XRC_RECV;
+            if responder {
+                assert_eq!(
+                    rtr.mask,
+                    (path | M::IBV_QP_MAX_DEST_RD_ATOMIC | M::IBV_QP_MIN_RNR_TIMER).0,
+                    "{t:?}"
+                );
+                assert_eq!((a.max_dest_rd_atomic, a.min_rnr_timer), (4, 9));
+            } else {
+                assert_eq!(rtr.mask, path.0, "{t:?}");
+            }
+            check_move(S::INIT, t, &rtr).unwrap();
+            let rts = rts_move(t, &opts, 0x0000_0042, 4);
+            let a = &rts.attr;
+            assert_eq!((a.qp_state, a.sq_psn), (ffi::ibv_qp_state::IBV_QPS_RTS, 0x42));
+            let expected = match t {
+                QpType::XRC_RECV => state | M::IBV_QP_SQ_PSN | M::IBV_QP_TIMEOUT,
+                QpType::RC | QpType::XRC_SEND => state | M::IBV_QP_SQ_PSN | requester,
+                _ => state | M::IBV_QP_SQ_PSN,
+            };
+            assert_eq!(rts.mask, expected.0, "{t:?}");
+            if rts.mask & M::IBV_QP_TIMEOUT.0 != 0 {
+                assert_eq!(a.timeout, 17);
+            }
+            if rts.mask & M::IBV_QP_RETRY_CNT.0 != 0 {
+                assert_eq!((a.retry_cnt, a.rnr_retry, a.max_rd_atomic), (6, 5, 4));
+            }
+            check_move(S::RTR, t, &rts).unwrap();
+        }
     }
 
     #[test]

@@ -4,12 +4,12 @@
 use ibverbs_sys as ffi;
 
 use crate::attr::Gid;
-use crate::attr::QpState;
+use crate::attr::{Mtu, QpState};
 use crate::connect::{ah_attr, gid_index, ConnectOptions, Endpoint};
 use crate::error::{Error, Result};
 use crate::memory::AccessFlags;
 use crate::post::engine::{register_rings, register_send_ring};
-use crate::queue::qp::{random_psn, QpType, QueuePair};
+use crate::queue::qp::{random_psn, ModifyQp, QpType, QueuePair};
 
 /// The capability [`QueuePair::connect`] names in [`Error::Unsupported`] on an iWARP device: a
 /// queue pair moved to RTR/RTS by hand (`ibv_modify_qp()`); iWARP connects through RDMA-CM
@@ -20,6 +20,59 @@ pub const IWARP_MANUAL_CONNECT: &str = "manual RTR/RTS on iWARP (connect through
 /// queue pairs are reused through RDMA-CM, and siw (Linux 6.1) accepts RESET but ignores it,
 /// keeping what was posted.
 pub const IWARP_RESET: &str = "RESET on iWARP (siw ignores it; use a new RDMA-CM id and queue pair)";
+
+/// [`QueuePair::init`]'s move, RESET → INIT for a queue pair of type `t`: port and P_Key index,
+/// with the Q_Key (UD) or the access rights (UC: the write rights only, the rest being refused
+/// there).
+pub(super) fn init_move(t: QpType, opts: &ConnectOptions) -> ModifyQp {
+    let m = ModifyQp::to(QpState::INIT).pkey_index(opts.pkey_index).port(opts.port);
+    if t == QpType::UD {
+        return m.qkey(opts.qkey);
+    }
+    let mut access = opts.access;
+    if t == QpType::UC {
+        access &= AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    }
+    m.access(access)
+}
+
+/// [`QueuePair::connect`]'s INIT → RTR for a queue pair of type `t`: the path to `remote` (`av`,
+/// built before the first move), path MTU, remote QPN and PSN, and for RC and XRC targets the
+/// responder's attributes (the kernel refuses them elsewhere), `min_rnr_timer` as
+/// [`ConnectOptions`]' raw code.
+pub(super) fn rtr_move(
+    t: QpType,
+    remote: &Endpoint,
+    opts: &ConnectOptions,
+    av: ffi::ibv_ah_attr,
+    mtu: Mtu,
+    rd_atomic: u8,
+) -> ModifyQp {
+    let m =
+        ModifyQp::to(QpState::RTR).address_raw(av).path_mtu(mtu).dest_qp_num(remote.qpn).rq_psn(remote.psn);
+    if t == QpType::RC || t == QpType::XRC_RECV {
+        return m.max_dest_rd_atomic(rd_atomic).min_rnr_timer_raw(opts.min_rnr_timer);
+    }
+    m
+}
+
+/// [`QueuePair::connect`]'s RTR → RTS for a queue pair of type `t`: the send PSN `sq_psn`, the
+/// ACK timeout (raw code) on XRC targets, and for RC and XRC initiators the requester's
+/// attributes.
+pub(super) fn rts_move(t: QpType, opts: &ConnectOptions, sq_psn: u32, rd_atomic: u8) -> ModifyQp {
+    let m = ModifyQp::to(QpState::RTS).sq_psn(sq_psn);
+    if t == QpType::XRC_RECV {
+        return m.ack_timeout_raw(opts.timeout);
+    }
+    if t == QpType::RC || t == QpType::XRC_SEND {
+        return m
+            .ack_timeout_raw(opts.timeout)
+            .retry_cnt(opts.retry_cnt)
+            .rnr_retry(opts.rnr_retry)
+            .max_rd_atomic(rd_atomic);
+    }
+    m
+}
 
 impl QueuePair {
     /// This QP's connection details for a peer, on `opts.port` with `opts`' GID choice.
@@ -98,25 +151,7 @@ impl QueuePair {
             return Err(Error::QpState { verb: "ibv_modify_qp", state: self.state, expected: "RESET" });
         }
         self.context().query_port(opts.port)?;
-        use ffi::ibv_qp_attr_mask as M;
-        let mut attr = ffi::ibv_qp_attr {
-            qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
-            pkey_index: opts.pkey_index,
-            port_num: opts.port,
-            ..Default::default()
-        };
-        let mask = if self.qp_type == QpType::UD {
-            attr.qkey = opts.qkey;
-            M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_QKEY
-        } else {
-            let mut access = opts.access;
-            if self.qp_type == QpType::UC {
-                access &= AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-            }
-            attr.qp_access_flags = access.bits();
-            M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS
-        };
-        self.modify_raw(&mut attr, mask)
+        self.modify_checked(&init_move(self.qp_type, opts))
     }
 
     /// Connects an RC or UC QP to `remote`: RESET → INIT (if needed) → RTR → RTS
@@ -179,47 +214,8 @@ impl QueuePair {
         };
         let av = ah_attr(&ctx, remote, opts, "ibv_modify_qp")?;
         self.reach_init(opts)?;
-        use ffi::ibv_qp_attr_mask as M;
-        let mut attr = ffi::ibv_qp_attr {
-            qp_state: ffi::ibv_qp_state::IBV_QPS_RTR,
-            path_mtu: ffi::ibv_mtu(mtu.0),
-            dest_qp_num: remote.qpn,
-            rq_psn: remote.psn,
-            ah_attr: av,
-            max_dest_rd_atomic: rd_atomic,
-            min_rnr_timer: opts.min_rnr_timer,
-            ..Default::default()
-        };
-        let mut mask =
-            M::IBV_QP_STATE | M::IBV_QP_AV | M::IBV_QP_PATH_MTU | M::IBV_QP_DEST_QPN | M::IBV_QP_RQ_PSN;
-        // The responder's attributes: RC and XRC targets (the kernel refuses them elsewhere).
-        if self.qp_type == QpType::RC || self.qp_type == QpType::XRC_RECV {
-            mask = mask | M::IBV_QP_MAX_DEST_RD_ATOMIC | M::IBV_QP_MIN_RNR_TIMER;
-        }
-        self.modify_raw(&mut attr, mask)?;
-
-        let mut attr = ffi::ibv_qp_attr {
-            qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
-            sq_psn: self.send_psn(opts),
-            timeout: opts.timeout,
-            retry_cnt: opts.retry_cnt,
-            rnr_retry: opts.rnr_retry,
-            max_rd_atomic: rd_atomic,
-            ..Default::default()
-        };
-        let mut mask = M::IBV_QP_STATE | M::IBV_QP_SQ_PSN;
-        if self.qp_type == QpType::XRC_RECV {
-            mask |= M::IBV_QP_TIMEOUT;
-        }
-        // The requester's attributes: RC and XRC initiators.
-        if self.qp_type == QpType::RC || self.qp_type == QpType::XRC_SEND {
-            mask = mask
-                | M::IBV_QP_TIMEOUT
-                | M::IBV_QP_RETRY_CNT
-                | M::IBV_QP_RNR_RETRY
-                | M::IBV_QP_MAX_QP_RD_ATOMIC;
-        }
-        self.modify_raw(&mut attr, mask)
+        self.modify_checked(&rtr_move(self.qp_type, remote, opts, av, mtu, rd_atomic))?;
+        self.modify_checked(&rts_move(self.qp_type, opts, self.send_psn(opts), rd_atomic))
     }
 
     /// Brings a UD QP to RTS: RESET → INIT (if needed) → RTR → RTS (`ibv_modify_qp()`).
@@ -240,15 +236,8 @@ impl QueuePair {
         }
         opts.validate("ibv_modify_qp")?;
         self.reach_init(opts)?;
-        use ffi::ibv_qp_attr_mask as M;
-        let mut attr = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_RTR, ..Default::default() };
-        self.modify_raw(&mut attr, M::IBV_QP_STATE)?;
-        let mut attr = ffi::ibv_qp_attr {
-            qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
-            sq_psn: self.send_psn(opts),
-            ..Default::default()
-        };
-        self.modify_raw(&mut attr, M::IBV_QP_STATE | M::IBV_QP_SQ_PSN)
+        self.modify_checked(&ModifyQp::to(QpState::RTR))?;
+        self.modify_checked(&ModifyQp::to(QpState::RTS).sq_psn(self.send_psn(opts)))
     }
 
     /// Moves the QP to the error state (`ibv_modify_qp()`): outstanding requests complete with
