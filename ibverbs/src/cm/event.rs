@@ -106,7 +106,7 @@ impl McastJoin {
     /// [`Error::Verb`] from `ibv_create_ah()` (e.g. `EINVAL` for a `pd` of another device, whose
     /// ports or GID table the address vector does not fit).
     #[doc(alias = "ibv_create_ah")]
-    pub fn create_ah(&self, pd: &crate::ProtectionDomain) -> Result<crate::AddressHandle> {
+    pub fn create_ah(&self, pd: &crate::pd::ProtectionDomain) -> Result<crate::ah::AddressHandle> {
         let mut attr = self.ah_attr;
         pd.create_ah_raw(&mut attr)
     }

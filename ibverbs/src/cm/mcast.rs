@@ -122,7 +122,7 @@ impl CmId {
 
     fn check_udp(&self, verb: &'static str) -> Result<()> {
         if !self.is_udp() {
-            return Err(crate::Error::InvalidArgument {
+            return Err(crate::error::Error::InvalidArgument {
                 verb,
                 reason: "multicast is for ids of the RDMA_PS_UDP port space (EventChannel::create_udp_id)",
             });

@@ -703,7 +703,10 @@ impl QueuePair {
             return if m.to == QpState::RESET { self.reset() } else { self.set_error() };
         }
         if self.context().is_iwarp() {
-            return Err(Error::Unsupported { verb: VERB, capability: crate::IWARP_MANUAL_CONNECT });
+            return Err(Error::Unsupported {
+                verb: VERB,
+                capability: crate::queue::qp::state::IWARP_MANUAL_CONNECT,
+            });
         }
         self.modify_checked(m)
     }
