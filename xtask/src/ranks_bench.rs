@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use crate::plot::{Chart, Series};
 use crate::rxe2::PairStep;
+use crate::sweep::size_label;
 use crate::twohost::{rsh_side, PRELUDE, RANKS_OPTIONS, RANKS_PRELUDE};
 use crate::vm::Output;
 use crate::{cargo, shell};
@@ -60,14 +61,6 @@ pub fn parse(out: &str) -> (Vec<Row>, String) {
     }
     rows.sort_by_key(|r| r.size);
     (rows, pml)
-}
-
-fn size_label(x: u64) -> String {
-    match x {
-        x if x >= 1 << 20 && x % (1 << 20) == 0 => format!("{} MiB", x >> 20),
-        x if x >= 1 << 10 && x % (1 << 10) == 0 => format!("{} KiB", x >> 10),
-        x => format!("{x} B"),
-    }
 }
 
 /// The Markdown table: per size, both times and bus bandwidths and the ratios (ours / MPI for

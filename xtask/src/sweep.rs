@@ -237,7 +237,7 @@ impl Results {
 }
 
 /// `2`, `4 KiB`, `1 MiB`.
-fn size_label(x: u64) -> String {
+pub fn size_label(x: u64) -> String {
     match x {
         _ if x >= 1 << 20 && x % (1 << 20) == 0 => format!("{} MiB", x >> 20),
         _ if x >= 1 << 10 && x % (1 << 10) == 0 => format!("{} KiB", x >> 10),
