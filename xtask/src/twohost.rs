@@ -383,16 +383,23 @@ pub fn ranks_steps(examples: &Path, xtask: &Path) -> Vec<PairStep> {
         timeout: Duration::from_secs(150),
         output: Output::Live,
     });
+    // Steps 4 and 6 start a guest's two ranks (`first`, `first + 1`) by torchrun's variables, a
+    // 4 MiB allreduce looping long enough to be hit, each rank's output in /tmp/{out}$r.out; the
+    // shell variable `w` is the rank's wrapper (`timeout 150` unless the step says otherwise).
+    let torchrun_pair = |first: u32, port: u32, out: &str, wrapper: &str, extra: &str| {
+        format!(
+            "{pre}s0=$(ms)\nfor i in 0 1; do r=$(({first} + i)); {wrapper}\n\
+             RANK=$r WORLD_SIZE=4 LOCAL_RANK=$i MASTER_ADDR=10.0.2.1 MASTER_PORT={port} $w taskset -c $i {c} \\\n\
+             -b 4M -e 4M -n 1000 -w 0 -c 0{extra} --timeout 60 >/tmp/{out}$r.out 2>&1 & eval p$i=$!; done\n"
+        )
+    };
     // 4. Rank 3 SIGKILLed mid-allreduce (torchrun's variables): ranks 0-2 exit 2 within 30 s of
     //    the kill, each naming rank 3. The victim runs without a `timeout` wrapper (killing the
     //    wrapper would leave the rank running).
     let kill = |first: u32, victim: bool| {
-        let mut s = format!(
-            "{pre}s0=$(ms)\nfor i in 0 1; do r=$(({first} + i)); if [ $r -eq 3 ]; then w=; else w='timeout 150'; fi\n\
-             RANK=$r WORLD_SIZE=4 LOCAL_RANK=$i MASTER_ADDR=10.0.2.1 MASTER_PORT=29503 $w taskset -c $i {c} \\\n\
-             -b 4M -e 4M -n 1000 -w 0 -c 0 --timeout 60 >/tmp/k$r.out 2>&1 & eval p$i=$!; done\n\
-             sleep 10\n"
-        );
+        let mut s =
+            torchrun_pair(first, 29503, "k", "if [ $r -eq 3 ]; then w=; else w='timeout 150'; fi", "");
+        s.push_str("sleep 10\n");
         if victim {
             s.push_str(
                 "kill -0 $p1 || die 'rank 3 ended before it was killed'\nt0=$(ms); kill -9 $p1\n\
@@ -447,11 +454,7 @@ pub fn ranks_steps(examples: &Path, xtask: &Path) -> Vec<PairStep> {
     //    the group, and every rank exits 2 naming rxe1 within 45 s of the cut. No failover onto
     //    the live rail: an RC queue pair in error is not moved (see docs/groups.md).
     let cut = |first: u32| {
-        let mut s = format!(
-            "{pre}s0=$(ms)\nfor i in 0 1; do r=$(({first} + i))\n\
-             RANK=$r WORLD_SIZE=4 LOCAL_RANK=$i MASTER_ADDR=10.0.2.1 MASTER_PORT=29504 timeout 150 taskset -c $i {c} \\\n\
-             -b 4M -e 4M -n 1000 -w 0 -c 0 --rails all --timeout 60 >/tmp/c$r.out 2>&1 & eval p$i=$!; done\n"
-        );
+        let mut s = torchrun_pair(first, 29504, "c", "w='timeout 150'", " --rails all");
         if first == 0 {
             s.push_str(
                 "sleep 10\nkill -0 $p0 && kill -0 $p1 || die 'a rank ended before the cut'\n\
