@@ -93,6 +93,73 @@ done
 exit $rc
 "#;
 
+/// The guest script of the async adaptor's count (`benches/async_op.rs`): one callgrind run
+/// collecting inside its `post_op` and `poll_op`, dumped after each `run` call (the first dump is
+/// the warm-up's, the second the counted iterations'); printed between the markers of
+/// [`SCRIPT`] (`level=Async what=op`).
+pub const ASYNC_SCRIPT: &str = r#"b=$(ls -t "$TARGET_DIR"/release/deps/async_op-* | grep -v '\.d$' | head -n 1)
+[ -x "$b" ] || { echo "no async_op benchmark binary (cargo bench --no-run --bench async_op)"; exit 1; }
+rc=0
+d=$(mktemp -d)
+echo "@@cg level=Async what=op"
+(cd "$d" && valgrind -q --tool=callgrind --collect-atstart=no \
+  --toggle-collect=async_op::post_op --toggle-collect=async_op::poll_op --dump-after=async_op::run \
+  --callgrind-out-file="$d/cg.%p" "$b") 2>&1 || { echo "@@failed"; rc=1; }
+for f in "$d"/cg.*; do
+  [ -f "$f" ] || continue
+  echo "@@file"
+  cat "$f"
+done
+echo "@@end"
+rm -rf "$d"
+exit $rc
+"#;
+
+/// The async adaptor's count: one operation posted and its future polled to completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncCount {
+    /// Operations counted.
+    pub ops: u64,
+    /// Inside `post_op` and `poll_op`.
+    pub count: Count,
+    /// Polls of the futures, and how many found nothing.
+    pub polls: u64,
+    /// Polls that found nothing.
+    pub empty_polls: u64,
+}
+
+impl AsyncCount {
+    /// `v` per operation.
+    pub fn per_op(&self, v: u64) -> f64 {
+        v as f64 / self.ops.max(1) as f64
+    }
+}
+
+/// Reads [`ASYNC_SCRIPT`]'s output: the counted run's dump (part 2) and the summary line
+/// (`async_op: I operations, P polls (E empty)`). `None` with the problems when it is not there.
+pub fn parse_async_output(out: &str) -> (Option<AsyncCount>, Vec<String>) {
+    let mut problems = Vec::new();
+    let mut found = None;
+    for Section { what, polls, dumps, .. } in sections(out, "async_op: ", [1, 3, 5], &mut problems) {
+        if what != "op" {
+            continue;
+        }
+        let (Some(&count), Some((&ops, &(p, e)))) =
+            (dumps.iter().find(|(part, _)| *part == 2).map(|(_, c)| c), polls.iter().next())
+        else {
+            continue;
+        };
+        found = Some(AsyncCount { ops, count, polls: p, empty_polls: e });
+    }
+    match found {
+        Some(c) if c.count.total > 0 && c.ops > 0 => (Some(c), problems),
+        _ => {
+            problems.push("async op: no counts".into());
+            (None, problems)
+        }
+    }
+}
+
 /// One callgrind dump, reduced.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Count {
@@ -197,22 +264,27 @@ impl Row {
 }
 
 /// One `@@cg` section of a guest script's output, read.
-struct Section {
+pub(crate) struct Section {
     /// `level=` of its header.
-    level: String,
+    pub(crate) level: String,
     /// `what=` of its header.
-    what: String,
+    pub(crate) what: String,
     /// The benchmark's counts from its summary lines: shape (WRs per post, or batch size) →
     /// (poll calls, empty ones).
-    polls: std::collections::HashMap<u64, (u64, u64)>,
+    pub(crate) polls: std::collections::HashMap<u64, (u64, u64)>,
     /// Its dumps: (part number, count).
-    dumps: Vec<(u32, Count)>,
+    pub(crate) dumps: Vec<(u32, Count)>,
 }
 
 /// Splits a guest script's output into its sections; a failed run is reported in `problems`.
 /// Summary lines start with `prefix`; `words` are the indices of the shape, the poll calls and
 /// the empty ones among their whitespace-separated words.
-fn sections(out: &str, prefix: &str, words: [usize; 3], problems: &mut Vec<String>) -> Vec<Section> {
+pub(crate) fn sections(
+    out: &str,
+    prefix: &str,
+    words: [usize; 3],
+    problems: &mut Vec<String>,
+) -> Vec<Section> {
     let mut found = Vec::new();
     for section in out.split("@@cg ").skip(1) {
         let header = section.lines().next().unwrap_or("");

@@ -124,7 +124,7 @@ pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: b
         sweep_code = crate::sweep::run(backend, None, BENCH_SWEEP)?;
         cargo::run(&root, &["build", "--release", "--examples"])?;
     }
-    cargo::run(&root, &["bench", "--no-run", "--bench", "post_poll"])?;
+    cargo::run(&root, &["bench", "--no-run", "--bench", "post_poll", "--bench", "async_op"])?;
     let lines = if callgrind_only { &[][..] } else { BENCH };
     let timeout = timeout.unwrap_or(BENCH_TIMEOUT);
     let captured = [
@@ -136,6 +136,7 @@ pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: b
             "poll instructions per completion by batch size under callgrind: ffi, unsafe, safe",
             crate::callgrind::BATCH_SCRIPT,
         ),
+        ("instructions of one awaited async operation under callgrind", crate::callgrind::ASYNC_SCRIPT),
     ];
     let (code, results) = run_lines_with(backend, lines, &captured, timeout, "bench")?;
     let outs = results.get(lines.len()..).unwrap_or(&[]);
@@ -192,7 +193,57 @@ pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: b
         std::fs::write(&svg, chart.svg_styled(&styles)).map_err(|e| format!("{}: {e}", svg.display()))?;
         eprintln!("xtask: wrote {}", svg.display());
     }
-    let ok = problems.is_empty() && out.code == 0 && batch_problems.is_empty() && batch_code == 0;
+    // The async operation's count, and the instruction-count gate's verdict on this run.
+    let (async_stdout, async_code) = match outs.get(2) {
+        Some(r) => (String::from_utf8_lossy(&r.stdout).into_owned(), r.code),
+        None => (String::new(), 1),
+    };
+    let (op, async_problems) = crate::callgrind::parse_async_output(&async_stdout);
+    for p in &async_problems {
+        eprintln!("xtask: callgrind, async: {p}");
+    }
+    if let Some(op) = &op {
+        println!(
+            "\nasync adaptor: {:.1} user-space instructions per awaited operation, {:.1} ours ({} operations, {} polls, {} empty)",
+            op.per_op(op.count.total),
+            op.per_op(op.count.ours()),
+            op.ops,
+            op.polls,
+            op.empty_polls
+        );
+    } else {
+        eprintln!("xtask: the async step's output:\n{async_stdout}");
+    }
+    let figures = crate::gate::figures(&rows, &batch, op.as_ref());
+    let gate_file = dir.join("gate-baseline.txt");
+    std::fs::write(&gate_file, crate::gate::render_baseline(&figures, &commit, &date))
+        .map_err(|e| format!("{}: {e}", gate_file.display()))?;
+    eprintln!(
+        "xtask: wrote {} (copy it over {} to move the gate)",
+        gate_file.display(),
+        crate::gate::BASELINE
+    );
+    match std::fs::read_to_string(root.join(crate::gate::BASELINE))
+        .map_err(|e| e.to_string())
+        .and_then(|b| crate::gate::parse_baseline(&b).map(|base| crate::gate::judge(&base, &figures)))
+    {
+        Ok(v) => {
+            println!("\ninstruction-count gate against {}:\n{}", crate::gate::BASELINE, v.table);
+            for n in &v.notes {
+                println!("  note: {n}");
+            }
+            for f in &v.failures {
+                println!("  WOULD FAIL: {f}");
+            }
+        }
+        Err(e) => eprintln!("xtask: no gate verdict: {e}"),
+    }
+    let ok = problems.is_empty()
+        && out.code == 0
+        && batch_problems.is_empty()
+        && batch_code == 0
+        && async_problems.is_empty()
+        && async_code == 0;
     Ok(if ok { code.max(sweep_code) } else { code.max(sweep_code).max(1) })
 }
 

@@ -31,6 +31,7 @@
 mod callgrind;
 mod cargo;
 mod demo;
+mod gate;
 mod image;
 mod json;
 mod nightly;
@@ -80,7 +81,7 @@ Commands:
         Exit status: the worse of the two (a side killed with rxe2-fault does not count), 124 on
         timeout, 125 when a guest failed. --mtu sets both NICs' MTU (default 1500), --mtu-b B's;
         --smp the vCPUs per guest (default 1).
-  test [--vm] [--device rxe|siw] [--kernel K] [--mtu N] [--timeout S] [--valgrind] [--tsan] [--miri] [--twohost] [--publish] [-- TEST_ARGS...]
+  test [--vm] [--device rxe|siw] [--kernel K] [--mtu N] [--timeout S] [--valgrind] [--tsan] [--miri] [--twohost] [--publish] [--gate] [-- TEST_ARGS...]
         The whole test suite: builds, host tests, doc tests; with a nightly toolchain (installed
         with rustup if missing): doc tests under nightly rustdoc (checks compile_fail error codes),
         Miri over the library's unit tests, the ThreadSanitizer build of tests/device_threads*.rs
@@ -92,8 +93,11 @@ Commands:
         tests/twohost_*.rs in both roles (link cuts, a process killed, a guest restarted); the
         publish checks (MSRV, docs without rdma-core, cargo publish --dry-run); in a second VM
         boot the siw pass (the device tests of test::SIW_BINARIES on siw0; test::SIW_VALGRIND
-        under valgrind; the ThreadSanitizer builds, when that pass built them); a summary.
-        --valgrind, --tsan, --miri, --twohost, --publish: run only these passes (any combination).
+        under valgrind; the ThreadSanitizer builds, when that pass built them); the
+        instruction-count gate (callgrind counts of the post/poll paths and an async operation in
+        the VM, failing past 3 % over xtask/gate-baseline.txt); a summary.
+        --valgrind, --tsan, --miri, --twohost, --publish, --gate: run only these passes (any
+        combination).
         TEST_ARGS go to each device test binary (e.g. a test name filter).
   demo [--vm] [--mtu N] [--timeout S]
         Show the device at work: our devinfo, rc_pingpong and write_bw examples (one VM boot).
@@ -168,6 +172,8 @@ struct Options {
     miri: bool,
     /// `test --publish`.
     publish: bool,
+    /// `test --gate`.
+    gate: bool,
     /// `test --twohost`.
     twohost: bool,
     /// `bench --sweep`.
@@ -203,6 +209,7 @@ impl Default for Options {
             tsan: false,
             miri: false,
             publish: false,
+            gate: false,
             twohost: false,
             sweep: false,
             ranks: false,
@@ -300,6 +307,7 @@ fn parse_args(args: &[OsString]) -> Result<Cli, String> {
             "--tsan" if flag && command == "test" => opts.tsan = true,
             "--miri" if flag && command == "test" => opts.miri = true,
             "--publish" if flag && command == "test" => opts.publish = true,
+            "--gate" if flag && command == "test" => opts.gate = true,
             "--twohost" if flag && (command == "test" || command == "bench") => opts.twohost = true,
             "--sweep" if flag && command == "bench" => opts.sweep = true,
             "--ranks" if flag && command == "bench" => opts.ranks = true,
@@ -498,8 +506,14 @@ fn main() -> ExitCode {
         }
         Cli::Rxe2(opts, a, b) => rxe2_command(opts, a, b),
         Cli::Test(opts, test_args) => {
-            let mut passes =
-                test::Passes::only(opts.valgrind, opts.tsan, opts.miri, opts.twohost, opts.publish);
+            let mut passes = test::Passes::only(
+                opts.valgrind,
+                opts.tsan,
+                opts.miri,
+                opts.twohost,
+                opts.publish,
+                opts.gate,
+            );
             match opts.device {
                 Some(vm::VmDevice::Siw) => passes = test::Passes::SIW_ONLY,
                 Some(vm::VmDevice::Rxe) => passes.siw = false,
@@ -685,6 +699,11 @@ mod tests {
             parse_args(&os(&["test", "--miri"])),
             Ok(Cli::Test(Options { miri: true, ..Options::default() }, vec![]))
         );
+        assert_eq!(
+            parse_args(&os(&["test", "--gate"])),
+            Ok(Cli::Test(Options { gate: true, ..Options::default() }, vec![]))
+        );
+        assert!(parse_args(&os(&["bench", "--gate"])).is_err());
         assert_eq!(parse_args(&os(&["deps"])), Ok(Cli::Deps(Options::default())));
         assert_eq!(
             parse_args(&os(&["deps", "--dry-run"])),

@@ -63,6 +63,8 @@ pub struct Passes {
     pub siw: bool,
     /// The second-kernel stage: [`KERNEL2_BINARIES`] on rxe under the backports kernel.
     pub kernel2: bool,
+    /// The instruction-count gate ([`crate::gate`]), in the device job.
+    pub gate: bool,
 }
 
 impl Passes {
@@ -77,6 +79,7 @@ impl Passes {
         publish: true,
         siw: true,
         kernel2: true,
+        gate: true,
     };
 
     /// `test --device siw`: only the siw stage.
@@ -90,12 +93,13 @@ impl Passes {
         publish: false,
         siw: true,
         kernel2: false,
+        gate: false,
     };
 
-    /// Only the passes asked for (`--valgrind`, `--tsan`, `--miri`, `--twohost`, `--publish`); the
-    /// whole suite if none is.
-    pub fn only(valgrind: bool, tsan: bool, miri: bool, twohost: bool, publish: bool) -> Passes {
-        if !(valgrind || tsan || miri || twohost || publish) {
+    /// Only the passes asked for (`--valgrind`, `--tsan`, `--miri`, `--twohost`, `--publish`,
+    /// `--gate`); the whole suite if none is.
+    pub fn only(valgrind: bool, tsan: bool, miri: bool, twohost: bool, publish: bool, gate: bool) -> Passes {
+        if !(valgrind || tsan || miri || twohost || publish || gate) {
             return Passes::ALL;
         }
         Passes {
@@ -108,6 +112,7 @@ impl Passes {
             publish,
             siw: false,
             kernel2: false,
+            gate,
         }
     }
 
@@ -447,6 +452,20 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
         );
         summary.took(t.elapsed());
     }
+    // The instruction-count gate's benchmarks (release build), run under callgrind in the
+    // device job ([`crate::gate`]).
+    let gate = if passes.gate {
+        let t = Instant::now();
+        let built = cargo::run(&root, &["bench", "--no-run", "--bench", "post_poll", "--bench", "async_op"]);
+        interrupted()?;
+        if let Err(why) = &built {
+            summary.check(GATE_LABEL, Err(format!("not run: the release build failed: {why}")));
+        }
+        summary.took(t.elapsed());
+        built.is_ok()
+    } else {
+        false
+    };
     let nightly_start = Instant::now();
     let toolchain = passes.need_nightly().then(nightly::ensure);
     interrupted()?;
@@ -527,7 +546,7 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
     }
 
     // The VM boots if something is to run there (not for a failed ThreadSanitizer build alone).
-    if passes.plain || passes.valgrind || tsan.is_some() {
+    if passes.plain || passes.valgrind || tsan.is_some() || gate {
         if device.is_empty() && passes.plain {
             eprintln!(
                 "xtask: no device test binaries (tests/device_*.rs) yet: only the harness self-tests use the VM"
@@ -535,7 +554,7 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
         }
         // A job that could not run (no kernel image, QEMU failing to start...) fails its line:
         // the later stages and the summary still come.
-        let job = run_device_job(opts, &root, &device, tsan.as_ref(), &mut summary);
+        let job = run_device_job(opts, &root, &device, tsan.as_ref(), gate, &mut summary);
         interrupted()?;
         if let Err(e) = job {
             eprintln!("xtask: the device job failed: {e}");
@@ -1499,11 +1518,22 @@ fn sanitizer_self_tests(root: &Path, passes: Passes, tsan: Option<&TsanBuild>) -
 /// The device test binaries (plain, under valgrind, ThreadSanitizer builds), the self-tests and the
 /// leak check, in one VM boot; in the VM, half of the valgrind runs go to a second VM of their own
 /// (see [`split_valgrind`]), booted once the plain runs are done, with its own leak check.
+/// The summary line of the instruction-count gate.
+const GATE_LABEL: &str =
+    "instruction-count gate: callgrind counts of the hot paths vs xtask/gate-baseline.txt";
+
+/// How long the gate's callgrind runs may take (about 3 minutes under TCG).
+const GATE_TIMEOUT: u64 = 900;
+
+/// The device job: the device test binaries (plain, then under the sanitizers), the harness's
+/// self-tests, the instruction-count gate when `gate` (its benchmarks were built), and the
+/// leak check, in one boot (the valgrind runs split over a second VM beside it).
 fn run_device_job(
     opts: &TestOptions,
     root: &Path,
     device: &[Artifact],
     tsan: Option<&TsanBuild>,
+    gate: bool,
     summary: &mut Summary,
 ) -> Result<(), String> {
     if opts.passes.valgrind {
@@ -1532,20 +1562,47 @@ fn run_device_job(
     self_tests.extend(sanitizer_self_tests(root, opts.passes, tsan));
     let first_self_test = steps.len();
     steps.extend(self_tests.iter().map(|(step, _)| step.clone()));
+    let gate_step = gate.then(|| {
+        let mut script = b"TARGET_DIR=".to_vec();
+        script.extend_from_slice(&shell::quote(
+            cargo::target_dir(root).unwrap_or_default().as_os_str().as_bytes(),
+        ));
+        script.push(b'\n');
+        script.extend_from_slice(crate::gate::script().as_bytes());
+        steps.push(self_test_step(GATE_LABEL, shell::in_dir(root, &script), GATE_TIMEOUT));
+        steps.len() - 1
+    });
     let leak_step = steps.len();
     steps.push(check());
-    let mut side_steps = vec![baseline()];
-    side_steps.extend(side.iter().map(|r| r.step.clone()));
-    side_steps.push(check());
+    // No second VM when it has no run (e.g. `test --gate` alone).
+    let mut side_steps = Vec::new();
+    if !side.is_empty() {
+        side_steps.push(baseline());
+        side_steps.extend(side.iter().map(|r| r.step.clone()));
+        side_steps.push(check());
+    }
 
     let started = Instant::now();
     let mut verdicts: Vec<Result<(), String>> = Vec::new();
+    let mut gate_verdict: Option<Result<(), String>> = None;
     let (report, side_report) = run_beside(
         // Step 0 is the baseline: step `plain` is the last plain run.
         (&steps, &opts.backend, (plain > 0).then_some(plain)),
-        (&side_steps, "-valgrind2", 1..side_steps.len() - 1),
+        (&side_steps, "-valgrind2", 1..side_steps.len().saturating_sub(1)),
         &mut |i, r| {
-            if (first_self_test..leak_step).contains(&i) {
+            if Some(i) == gate_step {
+                let baseline = std::fs::read_to_string(root.join(crate::gate::BASELINE))
+                    .map_err(|e| format!("{}: {e}", crate::gate::BASELINE));
+                let out = String::from_utf8_lossy(&r.stdout);
+                let verdict = baseline.and_then(|b| crate::gate::check(&out, r.code, &b));
+                match &verdict {
+                    Ok(table) => {
+                        eprintln!("xtask: {GATE_LABEL} ... ok ({:.0} s)\n{table}", r.elapsed.as_secs_f64())
+                    }
+                    Err(why) => eprintln!("xtask: {GATE_LABEL} ... FAILED: {why}"),
+                }
+                gate_verdict = Some(verdict.map(|_| ()));
+            } else if (first_self_test..first_self_test + self_tests.len()).contains(&i) {
                 let verdict = self_tests[i - first_self_test].1(r);
                 let status = if verdict.is_ok() { "ok" } else { "FAILED" };
                 eprintln!("xtask: self-test: {} ... {status}", steps[i].label);
@@ -1567,6 +1624,9 @@ fn run_device_job(
             format!("self-test: {}", step.label),
             verdicts.next().unwrap_or_else(|| Err(note.clone())),
         );
+    }
+    if gate_step.is_some() {
+        summary.check(GATE_LABEL, gate_verdict.unwrap_or_else(|| Err(note.clone())));
     }
     summary.check("leak check: rdma resource show vs. baseline", leak_verdict(&report, leak_step, &note));
     match side_report {
@@ -2127,16 +2187,18 @@ mod tests {
 
     #[test]
     fn passes_asked_for() {
-        assert_eq!(Passes::only(false, false, false, false, false), Passes::ALL);
-        let t = Passes::only(false, false, false, true, false);
+        assert_eq!(Passes::only(false, false, false, false, false, false), Passes::ALL);
+        let t = Passes::only(false, false, false, true, false, false);
         assert!(t.twohost && !t.plain && !t.publish);
-        let v = Passes::only(true, false, false, false, false);
+        let v = Passes::only(true, false, false, false, false, false);
         assert!(v.valgrind && !v.plain && !v.tsan && !v.miri && !v.nightly_doc && !v.publish && !v.twohost);
         assert!(!v.need_nightly());
-        let m = Passes::only(false, false, true, false, false);
+        let m = Passes::only(false, false, true, false, false, false);
         assert!(m.need_nightly() && !m.plain && !m.valgrind && !m.tsan);
-        assert!(Passes::only(false, true, false, false, false).need_nightly());
-        let p = Passes::only(false, false, false, false, true);
+        assert!(Passes::only(false, true, false, false, false, false).need_nightly());
+        let p = Passes::only(false, false, false, false, true, false);
+        let g = Passes::only(false, false, false, false, false, true);
+        assert!(g.gate && !g.plain && !g.valgrind && !g.siw && !g.need_nightly());
         assert!(p.publish && !p.plain && !p.valgrind && !p.tsan && !p.twohost && !p.need_nightly());
     }
 
