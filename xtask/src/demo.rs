@@ -270,11 +270,11 @@ fn git_commit(root: &std::path::Path) -> String {
 /// `cargo xtask bench --twohost`: `examples/perf/compare_twohost.sh` in both guests of a pair
 /// (release build; servers in A, clients in B, ours and perftest's alternating), then the table
 /// of medians and ratios from B's `RESULT` lines. `PAIRS` in the environment sets the pairs per
-/// test (default 3).
+/// test (default 8: fewer do not separate the two tools across this link).
 pub fn bench_twohost(timeout: Option<Duration>) -> Result<u8, String> {
     let root = crate::workspace_root();
     cargo::run(&root, &["build", "--release", "--examples"])?;
-    let pairs: u32 = std::env::var("PAIRS").ok().and_then(|p| p.parse().ok()).filter(|&p| p > 0).unwrap_or(3);
+    let pairs: u32 = std::env::var("PAIRS").ok().and_then(|p| p.parse().ok()).filter(|&p| p > 0).unwrap_or(8);
     let mut script = format!("PAIRS={pairs}\nexport PAIRS\nTARGET_DIR=").into_bytes();
     script.extend_from_slice(&shell::quote(cargo::target_dir(&root)?.as_os_str().as_bytes()));
     script.extend_from_slice(b"\nexport TARGET_DIR\nsh examples/perf/compare_twohost.sh\n");

@@ -110,7 +110,7 @@ Commands:
         per completion by batch size 1-32 (a table, the same JSON, docs/bench/poll_batch.svg).
         --callgrind: only the instruction counts.
         --twohost: instead, the same comparison across the two guests of rxe2 (servers in A,
-        clients in B; examples/perf/compare_twohost.sh, PAIRS=3 by default), as a table.
+        clients in B; examples/perf/compare_twohost.sh, PAIRS=8 by default), as a table.
         --ranks: instead, 4 ranks on the two guests (2 each, two rails): our allreduce
         (examples/collectives) against Open MPI's MPI_Allreduce under mpirun, 8 B - 64 MiB,
         alternating rounds (pml ucx over rxe if it runs, else ob1/tcp, named), as a table,
