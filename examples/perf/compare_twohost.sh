@@ -3,7 +3,7 @@
 # runs it in both guests of a pair and prints the table; by hand:
 #   cargo build --release --examples
 #   cargo xtask rxe2 --timeout 1400 -- sh examples/perf/compare_twohost.sh ::: sh examples/perf/compare_twohost.sh
-# PAIRS (3) pairs per test; TARGET_DIR (target) the cargo target folder.
+# PAIRS (8) pairs per test; TARGET_DIR (target) the cargo target folder.
 # Guest A runs the servers, guest B the clients (ours and perftest's alternating, 3 pairs per
 # test); B prints one RESULT line per run: test, tool, pair, exit status, the client's figure.
 E=${TARGET_DIR:-target}/release/examples
@@ -11,7 +11,7 @@ role=$RXE2_ROLE
 port=19000
 for t in write_bw read_bw send_bw write_lat send_lat; do
   case $t in *_bw) s=65536 n=2000 ;; *) s=2 n=3000 ;; esac
-  for pair in $(seq 1 "${PAIRS:-3}"); do
+  for pair in $(seq 1 "${PAIRS:-8}"); do
     for kind in ours perftest; do
       port=$((port + 1))
       if [ $kind = ours ]; then bin=$E/$t; else bin=ib_$t; fi
