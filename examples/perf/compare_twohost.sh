@@ -4,7 +4,7 @@
 #   cargo build --release --examples
 #   cargo xtask rxe2 --timeout 1400 -- sh examples/perf/compare_twohost.sh ::: sh examples/perf/compare_twohost.sh
 # PAIRS (8) pairs per test; TARGET_DIR (target) the cargo target folder.
-# Guest A runs the servers, guest B the clients (ours and perftest's alternating, 3 pairs per
+# Guest A runs the servers, guest B the clients (ours and perftest's alternating, PAIRS pairs per
 # test); B prints one RESULT line per run: test, tool, pair, exit status, the client's figure.
 E=${TARGET_DIR:-target}/release/examples
 role=$RXE2_ROLE

@@ -29,6 +29,16 @@ pub const TOLERANCE: f64 = 0.03;
 /// WR, where one instruction more per chain is a few percent).
 pub const SLACK: f64 = 1.0;
 
+/// What one empty poll may cost, at most, in a synchronous figure (`wr.*`, `batch.*`): the
+/// benchmarks sleep 2 ms before they poll, so that the device has finished, but a VM slowed by
+/// the host's other work may still make a poll find nothing; such polls are allowed for, at this
+/// many instructions each, over the tolerance.
+pub const EMPTY_POLL_ALLOWANCE: f64 = 150.0;
+
+/// [`EMPTY_POLL_ALLOWANCE`] for the async operation (an empty poll there also arms the CQ and
+/// polls it again).
+pub const EMPTY_ASYNC_POLL_ALLOWANCE: f64 = 1500.0;
+
 /// The levels of `benches/post_poll.rs` the gate watches (`POST_POLL_ONLY` names).
 const LEVELS: [&str; 3] = ["Unsafe", "Safe", "Prepared"];
 
@@ -122,8 +132,11 @@ pub struct Figure {
     pub key: String,
     /// Instructions per WR, completion or operation, the provider's share left out.
     pub value: f64,
-    /// Empty polls among the polls counted (0 for posts).
+    /// Empty polls among the polls counted.
     pub empty_polls: u64,
+    /// What those empty polls may have added per unit, at most ([`EMPTY_POLL_ALLOWANCE`]):
+    /// allowed over the tolerance.
+    pub allowance: f64,
 }
 
 /// The gate's figures from the parsed runs.
@@ -132,10 +145,12 @@ pub fn figures(rows: &[Row], batch: &[BatchRow], op: Option<&AsyncCount>) -> Vec
     for level in LEVELS {
         for r in rows.iter().filter(|r| r.level == level) {
             let ours = r.post.ours() + r.poll.ours();
+            let units = (r.iterations * r.wrs).max(1) as f64;
             out.push(Figure {
                 key: format!("wr.{}.{}", level.to_ascii_lowercase(), r.wrs),
-                value: ours as f64 / (r.iterations * r.wrs).max(1) as f64,
+                value: ours as f64 / units,
                 empty_polls: r.empty_polls,
+                allowance: r.empty_polls as f64 * EMPTY_POLL_ALLOWANCE / units,
             });
         }
     }
@@ -145,6 +160,7 @@ pub fn figures(rows: &[Row], batch: &[BatchRow], op: Option<&AsyncCount>) -> Vec
                 key: format!("batch.safe.{b}"),
                 value: r.per_completion(r.poll.ours()),
                 empty_polls: r.empty_polls,
+                allowance: r.empty_polls as f64 * EMPTY_POLL_ALLOWANCE / r.completions().max(1) as f64,
             });
         }
     }
@@ -153,6 +169,7 @@ pub fn figures(rows: &[Row], batch: &[BatchRow], op: Option<&AsyncCount>) -> Vec
             key: "async.op".into(),
             value: op.per_op(op.count.ours()),
             empty_polls: op.empty_polls,
+            allowance: op.empty_polls as f64 * EMPTY_ASYNC_POLL_ALLOWANCE / op.ops.max(1) as f64,
         });
     }
     out
@@ -229,7 +246,7 @@ pub fn judge(baseline: &[(String, f64)], now: &[Figure]) -> Verdict {
         };
         let change = if *base > 0.0 { (f.value - base) / base } else { 0.0 };
         let empty = if f.empty_polls > 0 {
-            format!(" ({} empty polls counted)", f.empty_polls)
+            format!(" ({} empty polls counted, {:.1} allowed for them)", f.empty_polls, f.allowance)
         } else {
             String::new()
         };
@@ -239,7 +256,7 @@ pub fn judge(baseline: &[(String, f64)], now: &[Figure]) -> Verdict {
             f.value,
             change * 100.0
         );
-        if f.value > base * (1.0 + TOLERANCE) && f.value - base > SLACK {
+        if f.value > base * (1.0 + TOLERANCE) + f.allowance && f.value - base > SLACK + f.allowance {
             failures.push(format!(
                 "{key}: {:.1} instructions, {:+.1} % over the baseline's {base:.1} (limit {:.0} %){empty}",
                 f.value,
@@ -367,8 +384,8 @@ mod tests {
     #[test]
     fn the_baseline_round_trips_and_bad_lines_are_refused() {
         let f = [
-            Figure { key: "wr.safe.1".into(), value: 308.0, empty_polls: 0 },
-            Figure { key: "wr.safe.32".into(), value: 4.25, empty_polls: 0 },
+            Figure { key: "wr.safe.1".into(), value: 308.0, empty_polls: 0, allowance: 0.0 },
+            Figure { key: "wr.safe.32".into(), value: 4.25, empty_polls: 0, allowance: 0.0 },
         ];
         let text = render_baseline(&f, "abc123", "2026-12-07");
         assert_eq!(
@@ -383,16 +400,23 @@ mod tests {
 
     #[test]
     fn growth_past_the_tolerance_fails_and_a_fall_is_noted() {
-        let base =
-            [("a".to_string(), 100.0), ("b".to_string(), 100.0), ("c".to_string(), 2.0), ("d".into(), 50.0)];
+        let base = [
+            ("a".to_string(), 100.0),
+            ("b".to_string(), 100.0),
+            ("c".to_string(), 2.0),
+            ("d".into(), 50.0),
+            ("f".into(), 100.0),
+        ];
         let now = [
-            Figure { key: "a".into(), value: 103.0, empty_polls: 0 },
-            Figure { key: "b".into(), value: 103.5, empty_polls: 3 },
-            Figure { key: "c".into(), value: 2.9, empty_polls: 0 },
-            Figure { key: "e".into(), value: 7.0, empty_polls: 0 },
+            Figure { key: "a".into(), value: 103.0, empty_polls: 0, allowance: 0.0 },
+            Figure { key: "b".into(), value: 103.5, empty_polls: 3, allowance: 0.4 },
+            Figure { key: "f".into(), value: 110.0, empty_polls: 50, allowance: 7.5 },
+            Figure { key: "c".into(), value: 2.9, empty_polls: 0, allowance: 0.0 },
+            Figure { key: "e".into(), value: 7.0, empty_polls: 0, allowance: 0.0 },
         ];
         let v = judge(&base, &now);
-        // a: +3 % is allowed; b: +3.5 % is not; c: +45 % but under one instruction; d: missing.
+        // a: +3 % is allowed; b: +3.5 % is not (its empty polls allow 0.4 of it); c: +45 % but
+        // under one instruction; d: missing; f: +10 %, 7.5 of it allowed for its empty polls.
         assert_eq!(v.failures.len(), 2, "{:?}", v.failures);
         assert!(
             v.failures[0].starts_with("b: 103.5 instructions, +3.5 %")
@@ -400,7 +424,13 @@ mod tests {
         );
         assert!(v.failures[1].starts_with("d: not measured"));
         assert_eq!(v.notes, ["e: 7.0, not in the baseline"]);
-        let fell = judge(&base[..1], &[Figure { key: "a".into(), value: 90.0, empty_polls: 0 }]);
+        let f = Figure { key: "f".into(), value: 110.0, empty_polls: 40, allowance: 6.0 };
+        assert!(judge(&base, &[f])
+            .failures
+            .iter()
+            .any(|f| f.starts_with("f: 110.0") && f.contains("40 empty polls counted, 6.0 allowed")));
+        let fell =
+            judge(&base[..1], &[Figure { key: "a".into(), value: 90.0, empty_polls: 0, allowance: 0.0 }]);
         assert!(fell.failures.is_empty());
         assert!(fell.notes[0].contains("-10.0 % under"), "{:?}", fell.notes);
     }
