@@ -136,7 +136,15 @@ pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: b
             "poll instructions per completion by batch size under callgrind: ffi, unsafe, safe",
             crate::callgrind::BATCH_SCRIPT,
         ),
-        ("instructions of one awaited async operation under callgrind", crate::callgrind::ASYNC_SCRIPT),
+    ];
+    let gate_script = crate::gate::script();
+    let captured = [
+        captured[0],
+        captured[1],
+        (
+            "the instruction-count gate's runs (post + poll per level, safe batches, an async operation)",
+            &gate_script,
+        ),
     ];
     let (code, results) = run_lines_with(backend, lines, &captured, timeout, "bench")?;
     let outs = results.get(lines.len()..).unwrap_or(&[]);
@@ -193,14 +201,15 @@ pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: b
         std::fs::write(&svg, chart.svg_styled(&styles)).map_err(|e| format!("{}: {e}", svg.display()))?;
         eprintln!("xtask: wrote {}", svg.display());
     }
-    // The async operation's count, and the instruction-count gate's verdict on this run.
-    let (async_stdout, async_code) = match outs.get(2) {
+    // The gate's runs: the async operation's count, and the gate's verdict on this run.
+    let (gate_stdout, gate_code) = match outs.get(2) {
         Some(r) => (String::from_utf8_lossy(&r.stdout).into_owned(), r.code),
         None => (String::new(), 1),
     };
-    let (op, async_problems) = crate::callgrind::parse_async_output(&async_stdout);
-    for p in &async_problems {
-        eprintln!("xtask: callgrind, async: {p}");
+    let (op, _) = crate::callgrind::parse_async_output(&gate_stdout);
+    let (figures, gate_problems) = crate::gate::read_output(&gate_stdout);
+    for p in &gate_problems {
+        eprintln!("xtask: callgrind, the gate's runs: {p}");
     }
     if let Some(op) = &op {
         println!(
@@ -211,10 +220,10 @@ pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: b
             op.polls,
             op.empty_polls
         );
-    } else {
-        eprintln!("xtask: the async step's output:\n{async_stdout}");
     }
-    let figures = crate::gate::figures(&rows, &batch, op.as_ref());
+    if gate_code != 0 || !gate_problems.is_empty() {
+        eprintln!("xtask: the gate step's output:\n{gate_stdout}");
+    }
     let gate_file = dir.join("gate-baseline.txt");
     std::fs::write(&gate_file, crate::gate::render_baseline(&figures, &commit, &date))
         .map_err(|e| format!("{}: {e}", gate_file.display()))?;
@@ -242,8 +251,8 @@ pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: b
         && out.code == 0
         && batch_problems.is_empty()
         && batch_code == 0
-        && async_problems.is_empty()
-        && async_code == 0;
+        && gate_problems.is_empty()
+        && gate_code == 0;
     Ok(if ok { code.max(sweep_code) } else { code.max(sweep_code).max(1) })
 }
 

@@ -4,10 +4,11 @@
 //! [`BASELINE`].
 //!
 //! The paths ([`figures`]): the post and poll of one RDMA Write and of chains of 32, per WR, at the
-//! `unsafe`, safe one-shot and safe prepared levels (`benches/post_poll.rs`), the safe poll of
+//! `unsafe`, safe one-shot (inline) and safe prepared levels, and of one RDMA Write of a registered
+//! buffer that the queue pair holds until the completion (`Owned`) (`benches/post_poll.rs`), the safe poll of
 //! batches of 1, 16 and 32 completions, per completion (its `POST_POLL_BATCH` mode) and one
 //! awaited operation of the async adaptor (`benches/async_op.rs`, [`crate::callgrind::ASYNC_SCRIPT`]).
-//! Five callgrind runs, about two minutes in the VM.
+//! Six callgrind runs, about two minutes in the VM.
 //! Each figure is *ours*: the provider library's share is left out, so an rdma-core update does
 //! not move the gate, and instruction counts do not depend on the machine's load.
 //!
@@ -39,8 +40,10 @@ pub const EMPTY_POLL_ALLOWANCE: f64 = 150.0;
 /// polls it again).
 pub const EMPTY_ASYNC_POLL_ALLOWANCE: f64 = 1500.0;
 
-/// The levels of `benches/post_poll.rs` the gate watches (`POST_POLL_ONLY` names).
-const LEVELS: [&str; 3] = ["Unsafe", "Safe", "Prepared"];
+/// The levels of `benches/post_poll.rs` the gate watches (`POST_POLL_ONLY` names), and whether
+/// the level runs chains too (`Owned`, the one-shot post of a registered buffer that the slot
+/// holds until the completion, runs single requests only).
+const LEVELS: [(&str, bool); 4] = [("Unsafe", true), ("Safe", true), ("Prepared", true), ("Owned", false)];
 
 /// The batch sizes of the safe poll the gate watches.
 const BATCHES: [u64; 3] = [1, 16, 32];
@@ -52,7 +55,7 @@ const BATCHES: [u64; 3] = [1, 16, 32];
 const WR_SCRIPT: &str = r#"b=$(ls -t "$TARGET_DIR"/release/deps/post_poll-* | grep -v '\.d$' | head -n 1)
 [ -x "$b" ] || { echo "no post_poll benchmark binary (cargo bench --no-run --bench post_poll)"; exit 1; }
 rc=0
-for level in Unsafe Safe Prepared; do
+for level in Unsafe Safe Prepared Owned; do
   d=$(mktemp -d)
   echo "@@cg level=$level what=both"
   (cd "$d" && POST_POLL_ONLY=$level valgrind -q --tool=callgrind --collect-atstart=no \
@@ -100,6 +103,11 @@ pub fn parse_both(out: &str) -> (Vec<Row>, Vec<String>) {
             else {
                 continue;
             };
+            // A level without chains dumps an empty part at its exit.
+            let chains = LEVELS.iter().any(|&(l, c)| l == s.level && c);
+            if count.total == 0 || (wrs > 1 && !chains) {
+                continue;
+            }
             let (polls, empty_polls) = s.polls.get(&wrs).copied().unwrap_or((0, 0));
             rows.push(Row {
                 level: s.level.clone(),
@@ -112,8 +120,8 @@ pub fn parse_both(out: &str) -> (Vec<Row>, Vec<String>) {
             });
         }
     }
-    for level in LEVELS {
-        for (wrs, _) in crate::callgrind::SHAPES {
+    for (level, chains) in LEVELS {
+        for (wrs, _) in crate::callgrind::SHAPES.into_iter().filter(|&(wrs, _)| chains || wrs == 1) {
             if !rows.iter().any(|r| r.level == level && r.wrs == wrs && r.post.total > 0) {
                 problems.push(format!("{level}, {wrs} WR(s) per post: no counts"));
             }
@@ -142,7 +150,7 @@ pub struct Figure {
 /// The gate's figures from the parsed runs.
 pub fn figures(rows: &[Row], batch: &[BatchRow], op: Option<&AsyncCount>) -> Vec<Figure> {
     let mut out = Vec::new();
-    for level in LEVELS {
+    for (level, _) in LEVELS {
         for r in rows.iter().filter(|r| r.level == level) {
             let ours = r.post.ours() + r.poll.ours();
             let units = (r.iterations * r.wrs).max(1) as f64;
@@ -277,17 +285,24 @@ pub fn judge(baseline: &[(String, f64)], now: &[Figure]) -> Verdict {
     Verdict { failures, notes, table }
 }
 
+/// The figures of the gate script's output ([`script`]), and its problems (failed runs, missing
+/// counts).
+pub fn read_output(output: &str) -> (Vec<Figure>, Vec<String>) {
+    let (rows, mut problems) = parse_both(output);
+    let (batch, batch_problems) = crate::callgrind::parse_batch_output(output);
+    let (op, op_problems) = crate::callgrind::parse_async_output(output);
+    // The batch levels the gate does not run are missing without harm; the rest may not be.
+    problems.extend(batch_problems.into_iter().filter(|p| p.starts_with("Safe")));
+    problems.extend(op_problems);
+    (figures(&rows, &batch, op.as_ref()), problems)
+}
+
 /// Reads the gate step's output and judges it against `baseline_text`: `Ok` with the figures'
 /// table, or `Err` naming every figure that grew, went missing, or a run that failed.
 pub fn check(output: &str, code: i32, baseline_text: &str) -> Result<String, String> {
     let baseline = parse_baseline(baseline_text)?;
-    let (rows, mut problems) = parse_both(output);
-    let (batch, batch_problems) = crate::callgrind::parse_batch_output(output);
-    let (op, op_problems) = crate::callgrind::parse_async_output(output);
-    // The batch levels the gate does not watch may be missing without harm; the rest may not.
-    problems.extend(batch_problems.into_iter().filter(|p| p.starts_with("Safe")));
-    problems.extend(op_problems);
-    let verdict = judge(&baseline, &figures(&rows, &batch, op.as_ref()));
+    let (figures, problems) = read_output(output);
+    let verdict = judge(&baseline, &figures);
     let mut failures = verdict.failures;
     if code != 0 {
         failures.push(format!("the callgrind runs exited {code}"));
@@ -357,7 +372,7 @@ mod tests {
             format!("@@file\npart: {part}\nob=(1) /t/post_poll\nfn=(2) post_poll::post\n0 {total}\ntotals: {total}\n")
         };
         let mut out = String::new();
-        for (level, n) in [("Unsafe", 100u64), ("Safe", 400), ("Prepared", 200)] {
+        for (level, n) in [("Unsafe", 100u64), ("Safe", 400), ("Prepared", 200), ("Owned", 300)] {
             out.push_str(&format!("@@cg level={level} what=both\n"));
             out.push_str(&format!(
                 "post_poll: {level}: 200 iterations of 1 request(s), 200 polls (0 empty)\n"
@@ -366,7 +381,7 @@ mod tests {
                 "post_poll: {level}: 20 iterations of 32 request(s), 21 polls (1 empty)\n"
             ));
             out.push_str(&dump(1, n * 200));
-            out.push_str(&dump(2, n * 640));
+            out.push_str(&dump(2, if level == "Owned" { 0 } else { n * 640 }));
             out.push_str("@@end\n");
         }
         let (rows, problems) = parse_both(&out);
@@ -374,6 +389,7 @@ mod tests {
         let f = figures(&rows, &[], None);
         let got: Vec<(&str, f64, u64)> = f.iter().map(|f| (f.key.as_str(), f.value, f.empty_polls)).collect();
         assert_eq!(got[2..4], [("wr.safe.1", 400.0, 0), ("wr.safe.32", 400.0, 1)]);
+        assert_eq!(got[6..], [("wr.owned.1", 300.0, 0)], "no chains of Owned, and no empty dump");
         let (_, problems) = parse_both(&out.replace("level=Prepared", "level=Other"));
         assert_eq!(
             problems,
