@@ -1,0 +1,79 @@
+#!/bin/sh
+# The new user's program (issue 46) in C and in Rust, alternating in one guest: each round runs
+# the C program (examples/perf/newuser.c), the Rust one at the safe level and at the `unsafe`
+# level (examples/newuser.rs), in an order rotated every round, first the send latency, then
+# the write bandwidth; then prints the per-round ratios to C and their medians.
+#
+#   sh examples/perf/newuser.sh [EXAMPLES_DIR]
+#
+# EXAMPLES_DIR holds the release build of `newuser` (default: $TARGET_DIR/release/examples, else
+# target/release/examples). The C program is $NEWUSER_C if set, else compiled here with cc -O2.
+# Environment: ROUNDS (10), LAT_ITERS (20000), BW_ITERS (2000), SIZE (65536), WINDOW (16),
+# IBVERBS_TEST_DEVICE, IBVERBS_TEST_GID_INDEX; MODES ("lat bw").
+# Output: the RESULT lines of every run, a `ROUND` line per round and mode with its ratios, and
+# `MEDIAN` lines (parsed by xtask: crate::newuser).
+set -u
+ex=${1:-${TARGET_DIR:-target}/release/examples}
+rounds=${ROUNDS:-10}
+lat_iters=${LAT_ITERS:-20000}
+bw_iters=${BW_ITERS:-2000}
+modes=${MODES:-lat bw}
+rust="$ex/newuser"
+[ -x "$rust" ] || { echo "newuser.sh: no $rust (cargo build --release --example newuser)" >&2; exit 1; }
+here=$(dirname "$0")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+c=${NEWUSER_C:-}
+if [ -z "$c" ]; then
+    c="$tmp/newuser_c"
+    cc -O2 -o "$c" "$here/newuser.c" -libverbs || { echo "newuser.sh: cc failed" >&2; exit 1; }
+fi
+echo "newuser.sh: $rounds rounds, lat $lat_iters round trips, bw $bw_iters writes of ${SIZE:-65536} B, window ${WINDOW:-16}; device ${IBVERBS_TEST_DEVICE:-?} gid ${IBVERBS_TEST_GID_INDEX:-?}"
+
+# run KIND MODE ITERS: one run; prints its RESULT line and appends its figure to $tmp/MODE.KIND.
+run() {
+    case $1 in
+        c) line=$("$c" "$2" "$3") ;;
+        safe) line=$("$rust" "$2" "$3") ;;
+        unsafe) line=$("$rust" --unsafe "$2" "$3") ;;
+    esac || { echo "newuser.sh: $1 $2 failed" >&2; return 1; }
+    echo "$line"
+    key=$([ "$2" = lat ] && echo lat_us || echo mb_s)
+    echo "$line" | tr ' ' '\n' | sed -n "s/^$key=//p" >>"$tmp/$2.$1"
+}
+
+status=0
+r=1
+while [ "$r" -le "$rounds" ]; do
+    case $((r % 3)) in
+        1) order="c safe unsafe" ;;
+        2) order="safe unsafe c" ;;
+        0) order="unsafe c safe" ;;
+    esac
+    for mode in $modes; do
+        iters=$([ "$mode" = lat ] && echo "$lat_iters" || echo "$bw_iters")
+        for kind in $order; do
+            run "$kind" "$mode" "$iters" || status=1
+        done
+        cv=$(sed -n "${r}p" "$tmp/$mode.c" 2>/dev/null)
+        sv=$(sed -n "${r}p" "$tmp/$mode.safe" 2>/dev/null)
+        uv=$(sed -n "${r}p" "$tmp/$mode.unsafe" 2>/dev/null)
+        if [ -n "$cv" ] && [ -n "$sv" ] && [ -n "$uv" ]; then
+            awk -v r="$r" -v m="$mode" -v c="$cv" -v s="$sv" -v u="$uv" 'BEGIN {
+                printf "ROUND %d %s c=%s safe=%s unsafe=%s safe/c=%.3f unsafe/c=%.3f\n", r, m, c, s, u, s / c, u / c }' \
+                | tee -a "$tmp/rounds"
+        fi
+    done
+    r=$((r + 1))
+done
+
+# Medians of the per-round ratios, with their ranges and how many rounds were above C.
+for mode in $modes; do
+    for lvl in safe unsafe; do
+        grep "^ROUND [0-9]* $mode " "$tmp/rounds" 2>/dev/null | tr ' ' '\n' | sed -n "s|^$lvl/c=||p" | sort -n |
+            awk -v m="$mode" -v l="$lvl" '{ v[NR] = $1; if ($1 > 1) above++ }
+                END { if (NR == 0) exit; med = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+                      printf "MEDIAN %s %s/c=%.3f min=%.3f max=%.3f rounds=%d above=%d\n", m, l, med, v[1], v[NR], NR, above + 0 }'
+    done
+done
+exit $status
