@@ -24,8 +24,8 @@ use std::time::Instant;
 
 use ibverbs::raw::{self, RawRecv, RawSend};
 use ibverbs::{
-    AccessFlags, Completion, CompletionQueue, ConnectOptions, Context, Local, MemoryRegion, QpType, QueuePair,
-    RecvRequest, SendRequest, WorkCompletion,
+    AccessFlags, Completion, CompletionQueue, ConnectOptions, Context, Local, MemoryRegion, QpType,
+    QueuePair, RecvRequest, SendRequest, WorkCompletion,
 };
 
 const SEND_ID: u64 = 1;
@@ -191,7 +191,10 @@ fn wait_raw(cq: &CompletionQueue, wc: &mut [WorkCompletion; 1], empty: &mut u64)
         if let Some(c) = cq.poll_raw(wc)?.first() {
             if !c.is_ok() {
                 eprintln!("completion {} failed: {:?}", c.wr_id(), c.status());
-                return Err(ibverbs::Error::InvalidArgument { verb: "newuser", reason: "a completion failed" });
+                return Err(ibverbs::Error::InvalidArgument {
+                    verb: "newuser",
+                    reason: "a completion failed",
+                });
             }
             return Ok(c.wr_id());
         }
@@ -240,7 +243,12 @@ fn lat_unsafe(
         // QP is outstanding, within max_send_wr and the CQ's unreserved room.
         unsafe { qp.post_send_unchecked(&mut wr.0, &mut bad) }
     };
-    let reap = |s: &Side, r: &mut RawSide, n: usize, wc: &mut [WorkCompletion; 1], empty: &mut u64| -> ibverbs::Result<()> {
+    let reap = |s: &Side,
+                r: &mut RawSide,
+                n: usize,
+                wc: &mut [WorkCompletion; 1],
+                empty: &mut u64|
+     -> ibverbs::Result<()> {
         for _ in 0..n {
             if wait_raw(&s.cq, wc, empty)? == RECV_ID {
                 post_recv(&s.qp, r)?;

@@ -94,6 +94,10 @@ pub const BENCH: &[(&str, &str)] = &[
         "post/poll micro-benchmark: safe level vs unsafe level vs raw ffi",
         r#"b=$(ls -t "$TARGET_DIR"/release/deps/post_poll-* | grep -v '\.d$' | head -n 1) && "$b""#,
     ),
+    (
+        "the new user's program (issue 46): C vs the safe one-shot level vs the unsafe level, 10 alternating rounds (send latency, write bandwidth)",
+        r#"sh examples/perf/newuser.sh "$TARGET_DIR/release/examples""#,
+    ),
 ];
 
 /// The sweep's settings in `cargo xtask bench` (the environment overrides them): 10 rounds at

@@ -1,0 +1,72 @@
+#!/bin/sh
+# Where the new user's round trip spends its time (issue 46), in one guest: for the C program
+# and the Rust one at both levels (send latency mode), callgrind at two iteration counts (the
+# difference divided by the extra round trips is the cost per round trip without the setup),
+# then strace -c (system calls), then perf stat and perf record -e cpu-clock (if perf runs).
+#
+#   sh examples/perf/newuser_profile.sh [EXAMPLES_DIR]
+#
+# Environment: N1 (1000), N2 (3000) round trips under callgrind; PERF_ITERS (20000).
+# Everything goes to stdout (the guest's writes do not reach the host).
+set -u
+ex=${1:-${TARGET_DIR:-target}/release/examples}
+n1=${N1:-1000}
+n2=${N2:-3000}
+perf_iters=${PERF_ITERS:-20000}
+here=$(dirname "$0")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+c="$tmp/newuser_c"
+cc -O2 -g -o "$c" "$here/newuser.c" -libverbs || exit 1
+
+cmd() {
+    case $1 in
+        c) echo "$c" ;;
+        safe) echo "$ex/newuser" ;;
+        unsafe) echo "$ex/newuser --unsafe" ;;
+    esac
+}
+
+for kind in c safe unsafe; do
+    for n in "$n1" "$n2"; do
+        out="$tmp/cg.$kind.$n"
+        # shellcheck disable=SC2046
+        valgrind -q --tool=callgrind --callgrind-out-file="$out" $(cmd $kind) lat "$n" || echo "CG $kind $n failed"
+        total=$(callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
+        echo "CG $kind n=$n total=$total"
+        # Self cost by object file.
+        callgrind_annotate --threshold=100 "$out" 2>/dev/null |
+            awk '/\[/ && $1 ~ /^[0-9,]+$/ { v = $1; gsub(",", "", v); o = $NF; sub(/.*\//, "", o); sub(/\]$/, "", o); s[o] += v }
+                 END { for (o in s) printf "CGOBJ %s n=%s %s %d\n", k, n, o, s[o] }' k="$kind" n="$n"
+        # Inclusive cost of the functions, with call counts from the tree.
+        callgrind_annotate --inclusive=yes --threshold=100 "$out" 2>/dev/null |
+            awk '$1 ~ /^[0-9,]+$/ && NF > 1 { v = $1; gsub(",", "", v); $1 = ""; printf "CGINC %s n=%s %d%s\n", k, n, v, $0 }' k="$kind" n="$n" |
+            head -n 60
+        callgrind_annotate --tree=caller --threshold=100 "$out" 2>/dev/null |
+            grep -E '^ +[0-9,]+ +< .*\([0-9]+x\)' | sed "s/^/CGCALL $kind n=$n /" | head -n 120
+    done
+done
+
+for kind in c safe unsafe; do
+    echo "STRACE $kind lat 2000"
+    # shellcheck disable=SC2046
+    strace -c -f -o "$tmp/st" $(cmd $kind) lat 2000 >/dev/null && sed -n '1,20p' "$tmp/st"
+done
+
+if perf stat -e task-clock true >/dev/null 2>&1; then
+    for kind in c safe unsafe; do
+        echo "PERFSTAT $kind lat $perf_iters"
+        # shellcheck disable=SC2046
+        perf stat -e task-clock,context-switches,cpu-migrations,page-faults,minor-faults \
+            $(cmd $kind) lat "$perf_iters" 2>&1 | grep -E 'RESULT|task-clock|context|migr|faults|elapsed|user|sys'
+    done
+    for kind in c safe unsafe; do
+        echo "PERFREC $kind lat $perf_iters"
+        # shellcheck disable=SC2046
+        perf record -q -e cpu-clock -o "$tmp/perf.$kind" $(cmd $kind) lat "$perf_iters" >/dev/null 2>&1
+        perf report -i "$tmp/perf.$kind" --stdio --no-children --sort dso,sym 2>/dev/null | grep -v '^#' | grep -v '^$' |
+            head -n 35
+    done
+else
+    echo "PERF: perf stat does not run in this guest"
+fi
