@@ -79,34 +79,58 @@ fn run(mode: &str, iters: u64, unsafe_level: bool) -> ibverbs::Result<String> {
     let warm = iters / 10;
     if mode == "lat" {
         let mut empty = 0u64;
-        let (t, empty) = if unsafe_level {
+        let (t, med, empty) = if unsafe_level {
             lat_unsafe(&pd, &mut a, &mut b, warm, iters, &mut empty)?
         } else {
             lat_safe(&pd, &mut a, &mut b, warm, iters, &mut empty)?
         };
         let n = iters as f64;
         Ok(format!(
-            "RESULT newuser lang=rust level={level} mode=lat iters={iters} rtt_us={:.3} lat_us={:.3} empty_per_rtt={:.2}",
+            "RESULT newuser lang=rust level={level} mode=lat iters={iters} rtt_us={:.3} lat_us={:.3} med_us={:.3} empty_per_rtt={:.3}",
             t / n * 1e6,
             t / n / 2.0 * 1e6,
+            med / 2.0 * 1e6,
             empty as f64 / n
         ))
     } else if mode == "bw" {
         let size: usize = env("SIZE", 65536);
         let window: u64 = env("WINDOW", 16);
-        let t = if unsafe_level {
+        if iters < CHUNK {
+            return Err(ibverbs::Error::InvalidArgument {
+                verb: "newuser",
+                reason: "bw needs at least 50 writes",
+            });
+        }
+        let (t, med) = if unsafe_level {
             bw_unsafe(&pd, &mut a, size, window, warm, iters)?
         } else {
             bw_safe(&pd, &mut a, size, window, warm, iters)?
         };
         Ok(format!(
-            "RESULT newuser lang=rust level={level} mode=bw iters={iters} size={size} window={window} mb_s={:.1}",
-            iters as f64 * size as f64 / t / 1e6
+            "RESULT newuser lang=rust level={level} mode=bw iters={iters} size={size} window={window} mb_s={:.1} med_mb_s={:.1}",
+            iters as f64 * size as f64 / t / 1e6,
+            CHUNK as f64 * size as f64 / med / 1e6
         ))
     } else {
         Err(ibverbs::Error::InvalidArgument { verb: "newuser", reason: "mode is lat or bw" })
     }
 }
+
+/// The median of the intervals between consecutive instants of `t`, in seconds.
+fn median_interval(t: &[Instant]) -> f64 {
+    let mut d: Vec<f64> = t.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()).collect();
+    d.sort_by(f64::total_cmp);
+    let n = d.len();
+    if n % 2 == 1 {
+        d[n / 2]
+    } else {
+        (d[n / 2 - 1] + d[n / 2]) / 2.0
+    }
+}
+
+/// Writes between the bandwidth mode's time stamps (its `med_mb_s` is the median of these
+/// chunks' rates).
+const CHUNK: u64 = 50;
 
 fn fail(c: &Completion) -> ibverbs::Error {
     eprintln!("completion {} failed: {:?}", c.wr_id(), c.status());
@@ -158,18 +182,22 @@ fn lat_safe(
     warm: u64,
     iters: u64,
     empty: &mut u64,
-) -> ibverbs::Result<(f64, u64)> {
+) -> ibverbs::Result<(f64, f64, u64)> {
     let mut ba = Bufs { send: Some(pd.allocate(8)?), recv: Some(pd.allocate(8)?) };
     let mut bb = Bufs { send: Some(pd.allocate(8)?), recv: Some(pd.allocate(8)?) };
     for (s, bufs) in [(&mut *a, &mut ba), (&mut *b, &mut bb)] {
         let mr = bufs.recv.take().expect("allocated");
         s.qp.post_recv(RecvRequest::new(Local::whole(mr)).wr_id(RECV_ID)).map_err(|e| e.error)?;
     }
+    let mut stamps = Vec::with_capacity(iters as usize + 1);
     let mut t0 = Instant::now();
     for i in 0..warm + iters {
         if i == warm {
             *empty = 0;
             t0 = Instant::now();
+        }
+        if i >= warm {
+            stamps.push(Instant::now());
         }
         post_send_safe(a, &mut ba)?;
         reap_safe(b, &mut bb, 1, empty)?; // B's receive, re-posted
@@ -177,7 +205,8 @@ fn lat_safe(
         reap_safe(a, &mut ba, 2, empty)?; // A's send and receive
         reap_safe(b, &mut bb, 1, empty)?; // B's send
     }
-    Ok((t0.elapsed().as_secs_f64(), *empty))
+    stamps.push(Instant::now());
+    Ok((t0.elapsed().as_secs_f64(), median_interval(&stamps), *empty))
 }
 
 /// The unsafe level's side: raw requests built once over its buffers, as C's.
@@ -209,7 +238,7 @@ fn lat_unsafe(
     warm: u64,
     iters: u64,
     empty: &mut u64,
-) -> ibverbs::Result<(f64, u64)> {
+) -> ibverbs::Result<(f64, f64, u64)> {
     // Receive targets are remote-exposed regions (the `unsafe` level's contract: no memory that
     // safe code can borrow is written by the device); send sources are owned regions.
     let regions = [
@@ -258,11 +287,15 @@ fn lat_unsafe(
     };
     post_recv(&a.qp, ra)?;
     post_recv(&b.qp, rb)?;
+    let mut stamps = Vec::with_capacity(iters as usize + 1);
     let mut t0 = Instant::now();
     for i in 0..warm + iters {
         if i == warm {
             *empty = 0;
             t0 = Instant::now();
+        }
+        if i >= warm {
+            stamps.push(Instant::now());
         }
         post_send(&a.qp, ra)?;
         reap(b, rb, 1, &mut wc, empty)?;
@@ -270,9 +303,10 @@ fn lat_unsafe(
         reap(a, ra, 2, &mut wc, empty)?;
         reap(b, rb, 1, &mut wc, empty)?;
     }
+    stamps.push(Instant::now());
     let t = t0.elapsed().as_secs_f64();
     drop(regions);
-    Ok((t, *empty))
+    Ok((t, median_interval(&stamps), *empty))
 }
 
 fn bw_safe(
@@ -282,7 +316,7 @@ fn bw_safe(
     window: u64,
     warm: u64,
     iters: u64,
-) -> ibverbs::Result<f64> {
+) -> ibverbs::Result<(f64, f64)> {
     let mut src = pd.allocate(size)?;
     src.as_mut_slice().fill(1);
     let src = Arc::new(src);
@@ -290,6 +324,7 @@ fn bw_safe(
     let total = warm + iters;
     let (mut posted, mut done) = (0u64, 0u64);
     let mut wc = [Completion::default()];
+    let mut stamps = Vec::with_capacity((iters / CHUNK) as usize + 1);
     let mut t0 = Instant::now();
     while done < total {
         while posted < total && posted - done < window {
@@ -309,8 +344,11 @@ fn bw_safe(
         if done == warm {
             t0 = Instant::now();
         }
+        if done >= warm && (done - warm) % CHUNK == 0 && stamps.len() <= (iters / CHUNK) as usize {
+            stamps.push(Instant::now());
+        }
     }
-    Ok(t0.elapsed().as_secs_f64())
+    Ok((t0.elapsed().as_secs_f64(), median_interval(&stamps)))
 }
 
 fn bw_unsafe(
@@ -320,7 +358,7 @@ fn bw_unsafe(
     window: u64,
     warm: u64,
     iters: u64,
-) -> ibverbs::Result<f64> {
+) -> ibverbs::Result<(f64, f64)> {
     let mut src = pd.allocate(size)?;
     src.as_mut_slice().fill(1);
     let dst = pd.allocate_remote(size, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
@@ -329,6 +367,7 @@ fn bw_unsafe(
     let mut wc = [WorkCompletion::default()];
     let mut empty = 0u64;
     let mut sge = [raw::sge(src.addr() as u64, size as u32, src.lkey())];
+    let mut stamps = Vec::with_capacity((iters / CHUNK) as usize + 1);
     let mut t0 = Instant::now();
     while done < total {
         while posted < total && posted - done < window {
@@ -347,6 +386,9 @@ fn bw_unsafe(
         if done == warm {
             t0 = Instant::now();
         }
+        if done >= warm && (done - warm) % CHUNK == 0 && stamps.len() <= (iters / CHUNK) as usize {
+            stamps.push(Instant::now());
+        }
     }
-    Ok(t0.elapsed().as_secs_f64())
+    Ok((t0.elapsed().as_secs_f64(), median_interval(&stamps)))
 }

@@ -34,6 +34,22 @@ struct side {
 
 static unsigned long long empty_polls;
 
+static int cmp_double(const void *x, const void *y)
+{
+	double a = *(const double *)x, b = *(const double *)y;
+	return (a > b) - (a < b);
+}
+
+/* The median of the `n` intervals between consecutive entries of `t` (n + 1 entries); sorts
+ * them in place of the first n. */
+static double median_interval(double *t, long n)
+{
+	for (long i = 0; i < n; i++)
+		t[i] = t[i + 1] - t[i];
+	qsort(t, n, sizeof *t, cmp_double);
+	return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+}
+
 static double now(void)
 {
 	struct timespec ts;
@@ -171,12 +187,16 @@ int main(int argc, char **argv)
 		post_recv(a);
 		post_recv(b);
 		long warm = iters / 10;
-		double t0 = 0;
+		double t0 = 0, *stamps = malloc((iters + 1) * sizeof *stamps);
+		if (!stamps)
+			DIE("malloc");
 		for (long i = 0; i < warm + iters; i++) {
 			if (i == warm) {
 				empty_polls = 0;
 				t0 = now();
 			}
+			if (i >= warm)
+				stamps[i - warm] = now();
 			post_send(a);
 			reap(b, 1); /* B's receive, re-posted */
 			post_send(b);
@@ -184,8 +204,10 @@ int main(int argc, char **argv)
 			reap(b, 1); /* B's send */
 		}
 		double t = now() - t0;
-		printf("RESULT newuser lang=c mode=lat iters=%ld rtt_us=%.3f lat_us=%.3f empty_per_rtt=%.2f\n", iters,
-		       t / iters * 1e6, t / iters / 2 * 1e6, (double)empty_polls / iters);
+		stamps[iters] = t0 + t;
+		printf("RESULT newuser lang=c mode=lat iters=%ld rtt_us=%.3f lat_us=%.3f med_us=%.3f empty_per_rtt=%.3f\n",
+		       iters, t / iters * 1e6, t / iters / 2 * 1e6, median_interval(stamps, iters) / 2 * 1e6,
+		       (double)empty_polls / iters);
 	} else {
 		char *src = aligned_alloc(4096, size), *dst = aligned_alloc(4096, size);
 		memset(src, 1, size);
@@ -193,8 +215,11 @@ int main(int argc, char **argv)
 		struct ibv_mr *dmr = ibv_reg_mr(pd, dst, size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 		if (!smr || !dmr)
 			DIE("bw mr");
-		long warm = iters / 10, total = warm + iters, posted = 0, done = 0;
-		double t0 = now();
+		long warm = iters / 10, total = warm + iters, posted = 0, done = 0, chunk = 50;
+		long nchunks = iters / chunk;
+		double t0 = now(), *stamps = malloc((nchunks + 1) * sizeof *stamps);
+		if (!stamps || nchunks < 1)
+			DIE("malloc / too few writes (at least 50)");
 		struct ibv_wc wc;
 		while (done < total) {
 			while (posted < total && posted - done < window) {
@@ -211,10 +236,14 @@ int main(int argc, char **argv)
 			wait_one(a->cq, &wc);
 			if (++done == warm)
 				t0 = now();
+			if (done >= warm && (done - warm) % chunk == 0 && (done - warm) / chunk <= nchunks)
+				stamps[(done - warm) / chunk] = now();
 		}
 		double t = now() - t0;
-		printf("RESULT newuser lang=c mode=bw iters=%ld size=%zu window=%d mb_s=%.1f\n", iters, size, window,
-		       (double)iters * size / t / 1e6);
+		/* The median chunk of 50 writes, as a rate. */
+		double med = median_interval(stamps, nchunks);
+		printf("RESULT newuser lang=c mode=bw iters=%ld size=%zu window=%d mb_s=%.1f med_mb_s=%.1f\n", iters, size,
+		       window, (double)iters * size / t / 1e6, (double)chunk * size / med / 1e6);
 	}
 	return 0;
 }

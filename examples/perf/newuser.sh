@@ -10,8 +10,11 @@
 # target/release/examples). The C program is $NEWUSER_C if set, else compiled here with cc -O2.
 # Environment: ROUNDS (10), LAT_ITERS (20000), BW_ITERS (2000), SIZE (65536), WINDOW (16),
 # IBVERBS_TEST_DEVICE, IBVERBS_TEST_GID_INDEX; MODES ("lat bw").
-# Output: the RESULT lines of every run, a `ROUND` line per round and mode with its ratios, and
-# `MEDIAN` lines (parsed by xtask: crate::newuser).
+# Output: the RESULT lines of every run; per round and mode two `ROUND` lines with the ratios to
+# C, of the runs' medians ("med": the median round trip's half, the median 50-write chunk's
+# rate; robust to other load on the machine) and of their means ("mean": the total time over
+# the iterations); then `MEDIAN` lines: the median of each ratio over the rounds, its range,
+# and how many rounds were above 1 (for latency: slower than C; for bandwidth: faster).
 set -u
 ex=${1:-${TARGET_DIR:-target}/release/examples}
 rounds=${ROUNDS:-10}
@@ -30,7 +33,8 @@ if [ -z "$c" ]; then
 fi
 echo "newuser.sh: $rounds rounds, lat $lat_iters round trips, bw $bw_iters writes of ${SIZE:-65536} B, window ${WINDOW:-16}; device ${IBVERBS_TEST_DEVICE:-?} gid ${IBVERBS_TEST_GID_INDEX:-?}"
 
-# run KIND MODE ITERS: one run; prints its RESULT line and appends its figure to $tmp/MODE.KIND.
+# run KIND MODE ITERS: one run; prints its RESULT line and appends its figures to
+# $tmp/MODE.KIND (the median one: med_us / med_mb_s) and $tmp/MODE.KIND.mean (lat_us / mb_s).
 run() {
     case $1 in
         c) line=$("$c" "$2" "$3") ;;
@@ -38,8 +42,9 @@ run() {
         unsafe) line=$("$rust" --unsafe "$2" "$3") ;;
     esac || { echo "newuser.sh: $1 $2 failed" >&2; return 1; }
     echo "$line"
-    key=$([ "$2" = lat ] && echo lat_us || echo mb_s)
-    echo "$line" | tr ' ' '\n' | sed -n "s/^$key=//p" >>"$tmp/$2.$1"
+    if [ "$2" = lat ]; then med=med_us mean=lat_us; else med=med_mb_s mean=mb_s; fi
+    echo "$line" | tr ' ' '\n' | sed -n "s/^$med=//p" >>"$tmp/$2.$1"
+    echo "$line" | tr ' ' '\n' | sed -n "s/^$mean=//p" >>"$tmp/$2.$1.mean"
 }
 
 status=0
@@ -55,25 +60,30 @@ while [ "$r" -le "$rounds" ]; do
         for kind in $order; do
             run "$kind" "$mode" "$iters" || status=1
         done
-        cv=$(sed -n "${r}p" "$tmp/$mode.c" 2>/dev/null)
-        sv=$(sed -n "${r}p" "$tmp/$mode.safe" 2>/dev/null)
-        uv=$(sed -n "${r}p" "$tmp/$mode.unsafe" 2>/dev/null)
-        if [ -n "$cv" ] && [ -n "$sv" ] && [ -n "$uv" ]; then
-            awk -v r="$r" -v m="$mode" -v c="$cv" -v s="$sv" -v u="$uv" 'BEGIN {
-                printf "ROUND %d %s c=%s safe=%s unsafe=%s safe/c=%.3f unsafe/c=%.3f\n", r, m, c, s, u, s / c, u / c }' \
-                | tee -a "$tmp/rounds"
-        fi
+        for stat in med mean; do
+            sfx=$([ "$stat" = mean ] && echo .mean)
+            cv=$(sed -n "${r}p" "$tmp/$mode.c$sfx" 2>/dev/null)
+            sv=$(sed -n "${r}p" "$tmp/$mode.safe$sfx" 2>/dev/null)
+            uv=$(sed -n "${r}p" "$tmp/$mode.unsafe$sfx" 2>/dev/null)
+            if [ -n "$cv" ] && [ -n "$sv" ] && [ -n "$uv" ]; then
+                awk -v r="$r" -v m="$mode" -v st="$stat" -v c="$cv" -v s="$sv" -v u="$uv" 'BEGIN {
+                    printf "ROUND %d %s %s c=%s safe=%s unsafe=%s safe/c=%.3f unsafe/c=%.3f\n", r, m, st, c, s, u, s / c, u / c }' |
+                    tee -a "$tmp/rounds"
+            fi
+        done
     done
     r=$((r + 1))
 done
 
 # Medians of the per-round ratios, with their ranges and how many rounds were above C.
 for mode in $modes; do
-    for lvl in safe unsafe; do
-        grep "^ROUND [0-9]* $mode " "$tmp/rounds" 2>/dev/null | tr ' ' '\n' | sed -n "s|^$lvl/c=||p" | sort -n |
-            awk -v m="$mode" -v l="$lvl" '{ v[NR] = $1; if ($1 > 1) above++ }
-                END { if (NR == 0) exit; med = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-                      printf "MEDIAN %s %s/c=%.3f min=%.3f max=%.3f rounds=%d above=%d\n", m, l, med, v[1], v[NR], NR, above + 0 }'
+    for stat in med mean; do
+        for lvl in safe unsafe; do
+            grep "^ROUND [0-9]* $mode $stat " "$tmp/rounds" 2>/dev/null | tr ' ' '\n' | sed -n "s|^$lvl/c=||p" | sort -n |
+                awk -v m="$mode" -v st="$stat" -v l="$lvl" '{ v[NR] = $1; if ($1 > 1) above++ }
+                    END { if (NR == 0) exit; med = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+                          printf "MEDIAN %s %s %s/c=%.3f min=%.3f max=%.3f rounds=%d above=%d\n", m, st, l, med, v[1], v[NR], NR, above + 0 }'
+        done
     done
 done
 exit $status
