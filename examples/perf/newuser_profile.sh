@@ -7,7 +7,8 @@
 #   sh examples/perf/newuser_profile.sh [EXAMPLES_DIR]
 #
 # Environment: N1 (1000), N2 (3000) round trips under callgrind; PERF_ITERS (20000).
-# Everything goes to stdout (the guest's writes do not reach the host).
+# Everything goes to stdout (the guest's writes do not reach the host): each callgrind profile
+# as a `CGFILE KIND N` line of gzip + base64, for callgrind_annotate on the host.
 set -u
 ex=${1:-${TARGET_DIR:-target}/release/examples}
 n1=${N1:-1000}
@@ -32,18 +33,12 @@ for kind in c safe unsafe; do
         out="$tmp/cg.$kind.$n"
         # shellcheck disable=SC2046
         valgrind -q --tool=callgrind --callgrind-out-file="$out" $(cmd $kind) lat "$n" || echo "CG $kind $n failed"
-        total=$(callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
+        total=$(callgrind_annotate --threshold=99.99 "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
         echo "CG $kind n=$n total=$total"
-        # Self cost by object file.
-        callgrind_annotate --threshold=100 "$out" 2>/dev/null |
-            awk '/\[/ && $1 ~ /^[0-9,]+$/ { v = $1; gsub(",", "", v); o = $NF; sub(/.*\//, "", o); sub(/\]$/, "", o); s[o] += v }
-                 END { for (o in s) printf "CGOBJ %s n=%s %s %d\n", k, n, o, s[o] }' k="$kind" n="$n"
-        # Inclusive cost of the functions, with call counts from the tree.
-        callgrind_annotate --inclusive=yes --threshold=100 "$out" 2>/dev/null |
-            awk '$1 ~ /^[0-9,]+$/ && NF > 1 { v = $1; gsub(",", "", v); $1 = ""; printf "CGINC %s n=%s %d%s\n", k, n, v, $0 }' k="$kind" n="$n" |
-            head -n 60
-        callgrind_annotate --tree=caller --threshold=100 "$out" 2>/dev/null |
-            grep -E '^ +[0-9,]+ +< .*\([0-9]+x\)' | sed "s/^/CGCALL $kind n=$n /" | head -n 120
+        # The whole profile, for callgrind_annotate on the host (the guest's files stay there).
+        printf 'CGFILE %s %s ' "$kind" "$n"
+        gzip -c "$out" | base64 -w 0
+        echo
     done
 done
 
