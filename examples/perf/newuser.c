@@ -11,6 +11,9 @@
  *
  * Environment: IBVERBS_TEST_DEVICE (default: the first device), IBVERBS_TEST_GID_INDEX
  * (default 1), SIZE, WINDOW. Prints one RESULT line, as examples/newuser.rs does.
+ * SPIN=K (latency mode, a calibration, default 0) adds a loop of K steps of a volatile counter
+ * (6 instructions each at -O2) to every round trip, after A's post: the latency that many
+ * more user-space instructions cost in this guest.
  *
  * Build: cc -O2 -o newuser_c examples/perf/newuser.c -libverbs
  */
@@ -33,6 +36,7 @@ struct side {
 };
 
 static unsigned long long empty_polls;
+static long spin;
 
 static int cmp_double(const void *x, const void *y)
 {
@@ -146,6 +150,7 @@ int main(int argc, char **argv)
 	int gid_index = getenv("IBVERBS_TEST_GID_INDEX") ? atoi(getenv("IBVERBS_TEST_GID_INDEX")) : 1;
 	size_t size = getenv("SIZE") ? strtoul(getenv("SIZE"), 0, 10) : 65536;
 	int window = getenv("WINDOW") ? atoi(getenv("WINDOW")) : 16;
+	spin = getenv("SPIN") ? atol(getenv("SPIN")) : 0;
 
 	int ndev;
 	struct ibv_device **list = ibv_get_device_list(&ndev), *dev = NULL;
@@ -198,6 +203,8 @@ int main(int argc, char **argv)
 			if (i >= warm)
 				stamps[i - warm] = now();
 			post_send(a);
+			for (volatile long k = 0; k < spin; k++)
+				;
 			reap(b, 1); /* B's receive, re-posted */
 			post_send(b);
 			reap(a, 2); /* A's send and receive */
@@ -205,8 +212,8 @@ int main(int argc, char **argv)
 		}
 		double t = now() - t0;
 		stamps[iters] = t0 + t;
-		printf("RESULT newuser lang=c mode=lat iters=%ld rtt_us=%.3f lat_us=%.3f med_us=%.3f empty_per_rtt=%.3f\n",
-		       iters, t / iters * 1e6, t / iters / 2 * 1e6, median_interval(stamps, iters) / 2 * 1e6,
+		printf("RESULT newuser lang=c%s mode=lat iters=%ld rtt_us=%.3f lat_us=%.3f med_us=%.3f empty_per_rtt=%.3f\n",
+		       spin ? "+spin" : "", iters, t / iters * 1e6, t / iters / 2 * 1e6, median_interval(stamps, iters) / 2 * 1e6,
 		       (double)empty_polls / iters);
 	} else {
 		char *src = aligned_alloc(4096, size), *dst = aligned_alloc(4096, size);

@@ -9,7 +9,7 @@
 # EXAMPLES_DIR holds the release build of `newuser` (default: $TARGET_DIR/release/examples, else
 # target/release/examples). The C program is $NEWUSER_C if set, else compiled here with cc -O2.
 # Environment: ROUNDS (10), LAT_ITERS (20000), BW_ITERS (2000), SIZE (65536), WINDOW (16),
-# IBVERBS_TEST_DEVICE, IBVERBS_TEST_GID_INDEX; MODES ("lat bw").
+# IBVERBS_TEST_DEVICE, IBVERBS_TEST_GID_INDEX; MODES ("lat bw"); CSPIN (see below).
 # Output: the RESULT lines of every run; per round and mode two `ROUND` lines with the ratios to
 # C, of the runs' medians ("med": the median round trip's half, the median 50-write chunk's
 # rate; robust to other load on the machine) and of their means ("mean": the total time over
@@ -40,6 +40,7 @@ run() {
         c) line=$("$c" "$2" "$3") ;;
         safe) line=$("$rust" "$2" "$3") ;;
         unsafe) line=$("$rust" --unsafe "$2" "$3") ;;
+        cspin) line=$(SPIN=$CSPIN "$c" "$2" "$3") ;;
     esac || { echo "newuser.sh: $1 $2 failed" >&2; return 1; }
     echo "$line"
     if [ "$2" = lat ]; then med=med_us mean=lat_us; else med=med_mb_s mean=mb_s; fi
@@ -47,6 +48,10 @@ run() {
     echo "$line" | tr ' ' '\n' | sed -n "s/^$mean=//p" >>"$tmp/$2.$1.mean"
 }
 
+# CSPIN=K adds a fourth program, C with SPIN=K (examples/perf/newuser.c: 6K more user-space
+# instructions per round trip; latency only), to measure what instructions cost in this guest.
+others="safe unsafe"
+[ -n "${CSPIN:-}" ] && others="safe unsafe cspin"
 status=0
 r=1
 while [ "$r" -le "$rounds" ]; do
@@ -55,21 +60,26 @@ while [ "$r" -le "$rounds" ]; do
         2) order="safe unsafe c" ;;
         0) order="unsafe c safe" ;;
     esac
+    [ -n "${CSPIN:-}" ] && order="$order cspin"
     for mode in $modes; do
         iters=$([ "$mode" = lat ] && echo "$lat_iters" || echo "$bw_iters")
         for kind in $order; do
+            [ "$kind" = cspin ] && [ "$mode" != lat ] && continue
             run "$kind" "$mode" "$iters" || status=1
         done
         for stat in med mean; do
             sfx=$([ "$stat" = mean ] && echo .mean)
+            line="ROUND $r $mode $stat"
+            ratios=""
             cv=$(sed -n "${r}p" "$tmp/$mode.c$sfx" 2>/dev/null)
-            sv=$(sed -n "${r}p" "$tmp/$mode.safe$sfx" 2>/dev/null)
-            uv=$(sed -n "${r}p" "$tmp/$mode.unsafe$sfx" 2>/dev/null)
-            if [ -n "$cv" ] && [ -n "$sv" ] && [ -n "$uv" ]; then
-                awk -v r="$r" -v m="$mode" -v st="$stat" -v c="$cv" -v s="$sv" -v u="$uv" 'BEGIN {
-                    printf "ROUND %d %s %s c=%s safe=%s unsafe=%s safe/c=%.3f unsafe/c=%.3f\n", r, m, st, c, s, u, s / c, u / c }' |
-                    tee -a "$tmp/rounds"
-            fi
+            for kind in c $others; do
+                [ "$kind" = cspin ] && [ "$mode" != lat ] && continue
+                v=$(sed -n "${r}p" "$tmp/$mode.$kind$sfx" 2>/dev/null)
+                [ -n "$v" ] && [ -n "$cv" ] || continue 2
+                line="$line $kind=$v"
+                [ "$kind" = c ] || ratios="$ratios $(awk -v k="$kind" -v v="$v" -v c="$cv" 'BEGIN { printf "%s/c=%.3f", k, v / c }')"
+            done
+            echo "$line$ratios" | tee -a "$tmp/rounds"
         done
     done
     r=$((r + 1))
@@ -78,7 +88,7 @@ done
 # Medians of the per-round ratios, with their ranges and how many rounds were above C.
 for mode in $modes; do
     for stat in med mean; do
-        for lvl in safe unsafe; do
+        for lvl in $others; do
             grep "^ROUND [0-9]* $mode $stat " "$tmp/rounds" 2>/dev/null | tr ' ' '\n' | sed -n "s|^$lvl/c=||p" | sort -n |
                 awk -v m="$mode" -v st="$stat" -v l="$lvl" '{ v[NR] = $1; if ($1 > 1) above++ }
                     END { if (NR == 0) exit; med = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
