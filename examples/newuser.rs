@@ -15,7 +15,9 @@
 //! `SendRequest::write(Local::whole(src.clone()), target.remote())` from an
 //! `Arc<MemoryRegion>`.
 //!
-//! Environment: `IBVERBS_TEST_DEVICE`, `IBVERBS_TEST_GID_INDEX` (default 1), `SIZE`, `WINDOW`.
+//! Environment: `IBVERBS_TEST_DEVICE`, `IBVERBS_TEST_GID_INDEX` (default 1), `SIZE`, `WINDOW`;
+//! `EMPTY_POLLS=K` (latency mode) polls A's empty CQ K times before the loop, untimed (under
+//! callgrind, the difference to K=0 is the cost of K empty polls at the level run).
 //! Prints one `RESULT` line, in the C program's format. Run it with `examples/perf/newuser.sh`.
 
 use std::process::ExitCode;
@@ -78,6 +80,18 @@ fn run(mode: &str, iters: u64, unsafe_level: bool) -> ibverbs::Result<String> {
     let level = if unsafe_level { "unsafe" } else { "safe" };
     let warm = iters / 10;
     if mode == "lat" {
+        let empties: u64 = env("EMPTY_POLLS", 0);
+        let (mut raw_wc, mut wc) = ([WorkCompletion::default()], [Completion::default()]);
+        for _ in 0..empties {
+            let got =
+                if unsafe_level { a.cq.poll_raw(&mut raw_wc)?.len() } else { a.cq.poll(&mut wc)?.len() };
+            if got != 0 {
+                return Err(ibverbs::Error::InvalidArgument {
+                    verb: "newuser",
+                    reason: "EMPTY_POLLS: the CQ is not empty",
+                });
+            }
+        }
         let mut empty = 0u64;
         let (t, med, empty) = if unsafe_level {
             lat_unsafe(&pd, &mut a, &mut b, warm, iters, &mut empty)?

@@ -14,6 +14,10 @@
  * SPIN=K (latency mode, a calibration, default 0) adds a loop of K steps of a volatile counter
  * (6 instructions each at -O2) to every round trip, after A's post: the latency that many
  * more user-space instructions cost in this guest.
+ * TOUCH=K (latency mode, a calibration, default 0) reads one byte of each of K distinct pages
+ * of a buffer at the same place instead: what touching more memory per round trip costs.
+ * EMPTY_POLLS=K (latency mode) polls A's empty CQ K times before the loop, untimed: under
+ * callgrind, the difference to K=0 is the cost of K empty polls.
  *
  * Build: cc -O2 -o newuser_c examples/perf/newuser.c -libverbs
  */
@@ -36,7 +40,8 @@ struct side {
 };
 
 static unsigned long long empty_polls;
-static long spin;
+static long spin, touch;
+static volatile char *touch_buf;
 
 static int cmp_double(const void *x, const void *y)
 {
@@ -151,6 +156,11 @@ int main(int argc, char **argv)
 	size_t size = getenv("SIZE") ? strtoul(getenv("SIZE"), 0, 10) : 65536;
 	int window = getenv("WINDOW") ? atoi(getenv("WINDOW")) : 16;
 	spin = getenv("SPIN") ? atol(getenv("SPIN")) : 0;
+	touch = getenv("TOUCH") ? atol(getenv("TOUCH")) : 0;
+	if (touch && !(touch_buf = calloc(touch, 4096)))
+		DIE("TOUCH: calloc");
+	for (long k = 0; k < touch; k++)
+		touch_buf[k * 4096] = 1;
 
 	int ndev;
 	struct ibv_device **list = ibv_get_device_list(&ndev), *dev = NULL;
@@ -189,6 +199,12 @@ int main(int argc, char **argv)
 	struct side *a = &sides[0], *b = &sides[1];
 
 	if (!bw) {
+		long empties = getenv("EMPTY_POLLS") ? atol(getenv("EMPTY_POLLS")) : 0;
+		for (long k = 0; k < empties; k++) {
+			struct ibv_wc wc;
+			if (ibv_poll_cq(a->cq, 1, &wc) != 0)
+				DIE("EMPTY_POLLS: the CQ is not empty");
+		}
 		post_recv(a);
 		post_recv(b);
 		long warm = iters / 10;
@@ -205,6 +221,8 @@ int main(int argc, char **argv)
 			post_send(a);
 			for (volatile long k = 0; k < spin; k++)
 				;
+			for (long k = 0; k < touch; k++)
+				(void)touch_buf[k * 4096];
 			reap(b, 1); /* B's receive, re-posted */
 			post_send(b);
 			reap(a, 2); /* A's send and receive */
@@ -213,7 +231,7 @@ int main(int argc, char **argv)
 		double t = now() - t0;
 		stamps[iters] = t0 + t;
 		printf("RESULT newuser lang=c%s mode=lat iters=%ld rtt_us=%.3f lat_us=%.3f med_us=%.3f empty_per_rtt=%.3f\n",
-		       spin ? "+spin" : "", iters, t / iters * 1e6, t / iters / 2 * 1e6, median_interval(stamps, iters) / 2 * 1e6,
+		       spin ? "+spin" : touch ? "+touch" : "", iters, t / iters * 1e6, t / iters / 2 * 1e6, median_interval(stamps, iters) / 2 * 1e6,
 		       (double)empty_polls / iters);
 	} else {
 		char *src = aligned_alloc(4096, size), *dst = aligned_alloc(4096, size);

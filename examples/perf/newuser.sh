@@ -41,6 +41,7 @@ run() {
         safe) line=$("$rust" "$2" "$3") ;;
         unsafe) line=$("$rust" --unsafe "$2" "$3") ;;
         cspin) line=$(SPIN=$CSPIN "$c" "$2" "$3") ;;
+        ctouch) line=$(TOUCH=$CTOUCH "$c" "$2" "$3") ;;
     esac || { echo "newuser.sh: $1 $2 failed" >&2; return 1; }
     echo "$line"
     if [ "$2" = lat ]; then med=med_us mean=lat_us; else med=med_mb_s mean=mb_s; fi
@@ -50,8 +51,10 @@ run() {
 
 # CSPIN=K adds a fourth program, C with SPIN=K (examples/perf/newuser.c: 6K more user-space
 # instructions per round trip; latency only), to measure what instructions cost in this guest.
+# CTOUCH=K likewise adds C with TOUCH=K (one byte read from each of K more pages per round trip).
 others="safe unsafe"
-[ -n "${CSPIN:-}" ] && others="safe unsafe cspin"
+[ -n "${CSPIN:-}" ] && others="$others cspin"
+[ -n "${CTOUCH:-}" ] && others="$others ctouch"
 status=0
 r=1
 while [ "$r" -le "$rounds" ]; do
@@ -61,10 +64,11 @@ while [ "$r" -le "$rounds" ]; do
         0) order="unsafe c safe" ;;
     esac
     [ -n "${CSPIN:-}" ] && order="$order cspin"
+    [ -n "${CTOUCH:-}" ] && order="$order ctouch"
     for mode in $modes; do
         iters=$([ "$mode" = lat ] && echo "$lat_iters" || echo "$bw_iters")
         for kind in $order; do
-            [ "$kind" = cspin ] && [ "$mode" != lat ] && continue
+            case $kind in cspin | ctouch) [ "$mode" != lat ] && continue ;; esac
             run "$kind" "$mode" "$iters" || status=1
         done
         for stat in med mean; do
@@ -73,7 +77,7 @@ while [ "$r" -le "$rounds" ]; do
             ratios=""
             cv=$(sed -n "${r}p" "$tmp/$mode.c$sfx" 2>/dev/null)
             for kind in c $others; do
-                [ "$kind" = cspin ] && [ "$mode" != lat ] && continue
+                case $kind in cspin | ctouch) [ "$mode" != lat ] && continue ;; esac
                 v=$(sed -n "${r}p" "$tmp/$mode.$kind$sfx" 2>/dev/null)
                 [ -n "$v" ] && [ -n "$cv" ] || continue 2
                 line="$line $kind=$v"
