@@ -16,6 +16,8 @@
  * more user-space instructions cost in this guest.
  * TOUCH=K (latency mode, a calibration, default 0) reads one byte of each of K distinct pages
  * of a buffer at the same place instead: what touching more memory per round trip costs.
+ * MEMCPY=K (latency mode, a calibration, default 0) makes K calls of libc's memcpy of 256 bytes
+ * instead: what moving structures the size of the crate's requests costs.
  * EMPTY_POLLS=K (latency mode) polls A's empty CQ K times before the loop, untimed: under
  * callgrind, the difference to K=0 is the cost of K empty polls.
  *
@@ -40,7 +42,9 @@ struct side {
 };
 
 static unsigned long long empty_polls;
-static long spin, touch;
+static long spin, touch, copies;
+static void *(*volatile copy_fn)(void *, const void *, size_t) = memcpy;
+static char copy_src[256], copy_dst[256];
 static volatile char *touch_buf;
 
 static int cmp_double(const void *x, const void *y)
@@ -157,6 +161,7 @@ int main(int argc, char **argv)
 	int window = getenv("WINDOW") ? atoi(getenv("WINDOW")) : 16;
 	spin = getenv("SPIN") ? atol(getenv("SPIN")) : 0;
 	touch = getenv("TOUCH") ? atol(getenv("TOUCH")) : 0;
+	copies = getenv("MEMCPY") ? atol(getenv("MEMCPY")) : 0;
 	if (touch && !(touch_buf = calloc(touch, 4096)))
 		DIE("TOUCH: calloc");
 	for (long k = 0; k < touch; k++)
@@ -223,6 +228,8 @@ int main(int argc, char **argv)
 				;
 			for (long k = 0; k < touch; k++)
 				(void)touch_buf[k * 4096];
+			for (long k = 0; k < copies; k++)
+				copy_fn(copy_dst, copy_src, sizeof copy_src);
 			reap(b, 1); /* B's receive, re-posted */
 			post_send(b);
 			reap(a, 2); /* A's send and receive */
@@ -231,7 +238,7 @@ int main(int argc, char **argv)
 		double t = now() - t0;
 		stamps[iters] = t0 + t;
 		printf("RESULT newuser lang=c%s mode=lat iters=%ld rtt_us=%.3f lat_us=%.3f med_us=%.3f empty_per_rtt=%.3f\n",
-		       spin ? "+spin" : touch ? "+touch" : "", iters, t / iters * 1e6, t / iters / 2 * 1e6, median_interval(stamps, iters) / 2 * 1e6,
+		       spin ? "+spin" : touch ? "+touch" : copies ? "+memcpy" : "", iters, t / iters * 1e6, t / iters / 2 * 1e6, median_interval(stamps, iters) / 2 * 1e6,
 		       (double)empty_polls / iters);
 	} else {
 		char *src = aligned_alloc(4096, size), *dst = aligned_alloc(4096, size);

@@ -42,6 +42,7 @@ run() {
         unsafe) line=$("$rust" --unsafe "$2" "$3") ;;
         cspin) line=$(SPIN=$CSPIN "$c" "$2" "$3") ;;
         ctouch) line=$(TOUCH=$CTOUCH "$c" "$2" "$3") ;;
+        cmemcpy) line=$(MEMCPY=$CMEMCPY "$c" "$2" "$3") ;;
     esac || { echo "newuser.sh: $1 $2 failed" >&2; return 1; }
     echo "$line"
     if [ "$2" = lat ]; then med=med_us mean=lat_us; else med=med_mb_s mean=mb_s; fi
@@ -55,6 +56,8 @@ run() {
 others="safe unsafe"
 [ -n "${CSPIN:-}" ] && others="$others cspin"
 [ -n "${CTOUCH:-}" ] && others="$others ctouch"
+# CMEMCPY=K: C with MEMCPY=K (K calls of memcpy of 256 bytes per round trip).
+[ -n "${CMEMCPY:-}" ] && others="$others cmemcpy"
 status=0
 r=1
 while [ "$r" -le "$rounds" ]; do
@@ -65,10 +68,11 @@ while [ "$r" -le "$rounds" ]; do
     esac
     [ -n "${CSPIN:-}" ] && order="$order cspin"
     [ -n "${CTOUCH:-}" ] && order="$order ctouch"
+    [ -n "${CMEMCPY:-}" ] && order="$order cmemcpy"
     for mode in $modes; do
         iters=$([ "$mode" = lat ] && echo "$lat_iters" || echo "$bw_iters")
         for kind in $order; do
-            case $kind in cspin | ctouch) [ "$mode" != lat ] && continue ;; esac
+            case $kind in cspin | ctouch | cmemcpy) [ "$mode" != lat ] && continue ;; esac
             run "$kind" "$mode" "$iters" || status=1
         done
         for stat in med mean; do
@@ -77,7 +81,7 @@ while [ "$r" -le "$rounds" ]; do
             ratios=""
             cv=$(sed -n "${r}p" "$tmp/$mode.c$sfx" 2>/dev/null)
             for kind in c $others; do
-                case $kind in cspin | ctouch) [ "$mode" != lat ] && continue ;; esac
+                case $kind in cspin | ctouch | cmemcpy) [ "$mode" != lat ] && continue ;; esac
                 v=$(sed -n "${r}p" "$tmp/$mode.$kind$sfx" 2>/dev/null)
                 [ -n "$v" ] && [ -n "$cv" ] || continue 2
                 line="$line $kind=$v"

@@ -66,9 +66,15 @@ elif perf stat -e task-clock true >/dev/null 2>&1; then
     for kind in c safe unsafe; do
         echo "PERFREC $kind lat $perf_iters"
         # shellcheck disable=SC2046
-        perf record -q -e cpu-clock -o "$tmp/perf.$kind" $(cmd $kind) lat "$perf_iters" >/dev/null 2>&1
+        perf record -q -F 10000 -e cpu-clock -o "$tmp/perf.$kind" $(cmd $kind) lat "$perf_iters" >/dev/null 2>&1
+        echo "PERFDSO $kind"
+        perf report -i "$tmp/perf.$kind" --stdio --no-children --sort dso 2>/dev/null | grep -v '^#' | grep -v '^$' | head -n 12
+        echo "PERFSYM $kind"
         perf report -i "$tmp/perf.$kind" --stdio --no-children --sort dso,sym 2>/dev/null | grep -v '^#' | grep -v '^$' |
             head -n 35
+        echo "PERFUSER $kind"
+        perf report -i "$tmp/perf.$kind" --stdio --no-children --sort dso,sym 2>/dev/null | grep -v '^#' | grep -v '^$' |
+            grep -v kernel.kallsyms | head -n 25
     done
 else
     echo "PERF: perf stat does not run in this guest"
