@@ -8,7 +8,7 @@
 #
 # EXAMPLES_DIR holds the release build of `newuser` (default: $TARGET_DIR/release/examples, else
 # target/release/examples). The C program is $NEWUSER_C if set, else compiled here with cc -O2.
-# Environment: ROUNDS (10), LAT_ITERS (20000), BW_ITERS (2000), SIZE (65536), WINDOW (16),
+# Environment: ROUNDS (10), LAT_ITERS (10000), BW_ITERS (2000), SIZE (65536), WINDOW (16),
 # IBVERBS_TEST_DEVICE, IBVERBS_TEST_GID_INDEX; MODES ("lat bw"); CSPIN (see below).
 # Output: the RESULT lines of every run; per round and mode two `ROUND` lines with the ratios to
 # C, of the runs' medians ("med": the median round trip's half, the median 50-write chunk's
@@ -18,7 +18,7 @@
 set -u
 ex=${1:-${TARGET_DIR:-target}/release/examples}
 rounds=${ROUNDS:-10}
-lat_iters=${LAT_ITERS:-20000}
+lat_iters=${LAT_ITERS:-10000}
 bw_iters=${BW_ITERS:-2000}
 modes=${MODES:-lat bw}
 rust="$ex/newuser"
