@@ -365,6 +365,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn bench_scripts_exist() {
+        let root = crate::workspace_root();
+        let mut seen = 0;
+        for (_, cmd) in BENCH {
+            for word in cmd.split_whitespace().filter(|w| w.starts_with("examples/perf/")) {
+                assert!(root.join(word).is_file(), "{word} (in `{cmd}`) is not a file");
+                seen += 1;
+            }
+        }
+        assert!(seen >= 2, "the bench runs compare.sh and newuser.sh");
+        assert!(root.join("examples/perf/newuser.c").is_file(), "newuser.sh compiles newuser.c");
+    }
+
+    #[test]
     fn twohost_table_takes_medians_and_ratios_and_notices_failures() {
         let out = "RESULT write_bw ours pair1 rc=0 10.0\nRESULT write_bw perftest pair1 rc=0 20.0\n\
                    RESULT write_bw ours pair2 rc=0 12.0\nRESULT write_bw perftest pair2 rc=0 10.0\n\
