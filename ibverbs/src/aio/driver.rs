@@ -201,11 +201,20 @@ impl Wakers {
     }
 
     fn wake_all(self) {
-        let Wakers { first, more } = self;
+        // The drop wakes them.
+        drop(self);
+    }
+}
+
+impl Drop for Wakers {
+    /// Wakes the tasks, also when a poll unwinds (a buffer's free callback panicked in the CQ's
+    /// poll after this poll handed other operations their completions: their slots are done,
+    /// and only these wakers tell their tasks).
+    fn drop(&mut self) {
         // Filled in order: no first means none (a poll that found nothing).
-        if let Some(w) = first {
+        if let Some(w) = self.first.take() {
             w.wake();
-            more.into_iter().for_each(Waker::wake);
+            std::mem::take(&mut self.more).into_iter().for_each(Waker::wake);
         }
     }
 }
