@@ -1119,15 +1119,16 @@ async fn adaptive_both_ways(
         // Under valgrind the instrumented code itself dominates the CPU time: print only.
         return;
     }
-    // A waiter that slept through each 50 ms gap after its 1 ms spin: a few percent of wall
-    // (the spin, the wake-ups); one that spun through them would be near 100%.
+    // A waiter that slept through each 50 ms gap after its 1 ms spin: 9-23% of wall in the VM
+    // (the spin, the wake-ups, the debug build's polls); one that spun through them would be near
+    // 100%. (A loaded host raises the figure: the guest has no steal time, see no_busy_polling.)
     assert!(
-        pct(&late) < 40.0,
+        pct(&late) < 60.0,
         "the awaiting thread used {:.1}% of wall time: it spun past its window",
         pct(&late)
     );
-    // A waiter that spins until each message comes (well within 10 ms): near 100%; one that
-    // slept would be far below (as the event path's no_busy_polling shows).
+    // A waiter that spins until each message comes (well within 10 ms): 86-99.5% in the VM; one
+    // that slept would be far below (as the event path's no_busy_polling shows).
     assert!(pct(&soon) > 60.0, "the awaiting thread used {:.1}% of wall time: it did not spin", pct(&soon));
 }
 
