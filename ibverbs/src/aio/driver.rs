@@ -340,8 +340,8 @@ impl DerefMut for StateGuard<'_> {
 /// Owns the CQ (created on a channel that serves it alone) and its channel's reactor
 /// registration. Cloning is cheap (an `Arc`); every clone drives the same CQ. There is no
 /// background task: a future that waits polls the CQ itself (`ibv_poll_cq()`), hands the
-/// completions it finds to their futures, and when there is none arms the CQ and waits for the
-/// channel.
+/// completions it finds to their futures, and when there is none spins or arms the CQ and waits
+/// for the channel, as its [`WaitPolicy`] says ([`set_wait_policy`](Self::set_wait_policy)).
 ///
 /// A poll may drop buffers while the driver's lock is held (those of unsignaled requests a
 /// completion releases, or of dropped queue pairs): an [`OwnedBuffer`](crate::OwnedBuffer) free

@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 /// completion or after `spin`; polls in between (of any task of the driver) spin, polls after it
 /// arm the CQ and sleep, until a completion comes and a later empty poll opens a new window. So
 /// the CPU spent spinning is bounded by `spin` per idle gap of the CQ, however many tasks wait.
+/// (The clock is read at every 8th empty poll only, a clock read costing as much as a system call
+/// on some machines: the window starts at the 8th empty poll and ends at the first reading at
+/// least `spin` later, so it spins `spin` plus at most 15 polls.)
 /// Arming is followed by a poll before the sleep (the classic race: a completion that came
 /// between the last poll and the arming raises no event), on every policy that sleeps.
 ///
