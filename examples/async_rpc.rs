@@ -2,8 +2,10 @@
 //!
 //! Server: `async_rpc -d rxe0 -g 1`; client: `async_rpc -d rxe0 -g 1 SERVER`. The client keeps
 //! `--concurrency` requests in flight (one task each), the server answers each from a task per
-//! posted receive; both sides complete their operations through one [`Driver`] per side, woken by
-//! the completion channel (`--events`, the default) or busy polling (`--busy-poll`). The client
+//! posted receive; both sides complete their operations through one [`Driver`] per side, with the
+//! library's default wait (`WaitPolicy::ADAPTIVE`: busy polling for a bounded while, then the
+//! completion channel; `--adaptive-us` sets the spin), woken by the completion channel only
+//! (`--events`) or busy polling (`--busy-poll`). The client
 //! prints requests per second and latency percentiles; both print their CPU time. Each side
 //! registers its message buffers once, as one region carved into owned chunks
 //! (`MemoryRegion::into_chunks`): a receive or send takes a chunk, its completion hands it back
@@ -17,8 +19,9 @@
 //!
 //! `--bench` runs, in one process over one device (two queue pairs connected to each other, no
 //! TCP), the same request/response load through the synchronous safe level (busy polling
-//! `CompletionQueue::poll`) and through the async adaptor (events, then busy polling), and prints
-//! requests per second, latency and CPU seconds per million messages of each, with ratios.
+//! `CompletionQueue::poll`) and through the async adaptor (events, busy polling, then the
+//! adaptive wait), and prints requests per second, latency and CPU seconds per million messages of
+//! each, with ratios.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -31,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ibverbs::aio::{AsyncQueuePair, Driver};
+use ibverbs::aio::{AsyncQueuePair, Driver, WaitPolicy};
 use ibverbs::cm::{self, CmId, ConnParam, Listener};
 use ibverbs::{
     Chunk, Completion, CompletionQueue, ConnectOptions, Context, Endpoint, Gid, Local, Mtu, ProtectionDomain,
@@ -61,12 +64,18 @@ struct Args {
     /// Request and response size in bytes (at least 16).
     #[arg(short = 's', long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(16..=1 << 20))]
     size: u32,
-    /// Wait for completions on the completion channel (the default).
-    #[arg(long, conflicts_with = "busy_poll")]
+    /// Wait for completions on the completion channel only (no spin).
+    #[arg(long, conflicts_with_all = ["busy_poll", "adaptive_us"])]
     events: bool,
     /// Busy-poll the completion queue instead.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "adaptive_us")]
     busy_poll: bool,
+    /// The adaptive wait's spin in microseconds (busy poll that long after the CQ ran dry, then
+    /// sleep on the channel); without --events or --busy-poll the adaptive wait is used, with
+    /// this spin or the library's default (WaitPolicy::DEFAULT_SPIN). --bench: the spin of its
+    /// "async adaptive" run.
+    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    adaptive_us: Option<u64>,
     /// Seconds any one wait may take (the server's wait for a client, each exchange, each
     /// request), and the whole run at most ten times that.
     #[arg(long, default_value_t = 10,
@@ -117,6 +126,22 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
+}
+
+/// The drivers' wait policy from `--events`, `--busy-poll` and `--adaptive-us`.
+fn wait_policy(args: &Args) -> WaitPolicy {
+    if args.events {
+        WaitPolicy::Events
+    } else if args.busy_poll {
+        WaitPolicy::BusyPoll
+    } else {
+        adaptive(args)
+    }
+}
+
+/// The adaptive wait with `--adaptive-us`, or the library's default spin.
+fn adaptive(args: &Args) -> WaitPolicy {
+    args.adaptive_us.map_or(WaitPolicy::ADAPTIVE, |us| WaitPolicy::adaptive(Duration::from_micros(us)))
 }
 
 fn connect_options(args: &Args) -> ConnectOptions {
@@ -334,13 +359,19 @@ fn run(args: &Args) -> Result<(), String> {
             .map_err(|e| format!("telling the client we are ready: {e:?}"))
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-    let busy = args.busy_poll;
-    let mode = if busy { "busy-poll" } else { "events" };
+    let policy = wait_policy(args);
+    let mode = match policy {
+        WaitPolicy::Events => "events".to_string(),
+        WaitPolicy::BusyPoll => "busy-poll".to_string(),
+        WaitPolicy::Adaptive { spin } => format!("adaptive {} us", spin.as_micros()),
+        _ => format!("{policy:?}"),
+    };
+    let mode = mode.as_str();
     let limit = Duration::from_secs(args.timeout);
     let whole = limit * 10;
     rt.block_on(async move {
         let driver = Driver::tokio(side.cq, &side.channel).map_err(|e| e.to_string())?;
-        driver.set_busy_poll(busy);
+        driver.set_wait_policy(policy);
         let ep = Arc::new(AsyncQueuePair::new(side.qp, &driver).map_err(|(_, e)| e.to_string())?);
         let (cpu0, t0) = (cpu_time(), Instant::now());
         let work = async {
@@ -672,7 +703,7 @@ fn bench_sync(args: &Args) -> Result<Figures, String> {
 }
 
 /// The async adaptor: the same server and client as the two-process run, in one runtime.
-fn bench_async(args: &Args, busy: bool) -> Result<Figures, String> {
+fn bench_async(args: &Args, policy: WaitPolicy) -> Result<Figures, String> {
     let (n, size, conc) = (args.requests, args.size, args.concurrency);
     let (c, s) = loopback(args)?;
     let limit = Duration::from_secs(args.timeout);
@@ -680,8 +711,8 @@ fn bench_async(args: &Args, busy: bool) -> Result<Figures, String> {
     rt.block_on(async move {
         let cd = Driver::tokio(c.cq, &c.channel).map_err(|e| e.to_string())?;
         let sd = Driver::tokio(s.cq, &s.channel).map_err(|e| e.to_string())?;
-        cd.set_busy_poll(busy);
-        sd.set_busy_poll(busy);
+        cd.set_wait_policy(policy);
+        sd.set_wait_policy(policy);
         let cep = Arc::new(AsyncQueuePair::new(c.qp, &cd).map_err(|(_, e)| e.to_string())?);
         let sep = Arc::new(AsyncQueuePair::new(s.qp, &sd).map_err(|(_, e)| e.to_string())?);
         let (cpu0, t0) = (cpu_time(), Instant::now());
@@ -702,11 +733,17 @@ fn bench(args: &Args) -> Result<(), String> {
     );
     let sync = bench_sync(args)?;
     report("sync safe (busy poll)", &sync);
-    let ev = bench_async(args, false)?;
+    let ev = bench_async(args, WaitPolicy::Events)?;
     report("async events", &ev);
-    let busy = bench_async(args, true)?;
+    let busy = bench_async(args, WaitPolicy::BusyPoll)?;
     report("async busy-poll", &busy);
-    for (name, f) in [("async events", &ev), ("async busy-poll", &busy)] {
+    let policy = adaptive(args);
+    let adaptive = bench_async(args, policy)?;
+    report("async adaptive", &adaptive);
+    if let WaitPolicy::Adaptive { spin } = policy {
+        println!("bench (async adaptive: spin {} us)", spin.as_micros());
+    }
+    for (name, f) in [("async events", &ev), ("async busy-poll", &busy), ("async adaptive", &adaptive)] {
         println!(
             "bench ratio {name} / sync: req/s {:.2}, p50 latency {:.2}, p99 latency {:.2}, cpu per message {:.2}",
             f.rate / sync.rate,
@@ -715,5 +752,10 @@ fn bench(args: &Args) -> Result<(), String> {
             f.cpu_per_million / sync.cpu_per_million
         );
     }
+    println!(
+        "bench ratio async adaptive / async busy-poll: req/s {:.2}, cpu per message {:.2}",
+        adaptive.rate / busy.rate,
+        adaptive.cpu_per_million / busy.cpu_per_million
+    );
     Ok(())
 }

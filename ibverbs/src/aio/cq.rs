@@ -7,6 +7,7 @@ use std::task::{Context as TaskContext, Poll};
 
 use super::backend::{reactor_error, Backend, Readiness};
 use super::seam::Seam;
+use super::wait::{Empty, SpinWindow, WaitPolicy};
 use crate::error::{Error, Result};
 use crate::queue::{Completion, CompletionChannel, CompletionQueue};
 
@@ -16,7 +17,7 @@ pub(crate) struct CqCore {
     seam: Seam,
     io: Box<dyn Readiness>,
     armed: bool,
-    pub(super) busy: bool,
+    pub(super) wait: SpinWindow,
 }
 
 impl CqCore {
@@ -34,7 +35,7 @@ impl CqCore {
         }
         let seam = Seam::new(channel);
         let io = backend.watch(seam.watched()).map_err(reactor_error)?;
-        Ok(CqCore { cq, seam, io, armed: false, busy: false })
+        Ok(CqCore { cq, seam, io, armed: false, wait: SpinWindow::new(WaitPolicy::default()) })
     }
 
     /// Polls without waiting (`ibv_poll_cq()`).
@@ -64,16 +65,26 @@ impl CqCore {
         if out.is_empty() {
             return Poll::Ready(Ok(0));
         }
+        // Whether this poll already asked the policy (once per poll: the adaptive window's
+        // clock is read at most once).
+        let mut asked = false;
         loop {
             match self.cq.poll(out) {
-                Ok(got) if !got.is_empty() => return Poll::Ready(Ok(got.len())),
+                Ok(got) if !got.is_empty() => {
+                    self.wait.found();
+                    return Poll::Ready(Ok(got.len()));
+                }
                 Ok(_) => {}
                 Err(e) => return Poll::Ready(Err(e)),
             }
-            if self.busy {
-                // Busy polling: ask to be polled again at once, never arm nor wait.
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
+            if !asked {
+                asked = true;
+                if self.wait.empty(std::time::Instant::now) == Empty::Spin {
+                    // Busy polling (within the adaptive window, or for ever with `BusyPoll`):
+                    // ask to be polled again at once; no arming, no wait.
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
             }
             if !self.armed {
                 if let Err(e) = self.cq.req_notify(false) {
@@ -142,6 +153,20 @@ impl AsyncCompletionQueue {
     /// The completion queue (e.g. to create queue pairs on it).
     pub fn cq(&self) -> &CompletionQueue {
         &self.core.cq
+    }
+
+    /// Sets what a poll does when it finds the CQ empty (see [`WaitPolicy`]; the default is
+    /// [`WaitPolicy::ADAPTIVE`]: busy poll for a bounded while, then arm the CQ,
+    /// `ibv_req_notify_cq()`, and sleep in the reactor).
+    #[doc(alias = "ibv_req_notify_cq")]
+    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+        self.core.wait.set(policy);
+    }
+
+    /// The wait policy (an adaptive spin as clamped, [`WaitPolicy::MAX_SPIN`]; a zero spin is
+    /// [`WaitPolicy::Events`]).
+    pub fn wait_policy(&self) -> WaitPolicy {
+        self.core.wait.policy()
     }
 
     /// Polls for completions into `out` (`ibv_poll_cq()`, and `ibv_req_notify_cq()` +

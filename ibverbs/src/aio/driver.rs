@@ -11,6 +11,7 @@ use std::task::{Context as TaskContext, Poll, Wake, Waker};
 
 use super::backend::Backend;
 use super::cq::CqCore;
+use super::wait::WaitPolicy;
 use crate::error::{Error, PostError, Result};
 use crate::memory::RemoteSlice;
 use crate::pd::ProtectionDomain;
@@ -100,8 +101,9 @@ impl State {
 
     /// Hands the polled completions `batch[..n]` to their futures. Returns the wakers to wake
     /// (outside the lock) and the completions to drop (outside the lock too: dropping a buffer
-    /// may run a caller's callback).
-    fn dispatch(&mut self, n: usize, wake: &mut Vec<Waker>, drop_later: &mut Vec<Completion>) {
+    /// may run a caller's callback). The waker of operation `own` (the one being polled, which
+    /// takes its completion in this very poll; `0`, no token, for none) is not woken.
+    fn dispatch(&mut self, n: usize, own: u64, wake: &mut Wakers, drop_later: &mut Vec<Completion>) {
         for i in 0..n {
             let mut c = std::mem::take(&mut self.batch[i]);
             if !c.is_tracked() {
@@ -120,7 +122,9 @@ impl State {
                 Entry::Waiting(w, user) => {
                     c.set_wr_id(user);
                     slot.entry = Entry::Done(c);
-                    wake.extend(w);
+                    if tok != own {
+                        wake.extend(w);
+                    }
                 }
                 Entry::Abandoned => {
                     drop_later.push(c);
@@ -174,6 +178,44 @@ impl State {
             }
         }
         wake
+    }
+}
+
+/// The wakers a poll collects under the lock, to wake once it is let go: the first inline (a
+/// poll that hands over a completion usually hands over one: no allocation), the others in a
+/// vector.
+#[derive(Default)]
+struct Wakers {
+    first: Option<Waker>,
+    more: Vec<Waker>,
+}
+
+impl Wakers {
+    fn extend(&mut self, w: Option<Waker>) {
+        let Some(w) = w else { return };
+        if self.first.is_none() {
+            self.first = Some(w);
+        } else {
+            self.more.push(w);
+        }
+    }
+
+    fn wake_all(self) {
+        // The drop wakes them.
+        drop(self);
+    }
+}
+
+impl Drop for Wakers {
+    /// Wakes the tasks, also when a poll unwinds (a buffer's free callback panicked in the CQ's
+    /// poll after this poll handed other operations their completions: their slots are done,
+    /// and only these wakers tell their tasks).
+    fn drop(&mut self) {
+        // Filled in order: no first means none (a poll that found nothing).
+        if let Some(w) = self.first.take() {
+            w.wake();
+            std::mem::take(&mut self.more).into_iter().for_each(Waker::wake);
+        }
     }
 }
 
@@ -298,8 +340,8 @@ impl DerefMut for StateGuard<'_> {
 /// Owns the CQ (created on a channel that serves it alone) and its channel's reactor
 /// registration. Cloning is cheap (an `Arc`); every clone drives the same CQ. There is no
 /// background task: a future that waits polls the CQ itself (`ibv_poll_cq()`), hands the
-/// completions it finds to their futures, and when there is none arms the CQ and waits for the
-/// channel.
+/// completions it finds to their futures, and when there is none spins or arms the CQ and waits
+/// for the channel, as its [`WaitPolicy`] says ([`set_wait_policy`](Self::set_wait_policy)).
 ///
 /// A poll may drop buffers while the driver's lock is held (those of unsignaled requests a
 /// completion releases, or of dropped queue pairs): an [`OwnedBuffer`](crate::OwnedBuffer) free
@@ -358,7 +400,7 @@ impl Driver {
     /// # Errors
     /// [`Error::Verb`] when `ibv_poll_cq()` fails.
     pub fn reap(&self) -> Result<usize> {
-        let mut wake = Vec::new();
+        let mut wake = Wakers::default();
         let mut drop_later = Vec::new();
         let mut total = 0;
         let r = {
@@ -368,7 +410,7 @@ impl Driver {
                 match core.poll_now(batch) {
                     Ok(got) => {
                         let n = got.len();
-                        st.dispatch(n, &mut wake, &mut drop_later);
+                        st.dispatch(n, 0, &mut wake, &mut drop_later);
                         total += n;
                         if n < BATCH || total >= POLL_BUDGET {
                             break Ok(total);
@@ -379,18 +421,34 @@ impl Driver {
             }
         };
         // Woken before the drops: a buffer's free callback that panics loses no wake-up.
-        wake.into_iter().for_each(Waker::wake);
+        wake.wake_all();
         if let Some(panic) = drop_each(drop_later) {
             std::panic::resume_unwind(panic);
         }
         r
     }
 
-    /// Switches between the event path (the default: arm the CQ and sleep in the reactor until
-    /// the channel fires) and busy polling (a waiting task that finds the CQ empty wakes itself
-    /// and yields to its executor at once: lower latency, a core kept busy).
+    /// Sets what a waiting future does when it finds the CQ empty (see [`WaitPolicy`]; the
+    /// default is [`WaitPolicy::ADAPTIVE`]: busy poll for a bounded while, then arm the CQ,
+    /// `ibv_req_notify_cq()`, and sleep in the reactor). Takes effect at the next poll of any
+    /// waiting future; a task sleeping in the reactor sleeps on until the channel fires.
+    #[doc(alias = "ibv_req_notify_cq")]
+    pub fn set_wait_policy(&self, policy: WaitPolicy) {
+        self.shared.lock().core.wait.set(policy);
+    }
+
+    /// The wait policy (an adaptive spin as clamped, [`WaitPolicy::MAX_SPIN`]; a zero spin is
+    /// [`WaitPolicy::Events`]).
+    pub fn wait_policy(&self) -> WaitPolicy {
+        self.shared.lock().core.wait.policy()
+    }
+
+    /// [`set_wait_policy`](Self::set_wait_policy) with [`WaitPolicy::BusyPoll`] (`true`: a
+    /// waiting task that finds the CQ empty wakes itself and yields to its executor at once:
+    /// lower latency, a core kept busy) or [`WaitPolicy::Events`] (`false`: arm the CQ and sleep
+    /// in the reactor until the channel fires).
     pub fn set_busy_poll(&self, busy: bool) {
-        self.shared.lock().core.busy = busy;
+        self.set_wait_policy(if busy { WaitPolicy::BusyPoll } else { WaitPolicy::Events });
     }
 
     /// Operations posted whose futures have not yet returned or been dropped, plus dropped ones
@@ -504,14 +562,20 @@ impl Future for Op {
                 reason: "the operation's future was polled after it completed",
             }));
         }
-        if let Some(c) = self.kept.take() {
-            self.finished = true;
-            return Poll::Ready(Ok(c));
+        // Looked at before it is taken: taking moves the whole (large) option.
+        if self.kept.is_some() {
+            if let Some(c) = self.kept.take() {
+                self.finished = true;
+                return Poll::Ready(Ok(c));
+            }
         }
         let tok = self.tok;
-        let mut wake = Vec::new();
+        let mut wake = Wakers::default();
         let mut drop_later = Vec::new();
-        let out = {
+        // The completion, once taken from its slot. The loop's outcome is small (`Step`): the
+        // completion (a few hundred bytes) is moved only when there is one, not at each poll.
+        let mut done = None;
+        let step = {
             let mut guard = self.shared.lock();
             let st = &mut *guard;
             let mut handled = 0;
@@ -521,7 +585,8 @@ impl Future for Op {
                     Some(e @ Entry::Done(_)) => {
                         let Entry::Done(c) = std::mem::replace(e, Entry::Free) else { unreachable!() };
                         st.release(tok);
-                        break Poll::Ready(Ok(c));
+                        done = Some(c);
+                        break Step::Done;
                     }
                     Some(Entry::Waiting(w, _)) => {
                         if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
@@ -530,69 +595,96 @@ impl Future for Op {
                     }
                     Some(Entry::Forgotten) => {
                         st.release(tok);
-                        break Poll::Ready(Err(Error::InvalidArgument {
+                        break Step::Failed(Error::InvalidArgument {
                             verb: "ibv_poll_cq",
                             reason: "the queue pair was reset or replaced in AsyncQueuePair::with_qp: \
                                      the operation will not complete",
-                        }));
+                        });
                     }
-                    _ => {
-                        break Poll::Ready(Err(Error::InvalidArgument {
-                            verb: "ibv_poll_cq",
-                            reason: "the operation's slot was lost",
-                        }))
-                    }
+                    _ => break Step::Failed(LOST),
                 }
                 if handled >= POLL_BUDGET {
                     // Bounded work per poll, whatever the CQ returns: come back after the
                     // executor ran others (timers included).
                     cx.waker().wake_by_ref();
-                    break Poll::Pending;
+                    break Step::Pending;
                 }
-                // Drive: poll the CQ, and wait for the channel when it is empty.
+                // Drive: poll the CQ, and wait for the channel when it is empty. One completion
+                // per `ibv_poll_cq()`: most polls of a waiting future find the CQ empty (its
+                // completion is not there yet), and the one-entry poll is the cheap one; a
+                // burst costs a provider call per completion (the loop comes back for the next).
                 let State { core, batch, .. } = st;
-                match core.poll_ready(cx, Some(&self.shared.reactor), batch) {
+                match core.poll_ready(cx, Some(&self.shared.reactor), &mut batch[..1]) {
                     Poll::Ready(Ok(n)) => {
                         handled += n;
-                        st.dispatch(n, &mut wake, &mut drop_later);
+                        st.dispatch(n, tok, &mut wake, &mut drop_later);
                     }
                     Poll::Ready(Err(e)) => {
                         // The request stays posted: its completion is dropped when it comes.
                         if let Some(s) = st.slot(tok) {
                             s.entry = Entry::Abandoned;
                         }
-                        break Poll::Ready(Err(e));
+                        break Step::Failed(e);
                     }
-                    Poll::Pending => break Poll::Pending,
+                    Poll::Pending => break Step::Pending,
                 }
             }
         };
-        // Wake everyone handed a completion, this task included: another future of this task
-        // (e.g. a `select!` branch polled before this one) may be among them. Before the drops:
-        // a buffer's free callback that panics loses no wake-up.
-        wake.into_iter().for_each(Waker::wake);
+        // Wake everyone handed a completion, this task included when another future of it
+        // (e.g. a `select!` branch polled before this one) was among them (this operation's own
+        // completion needs no wake-up: this poll returns it). Before the drops: a buffer's free
+        // callback that panics loses no wake-up.
+        wake.wake_all();
         if let Some(panic) = drop_each(drop_later) {
             // This operation's completion, if it came, is not lost with the panic: kept for
             // the next poll.
-            if let Poll::Ready(Ok(c)) = out {
-                self.kept = Some(c);
+            if done.is_some() {
+                self.kept = done;
             }
             std::panic::resume_unwind(panic);
         }
-        if out.is_ready() {
-            self.finished = true;
+        match step {
+            Step::Pending => Poll::Pending,
+            Step::Done => {
+                self.finished = true;
+                Poll::Ready(match done {
+                    Some(c) => Ok(c),
+                    None => Err(LOST),
+                })
+            }
+            Step::Failed(e) => {
+                self.finished = true;
+                Poll::Ready(Err(e))
+            }
         }
-        out
     }
 }
+
+/// How one poll of an [`Op`] ended (its completion, if any, aside).
+enum Step {
+    Pending,
+    /// The completion was taken from the slot.
+    Done,
+    Failed(Error),
+}
+
+/// An operation's slot that holds none of its states (cannot happen: its future holds it).
+const LOST: Error = Error::InvalidArgument { verb: "ibv_poll_cq", reason: "the operation's slot was lost" };
 
 /// Drops the completions of abandoned operations one at a time, so that a buffer's panicking
 /// drop leaves the others to be dropped (a second panic while unwinding would abort); returns
 /// the first panic's payload ([`keep_first`]).
+#[inline]
 fn drop_each(completions: Vec<Completion>) -> Option<Payload> {
     if completions.is_empty() {
+        // The common case, without a call.
         return None;
     }
+    drop_each_slow(completions)
+}
+
+#[inline(never)]
+fn drop_each_slow(completions: Vec<Completion>) -> Option<Payload> {
     let mut first = None;
     for c in completions {
         if let Err(p) = std::panic::catch_unwind(AssertUnwindSafe(|| drop(c))) {

@@ -15,8 +15,11 @@
 //! it is empty arm it (`ibv_req_notify_cq()`) and poll again (a completion that arrived between
 //! the first poll and the arming raises no event: this second poll finds it); then wait until the
 //! channel's descriptor is readable, get and acknowledge every pending event
-//! (`ibv_get_cq_event()`, `ibv_ack_cq_events()`), and start over. Nothing spins: a task that
-//! finds nothing returns `Pending` with the reactor watching the descriptor.
+//! (`ibv_get_cq_event()`, `ibv_ack_cq_events()`), and start over. What a poll that finds the CQ
+//! empty does first is its [`WaitPolicy`]: by default ([`WaitPolicy::ADAPTIVE`]) it busy polls
+//! for a bounded while after the CQ ran dry (the task wakes itself and yields to its executor),
+//! then arms and sleeps as above, with the reactor watching the descriptor; [`WaitPolicy::Events`]
+//! never spins, [`WaitPolicy::BusyPoll`] never sleeps.
 //!
 //! # Two ways in
 //! - [`AsyncCompletionQueue`]: a stream of completions from one CQ ([`next`](AsyncCompletionQueue::next),
@@ -61,6 +64,7 @@ mod cq;
 mod driver;
 mod events;
 mod seam;
+mod wait;
 
 #[cfg(feature = "async-io")]
 pub mod async_io;
@@ -72,3 +76,4 @@ pub use cq::AsyncCompletionQueue;
 pub use driver::{AsyncQueuePair, DrivenCq, Driver, Op};
 pub use events::AsyncEventStream;
 pub use seam::WatchedFd;
+pub use wait::WaitPolicy;

@@ -1,0 +1,254 @@
+//! [`WaitPolicy`]: what a waiting future does when its completion queue is empty, and the
+//! bounded spin window of the adaptive wait (`SpinWindow`, pure logic).
+
+use std::time::{Duration, Instant};
+
+/// What a waiting future does when it finds its completion queue empty (set with
+/// [`Driver::set_wait_policy`](super::Driver::set_wait_policy) or
+/// [`AsyncCompletionQueue::set_wait_policy`](super::AsyncCompletionQueue::set_wait_policy)).
+///
+/// | policy | when the CQ is empty | latency | CPU while idle |
+/// |---|---|---|---|
+/// | [`Events`](Self::Events) | arm the CQ (`ibv_req_notify_cq()`), poll again, sleep in the reactor | a wake-up per idle gap (channel event, reactor, task switch) | none |
+/// | [`BusyPoll`](Self::BusyPoll) | wake its own task and yield to the executor | lowest | a core, for as long as anything waits |
+/// | [`Adaptive`](Self::Adaptive) | busy poll for at most `spin`, then as `Events` | as `BusyPoll` when completions come within `spin` | at most `spin` per idle gap, then none |
+///
+/// The adaptive wait is the one sockets call busy polling (`SO_BUSY_POLL`): a completion that
+/// comes soon after the CQ ran dry (the peer's answer to a request in flight) is taken without a
+/// sleep and a wake-up; a CQ that stays empty costs at most `spin` of CPU before the task sleeps
+/// as on the event path. The window is the driver's (or the stream's), not each task's: it opens
+/// when a poll first finds the CQ empty after taking completions, and closes at the first
+/// completion or after `spin`; polls in between (of any task of the driver) spin, polls after it
+/// arm the CQ and sleep, until a completion comes and a later empty poll opens a new window. So
+/// the CPU spent spinning is bounded by `spin` per idle gap of the CQ, however many tasks wait.
+/// (The clock is read at every 8th empty poll only, a clock read costing as much as a system call
+/// on some machines: the window starts at the 8th empty poll and ends at the first reading at
+/// least `spin` later, so it spins `spin` plus at most 15 polls.)
+/// Arming is followed by a poll before the sleep (the classic race: a completion that came
+/// between the last poll and the arming raises no event), on every policy that sleeps.
+///
+/// [`Default`] is [`WaitPolicy::ADAPTIVE`] (`Adaptive` with [`DEFAULT_SPIN`](Self::DEFAULT_SPIN)):
+/// see `docs/benchmarks.md` for what it costs and gains against the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WaitPolicy {
+    /// Arm the CQ and sleep in the reactor until the channel fires: no CPU while idle, a
+    /// wake-up per idle gap.
+    Events,
+    /// Never arm nor sleep: a waiting task that finds the CQ empty wakes itself and yields to its
+    /// executor at once. Lowest latency; keeps a core busy for as long as anything waits (without
+    /// bound: use it only on a core set aside for it).
+    BusyPoll,
+    /// Busy poll for at most `spin` after the CQ ran dry, then arm it and sleep as
+    /// [`Events`](Self::Events). `spin` is clamped to [`MAX_SPIN`](Self::MAX_SPIN); zero is
+    /// `Events`.
+    Adaptive {
+        /// How long the CQ is busy polled after it ran dry before the waiting tasks sleep.
+        spin: Duration,
+    },
+}
+
+impl WaitPolicy {
+    /// The spin of [`WaitPolicy::ADAPTIVE`]: about the round trip of a small message on a
+    /// software device (rxe) in the project's VM, well above it on hardware, where a round trip
+    /// is a few microseconds.
+    pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
+
+    /// The longest spin [`Adaptive`](Self::Adaptive) keeps: longer ones are clamped to it.
+    pub const MAX_SPIN: Duration = Duration::from_millis(10);
+
+    /// `Adaptive` with [`DEFAULT_SPIN`](Self::DEFAULT_SPIN), the default.
+    pub const ADAPTIVE: WaitPolicy = WaitPolicy::Adaptive { spin: Self::DEFAULT_SPIN };
+
+    /// `Adaptive` with `spin` (clamped to [`MAX_SPIN`](Self::MAX_SPIN)).
+    pub fn adaptive(spin: Duration) -> WaitPolicy {
+        WaitPolicy::Adaptive { spin: spin.min(Self::MAX_SPIN) }
+    }
+}
+
+impl Default for WaitPolicy {
+    fn default() -> WaitPolicy {
+        WaitPolicy::ADAPTIVE
+    }
+}
+
+/// What a poll that found the CQ empty does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Empty {
+    /// Wake its own task and return `Pending` (busy poll).
+    Spin,
+    /// Arm the CQ (if it is not), poll again, and sleep in the reactor.
+    Sleep,
+}
+
+/// The adaptive window reads the clock at every this many empty polls only (the first read
+/// starts the `spin`): a clock read can cost a system call (a VM whose clock source is the HPET
+/// has no vDSO fast path), more than the poll it would time.
+pub(crate) const CLOCK_EVERY: u32 = 8;
+
+/// The wait policy with the adaptive wait's window (pure logic: the caller gives the time).
+///
+/// The window spins `CLOCK_EVERY` empty polls before it first reads the clock, then until `spin`
+/// has passed since that read (checked every `CLOCK_EVERY` polls): at most `spin` plus
+/// `2 * CLOCK_EVERY - 1` polls of spinning per idle gap.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SpinWindow {
+    policy: WaitPolicy,
+    /// When the current idle gap's window first read the clock (`None`: not yet, or the last
+    /// poll found completions).
+    since: Option<Instant>,
+    /// Empty polls in the current idle gap.
+    polls: u32,
+}
+
+impl SpinWindow {
+    pub(crate) fn new(policy: WaitPolicy) -> SpinWindow {
+        SpinWindow { policy: Self::clamped(policy), since: None, polls: 0 }
+    }
+
+    fn clamped(policy: WaitPolicy) -> WaitPolicy {
+        match policy {
+            WaitPolicy::Adaptive { spin } if spin.is_zero() => WaitPolicy::Events,
+            WaitPolicy::Adaptive { spin } => WaitPolicy::adaptive(spin),
+            p => p,
+        }
+    }
+
+    pub(crate) fn policy(&self) -> WaitPolicy {
+        self.policy
+    }
+
+    /// Sets the policy; a new window opens at the next empty poll.
+    pub(crate) fn set(&mut self, policy: WaitPolicy) {
+        *self = SpinWindow::new(policy);
+    }
+
+    /// A poll found completions: the idle gap (if any) is over.
+    pub(crate) fn found(&mut self) {
+        self.since = None;
+        self.polls = 0;
+    }
+
+    /// A poll found the CQ empty; `now` gives the time (called only for the adaptive policy,
+    /// at most once per `CLOCK_EVERY` empty polls).
+    pub(crate) fn empty(&mut self, now: impl FnOnce() -> Instant) -> Empty {
+        match self.policy {
+            WaitPolicy::Events => Empty::Sleep,
+            WaitPolicy::BusyPoll => Empty::Spin,
+            WaitPolicy::Adaptive { spin } => {
+                // Once closed, the window stays closed (the count stops growing) until a
+                // completion reopens it.
+                if self.polls == u32::MAX {
+                    return Empty::Sleep;
+                }
+                self.polls += 1;
+                if self.polls % CLOCK_EVERY != 0 {
+                    return Empty::Spin;
+                }
+                let now = now();
+                let since = *self.since.get_or_insert(now);
+                // `since` never lies ahead of `now` (Instant is monotonic); saturating anyway.
+                if now.saturating_duration_since(since) < spin {
+                    Empty::Spin
+                } else {
+                    self.polls = u32::MAX;
+                    Empty::Sleep
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_sleep_and_busy_poll_spins_whatever_the_time() {
+        let t0 = Instant::now();
+        let mut ev = SpinWindow::new(WaitPolicy::Events);
+        let mut busy = SpinWindow::new(WaitPolicy::BusyPoll);
+        for i in 0..5 {
+            let t = t0 + Duration::from_secs(i);
+            assert_eq!(ev.empty(|| t), Empty::Sleep);
+            assert_eq!(busy.empty(|| t), Empty::Spin);
+        }
+    }
+
+    /// Feeds `w` empty polls at the times `t` gives until it says `Sleep`; returns how many
+    /// polls spun, and panics if the clock was read other than at every `CLOCK_EVERY`th poll.
+    fn spins_until_sleep(w: &mut SpinWindow, mut t: impl FnMut(u32) -> Instant) -> u32 {
+        for i in 1..10_000 {
+            let mut read = false;
+            let e = w.empty(|| {
+                read = true;
+                t(i)
+            });
+            assert_eq!(read, i % CLOCK_EVERY == 0, "poll {i}: clock read {read}");
+            if e == Empty::Sleep {
+                return i - 1;
+            }
+        }
+        panic!("the window never closed");
+    }
+
+    #[test]
+    fn adaptive_spins_within_its_window_then_sleeps_until_a_completion_reopens_it() {
+        let t0 = Instant::now();
+        let e = CLOCK_EVERY;
+        let mut w = SpinWindow::new(WaitPolicy::adaptive(Duration::from_micros(100)));
+        // One microsecond per poll: the clock starts at poll e, the window closes at the first
+        // check 100 us later (poll e + 100 rounded up to a multiple of e).
+        let spun = spins_until_sleep(&mut w, |i| t0 + Duration::from_micros(u64::from(i)));
+        assert_eq!(spun, (e + 100).div_ceil(e) * e - 1);
+        // Once closed it stays closed, however many polls come and whenever, without the clock.
+        for _ in 0..3 * e {
+            assert_eq!(w.empty(|| panic!("no clock once closed")), Empty::Sleep);
+        }
+        // A completion ends the gap: the next empty poll opens a new window.
+        w.found();
+        let t1 = t0 + Duration::from_secs(5);
+        let spun = spins_until_sleep(&mut w, |i| t1 + Duration::from_micros(10 * u64::from(i)));
+        // 10 us per poll: 100 us after poll e is poll e + 10, first checked at the next
+        // multiple of e.
+        assert_eq!(spun, (e + 10).div_ceil(e) * e - 1);
+        // Polls that find the CQ empty long after each other (the task was not scheduled) end
+        // the window at the second clock read.
+        w.found();
+        let spun = spins_until_sleep(&mut w, |i| t1 + Duration::from_secs(u64::from(i)));
+        assert_eq!(spun, 2 * e - 1);
+    }
+
+    #[test]
+    fn adaptive_spin_is_clamped_and_zero_is_events() {
+        assert_eq!(
+            WaitPolicy::adaptive(Duration::from_secs(3600)),
+            WaitPolicy::Adaptive { spin: WaitPolicy::MAX_SPIN }
+        );
+        let w = SpinWindow::new(WaitPolicy::Adaptive { spin: Duration::MAX });
+        assert_eq!(w.policy(), WaitPolicy::Adaptive { spin: WaitPolicy::MAX_SPIN });
+        let t0 = Instant::now();
+        let mut w = SpinWindow::new(WaitPolicy::Adaptive { spin: Duration::MAX });
+        // A millisecond per poll: the clamped 10 ms end after poll CLOCK_EVERY + 10.
+        let spun = spins_until_sleep(&mut w, |i| t0 + Duration::from_millis(u64::from(i)));
+        assert_eq!(spun, (CLOCK_EVERY + 10).div_ceil(CLOCK_EVERY) * CLOCK_EVERY - 1);
+        let mut z = SpinWindow::new(WaitPolicy::Adaptive { spin: Duration::ZERO });
+        assert_eq!(z.policy(), WaitPolicy::Events);
+        assert_eq!(z.empty(|| t0), Empty::Sleep);
+    }
+
+    #[test]
+    fn setting_a_policy_starts_a_new_window() {
+        let t0 = Instant::now();
+        let mut w = SpinWindow::new(WaitPolicy::adaptive(Duration::from_micros(10)));
+        let spun = spins_until_sleep(&mut w, |i| t0 + Duration::from_secs(u64::from(i)));
+        assert_eq!(spun, 2 * CLOCK_EVERY - 1);
+        w.set(WaitPolicy::adaptive(Duration::from_micros(10)));
+        assert_eq!(w.empty(|| panic!("not at the first poll")), Empty::Spin);
+    }
+
+    #[test]
+    fn the_default_is_adaptive_with_the_default_spin() {
+        assert_eq!(WaitPolicy::default(), WaitPolicy::Adaptive { spin: WaitPolicy::DEFAULT_SPIN });
+    }
+}
