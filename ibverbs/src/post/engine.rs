@@ -338,6 +338,7 @@ pub(crate) fn post_chain<R: Request>(
 /// `None` elsewhere: a light request is written by `fill_light` into a slot that holds nothing.
 #[inline]
 #[allow(clippy::result_large_err)] // the refused request comes back whole, with no allocation
+#[allow(clippy::too_many_arguments)] // the queue pair's parts, borrowed apart (as post_chain's)
 pub(crate) fn post_send_iter<'a>(
     qp: *mut ffi::ibv_qp,
     ring: &Ring<Slot>,

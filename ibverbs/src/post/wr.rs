@@ -694,9 +694,9 @@ impl<'a> SendRequest<'a> {
     pub(crate) fn fill_light(&self, wr: &mut ffi::ibv_send_wr, sge: &mut ffi::ibv_sge, device_wr_id: u64) {
         use ffi::ibv_wr_opcode as O;
         debug_assert!(self.sges.iter().all(Option::is_none) && self.window.is_none() && self.ud.is_none());
-        let mut flags = u32::from(self.signaled) * ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
-            | u32::from(self.fence) * ffi::ibv_send_flags::IBV_SEND_FENCE.0
-            | u32::from(self.solicited) * ffi::ibv_send_flags::IBV_SEND_SOLICITED.0;
+        let mut flags = (u32::from(self.signaled) * ffi::ibv_send_flags::IBV_SEND_SIGNALED.0)
+            | (u32::from(self.fence) * ffi::ibv_send_flags::IBV_SEND_FENCE.0)
+            | (u32::from(self.solicited) * ffi::ibv_send_flags::IBV_SEND_SOLICITED.0);
         let mut n = 0;
         if let Some(d) = self.inline {
             flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
