@@ -38,6 +38,10 @@
 //! an `Arc<Mutex<QueuePair>>` both threads lock for each post; nanoseconds per message (both
 //! directions counted), median of several runs, the two interleaved.
 //!
+//! A third counting mode, `POST_POLL_EMPTY=<level>` (`Ffi`, `Unsafe` or `Safe`), makes 200 polls
+//! of the empty CQ (a busy-polling loop's common case) through `poll`, twice (`run_empty`, one
+//! call per round; callgrind counts the second): the cost of a poll that finds nothing.
+//!
 //! It needs a device: `cargo bench --no-run`, then run the binary where one exists, e.g.
 //! `cargo xtask rxe -- target/release/deps/post_poll-<hash>`. `IBVERBS_TEST_DEVICE` and
 //! `IBVERBS_TEST_GID_INDEX` choose the device and GID (default: the first device, the RoCE v2
@@ -66,6 +70,8 @@ const POLL_TIMEOUT: Duration = Duration::from_secs(10);
 const BATCHES: [usize; 6] = [1, 2, 4, 8, 16, 32];
 /// Iterations per batch size in the `POST_POLL_BATCH` mode.
 const BATCH_ITERS: usize = 50;
+/// Polls of an empty CQ per round in the `POST_POLL_EMPTY` mode.
+const EMPTY_ITERS: usize = 200;
 
 fn rdtsc() -> u64 {
     #[cfg(target_arch = "x86_64")]
@@ -531,6 +537,24 @@ fn poll_impl(
     Ok(r)
 }
 
+/// `POST_POLL_EMPTY` mode: `iters` calls of [`poll`] at `level` on the CQ with nothing in it (a
+/// busy-polling loop's common case, each one delaying the sight of the completion), after
+/// checking that it is empty (a function of its own: the callgrind step dumps after it). Fails
+/// on any poll that finds something.
+#[inline(never)]
+fn run_empty(b: &mut Bench, level: Level, iters: usize) -> Result<(), String> {
+    let (mut comps, mut wcs) = ([Completion::default()], [WorkCompletion::default()]);
+    for _ in 0..iters {
+        let (got, _) = poll(b, level, &mut comps, &mut wcs)?;
+        POLLS.fetch_add(1, Ordering::Relaxed);
+        if got != 0 {
+            return Err(format!("the CQ is not empty at the {level:?} level"));
+        }
+        EMPTY_POLLS.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
 /// `POST_POLL_BATCH` mode: `iters` iterations of `n` signaled requests posted as one chain,
 /// then polled until all `n` completions are in, `n` at most per poll call (a function of its
 /// own: the callgrind step dumps its counts after each call). Counts the poll calls in
@@ -666,6 +690,24 @@ fn main() {
                 "post_poll batch: {level:?}: {BATCH_ITERS} iterations of {n} completion(s), {polls} polls ({empty} empty)"
             );
         }
+        return;
+    }
+    if let Some(name) = std::env::var_os("POST_POLL_EMPTY") {
+        let name = name.to_string_lossy();
+        let all = [Level::Ffi, Level::Unsafe, Level::Safe];
+        let Some(&level) = all.iter().find(|l| format!("{l:?}") == name) else {
+            eprintln!("post_poll: POST_POLL_EMPTY={name}: not one of {all:?}");
+            std::process::exit(2);
+        };
+        // One uncounted round first (first-use costs), then the counted one.
+        for _ in 0..2 {
+            if let Err(e) = run_empty(&mut b, level, EMPTY_ITERS) {
+                eprintln!("post_poll: {e}");
+                std::process::exit(1);
+            }
+        }
+        let (polls, empty) = (POLLS.swap(0, Ordering::Relaxed), EMPTY_POLLS.swap(0, Ordering::Relaxed));
+        println!("post_poll empty: {level:?}: {polls} polls ({empty} empty)");
         return;
     }
     if counting() {

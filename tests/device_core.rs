@@ -319,6 +319,38 @@ fn inline_send_copies_at_post_time() {
     let big = [0u8; 65];
     let e = p.a.post_send(SendRequest::send_inline(&big[..])).unwrap_err();
     assert!(matches!(e.error, Error::InvalidArgument { .. }));
+    // Inline requests that hold no buffer (light) are checked as any other: a remote slice too
+    // short, alone or in the middle of a chain, or more than max_inline_data bytes in a chain.
+    let target = p.pd.allocate_remote(64, ibverbs::AccessFlags::REMOTE_WRITE).unwrap();
+    let short = target.remote().slice(0, 4).unwrap();
+    let e = p.a.post_send(SendRequest::write_inline(&want[..8], short)).unwrap_err();
+    assert!(matches!(e.error, Error::OutOfBounds { .. }), "{:?}", e.error);
+    let wide = target.remote().slice(0, 8).unwrap();
+    let chain = [
+        SendRequest::write_inline(&want[..8], wide).unsignaled(),
+        SendRequest::write_inline(&want[..8], short).unsignaled(),
+        SendRequest::write_inline(&want[..8], wide),
+    ];
+    let e = p.a.post_send_iter(chain).unwrap_err();
+    assert!(matches!(e.error, Error::OutOfBounds { .. }) && e.posted == 0, "{e:?}");
+    let e =
+        p.a.post_send_iter([SendRequest::send_inline(b"x"), SendRequest::send_inline(&big[..])]).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }) && e.posted == 0, "{e:?}");
+    assert_eq!(p.a.outstanding_sends(), 0, "nothing of the refused chains was posted");
+    // A light Write with immediate data reaches the peer as one, with nothing to hand back
+    // (iWARP has no immediate data; siw refuses a receive without an entry).
+    if is_iwarp() {
+        return;
+    }
+    p.b.post_recv(RecvRequest::empty().wr_id(9)).unwrap();
+    p.a.post_send(SendRequest::write_inline(&want[..8], wide).imm(77).wr_id(5)).unwrap();
+    let mut ca = poll_one(&mut p.cq_a);
+    assert!(ca.is_ok(), "{ca:?}");
+    assert_eq!(ca.wr_id(), 5);
+    assert_eq!(ca.take_buffers().count(), 0);
+    let rc = poll_one(&mut p.cq_b);
+    assert!(rc.is_ok(), "{rc:?}");
+    assert_eq!((rc.wr_id(), rc.imm_data()), (9, Some(77)));
 }
 
 #[test]
@@ -365,6 +397,13 @@ fn ud_send_recv_through_an_address_handle() {
     // A UD send without a destination is refused.
     let e = a.post_send(SendRequest::send(Local::whole(pd.allocate(8).unwrap()))).unwrap_err();
     assert!(matches!(e.error, Error::InvalidArgument { .. }));
+    // Also an inline one, which holds no buffer (a light request on a connected queue pair):
+    // UD queue pairs check every request.
+    let e = a.post_send(SendRequest::send_inline(b"x")).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }), "{:?}", e.error);
+    let e = a.post_send_iter([SendRequest::send_inline(b"x"), SendRequest::send_inline(b"y")]).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }) && e.posted == 0, "{e:?}");
+    assert_eq!(a.outstanding_sends(), 0);
 }
 
 #[test]

@@ -196,6 +196,58 @@ pub(crate) fn post_one<R: Request>(
     })
 }
 
+/// Posts one light send request ([`SendRequest::is_light`]): [`post_one`]'s work without the
+/// buffers, whose slot holds only the `wr_id` (as a prepared post's), built on the stack. On
+/// error the request is untouched (nothing was taken from it).
+///
+/// # Safety
+/// `qp` is a live queue pair whose send queue is `ring` (its producer is the caller) and whose
+/// provider call is `post`; `wr.is_light(max_inline)` holds for that queue pair's
+/// `max_inline_data`, and the queue pair is connected (RC or UC) and may post sends: the
+/// request passed every check of the general path, and holds nothing the slot must keep.
+#[inline(always)]
+pub(crate) unsafe fn post_light_one(
+    qp: *mut ffi::ibv_qp,
+    ring: &Ring<Slot>,
+    post: Option<RawPost<ffi::ibv_send_wr>>,
+    wr: &SendRequest<'_>,
+) -> Result<()> {
+    let verb = "ibv_post_send";
+    let (head, free) = ring.producer_state();
+    if free == 0 {
+        return Err(Error::QueueFull { verb, capacity: ring.capacity() });
+    }
+    let mut raw = ffi::ibv_send_wr::default();
+    let mut sge = ffi::ibv_sge::default();
+    wr.fill_light(&mut raw, &mut sge, ring.device_wr_id(head));
+    // Publish the slot before posting: the completion may be polled before the post returns.
+    // SAFETY: we are the producer (contract) and `head` is free (free > 0); a light request
+    // holds nothing that must live until its completion (contract), so the slot holds nothing.
+    unsafe { write_light_slot(ring, head, wr.wr_id) };
+    ring.set_head(head.wrapping_add(1));
+    let mut bad = std::ptr::null_mut();
+    let ret = match post {
+        // SAFETY: valid QP (contract); `raw` and `sge` describe inline data borrowed by `wr`
+        // (copied during this call) or none.
+        Some(f) => unsafe { f(qp, &mut raw, &mut bad) },
+        None => {
+            bad = std::ptr::addr_of_mut!(raw); // names it as not posted
+            libc::ENOSYS
+        }
+    };
+    if ret != 0 {
+        let (posted, error) = Error::from_post(verb, ret, std::ptr::addr_of!(raw), 1, bad);
+        // Queued after all (see Error::QueuedWithError): the slot stays published.
+        if posted == 0 {
+            ring.set_head(head);
+            // SAFETY: the producer withdrew `head`; the provider named it as not posted.
+            drop(unsafe { ring.take_back(head) });
+        }
+        return Err(error);
+    }
+    Ok(())
+}
+
 /// The ring position the first of a batch of `n` requests gets, when the ring has `n` free slots
 /// and the scratch arrays (`scratch` entries each) hold `n` requests; else [`Error::QueueFull`].
 #[inline]
@@ -280,8 +332,13 @@ pub(crate) fn post_chain<R: Request>(
 /// before it are withdrawn and dropped (with their buffers), and it comes back in the error.
 /// If the iterator panics, the requests it yielded before are leaked (never published, their
 /// slots are overwritten by later posts): nothing is posted, nothing freed under the device.
+///
+/// `light` is the queue pair's `max_inline_data` where light requests may skip `check`
+/// ([`SendRequest::is_light`]: a connected queue pair that may post sends, classic data path),
+/// `None` elsewhere: a light request is written by `fill_light` into a slot that holds nothing.
 #[inline]
 #[allow(clippy::result_large_err)] // the refused request comes back whole, with no allocation
+#[allow(clippy::too_many_arguments)] // the queue pair's parts, borrowed apart (as post_chain's)
 pub(crate) fn post_send_iter<'a>(
     qp: *mut ffi::ibv_qp,
     ring: &Ring<Slot>,
@@ -289,6 +346,7 @@ pub(crate) fn post_send_iter<'a>(
     scratch: &mut [ffi::ibv_send_wr],
     scratch_sges: &mut [[ffi::ibv_sge; MAX_SGE]],
     wrs: impl IntoIterator<Item = SendRequest<'a>>,
+    light: Option<u32>,
     mut check: impl FnMut(&mut SendRequest<'a>) -> Result<()>,
 ) -> std::result::Result<(), SendIterError<'a>> {
     let verb = "ibv_post_send";
@@ -300,16 +358,38 @@ pub(crate) fn post_send_iter<'a>(
     let mut n = 0;
     // The request refused and why (`None`: no room); the error is built after the loop.
     let mut refused = None;
-    for mut wr in wrs {
+    let mut wrs = wrs.into_iter();
+    loop {
+        // Each request is worked on where the iterator put it (`next`): moving it out into a
+        // binding of its own cost a copy of the whole request per post (callgrind).
+        let mut next = wrs.next();
+        let Some(wr) = next.as_mut() else { break };
         if n == room {
-            refused = Some((None, wr));
-            break;
-        }
-        if let Err(e) = check(&mut wr) {
-            refused = Some((Some(e), wr));
+            refused = next.map(|wr| (None, wr));
             break;
         }
         let pos = head.wrapping_add(n as u32);
+        if light.is_some_and(|max_inline| wr.is_light(max_inline)) {
+            // SAFETY: as below; a light request passed every check (`light` is the queue
+            // pair's `max_inline_data` only where light posts are allowed) and holds nothing
+            // the slot must keep, so its slot holds nothing.
+            unsafe {
+                let (raw, sges) = (&mut *base.add(n), &mut *sge_base.add(n));
+                wr.fill_light(raw, &mut sges[0], ring.device_wr_id(pos));
+                if n > 0 {
+                    (*base.add(n - 1)).next = base.add(n);
+                }
+                write_light_slot(ring, pos, wr.wr_id);
+            }
+            // Holds nothing (light): forgetting it skips only tests of its empty fields.
+            std::mem::forget(next);
+            n += 1;
+            continue;
+        }
+        if let Err(e) = check(wr) {
+            refused = next.map(|wr| (Some(e), wr));
+            break;
+        }
         // SAFETY: n < room <= both lengths; each element is borrowed only for this iteration,
         // and entry n - 1 (linked to this one) was filled in the previous one.
         unsafe {
@@ -324,7 +404,7 @@ pub(crate) fn post_send_iter<'a>(
         wr.release_posted();
         // Holds nothing now (its entries and window are in the slot, its address handle let
         // go): forgetting it skips only tests of its empty fields.
-        std::mem::forget(wr);
+        std::mem::forget(next);
         n += 1;
     }
     if let Some((error, request)) = refused {
@@ -716,10 +796,13 @@ mod tests {
         let post = Some(refusing_third_send as RawPost<ffi::ibv_send_wr>);
         let inline = |i| SendRequest::send_inline(&data).wr_id(i);
         let ok = |_: &mut SendRequest<'_>| Ok(());
+        // Inline Sends of 8 bytes are light where 8 bytes go inline: those calls take the light
+        // path (the refusing check's call the general one).
+        let light = Some(8);
 
-        post_send_iter(qp, &ring, post, &mut scratch, &mut sges, (0..2).map(inline), ok).unwrap();
+        post_send_iter(qp, &ring, post, &mut scratch, &mut sges, (0..2).map(inline), light, ok).unwrap();
         assert_eq!(ring.outstanding(), 2);
-        post_send_iter(qp, &ring, post, &mut scratch, &mut sges, std::iter::empty(), ok).unwrap();
+        post_send_iter(qp, &ring, post, &mut scratch, &mut sges, std::iter::empty(), light, ok).unwrap();
         assert_eq!(ring.outstanding(), 2);
 
         // The check refuses wr_id 22: nothing posted, 22 handed back, 23 never taken.
@@ -734,7 +817,7 @@ mod tests {
             }
             Ok(())
         };
-        let e = post_send_iter(qp, &ring, post, &mut scratch, &mut sges, wrs, refuse_22).unwrap_err();
+        let e = post_send_iter(qp, &ring, post, &mut scratch, &mut sges, wrs, None, refuse_22).unwrap_err();
         assert_eq!(e.posted, 0);
         assert!(matches!(e.error, Error::InvalidArgument { reason: "test", .. }));
         assert_eq!(e.request.as_ref().map(|w| w.wr_id), Some(22));
@@ -742,16 +825,16 @@ mod tests {
         assert_eq!(ring.outstanding(), 2, "the two written before it were withdrawn");
 
         // The provider refuses the third: the two before it stay posted.
-        let e =
-            post_send_iter(qp, &ring, post, &mut scratch, &mut sges, (30..34).map(inline), ok).unwrap_err();
+        let e = post_send_iter(qp, &ring, post, &mut scratch, &mut sges, (30..34).map(inline), light, ok)
+            .unwrap_err();
         assert_eq!(e.posted, 2);
         assert_eq!(e.error.raw_os_error(), Some(libc::ENOMEM));
         assert!(e.request.is_none());
         assert_eq!(ring.outstanding(), 4);
 
         // 12 free positions: the 13th finds no room and comes back.
-        let e =
-            post_send_iter(qp, &ring, post, &mut scratch, &mut sges, (40..60).map(inline), ok).unwrap_err();
+        let e = post_send_iter(qp, &ring, post, &mut scratch, &mut sges, (40..60).map(inline), light, ok)
+            .unwrap_err();
         assert!(matches!(e.error, Error::QueueFull { capacity: 16, .. }), "{e}");
         assert_eq!((e.posted, e.request.as_ref().map(|w| w.wr_id)), (0, Some(52)));
         assert_eq!(ring.outstanding(), 4);

@@ -458,6 +458,10 @@ impl<T> Registry<T> {
     /// # Safety
     /// Called only by the consumer, after a provider poll (issued after `begin_poll` marked the
     /// rings) returned fewer completions than asked for.
+    // Rare (a queue pair was dropped or reset): out of line, so that the empty poll that asks
+    // for it does not carry its loops.
+    #[cold]
+    #[inline(never)]
     pub(crate) unsafe fn drained(&self) {
         // SAFETY: consumer (contract).
         unsafe {

@@ -662,6 +662,71 @@ impl<'a> SendRequest<'a> {
         *ud = None;
     }
 
+    /// Whether this is a *light* request that passes every check of [`validate`](Self::validate)
+    /// and of the queue pair's (`send_fits`) on a connected (RC or UC) queue pair whose
+    /// `max_inline_data` is `max_inline`: a Send or RDMA Write that holds nothing until its
+    /// completion (no scatter/gather entry, window or address handle: inline data or no data),
+    /// names no XRC SRQ, and whose inline data fits both `max_inline` and the remote slice.
+    /// Such a request is posted by [`fill_light`](Self::fill_light) and a slot that holds
+    /// nothing, and dropping it drops nothing. `false` sends it down the general path, which
+    /// makes every check again and says why.
+    #[inline(always)]
+    pub(crate) fn is_light(&self, max_inline: u32) -> bool {
+        // Entries are compact (see `entries`): none when the first is empty.
+        if self.sges[0].is_some() || self.window.is_some() || self.ud.is_some() || self.xrc_srqn.is_some() {
+            return false;
+        }
+        let len = match self.inline {
+            Some(d) if d.len() > max_inline as usize => return false,
+            Some(d) => d.len() as u64,
+            None => 0,
+        };
+        match self.op {
+            Op::Send => true,
+            Op::Write(r) => len <= r.len,
+            _ => false,
+        }
+    }
+
+    /// [`fill`](Self::fill) of a light request ([`is_light`](Self::is_light) holds): the same
+    /// fields, written for a Send or RDMA Write without entries of its own.
+    #[inline(always)]
+    pub(crate) fn fill_light(&self, wr: &mut ffi::ibv_send_wr, sge: &mut ffi::ibv_sge, device_wr_id: u64) {
+        use ffi::ibv_wr_opcode as O;
+        debug_assert!(self.sges.iter().all(Option::is_none) && self.window.is_none() && self.ud.is_none());
+        let mut flags = (u32::from(self.signaled) * ffi::ibv_send_flags::IBV_SEND_SIGNALED.0)
+            | (u32::from(self.fence) * ffi::ibv_send_flags::IBV_SEND_FENCE.0)
+            | (u32::from(self.solicited) * ffi::ibv_send_flags::IBV_SEND_SOLICITED.0);
+        let mut n = 0;
+        if let Some(d) = self.inline {
+            flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+            // The provider copies inline data during ibv_post_send, reading it through the SGE.
+            *sge = ffi::ibv_sge { addr: d.as_ptr() as u64, length: d.len() as u32, lkey: 0 };
+            n = i32::from(!d.is_empty());
+        }
+        wr.wr_id = device_wr_id;
+        wr.next = std::ptr::null_mut();
+        wr.sg_list = sge;
+        wr.num_sge = n;
+        wr.send_flags = flags;
+        if let Some(imm) = self.imm {
+            wr.__bindgen_anon_1.imm_data = imm.to_be();
+        }
+        wr.opcode = match (self.op, self.imm.is_some()) {
+            (Op::Write(r), imm) => {
+                wr.wr.rdma =
+                    ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: r.addr, rkey: r.rkey };
+                if imm {
+                    O::IBV_WR_RDMA_WRITE_WITH_IMM
+                } else {
+                    O::IBV_WR_RDMA_WRITE
+                }
+            }
+            (_, true) => O::IBV_WR_SEND_WITH_IMM,
+            (_, false) => O::IBV_WR_SEND,
+        };
+    }
+
     /// Checks everything that does not depend on the queue pair. Always inlined, as its callers
     /// (`#[inline]` alone left it a call whose `Result` went through memory).
     #[inline(always)]

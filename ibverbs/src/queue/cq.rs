@@ -437,27 +437,27 @@ impl CompletionQueue {
         // own, whose frame holds only what that path needs.
         if let [c] = out {
             if self.kept.is_empty() && self.inner.ex.is_none() {
-                // The provider's result in registers (a `Result<usize>` came back through
+                // The provider's result in a register (a `Result<usize>` came back through
                 // memory), the error built here; a `bool` needs no bounds check below.
-                return match self.poll_one(c) {
-                    Ok(got) => Ok(&mut out[..usize::from(got)]),
-                    Err(DEFERRED) => {
-                        // Resumes the panic; had none been kept, the completion comes next.
-                        self.keep_and_resume(out);
-                        Ok(&mut out[..0])
-                    }
-                    Err(ret) => Err(Error::from_ret("ibv_poll_cq", ret)),
-                };
+                let n = self.poll_one(c);
+                if n >= 0 {
+                    return Ok(&mut out[..usize::from(n != 0)]);
+                }
+                if n == DEFERRED {
+                    // Resumes the panic; had none been kept, the completion comes next.
+                    self.keep_and_resume(out);
+                    return Ok(&mut out[..0]);
+                }
+                return Err(Error::from_ret("ibv_poll_cq", n));
             }
         }
         self.poll_many(out)
     }
 
     /// [`poll`](Self::poll) with room for one completion on a classic CQ with nothing kept:
-    /// `poll_into`'s one-entry path. Returns whether it got a completion, or the provider's
-    /// negative result.
+    /// `poll_into`'s one-entry path. Returns what [`poll_into_one`] does.
     #[inline(never)]
-    fn poll_one(&mut self, c: &mut Completion) -> std::result::Result<bool, i32> {
+    fn poll_one(&mut self, c: &mut Completion) -> i32 {
         let inner = &*self.inner;
         // SAFETY: &mut self makes us the registry's only consumer; the provider's poll_cq on
         // this live CQ.
@@ -709,8 +709,9 @@ const DEFERRED: i32 = i32::MIN;
 
 /// [`poll_into`] with room for one completion: the provider writes the work completion into
 /// the entry itself (zeroed first), with no scratch array to copy from and zero again. Returns
-/// whether it got a completion, or the provider's negative result, or [`DEFERRED`] when it got
-/// one and a buffer's drop panicked (the caller keeps the completion and resumes the panic).
+/// how many completions it got (0 or 1), or the provider's negative result, or [`DEFERRED`] when
+/// it got one and a buffer's drop panicked (the caller keeps the completion and resumes the
+/// panic): one register, no `Result` to pack.
 ///
 /// # Safety
 /// As [`poll_into`].
@@ -719,31 +720,41 @@ unsafe fn poll_into_one(
     registry: &Registry<Slot>,
     c: &mut Completion,
     mut poll: impl FnMut(i32, *mut ffi::ibv_wc) -> i32,
-) -> std::result::Result<bool, i32> {
+) -> i32 {
     // SAFETY: consumer (contract).
     unsafe { registry.release_retired() };
     c.clear();
     let n = poll(1, c.zeroed_wc());
-    if n < 0 {
-        return Err(n);
-    }
-    if n == 0 {
+    if n <= 0 {
         // Asked only now (not kept across the provider call): only the consumer marks rings
         // draining, and it did so above, before the provider call.
-        if registry.is_draining() {
+        if n == 0 && registry.is_draining() {
             // SAFETY: consumer; the provider found the CQ empty after the rings were marked.
             unsafe { registry.drained() };
         }
-        return Ok(false);
+        return n;
     }
     // SAFETY: consumer (contract); the entry was cleared, its work completion zeroed, then
-    // written by the provider.
+    // written by the provider. (A tail call: this frame is gone by then.)
+    unsafe { took_one(registry, c) }
+}
+
+/// [`poll_into_one`]'s work once the provider wrote a completion into `c`: finds and takes its
+/// slot. Out of line, so that a poll that finds nothing (a busy loop's common case) saves and
+/// restores only the registers its own path needs.
+///
+/// # Safety
+/// Called only by the registry's consumer, with `c` cleared, then its work completion zeroed
+/// and written by the provider.
+#[inline(never)]
+unsafe fn took_one(registry: &Registry<Slot>, c: &mut Completion) -> i32 {
+    // SAFETY: the caller's contract.
     unsafe { c.take_slot(registry) };
     // SAFETY: consumer (contract).
     if unsafe { registry.deferred().is_set() } {
-        return Err(DEFERRED);
+        return DEFERRED;
     }
-    Ok(true)
+    1
 }
 
 /// The body of [`CompletionQueue::poll`], over any provider `poll` (so that it is tested under
@@ -763,10 +774,10 @@ unsafe fn poll_into(
     if let [c] = out {
         // SAFETY: the caller's contract.
         return match unsafe { poll_into_one(registry, c, poll) } {
-            Ok(got) => Ok(usize::from(got)),
             // The caller resumes the panic (`resume_deferred`).
-            Err(DEFERRED) => Ok(1),
-            Err(ret) => Err(Error::from_ret("ibv_poll_cq", ret)),
+            DEFERRED => Ok(1),
+            n if n >= 0 => Ok(usize::from(n != 0)),
+            ret => Err(Error::from_ret("ibv_poll_cq", ret)),
         };
     }
     // SAFETY: consumer (contract).

@@ -505,6 +505,7 @@ impl<'a> QueuePairBuilder<'a> {
             qp_type: self.qp_type,
             state: QpState::RESET,
             sendable: false,
+            light_sends: false,
             psn: random_psn(),
             chain: vec![ffi::ibv_send_wr::default(); chain_len].into_boxed_slice(),
             chain_sges: vec![[ffi::ibv_sge::default(); MAX_SGE]; chain_len].into_boxed_slice(),
@@ -606,6 +607,10 @@ pub struct QueuePair {
     /// flushes them). Kept with `state` by [`set_state`](Self::set_state), so that a post checks
     /// one flag.
     sendable: bool,
+    /// Whether light send requests ([`SendRequest::is_light`](crate::post::SendRequest)) may
+    /// skip the general checks: `sendable` on a classic (not `send_ops`) RC or UC queue pair.
+    /// Kept with `state` by [`set_state`](Self::set_state).
+    light_sends: bool,
     psn: u32,
     chain: Box<[ffi::ibv_send_wr]>,
     chain_sges: Box<[[ffi::ibv_sge; MAX_SGE]]>,
@@ -937,6 +942,8 @@ impl QueuePair {
     pub(crate) fn set_state(&mut self, state: QpState) {
         self.state = state;
         self.sendable = self.has_send && (state == QpState::RTS || state == QpState::ERR);
+        self.light_sends =
+            self.sendable && self.ex.is_none() && (self.qp_type == QpType::RC || self.qp_type == QpType::UC);
     }
 
     /// `ibv_modify_qp()` as given, recording the new state.

@@ -9,8 +9,8 @@ use crate::attr::QpState;
 use crate::error::{cvt, Error, PostError, Result};
 use crate::pd::PdInner;
 use crate::post::engine::{
-    post_chain, post_one, post_prepared_chain, post_prepared_one, post_prepared_recv_one, post_send_iter,
-    RawPost,
+    post_chain, post_light_one, post_one, post_prepared_chain, post_prepared_one, post_prepared_recv_one,
+    post_send_iter, RawPost,
 };
 use crate::post::ex::{self, ExQp};
 use crate::post::prepared::{
@@ -189,7 +189,31 @@ impl QueuePair {
     #[doc(alias = "ibv_wr_complete")]
     // The request comes back by value on error: boxing it would allocate on the post path.
     #[allow(clippy::result_large_err)]
-    pub fn post_send<'a>(&mut self, mut wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
+    #[inline(always)]
+    pub fn post_send<'a>(&mut self, wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
+        // A light request (inline data or none, on a connected classic queue pair that may
+        // send) takes the light path, inlined into the caller: its checks are a few tests of
+        // fields the caller often just wrote, its slot holds nothing.
+        if self.light_sends && wr.is_light(self.caps.max_inline_data) {
+            // SAFETY: our live QP, its send ring and provider call, `&mut self` held;
+            // `light_sends` says it is RC or UC, classic and may post sends, and `wr` is light
+            // for its max_inline_data.
+            return match unsafe { post_light_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &wr) } {
+                Ok(()) => {
+                    // Holds nothing (light): forgetting it skips only tests of its empty fields.
+                    std::mem::forget(wr);
+                    Ok(())
+                }
+                Err(error) => Err(PostError { error, request: wr }),
+            };
+        }
+        self.post_send_general(wr)
+    }
+
+    /// [`post_send`](Self::post_send) of any request: checks, buffers moved into the slot.
+    #[inline(never)]
+    #[allow(clippy::result_large_err)] // as post_send
+    fn post_send_general<'a>(&mut self, mut wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
         // `mut wr`, not `let mut wr = wr;` below: that rebinding copied the whole request (a
         // `memcpy` call of ~400 bytes, 64 instructions under callgrind).
         if let Err(error) = self.check_send(&wr) {
@@ -325,7 +349,17 @@ impl QueuePair {
             Ok(())
         };
         let qp = self.raw.as_ptr();
-        post_send_iter(qp, &self.send, self.post_send_fn, &mut self.chain, &mut self.chain_sges, wrs, check)
+        let light = self.light_sends.then_some(self.caps.max_inline_data);
+        post_send_iter(
+            qp,
+            &self.send,
+            self.post_send_fn,
+            &mut self.chain,
+            &mut self.chain_sges,
+            wrs,
+            light,
+            check,
+        )
     }
 
     /// Posts one receive request (`ibv_post_recv()`), safely: the QP keeps its buffers until the
