@@ -94,6 +94,10 @@ pub const BENCH: &[(&str, &str)] = &[
         "post/poll micro-benchmark: safe level vs unsafe level vs raw ffi",
         r#"b=$(ls -t "$TARGET_DIR"/release/deps/post_poll-* | grep -v '\.d$' | head -n 1) && "$b""#,
     ),
+    (
+        "the new user's program (issue 46): C vs the safe one-shot level vs the unsafe level, 10 alternating rounds (send latency, write bandwidth)",
+        r#"sh examples/perf/newuser.sh "$TARGET_DIR/release/examples""#,
+    ),
 ];
 
 /// The sweep's settings in `cargo xtask bench` (the environment overrides them): 10 rounds at
@@ -359,6 +363,20 @@ fn run_lines_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bench_scripts_exist() {
+        let root = crate::workspace_root();
+        let mut seen = 0;
+        for (_, cmd) in BENCH {
+            for word in cmd.split_whitespace().filter(|w| w.starts_with("examples/perf/")) {
+                assert!(root.join(word).is_file(), "{word} (in `{cmd}`) is not a file");
+                seen += 1;
+            }
+        }
+        assert!(seen >= 2, "the bench runs compare.sh and newuser.sh");
+        assert!(root.join("examples/perf/newuser.c").is_file(), "newuser.sh compiles newuser.c");
+    }
 
     #[test]
     fn twohost_table_takes_medians_and_ratios_and_notices_failures() {
