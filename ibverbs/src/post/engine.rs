@@ -1072,6 +1072,87 @@ mod tests {
         assert_eq!((wrs.len(), ring.outstanding()), (2, 4));
     }
 
+    /// A provider that reads a single receive through `sg_list` and refuses one of 5 bytes.
+    unsafe extern "C" fn reading_recv(
+        _qp: *mut ffi::ibv_qp,
+        wr: *mut ffi::ibv_recv_wr,
+        bad: *mut *mut ffi::ibv_recv_wr,
+    ) -> i32 {
+        // SAFETY: the engine hands a valid request with `num_sge` entries at `sg_list`.
+        unsafe {
+            let w = &*wr;
+            assert!(w.next.is_null() && w.num_sge == 1 && w.wr_id & TAG != 0);
+            if (*w.sg_list).length == 5 {
+                *bad = wr;
+                return libc::ENOMEM;
+            }
+        }
+        0
+    }
+
+    // The single paths (a request of one entry): the slot is written where it lies, taken back
+    // when the provider refuses, kept when it queued the request before failing; the completion
+    // finds the caller's wr_id. Under Miri the providers read the SGE through the pointer the
+    // path built, and a slot entry left uninitialised fails.
+    #[test]
+    fn single_posts_write_their_slot_in_place_and_withdraw_it_when_refused() {
+        let reg = Registry::<Slot>::for_tests(64);
+        let [recv, send] = reg.register([(4, true), (4, false)]).unwrap();
+        let qp = std::ptr::null_mut();
+        let sge = |length| ffi::ibv_sge { addr: 0x1000, length, lkey: 3 };
+        let mut entry: Option<Local> = None;
+        let recv_post = |post, entry: &mut Option<Local>, wr_id, sge| {
+            // SAFETY: no queue pair behind it (the providers ignore it); the test is the ring's
+            // only producer; the entry holds no buffer, nothing to check.
+            unsafe { post_recv_single(qp, &recv, post, entry, wr_id, sge) }
+        };
+        let send_post = |post, entry: &mut Option<Local>, wr_id, raw, sge| {
+            // SAFETY: as above, for the send ring.
+            unsafe { post_send_single(qp, &send, post, entry, wr_id, raw, sge) }
+        };
+        recv_post(Some(reading_recv), &mut entry, 7, sge(8)).unwrap();
+        assert_eq!(recv.outstanding(), 1);
+        let e = recv_post(Some(reading_recv), &mut entry, 8, sge(5)).unwrap_err();
+        assert!(matches!(e, Error::Verb { .. }) && e.raw_os_error() == Some(libc::ENOMEM), "{e:?}");
+        assert_eq!(recv.outstanding(), 1, "withdrawn");
+        let e = recv_post(Some(queueing_then_failing), &mut entry, 9, sge(8)).unwrap_err();
+        assert!(matches!(e, Error::QueuedWithError { .. }), "{e:?}");
+        let e = recv_post(None, &mut entry, 10, sge(8)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSYS));
+        assert_eq!(recv.outstanding(), 2, "the queued one stays posted");
+        for _ in 0..2 {
+            let e = recv_post(Some(reading_recv), &mut entry, 11, sge(8));
+            assert!(e.is_ok());
+        }
+        let e = recv_post(Some(reading_recv), &mut entry, 12, sge(8)).unwrap_err();
+        assert!(matches!(e, Error::QueueFull { capacity: 4, .. }), "{e:?}");
+
+        let mut raw =
+            ffi::ibv_send_wr { opcode: ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE, ..Default::default() };
+        raw.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: 0x2000, rkey: 9 };
+        raw.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        send_post(Some(reading_send), &mut entry, 21, raw, sge(8)).unwrap();
+        let seen = LAST_SEND.take().expect("posted");
+        let want = (send.device_wr_id(0), raw.opcode.0, raw.send_flags, 1, 0x1000, 8, 3, 0x2000, 9);
+        assert_eq!(seen, want);
+        let e = send_post(Some(reading_send), &mut entry, 22, raw, sge(5)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOMEM));
+        assert_eq!(send.outstanding(), 1);
+
+        // The completions find the callers' wr_ids (and no buffer).
+        let mut c = crate::Completion::default();
+        let wc = ffi::ibv_wc { wr_id: recv.device_wr_id(0), ..Default::default() };
+        // SAFETY: the registry's only consumer; the entry is fresh.
+        unsafe { c.fill(&wc, &reg) };
+        assert_eq!((c.wr_id(), c.take_buffers().count()), (7, 0));
+        c.clear();
+        let wc = ffi::ibv_wc { wr_id: send.device_wr_id(0), ..Default::default() };
+        // SAFETY: as above; cleared.
+        unsafe { c.fill(&wc, &reg) };
+        assert_eq!(c.wr_id(), 21);
+        assert_eq!((recv.outstanding(), send.outstanding()), (3, 0));
+    }
+
     /// What [`reading_send`] read from the last request it was handed: `wr_id`, opcode, flags,
     /// SGE count, the SGE's address, length and lkey (zeros without one), remote address and
     /// rkey.
