@@ -135,6 +135,7 @@ impl LocalBuf {
     }
 
     /// The owned region back, if this is [`LocalBuf::Owned`].
+    #[inline]
     pub fn into_region(self) -> Option<MemoryRegion> {
         match self {
             LocalBuf::Owned(m) => Some(m),
