@@ -1008,3 +1008,74 @@ fn the_first_psn_comes_from_the_options_when_given() {
         assert!(rc.take_region().unwrap().iter().all(|&x| x == i), "message {i} across the PSN wrap");
     }
 }
+
+/// The one-entry posts (a Send or RDMA Write of one whole region, a receive into one) take a
+/// single path: each check of the general path still refuses, with the request and its buffer
+/// handed back, and the shapes it takes move the bytes.
+#[test]
+fn one_entry_posts_are_checked_as_any_and_move_the_bytes() {
+    let mut p = pair(QpType::RC, 8, 1, 0);
+    let back = |e: PostError<SendRequest<'_>>| e.request.into_buffers().count();
+    // An owned region in an unsignaled request: its completion would never hand it back.
+    let e =
+        p.a.post_send(SendRequest::send(Local::whole(p.pd.allocate(8).unwrap())).unsignaled()).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }), "{:?}", e.error);
+    assert_eq!(back(e), 1);
+    // A Write longer than its remote slice.
+    let target = Arc::new(p.pd.allocate_remote(16, AccessFlags::REMOTE_WRITE).unwrap());
+    let short = target.remote().slice(0, 8).unwrap();
+    let e = p.a.post_send(SendRequest::write(Local::whole(p.pd.allocate(16).unwrap()), short)).unwrap_err();
+    assert!(matches!(e.error, Error::OutOfBounds { len: 16, size: 8, .. }), "{:?}", e.error);
+    assert_eq!(back(e), 1);
+    // Entries of 0 bytes, both ways.
+    let e =
+        p.a.post_send(SendRequest::send(Local::new(p.pd.allocate(8).unwrap(), 0..0).unwrap())).unwrap_err();
+    assert!(
+        matches!(e.error, Error::InvalidArgument { reason, .. } if reason.contains("0 bytes")),
+        "{:?}",
+        e.error
+    );
+    assert_eq!(back(e), 1);
+    let e =
+        p.b.post_recv(RecvRequest::new(Local::new(p.pd.allocate(8).unwrap(), 4..4).unwrap())).unwrap_err();
+    assert!(
+        matches!(e.error, Error::InvalidArgument { reason, .. } if reason.contains("0 bytes")),
+        "{:?}",
+        e.error
+    );
+    assert_eq!(e.request.into_buffers().count(), 1);
+    // A shared region is read-only for the device: no receive takes it.
+    let shared = Arc::new(p.pd.allocate(8).unwrap());
+    let e = p.b.post_recv(RecvRequest::new(Local::whole(shared.clone()))).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument { .. }), "{:?}", e.error);
+
+    // A Send from a shared region, part of it, into a remote-exposed region at an offset.
+    let mut src = p.pd.allocate(8).unwrap();
+    src.copy_from_slice(&pattern(8, 3));
+    let src = Arc::new(src);
+    let landing = Arc::new(p.pd.allocate_remote(32, AccessFlags::LOCAL_WRITE).unwrap());
+    p.b.post_recv(RecvRequest::new(Local::new(landing.clone(), 8..16).unwrap()).wr_id(5)).unwrap();
+    p.a.post_send(SendRequest::send(Local::new(src.clone(), 2..8).unwrap()).wr_id(6)).unwrap();
+    let mut c = poll_one(&mut p.cq_a);
+    assert!(c.is_ok() && c.wr_id() == 6, "{c:?}");
+    assert!(matches!(c.take_buffers().next(), Some(LocalBuf::Shared(_))));
+    let mut c = poll_one(&mut p.cq_b);
+    assert!(c.is_ok() && c.wr_id() == 5 && c.byte_len() == 6, "{c:?}");
+    assert!(matches!(c.take_buffers().next(), Some(LocalBuf::Remote(_))));
+    let mut got = [0u8; 32];
+    landing.read(0, &mut got).unwrap();
+    assert_eq!(&got[8..14], &pattern(8, 3)[2..8]);
+    assert!(got[..8].iter().chain(&got[14..]).all(|&b| b == 0));
+    // An RDMA Write with immediate of an owned region; the receive's region comes back whole.
+    let mut w = p.pd.allocate(16).unwrap();
+    w.copy_from_slice(&pattern(16, 9));
+    p.b.post_recv(RecvRequest::new(Local::whole(p.pd.allocate(8).unwrap())).wr_id(7)).unwrap();
+    p.a.post_send(SendRequest::write(Local::whole(w), target.remote()).imm(0xabc).wr_id(8)).unwrap();
+    let mut c = poll_one(&mut p.cq_a);
+    assert!(c.is_ok() && c.wr_id() == 8, "{c:?}");
+    assert_eq!(c.take_region().map(|m| m.to_vec()), Some(pattern(16, 9)));
+    let mut c = poll_one(&mut p.cq_b);
+    assert!(c.is_ok() && c.wr_id() == 7 && c.imm_data() == Some(0xabc), "{c:?}");
+    assert_eq!(c.take_region().map(|m| m.len()), Some(8));
+    assert_eq!(target.to_vec(), pattern(16, 9));
+}

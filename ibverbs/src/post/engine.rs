@@ -248,6 +248,168 @@ pub(crate) unsafe fn post_light_one(
     Ok(())
 }
 
+/// Posts a receive request whose only entry is `entry` (taken by reference: the request is not
+/// moved on the post path), with `sge` its scatter/gather entry: [`post_one`]'s work for the
+/// common one-buffer receive, without the request's other entries. On error the entry keeps
+/// its buffer (unless the provider queued the request: [`Error::QueuedWithError`]).
+///
+/// # Safety
+/// `qp` is a live queue pair whose receive queue is `ring` (its producer is the caller) and
+/// whose provider call is `post`; the request passed every check of the general path
+/// (`QueuePair::check_recv`) as a request whose only entry is `entry`, and `sge` is that
+/// entry's [`Local::sge`].
+#[inline(always)]
+pub(crate) unsafe fn post_recv_single(
+    qp: *mut ffi::ibv_qp,
+    ring: &Ring<Slot>,
+    post: Option<RawPost<ffi::ibv_recv_wr>>,
+    entry: &mut Option<Local>,
+    wr_id: u64,
+    mut sge: ffi::ibv_sge,
+) -> Result<()> {
+    let verb = "ibv_post_recv";
+    let (head, free) = ring.producer_state();
+    if free == 0 {
+        return Err(Error::QueueFull { verb, capacity: ring.capacity() });
+    }
+    let mut raw = ffi::ibv_recv_wr {
+        wr_id: ring.device_wr_id(head),
+        next: std::ptr::null_mut(),
+        sg_list: &mut sge,
+        num_sge: 1,
+    };
+    // Publish the slot before posting: the completion may be polled before the post returns.
+    // SAFETY: we are the producer (contract) and `head` is free (free > 0).
+    unsafe { write_single_slot(ring, head, wr_id, entry) };
+    ring.set_head(head.wrapping_add(1));
+    let mut bad = std::ptr::null_mut();
+    let ret = match post {
+        // SAFETY: valid QP (contract); `raw` and `sge` describe registered memory of the QP's PD
+        // (checked, contract) that the slot holds until the completion.
+        Some(f) => unsafe { f(qp, &mut raw, &mut bad) },
+        None => {
+            bad = std::ptr::addr_of_mut!(raw); // names it as not posted
+            libc::ENOSYS
+        }
+    };
+    if ret != 0 {
+        return Err(single_refused(verb, ring, head, ret, std::ptr::addr_of!(raw), bad, entry, &sge));
+    }
+    Ok(())
+}
+
+/// Posts a send request whose only local buffer is `entry`, with `raw` its filled work request
+/// (its `sg_list` names `sge`, written here): [`post_one`]'s work for the common one-buffer
+/// Send or RDMA Write, without the request's other fields. On error the entry keeps its buffer
+/// (unless the provider queued the request: [`Error::QueuedWithError`]).
+///
+/// # Safety
+/// `qp` is a live queue pair whose send queue is `ring` (its producer is the caller) and whose
+/// provider call is `post`; the request passed every check of the general path
+/// (`QueuePair::check_send`) as a request whose only entry is `entry` and that holds nothing
+/// else until its completion (no window, no address handle); `raw` is that request's work
+/// request as [`SendRequest::fill`] writes it, but for `wr_id`, `next` and `sg_list`, and
+/// `sge` is the entry's [`Local::sge`].
+#[inline(always)]
+pub(crate) unsafe fn post_send_single(
+    qp: *mut ffi::ibv_qp,
+    ring: &Ring<Slot>,
+    post: Option<RawPost<ffi::ibv_send_wr>>,
+    entry: &mut Option<Local>,
+    wr_id: u64,
+    mut raw: ffi::ibv_send_wr,
+    mut sge: ffi::ibv_sge,
+) -> Result<()> {
+    let verb = "ibv_post_send";
+    let (head, free) = ring.producer_state();
+    if free == 0 {
+        return Err(Error::QueueFull { verb, capacity: ring.capacity() });
+    }
+    raw.wr_id = ring.device_wr_id(head);
+    raw.next = std::ptr::null_mut();
+    raw.sg_list = &mut sge;
+    raw.num_sge = 1;
+    // Publish the slot before posting: the completion may be polled before the post returns.
+    // SAFETY: we are the producer (contract) and `head` is free (free > 0).
+    unsafe { write_single_slot(ring, head, wr_id, entry) };
+    ring.set_head(head.wrapping_add(1));
+    let mut bad = std::ptr::null_mut();
+    let ret = match post {
+        // SAFETY: valid QP (contract); `raw` and `sge` describe registered memory of the QP's PD
+        // (checked, contract) that the slot holds until the completion.
+        Some(f) => unsafe { f(qp, &mut raw, &mut bad) },
+        None => {
+            bad = std::ptr::addr_of_mut!(raw); // names it as not posted
+            libc::ENOSYS
+        }
+    };
+    if ret != 0 {
+        return Err(single_refused(verb, ring, head, ret, std::ptr::addr_of!(raw), bad, entry, &sge));
+    }
+    Ok(())
+}
+
+/// Writes the slot at `pos` for a request whose only buffer is `entry`'s, moved in where the
+/// slot lies (no `Slot` built and copied): the caller's `wr_id`, no address handle, the buffer
+/// in entry 0 and the other entries empty.
+///
+/// # Safety
+/// As [`Ring::write_in_place`]: the producer, for a free position.
+#[inline(always)]
+unsafe fn write_single_slot(ring: &Ring<Slot>, pos: u32, wr_id: u64, entry: &mut Option<Local>) {
+    let buf = entry.take().map(Local::into_buf);
+    let init = |slot: *mut Slot| {
+        // SAFETY: `slot` points to the free slot (uninitialised, ours alone); every field and
+        // every buffer entry is written exactly once, so the slot's buffers are all initialised
+        // and compact (entry 0 may hold a buffer, the others none) as `SlotBufs` requires
+        // (MaybeUninit<T> is laid out as T).
+        unsafe {
+            std::ptr::addr_of_mut!((*slot).wr_id).write(wr_id);
+            std::ptr::addr_of_mut!((*slot)._ah).write(None);
+            let bufs = std::ptr::addr_of_mut!((*slot).bufs).cast::<Option<LocalBuf>>();
+            bufs.write(buf);
+            for k in 1..MAX_SGE {
+                bufs.add(k).write(None);
+            }
+        }
+    };
+    // SAFETY: the caller's contract; `init` initialises the whole slot. Heavy: it may hold a
+    // buffer.
+    unsafe { ring.write_in_place(pos, true, init) };
+}
+
+/// A single post of one buffer ([`post_recv_single`], [`post_send_single`]) that the provider
+/// refused (`ret`, `bad`): unless it queued the request anyway (see
+/// [`Error::QueuedWithError`]: the slot stays published), withdraws the slot at `head` and puts
+/// its buffer back in `entry` over the range `sge` named. Out of line: only failures get here.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)] // the single posts' state, passed as it lies
+fn single_refused<W>(
+    verb: &'static str,
+    ring: &Ring<Slot>,
+    head: u32,
+    ret: i32,
+    raw: *const W,
+    bad: *const W,
+    entry: &mut Option<Local>,
+    sge: &ffi::ibv_sge,
+) -> Error {
+    let (posted, error) = Error::from_post(verb, ret, raw, 1, bad);
+    if posted == 0 {
+        ring.set_head(head);
+        // SAFETY: the producer withdrew `head`; the provider named it as not posted.
+        let slot = unsafe { ring.take_back(head) };
+        let [first, ..] = slot.bufs.into_array();
+        if let Some(buf) = first {
+            // The SGE was built from this buffer: addr lies in it.
+            let offset = sge.addr.wrapping_sub(buf.device_start()) as usize;
+            *entry = Some(Local { buf, offset, len: sge.length });
+        }
+    }
+    error
+}
+
 /// The ring position the first of a batch of `n` requests gets, when the ring has `n` free slots
 /// and the scratch arrays (`scratch` entries each) hold `n` requests; else [`Error::QueueFull`].
 #[inline]
@@ -914,6 +1076,87 @@ mod tests {
         let e = post_chain(qp, &ring, None, &mut scratch, &mut sges, &mut wrs).unwrap_err();
         assert!(matches!(e, Error::Verb { .. }) && e.raw_os_error() == Some(libc::ENOSYS), "{e:?}");
         assert_eq!((wrs.len(), ring.outstanding()), (2, 4));
+    }
+
+    /// A provider that reads a single receive through `sg_list` and refuses one of 5 bytes.
+    unsafe extern "C" fn reading_recv(
+        _qp: *mut ffi::ibv_qp,
+        wr: *mut ffi::ibv_recv_wr,
+        bad: *mut *mut ffi::ibv_recv_wr,
+    ) -> i32 {
+        // SAFETY: the engine hands a valid request with `num_sge` entries at `sg_list`.
+        unsafe {
+            let w = &*wr;
+            assert!(w.next.is_null() && w.num_sge == 1 && w.wr_id & TAG != 0);
+            if (*w.sg_list).length == 5 {
+                *bad = wr;
+                return libc::ENOMEM;
+            }
+        }
+        0
+    }
+
+    // The single paths (a request of one entry): the slot is written where it lies, taken back
+    // when the provider refuses, kept when it queued the request before failing; the completion
+    // finds the caller's wr_id. Under Miri the providers read the SGE through the pointer the
+    // path built, and a slot entry left uninitialised fails.
+    #[test]
+    fn single_posts_write_their_slot_in_place_and_withdraw_it_when_refused() {
+        let reg = Registry::<Slot>::for_tests(64);
+        let [recv, send] = reg.register([(4, true), (4, false)]).unwrap();
+        let qp = std::ptr::null_mut();
+        let sge = |length| ffi::ibv_sge { addr: 0x1000, length, lkey: 3 };
+        let mut entry: Option<Local> = None;
+        let recv_post = |post, entry: &mut Option<Local>, wr_id, sge| {
+            // SAFETY: no queue pair behind it (the providers ignore it); the test is the ring's
+            // only producer; the entry holds no buffer, nothing to check.
+            unsafe { post_recv_single(qp, &recv, post, entry, wr_id, sge) }
+        };
+        let send_post = |post, entry: &mut Option<Local>, wr_id, raw, sge| {
+            // SAFETY: as above, for the send ring.
+            unsafe { post_send_single(qp, &send, post, entry, wr_id, raw, sge) }
+        };
+        recv_post(Some(reading_recv), &mut entry, 7, sge(8)).unwrap();
+        assert_eq!(recv.outstanding(), 1);
+        let e = recv_post(Some(reading_recv), &mut entry, 8, sge(5)).unwrap_err();
+        assert!(matches!(e, Error::Verb { .. }) && e.raw_os_error() == Some(libc::ENOMEM), "{e:?}");
+        assert_eq!(recv.outstanding(), 1, "withdrawn");
+        let e = recv_post(Some(queueing_then_failing), &mut entry, 9, sge(8)).unwrap_err();
+        assert!(matches!(e, Error::QueuedWithError { .. }), "{e:?}");
+        let e = recv_post(None, &mut entry, 10, sge(8)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSYS));
+        assert_eq!(recv.outstanding(), 2, "the queued one stays posted");
+        for _ in 0..2 {
+            let e = recv_post(Some(reading_recv), &mut entry, 11, sge(8));
+            assert!(e.is_ok());
+        }
+        let e = recv_post(Some(reading_recv), &mut entry, 12, sge(8)).unwrap_err();
+        assert!(matches!(e, Error::QueueFull { capacity: 4, .. }), "{e:?}");
+
+        let mut raw =
+            ffi::ibv_send_wr { opcode: ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE, ..Default::default() };
+        raw.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: 0x2000, rkey: 9 };
+        raw.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        send_post(Some(reading_send), &mut entry, 21, raw, sge(8)).unwrap();
+        let seen = LAST_SEND.take().expect("posted");
+        let want = (send.device_wr_id(0), raw.opcode.0, raw.send_flags, 1, 0x1000, 8, 3, 0x2000, 9);
+        assert_eq!(seen, want);
+        let e = send_post(Some(reading_send), &mut entry, 22, raw, sge(5)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOMEM));
+        assert_eq!(send.outstanding(), 1);
+
+        // The completions find the callers' wr_ids (and no buffer).
+        let mut c = crate::Completion::default();
+        let wc = ffi::ibv_wc { wr_id: recv.device_wr_id(0), ..Default::default() };
+        // SAFETY: the registry's only consumer; the entry is fresh.
+        unsafe { c.fill(&wc, &reg) };
+        assert_eq!((c.wr_id(), c.take_buffers().count()), (7, 0));
+        c.clear();
+        let wc = ffi::ibv_wc { wr_id: send.device_wr_id(0), ..Default::default() };
+        // SAFETY: as above; cleared.
+        unsafe { c.fill(&wc, &reg) };
+        assert_eq!(c.wr_id(), 21);
+        assert_eq!((recv.outstanding(), send.outstanding()), (3, 0));
     }
 
     /// What [`reading_send`] read from the last request it was handed: `wr_id`, opcode, flags,

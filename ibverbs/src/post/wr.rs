@@ -77,8 +77,35 @@ impl LocalBuf {
         }
     }
 
+    /// The region of an [`Owned`](LocalBuf::Owned) or [`Remote`](LocalBuf::Remote) buffer:
+    /// a whole region of process memory (its bounds are the region's) that the device may
+    /// write ([`device_writable`](Self::device_writable)), what a receive's one entry usually
+    /// is. `None` for the other kinds.
+    #[inline(always)]
+    pub(crate) fn writable_region(&self) -> Option<&MrInner> {
+        match self {
+            LocalBuf::Owned(m) => Some(&m.inner),
+            LocalBuf::Remote(m) => Some(&m.inner),
+            _ => None,
+        }
+    }
+
+    /// The region of an [`Owned`](LocalBuf::Owned), [`Shared`](LocalBuf::Shared) or
+    /// [`Remote`](LocalBuf::Remote) buffer: a whole region of process memory (its bounds are
+    /// the region's), what a send's one entry usually is. `None` for the other kinds.
+    #[inline(always)]
+    pub(crate) fn whole_region(&self) -> Option<&MrInner> {
+        match self {
+            LocalBuf::Owned(m) => Some(&m.inner),
+            LocalBuf::Shared(m) => Some(&m.inner),
+            LocalBuf::Remote(m) => Some(&m.inner),
+            _ => None,
+        }
+    }
+
     /// Start address and length of the buffer (the whole region, or the chunk). A dma-buf has
     /// no host address: null, with its length.
+    #[inline]
     pub(crate) fn bounds(&self) -> (*mut u8, usize) {
         match self {
             LocalBuf::Chunk(c) => (c.addr(), c.len()),
@@ -108,6 +135,7 @@ impl LocalBuf {
     }
 
     /// The owned region back, if this is [`LocalBuf::Owned`].
+    #[inline]
     pub fn into_region(self) -> Option<MemoryRegion> {
         match self {
             LocalBuf::Owned(m) => Some(m),
@@ -195,6 +223,7 @@ impl Local {
     }
 
     /// The whole of `buf` (regions of 4 GiB or more are truncated to the first 4 GiB - 1 bytes).
+    #[inline]
     pub fn whole(buf: impl Into<LocalBuf>) -> Local {
         let buf = buf.into();
         let len = u32::try_from(buf.bounds().1).unwrap_or(u32::MAX);
@@ -212,6 +241,7 @@ impl Local {
     }
 
     /// The buffer back.
+    #[inline]
     pub fn into_buf(self) -> LocalBuf {
         self.buf
     }
@@ -232,6 +262,16 @@ impl Local {
     pub(crate) fn sge(&self) -> ffi::ibv_sge {
         let start = self.buf.device_start();
         ffi::ibv_sge { addr: start.wrapping_add(self.offset as u64), length: self.len, lkey: self.buf.lkey() }
+    }
+
+    /// [`sge`](Self::sge) given the buffer's region `mr`, from
+    /// [`LocalBuf::whole_region`] (or `writable_region`): the same SGE, without matching on the
+    /// buffer's kind again for each field.
+    #[inline(always)]
+    pub(crate) fn sge_in(&self, mr: &MrInner) -> ffi::ibv_sge {
+        // A whole region's buffer starts at the region's first byte (`bounds`).
+        let start = mr.device_addr(mr.addr());
+        ffi::ibv_sge { addr: start.wrapping_add(self.offset as u64), length: self.len, lkey: mr.lkey() }
     }
 }
 
@@ -358,6 +398,7 @@ impl fmt::Debug for SendRequest<'_> {
 }
 
 impl<'a> SendRequest<'a> {
+    #[inline]
     fn with(op: Op, first: Option<Local>) -> Self {
         SendRequest {
             op,
@@ -485,6 +526,7 @@ impl<'a> SendRequest<'a> {
     }
 
     /// A Send of `local` (`IBV_WR_SEND`; with [`imm`](Self::imm), `IBV_WR_SEND_WITH_IMM`).
+    #[inline]
     pub fn send(local: Local) -> Self {
         Self::with(Op::Send, Some(local))
     }
@@ -499,6 +541,7 @@ impl<'a> SendRequest<'a> {
 
     /// An RDMA Write of `local` to `remote` (`IBV_WR_RDMA_WRITE`; with [`imm`](Self::imm),
     /// `IBV_WR_RDMA_WRITE_WITH_IMM`). `local` must fit in `remote`.
+    #[inline]
     pub fn write(local: Local, remote: RemoteSlice) -> Self {
         Self::with(Op::Write(remote), Some(local))
     }
@@ -562,12 +605,14 @@ impl<'a> SendRequest<'a> {
     }
 
     /// Immediate data delivered with a Send or RDMA Write to the peer's receive completion.
+    #[inline]
     pub fn imm(mut self, imm: u32) -> Self {
         self.imm = Some(imm);
         self
     }
 
     /// The caller's identifier, returned in the completion.
+    #[inline]
     pub fn wr_id(mut self, wr_id: u64) -> Self {
         self.wr_id = wr_id;
         self
@@ -579,6 +624,7 @@ impl<'a> SendRequest<'a> {
     /// whose requests are all unsignaled fills up for good (every post then fails with
     /// [`Error::QueueFull`]): signal one request at least every `max_send_wr`, before the queue
     /// is full.
+    #[inline]
     pub fn unsignaled(mut self) -> Self {
         self.signaled = false;
         self
@@ -994,6 +1040,7 @@ impl fmt::Debug for RecvRequest {
 
 impl RecvRequest {
     /// A receive into `local`.
+    #[inline]
     pub fn new(local: Local) -> Self {
         RecvRequest { sges: [Some(local), None, None, None], wr_id: 0 }
     }
@@ -1014,6 +1061,7 @@ impl RecvRequest {
     }
 
     /// The caller's identifier, returned in the completion.
+    #[inline]
     pub fn wr_id(mut self, wr_id: u64) -> Self {
         self.wr_id = wr_id;
         self

@@ -10,7 +10,7 @@ use crate::error::{cvt, Error, PostError, Result};
 use crate::pd::PdInner;
 use crate::post::engine::{
     post_chain, post_light_one, post_one, post_prepared_chain, post_prepared_one, post_prepared_recv_one,
-    post_send_iter, RawPost,
+    post_recv_single, post_send_iter, post_send_single, RawPost,
 };
 use crate::post::ex::{self, ExQp};
 use crate::post::prepared::{
@@ -19,6 +19,7 @@ use crate::post::prepared::{
 use crate::post::ring::Ring;
 use crate::post::slot::Request;
 use crate::post::wr::Op;
+use crate::post::LocalBuf;
 use crate::post::{RecvRequest, ScopedRecv, ScopedSend, SendIterError, SendRequest, Slot, MAX_SGE};
 use crate::queue::qp::{QpCaps, QpType, QueuePair};
 
@@ -216,6 +217,23 @@ impl QueuePair {
     fn post_send_general<'a>(&mut self, mut wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
         // `mut wr`, not `let mut wr = wr;` below: that rebinding copied the whole request (a
         // `memcpy` call of ~400 bytes, 64 instructions under callgrind).
+        if let Some((raw, sge)) = self.single_send(&wr) {
+            let qp = self.raw.as_ptr();
+            let (post, wr_id) = (self.post_send_fn, wr.wr_id);
+            // SAFETY: our live QP, its send ring and provider call, `&mut self` held;
+            // `single_send` checked the request as `check_send` does (it holds no window or
+            // address handle: nothing to bind) and wrote its work request and the SGE of its
+            // only entry, `sges[0]`.
+            return match unsafe { post_send_single(qp, &self.send, post, &mut wr.sges[0], wr_id, raw, sge) } {
+                Ok(()) => {
+                    // Holds nothing now (its only entry moved into the slot; no window or
+                    // address handle): forgetting it skips only tests of its empty fields.
+                    std::mem::forget(wr);
+                    Ok(())
+                }
+                Err(error) => Err(PostError { error, request: wr }),
+            };
+        }
         if let Err(error) = self.check_send(&wr) {
             return Err(PostError { error, request: wr });
         }
@@ -239,6 +257,59 @@ impl QueuePair {
             }
             Err(error) => Err(PostError { error, request: wr }),
         }
+    }
+
+    /// The work request and SGE of a send request that [`post_send_single`] may post: a Send or
+    /// RDMA Write (with immediate data or not) of exactly one entry (the others empty) over a
+    /// whole [`LocalBuf::Owned`], [`Shared`](LocalBuf::Shared) or [`Remote`](LocalBuf::Remote)
+    /// region of this QP's protection domain, not empty and within the remote slice, without
+    /// inline data, window, address handle or XRC SRQ, signaled if the buffer is owned, on a
+    /// classic RC or UC queue pair that may post sends (`light_sends`) with room for one entry:
+    /// every check of [`check_send`](Self::check_send) for such a request. `None` sends the
+    /// request down the general checks, which say why when it fails.
+    #[inline(always)]
+    fn single_send(&self, wr: &SendRequest<'_>) -> Option<(ffi::ibv_send_wr, ffi::ibv_sge)> {
+        use ffi::ibv_wr_opcode as O;
+        let [Some(local), None, None, None] = &wr.sges else { return None };
+        if !self.light_sends
+            || self.caps.max_send_sge < 1
+            || wr.inline.is_some()
+            || wr.window.is_some()
+            || wr.ud.is_some()
+            || wr.xrc_srqn.is_some()
+            || local.len == 0
+        {
+            return None;
+        }
+        let mr = local.buf.whole_region()?;
+        if !mr.in_pd(&self.pd) || (!wr.signaled && matches!(local.buf, LocalBuf::Owned(_))) {
+            return None;
+        }
+        let mut raw = ffi::ibv_send_wr::default();
+        raw.opcode = match (wr.op, wr.imm.is_some()) {
+            (Op::Send, false) => O::IBV_WR_SEND,
+            (Op::Send, true) => O::IBV_WR_SEND_WITH_IMM,
+            (Op::Write(r), imm) => {
+                if u64::from(local.len) > r.len {
+                    return None;
+                }
+                raw.wr.rdma =
+                    ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: r.addr, rkey: r.rkey };
+                if imm {
+                    O::IBV_WR_RDMA_WRITE_WITH_IMM
+                } else {
+                    O::IBV_WR_RDMA_WRITE
+                }
+            }
+            _ => return None,
+        };
+        if let Some(imm) = wr.imm {
+            raw.__bindgen_anon_1.imm_data = imm.to_be();
+        }
+        raw.send_flags = (u32::from(wr.signaled) * ffi::ibv_send_flags::IBV_SEND_SIGNALED.0)
+            | (u32::from(wr.fence) * ffi::ibv_send_flags::IBV_SEND_FENCE.0)
+            | (u32::from(wr.solicited) * ffi::ibv_send_flags::IBV_SEND_SOLICITED.0);
+        Some((raw, local.sge_in(mr)))
     }
 
     /// Posts a chain of send requests with one `ibv_post_send()` call (one doorbell), safely.
@@ -373,7 +444,53 @@ impl QueuePair {
     /// provider refuses it; [`Error::QueuedWithError`] as for [`post_send`](Self::post_send).
     #[doc(alias = "ibv_post_recv")]
     #[allow(clippy::result_large_err)] // as post_send: no allocation on the post path
+    #[inline(always)]
     pub fn post_recv(&mut self, mut wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
+        // The common receive, one entry over a whole owned or remote-exposed region, takes the
+        // single path, inlined into the caller: its checks are a few tests of what the caller
+        // often just built, and nothing of the request but its entry is read or moved.
+        if let Some(sge) = self.single_recv_sge(&wr) {
+            let qp = self.raw.as_ptr();
+            let (post, wr_id) = (self.post_recv_fn, wr.wr_id);
+            // SAFETY: our live QP, its receive ring and provider call, `&mut self` held;
+            // `single_recv_sge` checked the request as `check_recv` does and built the SGE of
+            // its only entry, `sges[0]`.
+            return match unsafe { post_recv_single(qp, &self.recv, post, &mut wr.sges[0], wr_id, sge) } {
+                Ok(()) => {
+                    // Holds nothing now (its only entry moved into the slot): forgetting it
+                    // skips only tests of its empty entries.
+                    std::mem::forget(wr);
+                    Ok(())
+                }
+                Err(error) => Err(PostError { error, request: wr }),
+            };
+        }
+        self.post_recv_general(wr)
+    }
+
+    /// The SGE of a receive request that [`post_recv_single`] may post: exactly one entry (the
+    /// others empty), over a whole [`LocalBuf::Owned`] or [`LocalBuf::Remote`] region (both
+    /// device-writable) of this QP's protection domain, not empty, on a queue pair with a
+    /// receive queue of its own in a state that takes receives and room for one entry: every
+    /// check of [`check_recv`](Self::check_recv) for such a request. `None` sends the request
+    /// down the general path, which checks it again and says why when it fails.
+    #[inline(always)]
+    fn single_recv_sge(&self, wr: &RecvRequest) -> Option<ffi::ibv_sge> {
+        let [Some(local), None, None, None] = &wr.sges else { return None };
+        let mr = local.buf.writable_region()?;
+        let takes = self.has_recv
+            && self.state != QpState::RESET
+            && self.state != QpState::UNUSABLE
+            && self.caps.max_recv_sge >= 1
+            && local.len != 0
+            && mr.in_pd(&self.pd);
+        takes.then(|| local.sge_in(mr))
+    }
+
+    /// [`post_recv`](Self::post_recv) of any request: checks, buffers moved into the slot.
+    #[inline(never)]
+    #[allow(clippy::result_large_err)] // as post_send
+    fn post_recv_general(&mut self, mut wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
         // `mut wr`: a `let mut wr = wr;` rebinding copies the request (see post_send).
         if let Err(error) = self.check_recv(&wr) {
             return Err(PostError { error, request: wr });
