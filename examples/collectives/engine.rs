@@ -38,6 +38,10 @@ pub struct Engine<B: Bootstrap> {
     pub last_check: Instant,
 }
 
+/// How long a failed completion waits for the bootstrap to report its peer lost before it is
+/// reported as it is.
+const LOSS_GRACE: Duration = Duration::from_secs(3);
+
 /// An error of the data path, naming the peer.
 pub fn fail<T>(text: String) -> Result<T, String> {
     Err(text)
@@ -100,12 +104,24 @@ impl<B: Bootstrap> Engine<B> {
                     return fail(format!("a completion of no queue pair of this group: {wc:?}"));
                 };
                 if !wc.is_ok() {
-                    return fail(format!(
+                    let what = format!(
                         "rank {peer}: {:?} on the queue pair to it ({} {})",
                         wc.status(),
                         self.group.rails()[rail].info().device,
                         self.group.rails()[rail].info().network
-                    ));
+                    );
+                    // A peer that died fails its queue pairs' requests (a remote operation or
+                    // retry error) about when its bootstrap connection closes: give the
+                    // bootstrap a moment to say so (rank 0 relays a loss), and name the lost
+                    // rank rather than the transport's symptom when it does. Bounded.
+                    let until = Instant::now() + LOSS_GRACE;
+                    loop {
+                        self.group.check().map_err(|e| e.to_string())?;
+                        if Instant::now() >= until {
+                            return fail(what);
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
                 }
                 let lane =
                     self.lanes[peer].iter_mut().find(|l| l.rail == rail).expect("a lane per rail and peer");
