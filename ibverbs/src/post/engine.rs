@@ -14,7 +14,7 @@ use crate::post::prepared::{
 use crate::post::registry::{RegisterError, Registry};
 use crate::post::ring::Ring;
 use crate::post::slot::{Request, Slot, SlotBufs};
-use crate::post::wr::{Local, LocalBuf, RecvRequest, SendIterError, SendRequest, MAX_SGE};
+use crate::post::wr::{LightSend, Local, LocalBuf, RecvRequest, SendIterError, SendRequest, MAX_SGE};
 
 /// Registers a queue pair's send and receive rings (`[send, recv]`) in their CQs' registries:
 /// all or nothing, and with the CQ room of both checked before either is registered.
@@ -196,21 +196,22 @@ pub(crate) fn post_one<R: Request>(
     })
 }
 
-/// Posts one light send request ([`SendRequest::is_light`]): [`post_one`]'s work without the
-/// buffers, whose slot holds only the `wr_id` (as a prepared post's), built on the stack. On
-/// error the request is untouched (nothing was taken from it).
+/// Posts one light send request ([`SendRequest::is_light`], its fields read out by
+/// [`SendRequest::light`]): [`post_one`]'s work without the buffers, whose slot holds only the
+/// `wr_id` (as a prepared post's), built on the stack.
 ///
 /// # Safety
 /// `qp` is a live queue pair whose send queue is `ring` (its producer is the caller) and whose
 /// provider call is `post`; `wr.is_light(max_inline)` holds for that queue pair's
-/// `max_inline_data`, and the queue pair is connected (RC or UC) and may post sends: the
-/// request passed every check of the general path, and holds nothing the slot must keep.
+/// `max_inline_data` for the request `wr` was read from, and the queue pair is connected (RC or
+/// UC) and may post sends: the request passed every check of the general path, and holds
+/// nothing the slot must keep.
 #[inline(always)]
 pub(crate) unsafe fn post_light_one(
     qp: *mut ffi::ibv_qp,
     ring: &Ring<Slot>,
     post: Option<RawPost<ffi::ibv_send_wr>>,
-    wr: &SendRequest<'_>,
+    wr: &LightSend<'_>,
 ) -> Result<()> {
     let verb = "ibv_post_send";
     let (head, free) = ring.producer_state();
@@ -219,7 +220,7 @@ pub(crate) unsafe fn post_light_one(
     }
     let mut raw = ffi::ibv_send_wr::default();
     let mut sge = ffi::ibv_sge::default();
-    wr.fill_light(&mut raw, &mut sge, ring.device_wr_id(head));
+    wr.fill(&mut raw, &mut sge, ring.device_wr_id(head));
     // Publish the slot before posting: the completion may be polled before the post returns.
     // SAFETY: we are the producer (contract) and `head` is free (free > 0); a light request
     // holds nothing that must live until its completion (contract), so the slot holds nothing.
@@ -497,7 +498,8 @@ pub(crate) fn post_chain<R: Request>(
 ///
 /// `light` is the queue pair's `max_inline_data` where light requests may skip `check`
 /// ([`SendRequest::is_light`]: a connected queue pair that may post sends, classic data path),
-/// `None` elsewhere: a light request is written by `fill_light` into a slot that holds nothing.
+/// `None` elsewhere: a light request is written from its [`SendRequest::light`] fields into a slot
+/// that holds nothing.
 #[inline]
 #[allow(clippy::result_large_err)] // the refused request comes back whole, with no allocation
 #[allow(clippy::too_many_arguments)] // the queue pair's parts, borrowed apart (as post_chain's)
@@ -537,7 +539,7 @@ pub(crate) fn post_send_iter<'a>(
             // the slot must keep, so its slot holds nothing.
             unsafe {
                 let (raw, sges) = (&mut *base.add(n), &mut *sge_base.add(n));
-                wr.fill_light(raw, &mut sges[0], ring.device_wr_id(pos));
+                wr.light().fill(raw, &mut sges[0], ring.device_wr_id(pos));
                 if n > 0 {
                     (*base.add(n - 1)).next = base.add(n);
                 }

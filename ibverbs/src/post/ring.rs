@@ -438,6 +438,40 @@ impl<T: SlotValue> Ring<T> {
         // The slot is outstanding and unreleased until the guard drops: ours alone.
         Some(take(self.slot(pos).cast::<T>()))
     }
+
+    /// Consumer: [`complete_in_place`](Self::complete_in_place)'s common case, which drops
+    /// nothing and calls nothing: when `pos` is outstanding and the positions before it (the
+    /// unsignaled requests it completes) hold nothing to drop, the slot of `pos` is handed to
+    /// `take` where it lies; if `take` takes it (returns `Some`, having moved out every field
+    /// that needs dropping), the positions up to and including `pos` are released. Otherwise
+    /// (`pos` not outstanding, earlier slots to drop, or `take` declining, having read nothing
+    /// out) nothing changes and `None` comes back: `complete_in_place` does the rest.
+    ///
+    /// # Safety
+    /// Called only by the consumer of this ring; `take`, when it returns `Some`, moved out
+    /// (read once) every field that needs dropping, and it does not keep the pointer.
+    #[inline(always)]
+    pub(crate) unsafe fn complete_quiet<R>(
+        &self,
+        pos: u32,
+        take: impl FnOnce(*mut T) -> Option<R>,
+    ) -> Option<R> {
+        let tail = self.tail.load(Ordering::Relaxed);
+        let head = self.head.load(Ordering::Acquire);
+        if pos.wrapping_sub(tail) >= head.wrapping_sub(tail) {
+            return None;
+        }
+        // The `head` load above (Acquire) orders `last_heavy`'s load after the producer's writes
+        // of every slot up to `pos`, as in complete_in_place.
+        if tail != pos && !self.light_from(tail) {
+            return None;
+        }
+        // Outstanding and unreleased: ours alone until the store below (no unwinding: `take`
+        // of a `Some` moved the fields out, and a `None` read nothing).
+        let taken = take(self.slot(pos).cast::<T>())?;
+        self.tail.store(pos.wrapping_add(1), Ordering::Release);
+        Some(taken)
+    }
 }
 
 /// [`Ring::light_writer`]: writes light slots where they lie.
@@ -517,6 +551,37 @@ mod tests {
         }
         assert_eq!(ring.producer_state(), (3, 4));
         assert_eq!(ring.device_wr_id(5), TAG | 5);
+    }
+
+    #[test]
+    fn the_quiet_completion_takes_only_what_releases_nothing_to_drop() {
+        let ring = Ring::<u64>::new(8, TAG);
+        // SAFETY: producer, free positions: 0 and 1 heavy, 2 and 3 light.
+        unsafe {
+            ring.write(0, 10);
+            ring.write(1, 11);
+            ring.write_in_place(2, false, |p| p.write(12));
+            ring.write_in_place(3, false, |p| p.write(13));
+        }
+        ring.set_head(4);
+        let take = |p: *mut u64| {
+            // SAFETY: the slot handed over is initialised.
+            Some(unsafe { p.read() })
+        };
+        // SAFETY: single consumer in this test.
+        unsafe {
+            assert_eq!(ring.complete_quiet(1, take), None, "a heavy slot before it: declined");
+            assert_eq!(ring.outstanding(), 4, "and nothing released");
+            assert_eq!(ring.complete_quiet(0, take), Some(10));
+            assert_eq!(ring.complete_quiet(1, |_| None::<u64>), None, "take declined");
+            assert_eq!(ring.outstanding(), 3, "and nothing released");
+            assert_eq!(ring.complete_quiet(1, take), Some(11));
+            assert_eq!(ring.complete_quiet(3, take), Some(13), "releases the light slot 2 with it");
+            assert_eq!(ring.outstanding(), 0);
+            assert_eq!(ring.complete_quiet(3, take), None, "a stale position");
+            assert_eq!(ring.complete_quiet(7, take), None, "a position never posted");
+        }
+        assert_eq!(ring.producer_state(), (4, 8));
     }
 
     #[test]

@@ -397,6 +397,81 @@ impl fmt::Debug for SendRequest<'_> {
     }
 }
 
+/// A light send request's fields ([`SendRequest::light`]): a Send or RDMA Write with inline
+/// data or none, that holds nothing until its completion; or those of a one-entry Send or
+/// RDMA Write whose entry was taken out.
+#[derive(Clone, Copy)]
+pub(crate) struct LightSend<'a> {
+    op: Op,
+    inline: Option<&'a [u8]>,
+    imm: Option<u32>,
+    pub(crate) wr_id: u64,
+    signaled: bool,
+    fence: bool,
+    solicited: bool,
+}
+
+impl<'a> LightSend<'a> {
+    /// The request again (a light post that failed gives it back): the same fields, no
+    /// entries, no window, address handle or XRC SRQ, as [`SendRequest::is_light`] found it.
+    #[cold]
+    pub(crate) fn into_request(self) -> SendRequest<'a> {
+        self.into_request_with(None)
+    }
+
+    /// The request again with `first` as its only entry (a one-entry post that failed gives it
+    /// back, its buffer back in `first` unless the provider queued it).
+    #[cold]
+    pub(crate) fn into_request_with(self, first: Option<Local>) -> SendRequest<'a> {
+        let mut wr = SendRequest::with(self.op, first);
+        wr.inline = self.inline;
+        wr.imm = self.imm;
+        wr.wr_id = self.wr_id;
+        wr.signaled = self.signaled;
+        wr.fence = self.fence;
+        wr.solicited = self.solicited;
+        wr
+    }
+
+    /// [`SendRequest::fill`] of the request these fields came from: the same fields, written
+    /// for a Send or RDMA Write without entries of its own.
+    #[inline(always)]
+    pub(crate) fn fill(&self, wr: &mut ffi::ibv_send_wr, sge: &mut ffi::ibv_sge, device_wr_id: u64) {
+        use ffi::ibv_wr_opcode as O;
+        let mut flags = (u32::from(self.signaled) * ffi::ibv_send_flags::IBV_SEND_SIGNALED.0)
+            | (u32::from(self.fence) * ffi::ibv_send_flags::IBV_SEND_FENCE.0)
+            | (u32::from(self.solicited) * ffi::ibv_send_flags::IBV_SEND_SOLICITED.0);
+        let mut n = 0;
+        if let Some(d) = self.inline {
+            flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+            // The provider copies inline data during ibv_post_send, reading it through the SGE.
+            *sge = ffi::ibv_sge { addr: d.as_ptr() as u64, length: d.len() as u32, lkey: 0 };
+            n = i32::from(!d.is_empty());
+        }
+        wr.wr_id = device_wr_id;
+        wr.next = std::ptr::null_mut();
+        wr.sg_list = sge;
+        wr.num_sge = n;
+        wr.send_flags = flags;
+        if let Some(imm) = self.imm {
+            wr.__bindgen_anon_1.imm_data = imm.to_be();
+        }
+        wr.opcode = match (self.op, self.imm.is_some()) {
+            (Op::Write(r), imm) => {
+                wr.wr.rdma =
+                    ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: r.addr, rkey: r.rkey };
+                if imm {
+                    O::IBV_WR_RDMA_WRITE_WITH_IMM
+                } else {
+                    O::IBV_WR_RDMA_WRITE
+                }
+            }
+            (_, true) => O::IBV_WR_SEND_WITH_IMM,
+            (_, false) => O::IBV_WR_SEND,
+        };
+    }
+}
+
 impl<'a> SendRequest<'a> {
     #[inline]
     fn with(op: Op, first: Option<Local>) -> Self {
@@ -713,7 +788,7 @@ impl<'a> SendRequest<'a> {
     /// `max_inline_data` is `max_inline`: a Send or RDMA Write that holds nothing until its
     /// completion (no scatter/gather entry, window or address handle: inline data or no data),
     /// names no XRC SRQ, and whose inline data fits both `max_inline` and the remote slice.
-    /// Such a request is posted by [`fill_light`](Self::fill_light) and a slot that holds
+    /// Such a request is posted from its [`light`](Self::light) fields and a slot that holds
     /// nothing, and dropping it drops nothing. `false` sends it down the general path, which
     /// makes every check again and says why.
     #[inline(always)]
@@ -734,43 +809,24 @@ impl<'a> SendRequest<'a> {
         }
     }
 
-    /// [`fill`](Self::fill) of a light request ([`is_light`](Self::is_light) holds): the same
-    /// fields, written for a Send or RDMA Write without entries of its own.
+    /// The fields of a light request ([`is_light`](Self::is_light) holds), read out: all its
+    /// post needs, and all it takes to build the request again ([`LightSend::into_request`]).
+    /// The light paths take these and forget the request (it holds nothing), so that a request
+    /// built in the caller's frame need not be written to memory at all: only what is read here.
+    /// Also the fields of a one-entry request once its entry was taken out.
     #[inline(always)]
-    pub(crate) fn fill_light(&self, wr: &mut ffi::ibv_send_wr, sge: &mut ffi::ibv_sge, device_wr_id: u64) {
-        use ffi::ibv_wr_opcode as O;
+    pub(crate) fn light(&self) -> LightSend<'a> {
         debug_assert!(self.sges.iter().all(Option::is_none) && self.window.is_none() && self.ud.is_none());
-        let mut flags = (u32::from(self.signaled) * ffi::ibv_send_flags::IBV_SEND_SIGNALED.0)
-            | (u32::from(self.fence) * ffi::ibv_send_flags::IBV_SEND_FENCE.0)
-            | (u32::from(self.solicited) * ffi::ibv_send_flags::IBV_SEND_SOLICITED.0);
-        let mut n = 0;
-        if let Some(d) = self.inline {
-            flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
-            // The provider copies inline data during ibv_post_send, reading it through the SGE.
-            *sge = ffi::ibv_sge { addr: d.as_ptr() as u64, length: d.len() as u32, lkey: 0 };
-            n = i32::from(!d.is_empty());
+        debug_assert!(self.xrc_srqn.is_none() && matches!(self.op, Op::Send | Op::Write(_)));
+        LightSend {
+            op: self.op,
+            inline: self.inline,
+            imm: self.imm,
+            wr_id: self.wr_id,
+            signaled: self.signaled,
+            fence: self.fence,
+            solicited: self.solicited,
         }
-        wr.wr_id = device_wr_id;
-        wr.next = std::ptr::null_mut();
-        wr.sg_list = sge;
-        wr.num_sge = n;
-        wr.send_flags = flags;
-        if let Some(imm) = self.imm {
-            wr.__bindgen_anon_1.imm_data = imm.to_be();
-        }
-        wr.opcode = match (self.op, self.imm.is_some()) {
-            (Op::Write(r), imm) => {
-                wr.wr.rdma =
-                    ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: r.addr, rkey: r.rkey };
-                if imm {
-                    O::IBV_WR_RDMA_WRITE_WITH_IMM
-                } else {
-                    O::IBV_WR_RDMA_WRITE
-                }
-            }
-            (_, true) => O::IBV_WR_SEND_WITH_IMM,
-            (_, false) => O::IBV_WR_SEND,
-        };
     }
 
     /// Checks everything that does not depend on the queue pair. Always inlined, as its callers
@@ -1043,6 +1099,13 @@ impl RecvRequest {
     #[inline]
     pub fn new(local: Local) -> Self {
         RecvRequest { sges: [Some(local), None, None, None], wr_id: 0 }
+    }
+
+    /// A one-entry request again (a single post that failed gives it back: its buffer is back
+    /// in `first` unless the provider queued it).
+    #[cold]
+    pub(crate) fn again(first: Option<Local>, wr_id: u64) -> Self {
+        RecvRequest { sges: [first, None, None, None], wr_id }
     }
 
     /// A receive with no buffer: takes a zero-length Send or an RDMA Write with immediate.

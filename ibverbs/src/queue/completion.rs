@@ -337,6 +337,59 @@ impl Completion {
         }
     }
 
+    /// [`take_slot`](Self::take_slot)'s common case, with no call: an untagged completion, or
+    /// the completion of a queue pair's request whose slot holds no address handle and whose
+    /// unsignaled predecessors hold nothing to drop. Returns `false`, having changed nothing,
+    /// for every other case (a shared receive queue's request, a stale or foreign `wr_id`, an
+    /// address handle, earlier buffers to drop), which `take_slot` then handles: nothing is
+    /// dropped here, so no panic can be deferred.
+    ///
+    /// # Safety
+    /// As [`take_slot`](Self::take_slot).
+    #[inline(always)]
+    pub(crate) unsafe fn take_slot_quiet(&mut self, registry: &Registry<Slot>) -> bool {
+        let wr_id = self.wc.0.wr_id;
+        if wr_id & TAG == 0 {
+            return true;
+        }
+        if wr_id & SRQ != 0 {
+            return false;
+        }
+        // SAFETY: the consumer (contract).
+        let Some(ring) = (unsafe { registry.lookup(wr_id) }) else { return false };
+        let (wc_out, bufs) = (&mut self.wc, &mut self.bufs);
+        let take = |slot: *mut Slot| {
+            // SAFETY: `slot` points to the initialised slot, ours until we return. A slot with an
+            // address handle is declined before anything is read out of it; otherwise each
+            // field that needs dropping is moved out once (the buffers into the cleared entry,
+            // all `None`: overwriting drops nothing), and the `None` address handle needs none.
+            unsafe {
+                if (*std::ptr::addr_of!((*slot)._ah)).is_some() {
+                    return None;
+                }
+                wc_out.0.wr_id = (*slot).wr_id;
+                let slot_bufs = std::ptr::addr_of!((*slot).bufs);
+                let holds = SlotBufs::first_is_some(slot_bufs);
+                if holds {
+                    // Every entry is initialised when the first holds a buffer (SlotBufs);
+                    // MaybeUninit<T> is laid out as T.
+                    std::ptr::copy_nonoverlapping(slot_bufs.cast::<[Option<LocalBuf>; MAX_SGE]>(), bufs, 1);
+                }
+                Some(holds)
+            }
+        };
+        // SAFETY: the consumer (contract); `take` moves every field that needs dropping out
+        // when it takes the slot.
+        match unsafe { ring.complete_quiet(wr_id as u32, take) } {
+            Some(holds) => {
+                self.tracked = true;
+                self.holds = holds;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// [`fill`](Self::fill)'s branch for a shared receive queue's request (any order, any of
     /// its CQs: see post/table.rs), outlined so that it does not weigh on the inlined common path.
     ///

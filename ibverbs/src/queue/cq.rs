@@ -748,6 +748,24 @@ unsafe fn poll_into_one(
 /// and written by the provider.
 #[inline(never)]
 unsafe fn took_one(registry: &Registry<Slot>, c: &mut Completion) -> i32 {
+    // The common case makes no call, so this frame saves no register; the rest is a tail call.
+    // SAFETY: the caller's contract.
+    if unsafe { c.take_slot_quiet(registry) } {
+        // Nothing was dropped: no panic can have been deferred.
+        return 1;
+    }
+    // SAFETY: the caller's contract (the quiet path changed nothing).
+    unsafe { took_one_slow(registry, c) }
+}
+
+/// [`took_one`]'s cases that may drop something (earlier buffers, an address handle) or that
+/// the quiet path declined (a shared receive queue's request, a stale `wr_id`).
+///
+/// # Safety
+/// As [`took_one`].
+#[cold]
+#[inline(never)]
+unsafe fn took_one_slow(registry: &Registry<Slot>, c: &mut Completion) -> i32 {
     // SAFETY: the caller's contract.
     unsafe { c.take_slot(registry) };
     // SAFETY: consumer (contract).

@@ -191,21 +191,41 @@ impl QueuePair {
     // The request comes back by value on error: boxing it would allocate on the post path.
     #[allow(clippy::result_large_err)]
     #[inline(always)]
-    pub fn post_send<'a>(&mut self, wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
+    pub fn post_send<'a>(&mut self, mut wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
         // A light request (inline data or none, on a connected classic queue pair that may
         // send) takes the light path, inlined into the caller: its checks are a few tests of
         // fields the caller often just wrote, its slot holds nothing.
         if self.light_sends && wr.is_light(self.caps.max_inline_data) {
+            // Its fields read out, the request is forgotten (it holds nothing: light) and built
+            // again only if the post fails, so that a request built by the caller need not be
+            // written to memory, only the fields read here.
+            let light = wr.light();
+            std::mem::forget(wr);
             // SAFETY: our live QP, its send ring and provider call, `&mut self` held;
-            // `light_sends` says it is RC or UC, classic and may post sends, and `wr` is light
-            // for its max_inline_data.
-            return match unsafe { post_light_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &wr) } {
-                Ok(()) => {
-                    // Holds nothing (light): forgetting it skips only tests of its empty fields.
-                    std::mem::forget(wr);
-                    Ok(())
-                }
-                Err(error) => Err(PostError { error, request: wr }),
+            // `light_sends` says it is RC or UC, classic and may post sends, and `light` was
+            // read from a request light for its max_inline_data.
+            return match unsafe { post_light_one(self.raw.as_ptr(), &self.send, self.post_send_fn, &light) } {
+                Ok(()) => Ok(()),
+                Err(error) => Err(PostError { error, request: light.into_request() }),
+            };
+        }
+        // A Send or RDMA Write of one whole region (the common one-buffer post), inlined too:
+        // its entry and fields read out, the request is forgotten and built again only if the
+        // post fails, as for a light one.
+        if let Some((raw, sge)) = self.single_send(&wr) {
+            let mut entry = wr.sges[0].take();
+            // No inline data, window, address handle or XRC SRQ (single_send), no other entry.
+            let fields = wr.light();
+            std::mem::forget(wr);
+            let (qp, post) = (self.raw.as_ptr(), self.post_send_fn);
+            // SAFETY: our live QP, its send ring and provider call, `&mut self` held;
+            // `single_send` checked the request as `check_send` does (it holds no window or
+            // address handle: nothing to bind) and wrote its work request and the SGE of its
+            // only entry, now `entry`.
+            return match unsafe { post_send_single(qp, &self.send, post, &mut entry, fields.wr_id, raw, sge) }
+            {
+                Ok(()) => Ok(()),
+                Err(error) => Err(PostError { error, request: fields.into_request_with(entry) }),
             };
         }
         self.post_send_general(wr)
@@ -217,23 +237,6 @@ impl QueuePair {
     fn post_send_general<'a>(&mut self, mut wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
         // `mut wr`, not `let mut wr = wr;` below: that rebinding copied the whole request (a
         // `memcpy` call of ~400 bytes, 64 instructions under callgrind).
-        if let Some((raw, sge)) = self.single_send(&wr) {
-            let qp = self.raw.as_ptr();
-            let (post, wr_id) = (self.post_send_fn, wr.wr_id);
-            // SAFETY: our live QP, its send ring and provider call, `&mut self` held;
-            // `single_send` checked the request as `check_send` does (it holds no window or
-            // address handle: nothing to bind) and wrote its work request and the SGE of its
-            // only entry, `sges[0]`.
-            return match unsafe { post_send_single(qp, &self.send, post, &mut wr.sges[0], wr_id, raw, sge) } {
-                Ok(()) => {
-                    // Holds nothing now (its only entry moved into the slot; no window or
-                    // address handle): forgetting it skips only tests of its empty fields.
-                    std::mem::forget(wr);
-                    Ok(())
-                }
-                Err(error) => Err(PostError { error, request: wr }),
-            };
-        }
         if let Err(error) = self.check_send(&wr) {
             return Err(PostError { error, request: wr });
         }
@@ -450,19 +453,18 @@ impl QueuePair {
         // single path, inlined into the caller: its checks are a few tests of what the caller
         // often just built, and nothing of the request but its entry is read or moved.
         if let Some(sge) = self.single_recv_sge(&wr) {
-            let qp = self.raw.as_ptr();
-            let (post, wr_id) = (self.post_recv_fn, wr.wr_id);
+            // Its entry and `wr_id` read out, the request (which holds nothing else) is
+            // forgotten and built again only if the post fails, so that a request built by the
+            // caller need not be written to memory.
+            let (mut entry, wr_id) = (wr.sges[0].take(), wr.wr_id);
+            std::mem::forget(wr);
+            let (qp, post) = (self.raw.as_ptr(), self.post_recv_fn);
             // SAFETY: our live QP, its receive ring and provider call, `&mut self` held;
             // `single_recv_sge` checked the request as `check_recv` does and built the SGE of
-            // its only entry, `sges[0]`.
-            return match unsafe { post_recv_single(qp, &self.recv, post, &mut wr.sges[0], wr_id, sge) } {
-                Ok(()) => {
-                    // Holds nothing now (its only entry moved into the slot): forgetting it
-                    // skips only tests of its empty entries.
-                    std::mem::forget(wr);
-                    Ok(())
-                }
-                Err(error) => Err(PostError { error, request: wr }),
+            // its only entry, now `entry`.
+            return match unsafe { post_recv_single(qp, &self.recv, post, &mut entry, wr_id, sge) } {
+                Ok(()) => Ok(()),
+                Err(error) => Err(PostError { error, request: RecvRequest::again(entry, wr_id) }),
             };
         }
         self.post_recv_general(wr)
