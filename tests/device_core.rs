@@ -575,7 +575,7 @@ fn queue_and_cq_capacity_are_enforced() {
     let remote = p.pd.allocate_remote(8, AccessFlags::REMOTE_WRITE).unwrap().remote();
     let mut posted = 0;
     let err = loop {
-        match p.a.post_send(SendRequest::write(Local::whole(shared.clone()), remote).unsignaled()) {
+        match p.a.post_send(SendRequest::write(Local::whole(shared.clone()), remote).unsignaled().wr_id(77)) {
             Ok(()) => posted += 1,
             // siw queues the request and then may fail the system call of its doorbell (seen as
             // EPERM from a -1 before QueuedWithError existed): the request is posted all the same.
@@ -589,15 +589,34 @@ fn queue_and_cq_capacity_are_enforced() {
     };
     assert_eq!(posted, 4, "post {} failed: {:?}", posted + 1, err.error);
     assert!(matches!(err.error, Error::QueueFull { capacity: 4, .. }), "{:?}", err.error);
+    // The one-entry path rebuilds the refused request: the same operation, flags and wr_id,
+    // with its buffer.
+    let shown = format!("{:?}", err.request);
+    assert!(
+        shown.contains("Write") && shown.contains("wr_id: 77") && shown.contains("signaled: false"),
+        "{shown}"
+    );
+    assert_eq!(err.request.into_buffers().count(), 1);
+    assert_eq!(Arc::strong_count(&shared), 5, "the four posted hold theirs, the refused one gave its back");
     let mut chain = vec![SendRequest::send(Local::whole(shared.clone()))];
     assert!(matches!(p.a.post_send_chain(&mut chain), Err(Error::QueueFull { .. })));
     assert_eq!(chain.len(), 1, "the chain is handed back");
     let mut r = 0;
-    while p.b.post_recv(RecvRequest::new(Local::whole(p.pd.allocate(8).unwrap()))).is_ok() {
-        r += 1;
+    let refused = loop {
+        match p.b.post_recv(RecvRequest::new(Local::whole(p.pd.allocate(8).unwrap())).wr_id(9)) {
+            Ok(()) => r += 1,
+            Err(e) => break e,
+        }
         assert!(r <= 4);
-    }
+    };
     assert_eq!(r, 4);
+    assert!(matches!(refused.error, Error::QueueFull { capacity: 4, .. }), "{:?}", refused.error);
+    assert!(format!("{:?}", refused.request).contains("wr_id: 9"), "{:?}", refused.request);
+    assert_eq!(
+        refused.request.into_buffers().filter(|b| matches!(b, LocalBuf::Owned(_))).count(),
+        1,
+        "its region back"
+    );
 }
 
 /// Many queues on one context: 200 one-page CQs on most devices. siw refuses the 145th (libsiw
