@@ -266,37 +266,16 @@ pub(crate) unsafe fn post_recv_single(
     post: Option<RawPost<ffi::ibv_recv_wr>>,
     entry: &mut Option<Local>,
     wr_id: u64,
-    mut sge: ffi::ibv_sge,
+    sge: ffi::ibv_sge,
 ) -> Result<()> {
-    let verb = "ibv_post_recv";
-    let (head, free) = ring.producer_state();
-    if free == 0 {
-        return Err(Error::QueueFull { verb, capacity: ring.capacity() });
-    }
-    let mut raw = ffi::ibv_recv_wr {
-        wr_id: ring.device_wr_id(head),
+    let raw = |device_wr_id, sg_list| ffi::ibv_recv_wr {
+        wr_id: device_wr_id,
         next: std::ptr::null_mut(),
-        sg_list: &mut sge,
+        sg_list,
         num_sge: 1,
     };
-    // Publish the slot before posting: the completion may be polled before the post returns.
-    // SAFETY: we are the producer (contract) and `head` is free (free > 0).
-    unsafe { write_single_slot(ring, head, wr_id, entry) };
-    ring.set_head(head.wrapping_add(1));
-    let mut bad = std::ptr::null_mut();
-    let ret = match post {
-        // SAFETY: valid QP (contract); `raw` and `sge` describe registered memory of the QP's PD
-        // (checked, contract) that the slot holds until the completion.
-        Some(f) => unsafe { f(qp, &mut raw, &mut bad) },
-        None => {
-            bad = std::ptr::addr_of_mut!(raw); // names it as not posted
-            libc::ENOSYS
-        }
-    };
-    if ret != 0 {
-        return Err(single_refused(verb, ring, head, ret, std::ptr::addr_of!(raw), bad, entry, &sge));
-    }
-    Ok(())
+    // SAFETY: the caller's contract is post_single's, `raw` builds the receive's work request.
+    unsafe { post_single("ibv_post_recv", qp, ring, post, entry, wr_id, sge, raw) }
 }
 
 /// Posts a send request whose only local buffer is `entry`, with `raw` its filled work request
@@ -319,17 +298,46 @@ pub(crate) unsafe fn post_send_single(
     entry: &mut Option<Local>,
     wr_id: u64,
     mut raw: ffi::ibv_send_wr,
-    mut sge: ffi::ibv_sge,
+    sge: ffi::ibv_sge,
 ) -> Result<()> {
-    let verb = "ibv_post_send";
+    let raw = move |device_wr_id, sg_list| {
+        raw.wr_id = device_wr_id;
+        raw.next = std::ptr::null_mut();
+        raw.sg_list = sg_list;
+        raw.num_sge = 1;
+        raw
+    };
+    // SAFETY: the caller's contract is post_single's, `raw` completes the send's work request.
+    unsafe { post_single("ibv_post_send", qp, ring, post, entry, wr_id, sge, raw) }
+}
+
+/// The work of [`post_recv_single`] and [`post_send_single`]: the work request `raw` builds
+/// (from the ring position's device `wr_id` and a pointer to `sge`, its only entry) is posted
+/// with a slot that holds `entry`'s buffer and the caller's `wr_id`.
+///
+/// # Safety
+/// `qp` is a live queue pair whose work queue of `W` is `ring` (its producer is the caller)
+/// and whose provider call for it is `post`; the request passed every check of the general
+/// path as a request whose only entry is `entry` and that holds nothing else until its
+/// completion; `sge` is the entry's [`Local::sge`], and `raw` builds that request's work
+/// request, naming the device `wr_id` and the SGE pointer it gets and nothing else to hold.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // the single posts' state, passed as it lies
+unsafe fn post_single<W>(
+    verb: &'static str,
+    qp: *mut ffi::ibv_qp,
+    ring: &Ring<Slot>,
+    post: Option<RawPost<W>>,
+    entry: &mut Option<Local>,
+    wr_id: u64,
+    mut sge: ffi::ibv_sge,
+    raw: impl FnOnce(u64, *mut ffi::ibv_sge) -> W,
+) -> Result<()> {
     let (head, free) = ring.producer_state();
     if free == 0 {
         return Err(Error::QueueFull { verb, capacity: ring.capacity() });
     }
-    raw.wr_id = ring.device_wr_id(head);
-    raw.next = std::ptr::null_mut();
-    raw.sg_list = &mut sge;
-    raw.num_sge = 1;
+    let mut raw = raw(ring.device_wr_id(head), &mut sge);
     // Publish the slot before posting: the completion may be polled before the post returns.
     // SAFETY: we are the producer (contract) and `head` is free (free > 0).
     unsafe { write_single_slot(ring, head, wr_id, entry) };

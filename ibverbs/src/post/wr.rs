@@ -437,16 +437,11 @@ impl<'a> LightSend<'a> {
     /// for a Send or RDMA Write without entries of its own.
     #[inline(always)]
     pub(crate) fn fill(&self, wr: &mut ffi::ibv_send_wr, sge: &mut ffi::ibv_sge, device_wr_id: u64) {
-        use ffi::ibv_wr_opcode as O;
-        let mut flags = (u32::from(self.signaled) * ffi::ibv_send_flags::IBV_SEND_SIGNALED.0)
-            | (u32::from(self.fence) * ffi::ibv_send_flags::IBV_SEND_FENCE.0)
-            | (u32::from(self.solicited) * ffi::ibv_send_flags::IBV_SEND_SOLICITED.0);
+        let mut flags = send_flags(self.signaled, self.fence, self.solicited);
         let mut n = 0;
         if let Some(d) = self.inline {
             flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
-            // The provider copies inline data during ibv_post_send, reading it through the SGE.
-            *sge = ffi::ibv_sge { addr: d.as_ptr() as u64, length: d.len() as u32, lkey: 0 };
-            n = i32::from(!d.is_empty());
+            n = inline_sge(d, sge);
         }
         wr.wr_id = device_wr_id;
         wr.next = std::ptr::null_mut();
@@ -456,19 +451,51 @@ impl<'a> LightSend<'a> {
         if let Some(imm) = self.imm {
             wr.__bindgen_anon_1.imm_data = imm.to_be();
         }
-        wr.opcode = match (self.op, self.imm.is_some()) {
-            (Op::Write(r), imm) => {
-                wr.wr.rdma =
-                    ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: r.addr, rkey: r.rkey };
-                if imm {
-                    O::IBV_WR_RDMA_WRITE_WITH_IMM
-                } else {
-                    O::IBV_WR_RDMA_WRITE
-                }
-            }
-            (_, true) => O::IBV_WR_SEND_WITH_IMM,
-            (_, false) => O::IBV_WR_SEND,
+        let write_to = match self.op {
+            Op::Write(r) => Some(r),
+            _ => None,
         };
+        wr.opcode = send_or_write_opcode(wr, write_to, self.imm.is_some());
+    }
+}
+
+/// A request's `send_flags` but `IBV_SEND_INLINE`: `IBV_SEND_SIGNALED`, `IBV_SEND_FENCE` and
+/// `IBV_SEND_SOLICITED` as asked.
+#[inline(always)]
+pub(crate) fn send_flags(signaled: bool, fence: bool, solicited: bool) -> u32 {
+    (u32::from(signaled) * ffi::ibv_send_flags::IBV_SEND_SIGNALED.0)
+        | (u32::from(fence) * ffi::ibv_send_flags::IBV_SEND_FENCE.0)
+        | (u32::from(solicited) * ffi::ibv_send_flags::IBV_SEND_SOLICITED.0)
+}
+
+/// Points `sge` at inline data `d` and returns the request's `num_sge` (none for no bytes). The
+/// provider copies inline data during `ibv_post_send`, reading it through the SGE.
+#[inline(always)]
+fn inline_sge(d: &[u8], sge: &mut ffi::ibv_sge) -> i32 {
+    *sge = ffi::ibv_sge { addr: d.as_ptr() as u64, length: d.len() as u32, lkey: 0 };
+    i32::from(!d.is_empty())
+}
+
+/// The opcode of a Send (`write_to` `None`) or of an RDMA Write into `write_to`, with immediate
+/// data or not; a Write's remote address goes into `wr` (the immediate data is the caller's).
+#[inline(always)]
+pub(crate) fn send_or_write_opcode(
+    wr: &mut ffi::ibv_send_wr,
+    write_to: Option<RemoteSlice>,
+    imm: bool,
+) -> ffi::ibv_wr_opcode {
+    use ffi::ibv_wr_opcode as O;
+    match (write_to, imm) {
+        (Some(r), imm) => {
+            wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: r.addr, rkey: r.rkey };
+            if imm {
+                O::IBV_WR_RDMA_WRITE_WITH_IMM
+            } else {
+                O::IBV_WR_RDMA_WRITE
+            }
+        }
+        (None, true) => O::IBV_WR_SEND_WITH_IMM,
+        (None, false) => O::IBV_WR_SEND,
     }
 }
 
@@ -932,22 +959,11 @@ impl<'a> SendRequest<'a> {
         device_wr_id: u64,
     ) {
         use ffi::ibv_wr_opcode as O;
-        let mut flags = 0;
-        if self.signaled {
-            flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        }
-        if self.fence {
-            flags |= ffi::ibv_send_flags::IBV_SEND_FENCE.0;
-        }
-        if self.solicited {
-            flags |= ffi::ibv_send_flags::IBV_SEND_SOLICITED.0;
-        }
+        let mut flags = send_flags(self.signaled, self.fence, self.solicited);
         // An inline request has no entries (`gather` refuses them, no constructor gives one).
         let n = if let Some(d) = self.inline {
             flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
-            // The provider copies inline data during ibv_post_send, reading it through the SGE.
-            sges[0] = ffi::ibv_sge { addr: d.as_ptr() as u64, length: d.len() as u32, lkey: 0 };
-            usize::from(!d.is_empty())
+            inline_sge(d, &mut sges[0]) as usize
         } else {
             pack_sges(&self.sges, sges)
         };
@@ -960,17 +976,8 @@ impl<'a> SendRequest<'a> {
             wr.__bindgen_anon_1.imm_data = imm.to_be();
         }
         wr.opcode = match self.op {
-            Op::Send if self.imm.is_some() => O::IBV_WR_SEND_WITH_IMM,
-            Op::Send => O::IBV_WR_SEND,
-            Op::Write(r) => {
-                wr.wr.rdma =
-                    ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: r.addr, rkey: r.rkey };
-                if self.imm.is_some() {
-                    O::IBV_WR_RDMA_WRITE_WITH_IMM
-                } else {
-                    O::IBV_WR_RDMA_WRITE
-                }
-            }
+            Op::Send => send_or_write_opcode(wr, None, self.imm.is_some()),
+            Op::Write(r) => send_or_write_opcode(wr, Some(r), self.imm.is_some()),
             Op::Read(r) => {
                 wr.wr.rdma =
                     ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: r.addr, rkey: r.rkey };

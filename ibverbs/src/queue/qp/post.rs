@@ -18,7 +18,7 @@ use crate::post::prepared::{
 };
 use crate::post::ring::Ring;
 use crate::post::slot::Request;
-use crate::post::wr::Op;
+use crate::post::wr::{send_flags, send_or_write_opcode, Op};
 use crate::post::LocalBuf;
 use crate::post::{RecvRequest, ScopedRecv, ScopedSend, SendIterError, SendRequest, Slot, MAX_SGE};
 use crate::queue::qp::{QpCaps, QpType, QueuePair};
@@ -272,7 +272,6 @@ impl QueuePair {
     /// request down the general checks, which say why when it fails.
     #[inline(always)]
     fn single_send(&self, wr: &SendRequest<'_>) -> Option<(ffi::ibv_send_wr, ffi::ibv_sge)> {
-        use ffi::ibv_wr_opcode as O;
         let [Some(local), None, None, None] = &wr.sges else { return None };
         if !self.light_sends
             || self.caps.max_send_sge < 1
@@ -288,30 +287,17 @@ impl QueuePair {
         if !mr.in_pd(&self.pd) || (!wr.signaled && matches!(local.buf, LocalBuf::Owned(_))) {
             return None;
         }
-        let mut raw = ffi::ibv_send_wr::default();
-        raw.opcode = match (wr.op, wr.imm.is_some()) {
-            (Op::Send, false) => O::IBV_WR_SEND,
-            (Op::Send, true) => O::IBV_WR_SEND_WITH_IMM,
-            (Op::Write(r), imm) => {
-                if u64::from(local.len) > r.len {
-                    return None;
-                }
-                raw.wr.rdma =
-                    ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: r.addr, rkey: r.rkey };
-                if imm {
-                    O::IBV_WR_RDMA_WRITE_WITH_IMM
-                } else {
-                    O::IBV_WR_RDMA_WRITE
-                }
-            }
+        let write_to = match wr.op {
+            Op::Send => None,
+            Op::Write(r) if u64::from(local.len) <= r.len => Some(r),
             _ => return None,
         };
+        let mut raw = ffi::ibv_send_wr::default();
+        raw.opcode = send_or_write_opcode(&mut raw, write_to, wr.imm.is_some());
         if let Some(imm) = wr.imm {
             raw.__bindgen_anon_1.imm_data = imm.to_be();
         }
-        raw.send_flags = (u32::from(wr.signaled) * ffi::ibv_send_flags::IBV_SEND_SIGNALED.0)
-            | (u32::from(wr.fence) * ffi::ibv_send_flags::IBV_SEND_FENCE.0)
-            | (u32::from(wr.solicited) * ffi::ibv_send_flags::IBV_SEND_SOLICITED.0);
+        raw.send_flags = send_flags(wr.signaled, wr.fence, wr.solicited);
         Some((raw, local.sge_in(mr)))
     }
 
