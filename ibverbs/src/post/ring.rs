@@ -401,6 +401,24 @@ impl<T: SlotValue> Ring<T> {
         unsafe { self.complete_in_place(pos, deferred, |slot| slot.read()) }
     }
 
+    /// Consumer: the oldest unreleased position when `pos` is outstanding (posted, not yet
+    /// released), else `None` (a stale or foreign position). Its `head` load (Acquire) orders
+    /// the loads that follow after the producer's writes of every slot up to `pos`.
+    #[inline(always)]
+    fn outstanding_tail(&self, pos: u32) -> Option<u32> {
+        let tail = self.tail.load(Ordering::Relaxed);
+        let head = self.head.load(Ordering::Acquire);
+        (pos.wrapping_sub(tail) < head.wrapping_sub(tail)).then_some(tail)
+    }
+
+    /// Consumer: whether releasing the outstanding positions `[tail, pos)` with `pos` drops
+    /// nothing (there are none, or none can be heavy): after
+    /// [`outstanding_tail`](Self::outstanding_tail) gave `tail`.
+    #[inline(always)]
+    fn releases_nothing(&self, tail: u32, pos: u32) -> bool {
+        tail == pos || self.light_from(tail)
+    }
+
     /// Consumer: [`complete`](Self::complete), but the slot of `pos` is handed to `take` where
     /// it lies, as a pointer to the initialised value, instead of being moved out whole (a move
     /// of a large slot is a `memcpy` call); its position is released once `take` returns (or
@@ -422,15 +440,10 @@ impl<T: SlotValue> Ring<T> {
         deferred: &Deferred,
         take: impl FnOnce(*mut T) -> R,
     ) -> Option<R> {
-        let tail = self.tail.load(Ordering::Relaxed);
-        let head = self.head.load(Ordering::Acquire);
-        if pos.wrapping_sub(tail) >= head.wrapping_sub(tail) {
-            return None;
-        }
-        // The `head` load above (Acquire) orders `last_heavy`'s load after the producer's
-        // writes of every slot up to `pos`. When nothing in [tail, pos) can hold anything to
-        // drop, those positions are released by the guard below with `pos`.
-        if tail != pos && !self.light_from(tail) {
+        let tail = self.outstanding_tail(pos)?;
+        // When nothing in [tail, pos) can hold anything to drop, those positions are released
+        // by the guard below with `pos`.
+        if !self.releases_nothing(tail, pos) {
             // SAFETY: consumer (contract); [tail, pos) are outstanding (pos is).
             unsafe { self.drop_range(tail, pos, deferred) };
         }
@@ -456,14 +469,8 @@ impl<T: SlotValue> Ring<T> {
         pos: u32,
         take: impl FnOnce(*mut T) -> Option<R>,
     ) -> Option<R> {
-        let tail = self.tail.load(Ordering::Relaxed);
-        let head = self.head.load(Ordering::Acquire);
-        if pos.wrapping_sub(tail) >= head.wrapping_sub(tail) {
-            return None;
-        }
-        // The `head` load above (Acquire) orders `last_heavy`'s load after the producer's writes
-        // of every slot up to `pos`, as in complete_in_place.
-        if tail != pos && !self.light_from(tail) {
+        let tail = self.outstanding_tail(pos)?;
+        if !self.releases_nothing(tail, pos) {
             return None;
         }
         // Outstanding and unreleased: ours alone until the store below (no unwinding: `take`
