@@ -1086,6 +1086,28 @@ fn one_entry_posts_are_checked_as_any_and_move_the_bytes() {
     landing.read(0, &mut got).unwrap();
     assert_eq!(&got[8..14], &pattern(8, 3)[2..8]);
     assert!(got[..8].iter().chain(&got[14..]).all(|&b| b == 0));
+    // Buffers a completion hands back and nobody takes are dropped with the completion, or
+    // when its entry is polled into again, once each.
+    assert_eq!(Arc::strong_count(&src), 1);
+    let write_src = |id| SendRequest::write(Local::whole(src.clone()), target.remote()).wr_id(id);
+    p.a.post_send(write_src(20)).unwrap();
+    let c = poll_one(&mut p.cq_a);
+    assert!(c.is_ok() && c.wr_id() == 20, "{c:?}");
+    assert_eq!(Arc::strong_count(&src), 2, "held by the completion");
+    drop(c);
+    assert_eq!(Arc::strong_count(&src), 1, "dropped with it");
+    let mut entry = [Completion::default()];
+    for id in [21, 22] {
+        p.a.post_send(write_src(id)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while p.cq_a.poll(&mut entry).unwrap().is_empty() {
+            assert!(Instant::now() < deadline, "no completion for {id}");
+        }
+        assert!(entry[0].is_ok() && entry[0].wr_id() == id, "{:?}", entry[0]);
+        assert_eq!(Arc::strong_count(&src), 2, "only this completion's: the last one's was dropped");
+    }
+    drop(entry);
+    assert_eq!(Arc::strong_count(&src), 1);
     // An RDMA Write with immediate of an owned region; the receive's region comes back whole.
     let mut w = p.pd.allocate(16).unwrap();
     w.copy_from_slice(&pattern(16, 9));

@@ -2,6 +2,7 @@
 //! [`Completion`], which hands a request's buffers back.
 
 use std::fmt;
+use std::mem::ManuallyDrop;
 
 use ibverbs_sys as ffi;
 
@@ -227,14 +228,28 @@ impl fmt::Debug for WorkCompletion {
 #[derive(Default)]
 pub struct Completion {
     wc: WorkCompletion,
-    bufs: [Option<LocalBuf>; MAX_SGE],
+    /// Dropped (by [`clear`](Self::clear) and by the entry's drop) only when `holds` says
+    /// buffers came in: an entry that never got any is dropped without looking at them.
+    bufs: ManuallyDrop<[Option<LocalBuf>; MAX_SGE]>,
     tracked: bool,
     /// Whether buffers were moved into `bufs` since the last [`clear`](Self::clear) (the
-    /// caller may have taken some since): an entry that never got any is cleared without
-    /// looking at them.
+    /// caller may have taken some since); when it is `false` every entry is `None`: buffers
+    /// come in only with it set (a slot's, taken by a poll).
     holds: bool,
     /// The completion timestamp, from an extended CQ that asked for it.
     ts: Option<u64>,
+}
+
+impl Drop for Completion {
+    /// Drops the buffers not taken by the caller, if any came in (`holds`): as
+    /// [`clear`](Self::clear), an entry that never got buffers is dropped without looking at
+    /// them. As any array's, the other entries are still dropped if one's drop unwinds.
+    fn drop(&mut self) {
+        if self.holds {
+            // SAFETY: dropped once, here, and never used again (the entry is being dropped).
+            unsafe { ManuallyDrop::drop(&mut self.bufs) };
+        }
+    }
 }
 
 impl Completion {
@@ -243,9 +258,12 @@ impl Completion {
     pub(crate) fn clear(&mut self) {
         self.ts = None;
         self.tracked = false;
-        // Only an entry that got buffers can hold some.
-        if std::mem::take(&mut self.holds) {
+        // Only an entry that got buffers can hold some. `holds` stays set until every one
+        // was dropped: should a drop unwind, the next clear (or the entry's drop) drops the
+        // others, each once (the one that unwound was taken out first).
+        if self.holds {
             self.drop_bufs();
+            self.holds = false;
         }
     }
 
@@ -254,7 +272,7 @@ impl Completion {
     /// polls that find nothing.
     #[inline(never)]
     fn drop_bufs(&mut self) {
-        for b in &mut self.bufs {
+        for b in self.bufs.iter_mut() {
             // One at a time: a panicking drop leaves the others in place, each dropped once.
             // Entries come compact from the slot, but the caller may have taken any of them:
             // every one is looked at.
@@ -262,6 +280,35 @@ impl Completion {
                 drop(b.take());
             }
         }
+    }
+
+    /// Moves a slot's buffers into this cleared entry (every entry `None`), which then holds
+    /// them: entries in SGE order, up to the first empty one (a slot's are compact), so that a
+    /// one-buffer slot moves one entry. Returns whether the slot held any.
+    ///
+    /// # Safety
+    /// `slot_bufs` points to a slot's initialised buffers (in the sense of `SlotBufs`), which
+    /// this moves out: the caller does not drop or read them again.
+    #[inline(always)]
+    unsafe fn take_slot_bufs(bufs: &mut [Option<LocalBuf>; MAX_SGE], slot_bufs: *const SlotBufs) -> bool {
+        // SAFETY: entry 0 is initialised (the caller's contract and the invariant).
+        if unsafe { !SlotBufs::first_is_some(slot_bufs) } {
+            return false;
+        }
+        // Every entry is initialised when the first holds a buffer (SlotBufs); MaybeUninit<T>
+        // is laid out as T.
+        let src = slot_bufs.cast::<Option<LocalBuf>>();
+        let mut k = 0;
+        while k < MAX_SGE {
+            // SAFETY: entry k is initialised (above) and read once, moved out.
+            let Some(buf) = (unsafe { src.add(k).read() }) else { break };
+            // The entry was `None` (cleared): writing over it drops nothing.
+            // SAFETY: k < MAX_SGE, in bounds of `bufs`.
+            unsafe { std::ptr::write(bufs.as_mut_ptr().add(k), Some(buf)) };
+            k += 1;
+        }
+        // The entries after the first empty one are empty too (compact): nothing left to move.
+        true
     }
 
     /// Fills a cleared entry from a polled work completion, taking the request's slot.
@@ -302,7 +349,7 @@ impl Completion {
             // SAFETY: the caller's contract.
             return unsafe { self.fill_srq(registry) };
         }
-        let (wc_out, bufs) = (&mut self.wc, &mut self.bufs);
+        let (wc_out, bufs) = (&mut self.wc, &mut *self.bufs);
         // SAFETY: the consumer (contract).
         let Some(ring) = (unsafe { registry.lookup(wr_id) }) else { return };
         let take = |slot: *mut Slot| {
@@ -313,13 +360,7 @@ impl Completion {
                 wc_out.0.wr_id = (*slot).wr_id;
                 // A slot's entries are compact: an empty first one means an empty slot (a
                 // prepared post's), and the cleared entry already holds nothing.
-                let slot_bufs = std::ptr::addr_of!((*slot).bufs);
-                let holds = SlotBufs::first_is_some(slot_bufs);
-                if holds {
-                    // Every entry is initialised when the first holds a buffer (SlotBufs);
-                    // MaybeUninit<T> is laid out as T.
-                    std::ptr::copy_nonoverlapping(slot_bufs.cast::<[Option<LocalBuf>; MAX_SGE]>(), bufs, 1);
-                }
+                let holds = Self::take_slot_bufs(bufs, std::ptr::addr_of!((*slot).bufs));
                 (holds, std::ptr::read(std::ptr::addr_of!((*slot)._ah)))
             }
         };
@@ -357,7 +398,7 @@ impl Completion {
         }
         // SAFETY: the consumer (contract).
         let Some(ring) = (unsafe { registry.lookup(wr_id) }) else { return false };
-        let (wc_out, bufs) = (&mut self.wc, &mut self.bufs);
+        let (wc_out, bufs) = (&mut self.wc, &mut *self.bufs);
         let take = |slot: *mut Slot| {
             // SAFETY: `slot` points to the initialised slot, ours until we return. A slot with an
             // address handle is declined before anything is read out of it; otherwise each
@@ -368,14 +409,7 @@ impl Completion {
                     return None;
                 }
                 wc_out.0.wr_id = (*slot).wr_id;
-                let slot_bufs = std::ptr::addr_of!((*slot).bufs);
-                let holds = SlotBufs::first_is_some(slot_bufs);
-                if holds {
-                    // Every entry is initialised when the first holds a buffer (SlotBufs);
-                    // MaybeUninit<T> is laid out as T.
-                    std::ptr::copy_nonoverlapping(slot_bufs.cast::<[Option<LocalBuf>; MAX_SGE]>(), bufs, 1);
-                }
-                Some(holds)
+                Some(Self::take_slot_bufs(bufs, std::ptr::addr_of!((*slot).bufs)))
             }
         };
         // SAFETY: the consumer (contract); `take` moves every field that needs dropping out
@@ -404,7 +438,7 @@ impl Completion {
         if let Some(slot) = slot {
             self.wc.0.wr_id = slot.wr_id;
             // The entry was cleared: the buffers replaced are all `None`, nothing to drop.
-            std::mem::forget(std::mem::replace(&mut self.bufs, slot.bufs.into_array()));
+            std::mem::forget(std::mem::replace(&mut *self.bufs, slot.bufs.into_array()));
             self.tracked = true;
             self.holds = true;
         }
