@@ -14,7 +14,8 @@
 # C, of the runs' medians ("med": the median round trip's half, the median 50-write chunk's
 # rate; robust to other load on the machine) and of their means ("mean": the total time over
 # the iterations); then `MEDIAN` lines: the median of each ratio over the rounds, its range,
-# and how many rounds were above 1 (for latency: slower than C; for bandwidth: faster).
+# and how many rounds were above 1 (for latency: slower than C; for bandwidth: faster); then
+# `QUARTILE` lines: the ratio of each program's quartile of its runs' medians to C's (below).
 set -u
 ex=${1:-${TARGET_DIR:-target}/release/examples}
 rounds=${ROUNDS:-10}
@@ -102,6 +103,27 @@ for mode in $modes; do
                     END { if (NR == 0) exit; med = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
                           printf "MEDIAN %s %s %s/c=%.3f min=%.3f max=%.3f rounds=%d above=%d\n", m, st, l, med, v[1], v[NR], NR, above + 0 }'
         done
+    done
+done
+
+# The same ratios from each program's quartile over the rounds: the lower quartile of its runs'
+# medians for latency, the upper one for bandwidth (the host's slow phases only add time). On a
+# host whose speed flips between runs (seen: 23 and 40 us round trips minutes apart), a round's
+# three runs may fall in different phases and its ratio with them; the quartiles compare the
+# programs in the same, fast phase.
+for mode in $modes; do
+    cq=""
+    for kind in c $others; do
+        case $kind in cspin | ctouch | cmemcpy) [ "$mode" != lat ] && continue ;; esac
+        [ -s "$tmp/$mode.$kind" ] || continue
+        q=$(sort -n "$tmp/$mode.$kind" | awk -v m="$mode" '{ v[NR] = $1 }
+            END { k = int((NR + 3) / 4); if (m == "bw") k = NR + 1 - k; print v[k] }')
+        if [ "$kind" = c ]; then
+            cq=$q
+            continue
+        fi
+        [ -n "$cq" ] && awk -v m="$mode" -v k="$kind" -v v="$q" -v c="$cq" 'BEGIN {
+            printf "QUARTILE %s med %s/c=%.3f %s=%s c=%s\n", m, k, v / c, k, v, c }'
     done
 done
 exit $status

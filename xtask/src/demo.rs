@@ -95,8 +95,8 @@ pub const BENCH: &[(&str, &str)] = &[
         r#"b=$(ls -t "$TARGET_DIR"/release/deps/post_poll-* | grep -v '\.d$' | head -n 1) && "$b""#,
     ),
     (
-        "the new user's program (issue 46): C vs the safe one-shot level vs the unsafe level, 10 alternating rounds (send latency, write bandwidth)",
-        r#"sh examples/perf/newuser.sh "$TARGET_DIR/release/examples""#,
+        "the new user's program (issue 46): C vs the safe one-shot level vs the unsafe level, 20 alternating rounds (send latency, write bandwidth)",
+        r#"ROUNDS=20 LAT_ITERS=5000 BW_ITERS=1000 sh examples/perf/newuser.sh "$TARGET_DIR/release/examples""#,
     ),
 ];
 

@@ -106,7 +106,7 @@ Commands:
         64 KiB, where the safe level's targets are; 2 elsewhere), then our --safe --ex write_lat,
         send_lat and write_bw against perftest's, the post/poll micro-benchmark (safe level vs
         unsafe level vs raw ffi), the new user's program in C against ours at the safe one-shot
-        and unsafe levels (examples/perf/newuser.sh, 10 alternating rounds), and the post/poll
+        and unsafe levels (examples/perf/newuser.sh, 20 alternating rounds), and the post/poll
         benchmark's instruction counts under callgrind (per WR, post and
         poll, ours and the provider's; a table, and target/xtask-bench/callgrind.json) and poll's
         per completion by batch size 1-32 (a table, the same JSON, docs/bench/poll_batch.svg).
