@@ -251,23 +251,24 @@ pub(crate) unsafe fn post_light_one(
 
 /// Posts a receive request whose only entry is `entry` (taken by reference: the request is not
 /// moved on the post path), with `sge` its scatter/gather entry: [`post_one`]'s work for the
-/// common one-buffer receive, without the request's other entries. On error the entry keeps
-/// its buffer (unless the provider queued the request: [`Error::QueuedWithError`]).
+/// common one-buffer receive, without the request's other entries. On error the entry comes
+/// back with its buffer (unless the provider queued the request: [`Error::QueuedWithError`]).
 ///
 /// # Safety
 /// `qp` is a live queue pair whose receive queue is `ring` (its producer is the caller) and
 /// whose provider call is `post`; the request passed every check of the general path
 /// (`QueuePair::check_recv`) as a request whose only entry is `entry`, and `sge` is that
 /// entry's [`Local::sge`].
+#[allow(clippy::result_large_err)] // the entry comes back by value: inlined, no allocation
 #[inline(always)]
 pub(crate) unsafe fn post_recv_single(
     qp: *mut ffi::ibv_qp,
     ring: &Ring<Slot>,
     post: Option<RawPost<ffi::ibv_recv_wr>>,
-    entry: &mut Option<Local>,
+    entry: Option<Local>,
     wr_id: u64,
     sge: ffi::ibv_sge,
-) -> Result<()> {
+) -> SingleResult {
     let raw = |device_wr_id, sg_list| ffi::ibv_recv_wr {
         wr_id: device_wr_id,
         next: std::ptr::null_mut(),
@@ -280,8 +281,8 @@ pub(crate) unsafe fn post_recv_single(
 
 /// Posts a send request whose only local buffer is `entry`, with `raw` its filled work request
 /// (its `sg_list` names `sge`, written here): [`post_one`]'s work for the common one-buffer
-/// Send or RDMA Write, without the request's other fields. On error the entry keeps its buffer
-/// (unless the provider queued the request: [`Error::QueuedWithError`]).
+/// Send or RDMA Write, without the request's other fields. On error the entry comes back with
+/// its buffer (unless the provider queued the request: [`Error::QueuedWithError`]).
 ///
 /// # Safety
 /// `qp` is a live queue pair whose send queue is `ring` (its producer is the caller) and whose
@@ -290,16 +291,17 @@ pub(crate) unsafe fn post_recv_single(
 /// else until its completion (no window, no address handle); `raw` is that request's work
 /// request as [`SendRequest::fill`] writes it, but for `wr_id`, `next` and `sg_list`, and
 /// `sge` is the entry's [`Local::sge`].
+#[allow(clippy::result_large_err)] // the entry comes back by value: inlined, no allocation
 #[inline(always)]
 pub(crate) unsafe fn post_send_single(
     qp: *mut ffi::ibv_qp,
     ring: &Ring<Slot>,
     post: Option<RawPost<ffi::ibv_send_wr>>,
-    entry: &mut Option<Local>,
+    entry: Option<Local>,
     wr_id: u64,
     mut raw: ffi::ibv_send_wr,
     sge: ffi::ibv_sge,
-) -> Result<()> {
+) -> SingleResult {
     let raw = move |device_wr_id, sg_list| {
         raw.wr_id = device_wr_id;
         raw.next = std::ptr::null_mut();
@@ -313,7 +315,8 @@ pub(crate) unsafe fn post_send_single(
 
 /// The work of [`post_recv_single`] and [`post_send_single`]: the work request `raw` builds
 /// (from the ring position's device `wr_id` and a pointer to `sge`, its only entry) is posted
-/// with a slot that holds `entry`'s buffer and the caller's `wr_id`.
+/// with a slot that holds `entry`'s buffer and the caller's `wr_id`. The entry is taken by
+/// value and comes back only with an error, so that it need not live in memory on the way.
 ///
 /// # Safety
 /// `qp` is a live queue pair whose work queue of `W` is `ring` (its producer is the caller)
@@ -321,6 +324,7 @@ pub(crate) unsafe fn post_send_single(
 /// path as a request whose only entry is `entry` and that holds nothing else until its
 /// completion; `sge` is the entry's [`Local::sge`], and `raw` builds that request's work
 /// request, naming the device `wr_id` and the SGE pointer it gets and nothing else to hold.
+#[allow(clippy::result_large_err)] // the entry comes back by value: inlined, no allocation
 #[inline(always)]
 #[allow(clippy::too_many_arguments)] // the single posts' state, passed as it lies
 unsafe fn post_single<W>(
@@ -328,19 +332,19 @@ unsafe fn post_single<W>(
     qp: *mut ffi::ibv_qp,
     ring: &Ring<Slot>,
     post: Option<RawPost<W>>,
-    entry: &mut Option<Local>,
+    entry: Option<Local>,
     wr_id: u64,
     mut sge: ffi::ibv_sge,
     raw: impl FnOnce(u64, *mut ffi::ibv_sge) -> W,
-) -> Result<()> {
+) -> SingleResult {
     let (head, free) = ring.producer_state();
     if free == 0 {
-        return Err(Error::QueueFull { verb, capacity: ring.capacity() });
+        return Err((Error::QueueFull { verb, capacity: ring.capacity() }, entry));
     }
     let mut raw = raw(ring.device_wr_id(head), &mut sge);
     // Publish the slot before posting: the completion may be polled before the post returns.
     // SAFETY: we are the producer (contract) and `head` is free (free > 0).
-    unsafe { write_single_slot(ring, head, wr_id, entry) };
+    unsafe { write_single_slot(ring, head, wr_id, entry.map(Local::into_buf)) };
     ring.set_head(head.wrapping_add(1));
     let mut bad = std::ptr::null_mut();
     let ret = match post {
@@ -353,20 +357,19 @@ unsafe fn post_single<W>(
         }
     };
     if ret != 0 {
-        return Err(single_refused(verb, ring, head, ret, std::ptr::addr_of!(raw), bad, entry, &sge));
+        return Err(single_refused(verb, ring, head, ret, std::ptr::addr_of!(raw), bad, &sge));
     }
     Ok(())
 }
 
-/// Writes the slot at `pos` for a request whose only buffer is `entry`'s, moved in where the
-/// slot lies (no `Slot` built and copied): the caller's `wr_id`, no address handle, the buffer
-/// in entry 0 and the other entries empty.
+/// Writes the slot at `pos` for a request whose only buffer is `buf`, moved in where the slot
+/// lies (no `Slot` built and copied): the caller's `wr_id`, no address handle, the buffer in
+/// entry 0 and the other entries empty.
 ///
 /// # Safety
 /// As [`Ring::write_in_place`]: the producer, for a free position.
 #[inline(always)]
-unsafe fn write_single_slot(ring: &Ring<Slot>, pos: u32, wr_id: u64, entry: &mut Option<Local>) {
-    let buf = entry.take().map(Local::into_buf);
+unsafe fn write_single_slot(ring: &Ring<Slot>, pos: u32, wr_id: u64, buf: Option<LocalBuf>) {
     let init = |slot: *mut Slot| {
         // SAFETY: `slot` points to the free slot (uninitialised, ours alone); every field and
         // every buffer entry is written exactly once, so the slot's buffers are all initialised
@@ -389,8 +392,8 @@ unsafe fn write_single_slot(ring: &Ring<Slot>, pos: u32, wr_id: u64, entry: &mut
 
 /// A single post of one buffer ([`post_recv_single`], [`post_send_single`]) that the provider
 /// refused (`ret`, `bad`): unless it queued the request anyway (see
-/// [`Error::QueuedWithError`]: the slot stays published), withdraws the slot at `head` and puts
-/// its buffer back in `entry` over the range `sge` named. Out of line: only failures get here.
+/// [`Error::QueuedWithError`]: the slot stays published), withdraws the slot at `head` and gives
+/// its buffer back as the entry over the range `sge` named. Out of line: only failures get here.
 #[cold]
 #[inline(never)]
 #[allow(clippy::too_many_arguments)] // the single posts' state, passed as it lies
@@ -401,23 +404,27 @@ fn single_refused<W>(
     ret: i32,
     raw: *const W,
     bad: *const W,
-    entry: &mut Option<Local>,
     sge: &ffi::ibv_sge,
-) -> Error {
+) -> (Error, Option<Local>) {
     let (posted, error) = Error::from_post(verb, ret, raw, 1, bad);
-    if posted == 0 {
-        ring.set_head(head);
-        // SAFETY: the producer withdrew `head`; the provider named it as not posted.
-        let slot = unsafe { ring.take_back(head) };
-        let [first, ..] = slot.bufs.into_array();
-        if let Some(buf) = first {
-            // The SGE was built from this buffer: addr lies in it.
-            let offset = sge.addr.wrapping_sub(buf.device_start()) as usize;
-            *entry = Some(Local { buf, offset, len: sge.length });
-        }
+    if posted != 0 {
+        return (error, None);
     }
-    error
+    ring.set_head(head);
+    // SAFETY: the producer withdrew `head`; the provider named it as not posted.
+    let slot = unsafe { ring.take_back(head) };
+    let [first, ..] = slot.bufs.into_array();
+    // The SGE was built from this buffer: addr lies in it.
+    let entry = first.map(|buf| {
+        let offset = sge.addr.wrapping_sub(buf.device_start()) as usize;
+        Local { buf, offset, len: sge.length }
+    });
+    (error, entry)
 }
+
+/// What a one-entry post ([`post_recv_single`], [`post_send_single`]) returns: on error, the
+/// error and the entry with its buffer (`None` when the provider queued the request).
+pub(crate) type SingleResult = std::result::Result<(), (Error, Option<Local>)>;
 
 /// The ring position the first of a batch of `n` requests gets, when the ring has `n` free slots
 /// and the scratch arrays (`scratch` entries each) hold `n` requests; else [`Error::QueueFull`].
@@ -1116,16 +1123,23 @@ mod tests {
         let [recv, send] = reg.register([(4, true), (4, false)]).unwrap();
         let qp = std::ptr::null_mut();
         let sge = |length| ffi::ibv_sge { addr: 0x1000, length, lkey: 3 };
-        let mut entry: Option<Local> = None;
-        let recv_post = |post, entry: &mut Option<Local>, wr_id, sge| {
+        // The entry holds no buffer (that takes a device); an error hands it back as it came.
+        let recv_post = |post, _: &mut Option<Local>, wr_id, sge| {
             // SAFETY: no queue pair behind it (the providers ignore it); the test is the ring's
             // only producer; the entry holds no buffer, nothing to check.
-            unsafe { post_recv_single(qp, &recv, post, entry, wr_id, sge) }
+            unsafe { post_recv_single(qp, &recv, post, None, wr_id, sge) }.map_err(|(e, entry)| {
+                assert!(entry.is_none());
+                e
+            })
         };
-        let send_post = |post, entry: &mut Option<Local>, wr_id, raw, sge| {
+        let send_post = |post, _: &mut Option<Local>, wr_id, raw, sge| {
             // SAFETY: as above, for the send ring.
-            unsafe { post_send_single(qp, &send, post, entry, wr_id, raw, sge) }
+            unsafe { post_send_single(qp, &send, post, None, wr_id, raw, sge) }.map_err(|(e, entry)| {
+                assert!(entry.is_none());
+                e
+            })
         };
+        let mut entry: Option<Local> = None;
         recv_post(Some(reading_recv), &mut entry, 7, sge(8)).unwrap();
         assert_eq!(recv.outstanding(), 1);
         let e = recv_post(Some(reading_recv), &mut entry, 8, sge(5)).unwrap_err();

@@ -213,7 +213,7 @@ impl QueuePair {
         // its entry and fields read out, the request is forgotten and built again only if the
         // post fails, as for a light one.
         if let Some((raw, sge)) = self.single_send(&wr) {
-            let mut entry = wr.sges[0].take();
+            let entry = wr.sges[0].take();
             // No inline data, window, address handle or XRC SRQ (single_send), no other entry.
             let fields = wr.light();
             std::mem::forget(wr);
@@ -222,10 +222,9 @@ impl QueuePair {
             // `single_send` checked the request as `check_send` does (it holds no window or
             // address handle: nothing to bind) and wrote its work request and the SGE of its
             // only entry, now `entry`.
-            return match unsafe { post_send_single(qp, &self.send, post, &mut entry, fields.wr_id, raw, sge) }
-            {
+            return match unsafe { post_send_single(qp, &self.send, post, entry, fields.wr_id, raw, sge) } {
                 Ok(()) => Ok(()),
-                Err(error) => Err(PostError { error, request: fields.into_request_with(entry) }),
+                Err((error, entry)) => Err(PostError { error, request: fields.into_request_with(entry) }),
             };
         }
         self.post_send_general(wr)
@@ -442,15 +441,15 @@ impl QueuePair {
             // Its entry and `wr_id` read out, the request (which holds nothing else) is
             // forgotten and built again only if the post fails, so that a request built by the
             // caller need not be written to memory.
-            let (mut entry, wr_id) = (wr.sges[0].take(), wr.wr_id);
+            let (entry, wr_id) = (wr.sges[0].take(), wr.wr_id);
             std::mem::forget(wr);
             let (qp, post) = (self.raw.as_ptr(), self.post_recv_fn);
             // SAFETY: our live QP, its receive ring and provider call, `&mut self` held;
             // `single_recv_sge` checked the request as `check_recv` does and built the SGE of
             // its only entry, now `entry`.
-            return match unsafe { post_recv_single(qp, &self.recv, post, &mut entry, wr_id, sge) } {
+            return match unsafe { post_recv_single(qp, &self.recv, post, entry, wr_id, sge) } {
                 Ok(()) => Ok(()),
-                Err(error) => Err(PostError { error, request: RecvRequest::again(entry, wr_id) }),
+                Err((error, entry)) => Err(PostError { error, request: RecvRequest::again(entry, wr_id) }),
             };
         }
         self.post_recv_general(wr)
