@@ -241,9 +241,9 @@ pub struct Completion {
 }
 
 impl Drop for Completion {
-    /// Drops the buffers not taken by the caller, if any came in (`holds`): as
-    /// [`clear`](Self::clear), an entry that never got buffers is dropped without looking at
-    /// them. As any array's, the other entries are still dropped if one's drop unwinds.
+    /// Drops the buffers not taken by the caller, if any came in: an entry that never got
+    /// buffers is dropped without looking at them. As any array's, the other entries are still
+    /// dropped if one's drop unwinds.
     fn drop(&mut self) {
         if self.holds {
             // SAFETY: dropped once, here, and never used again (the entry is being dropped).
