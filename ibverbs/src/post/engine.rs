@@ -249,8 +249,8 @@ pub(crate) unsafe fn post_light_one(
     Ok(())
 }
 
-/// Posts a receive request whose only entry is `entry` (taken by reference: the request is not
-/// moved on the post path), with `sge` its scatter/gather entry: [`post_one`]'s work for the
+/// Posts a receive request whose only entry is `entry` (taken out of the request, which the
+/// caller forgets), with `sge` its scatter/gather entry: [`post_one`]'s work for the
 /// common one-buffer receive, without the request's other entries. On error the entry comes
 /// back with its buffer (unless the provider queued the request: [`Error::QueuedWithError`]).
 ///

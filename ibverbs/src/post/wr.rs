@@ -843,16 +843,20 @@ impl<'a> SendRequest<'a> {
     /// Also the fields of a one-entry request once its entry was taken out.
     #[inline(always)]
     pub(crate) fn light(&self) -> LightSend<'a> {
-        debug_assert!(self.sges.iter().all(Option::is_none) && self.window.is_none() && self.ud.is_none());
-        debug_assert!(self.xrc_srqn.is_none() && matches!(self.op, Op::Send | Op::Write(_)));
+        // Every field named: one added to `SendRequest` must be given a place here (or in
+        // the checks), or the rebuilt request would silently lose it.
+        let SendRequest { op, sges, inline, imm, wr_id, signaled, fence, solicited, ud, xrc_srqn, window } =
+            self;
+        debug_assert!(sges.iter().all(Option::is_none) && window.is_none() && ud.is_none());
+        debug_assert!(xrc_srqn.is_none() && matches!(op, Op::Send | Op::Write(_)));
         LightSend {
-            op: self.op,
-            inline: self.inline,
-            imm: self.imm,
-            wr_id: self.wr_id,
-            signaled: self.signaled,
-            fence: self.fence,
-            solicited: self.solicited,
+            op: *op,
+            inline: *inline,
+            imm: *imm,
+            wr_id: *wr_id,
+            signaled: *signaled,
+            fence: *fence,
+            solicited: *solicited,
         }
     }
 
