@@ -84,6 +84,10 @@ struct Args {
     /// The in-process comparison of the synchronous safe level and the async adaptor.
     #[arg(long)]
     bench: bool,
+    /// --bench: run only these paths (comma-separated: sync, events, busy, adaptive), e.g. to
+    /// profile one; the ratios are printed for the pairs that ran.
+    #[arg(long, value_name = "PATHS", value_delimiter = ',', requires = "bench")]
+    only: Vec<String>,
     /// Connect the queue pairs through RDMA-CM (as perftest's -R), the one way on iWARP: the
     /// server listens on an RDMA-CM port it sends in the TCP exchange, and the client connects to
     /// it at SERVER, which must then be an IP address of the server's RDMA port. Both sides must
@@ -731,31 +735,50 @@ fn bench(args: &Args) -> Result<(), String> {
         "async_rpc --bench: {} requests of {} B, {} in flight, one process over one device",
         args.requests, args.size, args.concurrency
     );
-    let sync = bench_sync(args)?;
-    report("sync safe (busy poll)", &sync);
-    let ev = bench_async(args, WaitPolicy::Events)?;
-    report("async events", &ev);
-    let busy = bench_async(args, WaitPolicy::BusyPoll)?;
-    report("async busy-poll", &busy);
+    const PATHS: [&str; 4] = ["sync", "events", "busy", "adaptive"];
+    if let Some(bad) = args.only.iter().find(|p| !PATHS.contains(&p.as_str())) {
+        return Err(format!("--only: no path {bad:?} (sync, events, busy, adaptive)"));
+    }
+    let runs = |p: &str| args.only.is_empty() || args.only.iter().any(|o| o == p);
     let policy = adaptive(args);
-    let adaptive = bench_async(args, policy)?;
-    report("async adaptive", &adaptive);
-    if let WaitPolicy::Adaptive { spin } = policy {
+    let mut got: Vec<(&str, Figures)> = Vec::new();
+    for (path, name) in
+        PATHS.into_iter().zip(["sync safe (busy poll)", "async events", "async busy-poll", "async adaptive"])
+    {
+        if !runs(path) {
+            continue;
+        }
+        let f = match path {
+            "sync" => bench_sync(args)?,
+            "events" => bench_async(args, WaitPolicy::Events)?,
+            "busy" => bench_async(args, WaitPolicy::BusyPoll)?,
+            _ => bench_async(args, policy)?,
+        };
+        report(name, &f);
+        got.push((name, f));
+    }
+    if let (true, WaitPolicy::Adaptive { spin }) = (runs("adaptive"), policy) {
         println!("bench (async adaptive: spin {} us)", spin.as_micros());
     }
-    for (name, f) in [("async events", &ev), ("async busy-poll", &busy), ("async adaptive", &adaptive)] {
+    let find = |name: &str| got.iter().find(|(n, _)| *n == name).map(|(_, f)| f);
+    let ratio = |name: &str, f: &Figures, base: &str, b: &Figures| {
         println!(
-            "bench ratio {name} / sync: req/s {:.2}, p50 latency {:.2}, p99 latency {:.2}, cpu per message {:.2}",
-            f.rate / sync.rate,
-            f.p50.as_secs_f64() / sync.p50.as_secs_f64(),
-            f.p99.as_secs_f64() / sync.p99.as_secs_f64(),
-            f.cpu_per_million / sync.cpu_per_million
+            "bench ratio {name} / {base}: req/s {:.2}, p50 latency {:.2}, p99 latency {:.2}, cpu per message {:.2}",
+            f.rate / b.rate,
+            f.p50.as_secs_f64() / b.p50.as_secs_f64(),
+            f.p99.as_secs_f64() / b.p99.as_secs_f64(),
+            f.cpu_per_million / b.cpu_per_million
         );
+    };
+    if let Some(sync) = find("sync safe (busy poll)") {
+        for name in ["async events", "async busy-poll", "async adaptive"] {
+            if let Some(f) = find(name) {
+                ratio(name, f, "sync", sync);
+            }
+        }
     }
-    println!(
-        "bench ratio async adaptive / async busy-poll: req/s {:.2}, cpu per message {:.2}",
-        adaptive.rate / busy.rate,
-        adaptive.cpu_per_million / busy.cpu_per_million
-    );
+    if let (Some(a), Some(b)) = (find("async adaptive"), find("async busy-poll")) {
+        ratio("async adaptive", a, "async busy-poll", b);
+    }
     Ok(())
 }

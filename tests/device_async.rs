@@ -776,6 +776,108 @@ fn a_forgotten_future_leaves_no_other_waiting_task_unwoken() {
     }));
 }
 
+/// Under the adaptive wait one operation per driver spins and the others sleep on the channel;
+/// the spinner kept aside (or forgotten) after its last poll leaves them the channel: the next
+/// completion raises an event, the reactor wakes the driver, which wakes every waiting task.
+#[test]
+fn a_kept_aside_spinner_leaves_the_sleeping_operations_to_the_channel() {
+    use std::future::Future as _;
+    use std::task::Poll;
+    let s = setup(1, 8);
+    let Setup { pd, channel, cq, mut qps, .. } = s;
+    let rt = rt_current();
+    rt.block_on(bounded("a kept-aside spinner", async {
+        let driver = Driver::tokio(cq, &channel).unwrap();
+        // The longest spin: were the others to wait for the spinner's window to close, they
+        // would wait for ever (a spinner kept aside never polls again).
+        driver.set_wait_policy(WaitPolicy::adaptive(WaitPolicy::MAX_SPIN));
+        let (a, b) = endpoints(&driver, std::mem::take(&mut qps)).pop().unwrap();
+        // The waiting task's receive is posted first (the message lands in it), the spinner's
+        // second; the spinner is polled first, so it is the one that spins.
+        let waiting = b.post_recv(RecvRequest::new(Local::whole(pd.allocate(64).unwrap())).wr_id(1)).unwrap();
+        let mut spinner =
+            Box::pin(b.post_recv(RecvRequest::new(Local::whole(pd.allocate(64).unwrap())).wr_id(2)).unwrap());
+        let pending = std::future::poll_fn(|cx| Poll::Ready(spinner.as_mut().poll(cx).is_pending())).await;
+        assert!(pending);
+        let waiter = tokio::spawn(waiting);
+        // The waiter is polled, finds the CQ empty while another spins, and sleeps.
+        tokio::task::yield_now().await;
+        KEPT_ASIDE.lock().unwrap().push(spinner);
+        drop(a.post_send(SendRequest::send_inline(&pattern(16, 5))).unwrap());
+        let c = waiter.await.unwrap().unwrap();
+        assert!(c.is_ok(), "{c:?}");
+        assert_eq!((c.wr_id(), c.byte_len()), (1, 16));
+        // The kept-aside receive is next in the queue: a message fills it (its completion waits
+        // in its slot), then the next wait spins again (the spinner that stopped is taken over)
+        // and completes.
+        drop(a.post_send(SendRequest::send_inline(&pattern(16, 7))).unwrap());
+        send_recv(&pd, &a, &b, &pattern(32, 6)).await;
+    }));
+}
+
+/// A future that counts its polls.
+struct Counted<F> {
+    inner: std::pin::Pin<Box<F>>,
+    polls: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl<F: std::future::Future> std::future::Future for Counted<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        self.polls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+/// Under the adaptive wait, of four tasks waiting on one driver one spins: over a quiet
+/// stretch it is polled again and again, the three others a few times at most; then every one
+/// gets its message.
+#[test]
+fn adaptive_wait_spins_one_task_of_many() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let s = setup(1, 8);
+    let Setup { pd, channel, cq, mut qps, .. } = s;
+    let rt = rt_current();
+    rt.block_on(bounded("one spinner of many", async {
+        let driver = Driver::tokio(cq, &channel).unwrap();
+        driver.set_wait_policy(WaitPolicy::adaptive(WaitPolicy::MAX_SPIN));
+        let (a, b) = endpoints(&driver, std::mem::take(&mut qps)).pop().unwrap();
+        let mut counts = Vec::new();
+        let mut tasks = Vec::new();
+        for i in 0..4u64 {
+            let op = b.post_recv(RecvRequest::new(Local::whole(pd.allocate(64).unwrap())).wr_id(i)).unwrap();
+            let polls = Arc::new(AtomicU32::new(0));
+            counts.push(polls.clone());
+            tasks.push(tokio::spawn(Counted { inner: Box::pin(op), polls }));
+        }
+        // A quiet stretch well within the spin (10 ms): the spinner spins through it.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let mut polls: Vec<u32> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        polls.sort_unstable();
+        assert!(
+            polls[3] >= 10,
+            "the spinner was polled {} times in 5 ms: it does not spin ({polls:?})",
+            polls[3]
+        );
+        assert!(polls[2] <= 3, "a second task was polled {} times: it spins too ({polls:?})", polls[2]);
+        for i in 0..4u8 {
+            drop(a.post_send(SendRequest::send_inline(&pattern(16, i))).unwrap());
+        }
+        let mut got = Vec::new();
+        for t in tasks {
+            let c = t.await.unwrap().unwrap();
+            assert!(c.is_ok(), "{c:?}");
+            assert_eq!(c.byte_len(), 16);
+            got.push(c.wr_id());
+        }
+        assert_eq!(got, [0, 1, 2, 3]);
+    }));
+}
+
 /// A queue pair replaced or reset through `with_qp` (even by a closure that panics afterwards)
 /// ends the operations waiting on it with an error instead of leaving their futures pending
 /// forever; a replacement on another CQ refuses posts until one on the driver's CQ is put back.

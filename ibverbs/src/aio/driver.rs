@@ -11,7 +11,7 @@ use std::task::{Context as TaskContext, Poll, Wake, Waker};
 
 use super::backend::Backend;
 use super::cq::CqCore;
-use super::wait::WaitPolicy;
+use super::wait::{Spinner, WaitPolicy};
 use crate::error::{Error, PostError, Result};
 use crate::memory::RemoteSlice;
 use crate::pd::ProtectionDomain;
@@ -57,6 +57,8 @@ struct State {
     batch: Box<[Completion]>,
     slots: Vec<Slot>,
     free: Vec<u32>,
+    /// The operation that spins under the adaptive wait (the others sleep).
+    spin: Spinner,
 }
 
 /// The top byte of every token: `wr_id`s of requests the driver did not post (the usual small
@@ -379,6 +381,7 @@ impl Driver {
             batch: (0..BATCH).map(|_| Completion::default()).collect(),
             slots: Vec::new(),
             free: Vec::new(),
+            spin: Spinner::default(),
         };
         Ok(Driver { shared: Shared::new(state) })
     }
@@ -579,7 +582,7 @@ impl Future for Op {
             let mut guard = self.shared.lock();
             let st = &mut *guard;
             let mut handled = 0;
-            loop {
+            let step = loop {
                 // Done?
                 match st.slot(tok).map(|s| &mut s.entry) {
                     Some(e @ Entry::Done(_)) => {
@@ -613,8 +616,8 @@ impl Future for Op {
                 // per `ibv_poll_cq()`: most polls of a waiting future find the CQ empty (its
                 // completion is not there yet), and the one-entry poll is the cheap one; a
                 // burst costs a provider call per completion (the loop comes back for the next).
-                let State { core, batch, .. } = st;
-                match core.poll_ready(cx, Some(&self.shared.reactor), &mut batch[..1]) {
+                let State { core, batch, spin, .. } = st;
+                match core.poll_ready(cx, Some(&self.shared.reactor), &mut batch[..1], Some((spin, tok))) {
                     Poll::Ready(Ok(n)) => {
                         handled += n;
                         st.dispatch(n, tok, &mut wake, &mut drop_later);
@@ -628,7 +631,12 @@ impl Future for Op {
                     }
                     Poll::Pending => break Step::Pending,
                 }
+            };
+            if !matches!(step, Step::Pending) {
+                // Resolved: if it spun, the next operation to find the CQ empty spins.
+                st.spin.release(tok);
             }
+            step
         };
         // Wake everyone handed a completion, this task included when another future of it
         // (e.g. a `select!` branch polled before this one) was among them (this operation's own
@@ -702,6 +710,7 @@ impl Drop for Op {
         }
         let done = {
             let mut st = self.shared.lock();
+            st.spin.release(self.tok);
             match st.slot(self.tok).map(|s| &mut s.entry) {
                 Some(e @ Entry::Waiting(..)) => {
                     *e = Entry::Abandoned;
