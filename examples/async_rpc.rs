@@ -730,29 +730,110 @@ fn bench_async(args: &Args, policy: WaitPolicy) -> Result<Figures, String> {
     })
 }
 
+/// The async adaptor in its plainest shape at one request in flight: one client task (post the
+/// reply's receive, send the request, await both) and one server task (await a request, post the
+/// next receive, send the reply), each side on its own driver with `policy`; no routing of
+/// replies to waiting tasks (`client`'s receivers and channels). `-c 1` only.
+fn bench_pingpong(args: &Args, policy: WaitPolicy) -> Result<Figures, String> {
+    let (n, size) = (args.requests, args.size);
+    let (c, s) = loopback(args)?;
+    let limit = Duration::from_secs(args.timeout);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let cd = Driver::tokio(c.cq, &c.channel).map_err(|e| e.to_string())?;
+        let sd = Driver::tokio(s.cq, &s.channel).map_err(|e| e.to_string())?;
+        cd.set_wait_policy(policy);
+        sd.set_wait_policy(policy);
+        let cep = AsyncQueuePair::new(c.qp, &cd).map_err(|(_, e)| e.to_string())?;
+        let sep = AsyncQueuePair::new(s.qp, &sd).map_err(|(_, e)| e.to_string())?;
+        let mut sbufs = pool(&s.pd, size, 2)?;
+        let (mut spare, first) =
+            (sbufs.pop().ok_or("the pool ran out")?, sbufs.pop().ok_or("the pool ran out")?);
+        let mut op = sep.post_recv(RecvRequest::new(Local::whole(first))).map_err(|e| e.error.to_string())?;
+        let (cpu0, t0) = (cpu_time(), Instant::now());
+        let srv = tokio::spawn(async move {
+            for _ in 0..n {
+                let mut c = op.await.map_err(|e| e.to_string())?;
+                check(&c, "a request")?;
+                let len = c.byte_len() as usize;
+                let req = c.take_chunk().ok_or("the request's buffer did not come back")?;
+                // The next receive before the reply (see `server`).
+                op = sep.post_recv(RecvRequest::new(Local::whole(spare))).map_err(|e| e.error.to_string())?;
+                let local = Local::new(req, 0..len).map_err(|e| e.to_string())?;
+                let mut r = sep.send(SendRequest::send(local)).await.map_err(|e| e.to_string())?;
+                check(&r, "a reply")?;
+                spare = r.take_chunk().ok_or("the reply's buffer did not come back")?;
+            }
+            Ok::<(), String>(())
+        });
+        let client = async {
+            let mut bufs = pool(&c.pd, size, 2)?;
+            let (mut sbuf, mut rbuf) =
+                (bufs.pop().ok_or("the pool ran out")?, bufs.pop().ok_or("the pool ran out")?);
+            let mut lat = Vec::with_capacity(n.min(1 << 20) as usize);
+            for seq in 0..n {
+                sbuf.as_mut_slice()[..8].copy_from_slice(&seq.to_le_bytes());
+                let t = Instant::now();
+                // The reply's receive first: it must be posted before the request can be answered.
+                let reply =
+                    cep.post_recv(RecvRequest::new(Local::whole(rbuf))).map_err(|e| e.error.to_string())?;
+                let mut sent =
+                    cep.send(SendRequest::send(Local::whole(sbuf))).await.map_err(|e| e.to_string())?;
+                check(&sent, "a request")?;
+                sbuf = sent.take_chunk().ok_or("the request's buffer did not come back")?;
+                let mut got = reply.await.map_err(|e| e.to_string())?;
+                check(&got, "a reply")?;
+                rbuf = got.take_chunk().ok_or("the reply's buffer did not come back")?;
+                let echoed = u64::from_le_bytes(rbuf.as_slice()[..8].try_into().unwrap());
+                if echoed != seq {
+                    return Err(format!("reply for request {echoed}, expected {seq}"));
+                }
+                lat.push(t.elapsed());
+            }
+            Ok::<_, String>(lat)
+        };
+        let lat = tokio::time::timeout(limit * 10, client)
+            .await
+            .map_err(|_| "async ping-pong: timed out".to_string())??;
+        let (wall, cpu) = (t0.elapsed(), cpu_time() - cpu0);
+        tokio::time::timeout(limit, srv)
+            .await
+            .map_err(|_| "async ping-pong: the server did not finish".to_string())?
+            .map_err(|e| e.to_string())??;
+        Ok(figures(n, wall, cpu, lat))
+    })
+}
+
 fn bench(args: &Args) -> Result<(), String> {
     println!(
         "async_rpc --bench: {} requests of {} B, {} in flight, one process over one device",
         args.requests, args.size, args.concurrency
     );
-    const PATHS: [&str; 4] = ["sync", "events", "busy", "adaptive"];
+    const PATHS: [&str; 5] = ["sync", "events", "busy", "adaptive", "pingpong"];
     if let Some(bad) = args.only.iter().find(|p| !PATHS.contains(&p.as_str())) {
-        return Err(format!("--only: no path {bad:?} (sync, events, busy, adaptive)"));
+        return Err(format!("--only: no path {bad:?} (sync, events, busy, adaptive, pingpong)"));
     }
     let runs = |p: &str| args.only.is_empty() || args.only.iter().any(|o| o == p);
     let policy = adaptive(args);
     let mut got: Vec<(&str, Figures)> = Vec::new();
-    for (path, name) in
-        PATHS.into_iter().zip(["sync safe (busy poll)", "async events", "async busy-poll", "async adaptive"])
-    {
-        if !runs(path) {
+    let names = [
+        "sync safe (busy poll)",
+        "async events",
+        "async busy-poll",
+        "async adaptive",
+        "async ping-pong adaptive",
+    ];
+    for (path, name) in PATHS.into_iter().zip(names) {
+        // The ping-pong keeps one request in flight by its shape.
+        if !runs(path) || (path == "pingpong" && args.concurrency != 1) {
             continue;
         }
         let f = match path {
             "sync" => bench_sync(args)?,
             "events" => bench_async(args, WaitPolicy::Events)?,
             "busy" => bench_async(args, WaitPolicy::BusyPoll)?,
-            _ => bench_async(args, policy)?,
+            "adaptive" => bench_async(args, policy)?,
+            _ => bench_pingpong(args, policy)?,
         };
         report(name, &f);
         got.push((name, f));
@@ -771,7 +852,7 @@ fn bench(args: &Args) -> Result<(), String> {
         );
     };
     if let Some(sync) = find("sync safe (busy poll)") {
-        for name in ["async events", "async busy-poll", "async adaptive"] {
+        for name in ["async events", "async busy-poll", "async adaptive", "async ping-pong adaptive"] {
             if let Some(f) = find(name) {
                 ratio(name, f, "sync", sync);
             }

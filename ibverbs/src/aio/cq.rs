@@ -7,7 +7,7 @@ use std::task::{Context as TaskContext, Poll};
 
 use super::backend::{reactor_error, Backend, Readiness};
 use super::seam::Seam;
-use super::wait::{Empty, SpinWindow, Spinner, WaitPolicy};
+use super::wait::{Empty, SpinWindow, WaitPolicy};
 use crate::error::{Error, Result};
 use crate::queue::{Completion, CompletionChannel, CompletionQueue};
 
@@ -17,8 +17,6 @@ pub(crate) struct CqCore {
     seam: Seam,
     io: Box<dyn Readiness>,
     armed: bool,
-    /// The channel events of this CQ drained so far (wrapping): the [`Spinner`]'s epoch.
-    epoch: u64,
     pub(super) wait: SpinWindow,
 }
 
@@ -37,7 +35,7 @@ impl CqCore {
         }
         let seam = Seam::new(channel);
         let io = backend.watch(seam.watched()).map_err(reactor_error)?;
-        Ok(CqCore { cq, seam, io, armed: false, epoch: 0, wait: SpinWindow::new(WaitPolicy::default()) })
+        Ok(CqCore { cq, seam, io, armed: false, wait: SpinWindow::new(WaitPolicy::default()) })
     }
 
     /// Polls without waiting (`ibv_poll_cq()`).
@@ -50,7 +48,6 @@ impl CqCore {
         while let Some(id) = self.seam.try_get_event()? {
             if id == self.cq.id() {
                 self.armed = false;
-                self.epoch = self.epoch.wrapping_add(1);
             }
         }
         Ok(())
@@ -58,15 +55,12 @@ impl CqCore {
 
     /// The whole sequence: `Ready(n)` with `n > 0` completions in `out[..n]`, or `Pending` with
     /// the reactor watching the channel for `reactor` (`cx`'s waker when `None`; busy polling
-    /// wakes `cx`'s task itself). `one`: the driver's [`Spinner`] and the polling operation's
-    /// token, under the adaptive wait one operation of many spins, the others sleep (`None`: a
-    /// single consumer, which spins as its policy says).
+    /// wakes `cx`'s task itself).
     pub(super) fn poll_ready(
         &mut self,
         cx: &mut TaskContext<'_>,
         reactor: Option<&std::task::Waker>,
         out: &mut [Completion],
-        mut one: Option<(&mut Spinner, u64)>,
     ) -> Poll<Result<usize>> {
         if out.is_empty() {
             return Poll::Ready(Ok(0));
@@ -85,21 +79,11 @@ impl CqCore {
             }
             if !asked {
                 asked = true;
-                // Under the adaptive wait, an operation that another one spins for sleeps (and
-                // does not count in the window).
-                let may_spin = match (&mut one, self.wait.policy()) {
-                    (Some((spinner, tok)), WaitPolicy::Adaptive { .. }) => spinner.may_spin(*tok, self.epoch),
-                    _ => true,
-                };
-                if may_spin && self.wait.empty(std::time::Instant::now) == Empty::Spin {
+                if self.wait.empty(std::time::Instant::now) == Empty::Spin {
                     // Busy polling (within the adaptive window, or for ever with `BusyPoll`):
                     // ask to be polled again at once; no arming, no wait.
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
-                }
-                if let Some((spinner, tok)) = &mut one {
-                    // Its window closed, or another spins: it sleeps.
-                    spinner.release(*tok);
                 }
             }
             if !self.armed {
@@ -208,7 +192,7 @@ impl AsyncCompletionQueue {
             self.pos += n;
             return Poll::Ready(Ok(n));
         }
-        self.core.poll_ready(cx, None, out, None)
+        self.core.poll_ready(cx, None, out)
     }
 
     /// Waits for at least one completion (`ibv_poll_cq()`, and `ibv_req_notify_cq()` +
@@ -237,7 +221,7 @@ impl AsyncCompletionQueue {
             self.pos = 0;
             self.len = 0;
             let AsyncCompletionQueue { core, batch, .. } = self;
-            match core.poll_ready(cx, None, batch, None) {
+            match core.poll_ready(cx, None, batch) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Ready(Ok(n)) => self.len = n,

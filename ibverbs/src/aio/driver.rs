@@ -11,7 +11,7 @@ use std::task::{Context as TaskContext, Poll, Wake, Waker};
 
 use super::backend::Backend;
 use super::cq::CqCore;
-use super::wait::{Spinner, WaitPolicy};
+use super::wait::WaitPolicy;
 use crate::error::{Error, PostError, Result};
 use crate::memory::RemoteSlice;
 use crate::pd::ProtectionDomain;
@@ -57,8 +57,6 @@ struct State {
     batch: Box<[Completion]>,
     slots: Vec<Slot>,
     free: Vec<u32>,
-    /// The operation that spins under the adaptive wait (the others sleep).
-    spin: Spinner,
 }
 
 /// The top byte of every token: `wr_id`s of requests the driver did not post (the usual small
@@ -101,42 +99,62 @@ impl State {
         std::mem::replace(&mut s.entry, Entry::Free)
     }
 
+    /// Takes the completion of `tok`'s slot and frees the slot, if the slot is live and done
+    /// (`None`, the slot untouched, otherwise). The completion is moved once, out of the slot.
+    #[inline]
+    fn take_done(&mut self, tok: u64) -> Option<Completion> {
+        let idx = (tok & 0xffff_ffff) as u32;
+        let s = self.slot(tok)?;
+        if !matches!(s.entry, Entry::Done(_)) {
+            return None;
+        }
+        let Entry::Done(c) = std::mem::replace(&mut s.entry, Entry::Free) else { return None };
+        s.gen = s.gen.wrapping_add(1);
+        self.free.push(idx);
+        Some(c)
+    }
+
     /// Hands the polled completions `batch[..n]` to their futures. Returns the wakers to wake
     /// (outside the lock) and the completions to drop (outside the lock too: dropping a buffer
     /// may run a caller's callback). The waker of operation `own` (the one being polled, which
     /// takes its completion in this very poll; `0`, no token, for none) is not woken.
     fn dispatch(&mut self, n: usize, own: u64, wake: &mut Wakers, drop_later: &mut Vec<Completion>) {
         for i in 0..n {
-            let mut c = std::mem::take(&mut self.batch[i]);
+            let c = &mut self.batch[i];
             if !c.is_tracked() {
                 // A stale completion of a dropped queue pair: nothing waits for it.
-                drop_later.push(c);
+                drop_later.push(std::mem::take(c));
                 continue;
             }
-            let tok = c.wr_id();
-            let Some(slot) = self.slot(tok).filter(|s| s.qp_num == c.qp_num()) else {
+            let (tok, qp_num) = (c.wr_id(), c.qp_num());
+            // Looked at in place: the completion (a few hundred bytes) is moved once, into the
+            // slot or to the drops.
+            let Some(slot) = self.slot(tok).filter(|s| s.qp_num == qp_num) else {
                 // Not one of the driver's operations: a request posted by other means (through
                 // `with_qp`, an SRQ's receive) whose `wr_id` happens to look like a token.
-                drop_later.push(c);
+                drop_later.push(std::mem::take(&mut self.batch[i]));
                 continue;
             };
-            match std::mem::replace(&mut slot.entry, Entry::Free) {
+            match &mut slot.entry {
                 Entry::Waiting(w, user) => {
+                    let (w, user) = (w.take(), *user);
+                    let c = &mut self.batch[i];
                     c.set_wr_id(user);
-                    slot.entry = Entry::Done(c);
+                    // Re-borrowed: `slot` and the batch are two fields of `self`.
+                    let idx = (tok & 0xffff_ffff) as usize;
+                    self.slots[idx].entry = Entry::Done(std::mem::take(c));
                     if tok != own {
                         wake.extend(w);
                     }
                 }
                 Entry::Abandoned => {
-                    drop_later.push(c);
+                    drop_later.push(std::mem::take(&mut self.batch[i]));
                     self.release(tok);
                 }
-                other => {
+                _ => {
                     // One completion per signaled request: a second can only be of a request
                     // posted by other means with this token as its wr_id. Keep what was there.
-                    slot.entry = other;
-                    drop_later.push(c);
+                    drop_later.push(std::mem::take(&mut self.batch[i]));
                 }
             }
         }
@@ -381,7 +399,6 @@ impl Driver {
             batch: (0..BATCH).map(|_| Completion::default()).collect(),
             slots: Vec::new(),
             free: Vec::new(),
-            spin: Spinner::default(),
         };
         Ok(Driver { shared: Shared::new(state) })
     }
@@ -582,13 +599,11 @@ impl Future for Op {
             let mut guard = self.shared.lock();
             let st = &mut *guard;
             let mut handled = 0;
-            let step = loop {
+            loop {
                 // Done?
                 match st.slot(tok).map(|s| &mut s.entry) {
-                    Some(e @ Entry::Done(_)) => {
-                        let Entry::Done(c) = std::mem::replace(e, Entry::Free) else { unreachable!() };
-                        st.release(tok);
-                        done = Some(c);
+                    Some(Entry::Done(_)) => {
+                        done = st.take_done(tok);
                         break Step::Done;
                     }
                     Some(Entry::Waiting(w, _)) => {
@@ -616,8 +631,8 @@ impl Future for Op {
                 // per `ibv_poll_cq()`: most polls of a waiting future find the CQ empty (its
                 // completion is not there yet), and the one-entry poll is the cheap one; a
                 // burst costs a provider call per completion (the loop comes back for the next).
-                let State { core, batch, spin, .. } = st;
-                match core.poll_ready(cx, Some(&self.shared.reactor), &mut batch[..1], Some((spin, tok))) {
+                let State { core, batch, .. } = st;
+                match core.poll_ready(cx, Some(&self.shared.reactor), &mut batch[..1]) {
                     Poll::Ready(Ok(n)) => {
                         handled += n;
                         st.dispatch(n, tok, &mut wake, &mut drop_later);
@@ -631,12 +646,7 @@ impl Future for Op {
                     }
                     Poll::Pending => break Step::Pending,
                 }
-            };
-            if !matches!(step, Step::Pending) {
-                // Resolved: if it spun, the next operation to find the CQ empty spins.
-                st.spin.release(tok);
             }
-            step
         };
         // Wake everyone handed a completion, this task included when another future of it
         // (e.g. a `select!` branch polled before this one) was among them (this operation's own
@@ -710,7 +720,6 @@ impl Drop for Op {
         }
         let done = {
             let mut st = self.shared.lock();
-            st.spin.release(self.tok);
             match st.slot(self.tok).map(|s| &mut s.entry) {
                 Some(e @ Entry::Waiting(..)) => {
                     *e = Entry::Abandoned;

@@ -159,78 +159,6 @@ impl SpinWindow {
     }
 }
 
-/// The one operation of a driver that spins in the adaptive wait (pure logic).
-///
-/// Every waiting task that busy polls costs its executor a task poll per round, and most of them
-/// only find the CQ empty: with several tasks waiting on one driver (a server's receives, a
-/// client's sender and receivers) the executor spent its time spinning them. Under
-/// [`WaitPolicy::Adaptive`] one operation per driver spins (the first to find the CQ empty while
-/// none does); any other that finds the CQ empty sleeps as on the event path: it arms the CQ
-/// (`ibv_req_notify_cq()`), polls again and waits in the reactor. The spinner hands each
-/// completion it polls to its operation and wakes that task, so the sleepers' completions reach
-/// them without an event; the armed CQ is their way out when the spinner stops: its future kept
-/// aside unpolled or forgotten, or its window closed. Then the next completion raises an event,
-/// the reactor wakes every waiting task, and one of them takes the completions. A spinner that
-/// made no poll between a sleeper's deferral and a later channel event is taken over (`epoch`
-/// counts the events drained), so a forgotten spinner slows its driver down only until the next
-/// event.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Spinner {
-    /// The token of the spinning operation.
-    who: Option<u64>,
-    /// The empty polls the spinners made (wrapping).
-    polls: u64,
-    /// `polls` and the event epoch when an operation last deferred to the spinner.
-    seen: Option<(u64, u64)>,
-}
-
-impl Spinner {
-    /// Operation `tok` found the CQ empty: whether it may spin (it is the spinner, or becomes it:
-    /// none spins, or the spinner made no poll since an operation deferred to it in an earlier
-    /// event `epoch`). `false`: it sleeps.
-    pub(crate) fn may_spin(&mut self, tok: u64, epoch: u64) -> bool {
-        match self.who {
-            Some(t) if t != tok => {
-                if matches!(self.seen, Some((p, e)) if p == self.polls && e != epoch) {
-                    // The spinner stopped (kept aside, forgotten): this one takes over.
-                    self.claim(tok);
-                    return true;
-                }
-                self.seen = Some((self.polls, epoch));
-                false
-            }
-            Some(_) => {
-                self.polls = self.polls.wrapping_add(1);
-                true
-            }
-            None => {
-                self.claim(tok);
-                true
-            }
-        }
-    }
-
-    fn claim(&mut self, tok: u64) {
-        self.who = Some(tok);
-        self.polls = self.polls.wrapping_add(1);
-        self.seen = None;
-    }
-
-    /// Operation `tok` stops spinning (its window closed, it completed, or its future was
-    /// dropped); no-op if it is not the spinner.
-    pub(crate) fn release(&mut self, tok: u64) {
-        if self.who == Some(tok) {
-            self.who = None;
-        }
-    }
-
-    /// The spinning operation's token.
-    #[cfg(test)]
-    pub(crate) fn who(&self) -> Option<u64> {
-        self.who
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,42 +250,5 @@ mod tests {
     #[test]
     fn the_default_is_adaptive_with_the_default_spin() {
         assert_eq!(WaitPolicy::default(), WaitPolicy::Adaptive { spin: WaitPolicy::DEFAULT_SPIN });
-    }
-
-    #[test]
-    fn one_operation_spins_the_others_defer_until_it_stops() {
-        let mut s = Spinner::default();
-        assert!(s.may_spin(1, 0), "the first to find the CQ empty spins");
-        assert!(s.may_spin(1, 0), "and goes on spinning");
-        assert!(!s.may_spin(2, 0), "another defers");
-        assert!(!s.may_spin(3, 0), "so does a third, in the same epoch");
-        assert!(s.may_spin(1, 0));
-        assert!(!s.may_spin(2, 1), "a spinner that polled since the deferral is kept at a new epoch");
-        assert_eq!(s.who(), Some(1));
-        // Releasing another's token changes nothing; the spinner's own frees the role.
-        s.release(2);
-        assert_eq!(s.who(), Some(1));
-        s.release(1);
-        assert_eq!(s.who(), None);
-        assert!(s.may_spin(3, 1), "the next to find the CQ empty takes the role");
-        assert!(!s.may_spin(1, 1));
-    }
-
-    #[test]
-    fn a_spinner_that_stopped_polling_is_taken_over_at_the_next_event() {
-        let mut s = Spinner::default();
-        assert!(s.may_spin(1, 0));
-        // Operation 1 is kept aside: it never polls again.
-        assert!(!s.may_spin(2, 0));
-        assert!(!s.may_spin(3, 0), "no event since: no takeover (the spinner may just not have run yet)");
-        assert!(s.may_spin(2, 1), "an event came and the spinner made no poll since: taken over");
-        assert_eq!(s.who(), Some(2));
-        assert!(!s.may_spin(1, 1), "the old spinner, polled again, defers");
-        assert!(s.may_spin(2, 1));
-        // The counters wrap without a panic.
-        let mut w = Spinner { who: Some(7), polls: u64::MAX, seen: None };
-        assert!(w.may_spin(7, 0));
-        assert!(!w.may_spin(8, 0));
-        assert!(w.may_spin(8, 1));
     }
 }
