@@ -52,8 +52,10 @@ pub struct Artifact {
 
 /// The crate features every build of the test suite enables (the async adaptor's backends: the
 /// device tests `device_async` and the example `async_rpc` require them; `mpi`: the collectives
-/// example's MPI bootstrap and its comparison with `MPI_Allreduce` in the two-host stage).
-pub const FEATURES: &str = "tokio,async-io,mpi";
+/// example's MPI bootstrap and its comparison with `MPI_Allreduce` in the two-host stage;
+/// `serde`: the host test `serde_roundtrip`, which then builds with everything else instead of
+/// in a build of its own).
+pub const FEATURES: &str = "tokio,async-io,mpi,serde";
 
 /// The test executables of `cargo test --workspace --no-run --features FEATURES` (building them).
 pub fn test_artifacts(root: &Path) -> Result<Vec<Artifact>, String> {

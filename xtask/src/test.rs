@@ -3,13 +3,13 @@
 //! 1. `cargo build --workspace --all-targets` and `cargo build --examples`, both with
 //!    `--features tokio,async-io` (the async adaptor's tests and example need them);
 //! 2. the host tests: `cargo test --workspace` without the device test binaries, then the doc tests;
-//! 3. the publish checks ([`publish`]) and the nightly passes ([`nightly`]): the doc tests again
-//!    with nightly rustdoc (which checks the error codes of `compile_fail,E....` doc tests) plus a
-//!    self-test proving it does, Miri over the library's unit tests (beside the others: its tests
-//!    run on one thread), and the ThreadSanitizer build of `tests/device_threads*.rs` and
-//!    `tests/device_async.rs`;
+//! 3. the ThreadSanitizer build of `tests/device_threads*.rs` and `tests/device_async.rs`; then,
+//!    beside the device job and at the lowest CPU priority ([`host_lane`]), the publish checks
+//!    ([`publish`]) and the nightly passes ([`nightly`]): the doc tests again with nightly rustdoc
+//!    (which checks the error codes of `compile_fail,E....` doc tests) plus a self-test proving it
+//!    does, and Miri over the library's unit tests;
 //! 4. in ONE VM boot, one binary after the other, each with `--test-threads=1` (but every other
-//!    valgrind run goes to a second VM, booted when the plain runs are done: [`split_valgrind`]):
+//!    valgrind runs go to a second VM, booted when the plain runs are done: [`split_valgrind`]):
 //!    - the device test binaries — the integration tests of the root package named `device_*`
 //!      (`tests/device_*.rs`);
 //!    - the same binaries under valgrind's memcheck ([`valgrind_argv`]: memory errors and definite
@@ -269,6 +269,16 @@ struct Summary {
 }
 
 impl Summary {
+    /// Appends the lines (and the unsupported features not already listed) of `other`.
+    fn absorb(&mut self, other: Summary) {
+        self.lines.extend(other.lines);
+        for u in other.unsupported {
+            if !self.unsupported.contains(&u) {
+                self.unsupported.push(u);
+            }
+        }
+    }
+
     /// Adds a line for something libtest counted (`code` is its exit status).
     fn counted(&mut self, what: impl Into<String>, code: i32, tally: Option<Tally>, note: impl Into<String>) {
         let mut tally = tally.unwrap_or_default();
@@ -351,6 +361,86 @@ impl Summary {
         }
         let total = self.total();
         let _ = writeln!(out, "{} passed, {} failed", total.passed, total.failed);
+    }
+}
+
+/// The host passes that run beside the device job, in a thread at the lowest CPU priority
+/// (`nice` 19, which the commands it starts inherit): Miri over the library's unit tests (in a
+/// thread of its own: its tests run on one thread), the publish checks, and the doc tests with
+/// nightly rustdoc and their self-test. Returns their summary lines.
+fn host_lane(
+    passes: Passes,
+    root: &Path,
+    target_dir: &Path,
+    toolchain: Option<Result<String, String>>,
+) -> Result<Summary, String> {
+    lowest_priority();
+    let started = Instant::now();
+    let mut summary = Summary::default();
+    let miri_job = match &toolchain {
+        Some(Ok(tc)) if passes.miri => {
+            eprintln!(
+                "xtask: ==== Miri: cargo +{tc} miri test -p rdma-verbs --lib (beside the device job; its output comes when it is done)"
+            );
+            let (tc, root) = (tc.clone(), root.to_path_buf());
+            Some(std::thread::spawn(move || nightly::miri(&tc, &root)))
+        }
+        _ => None,
+    };
+    if passes.publish {
+        publish_checks(root, target_dir, &mut summary)?;
+    }
+    if let (Some(toolchain), true) = (&toolchain, passes.nightly_doc) {
+        let what = "doc tests with nightly rustdoc (checks compile_fail codes)";
+        match toolchain {
+            Ok(tc) => {
+                let r = nightly::doc_tests(tc, root, target_dir)?;
+                summary.counted(what, r.code, parse_libtest(&r.stdout), r.note);
+                summary.took(r.elapsed);
+                let t = Instant::now();
+                let check = nightly::check_error_codes(tc, root);
+                interrupted()?;
+                if let Ok(record) = &check {
+                    eprintln!("xtask: self-test: rustdoc error codes ... ok ({record})");
+                }
+                summary.check(
+                    "self-test: nightly rustdoc fails a compile_fail doc test whose error code is wrong",
+                    check.map(|_| ()),
+                );
+                summary.took(t.elapsed());
+            }
+            Err(why) => summary.counted(what, -1, None, why.clone()),
+        }
+    }
+    if let (Some(toolchain), true) = (&toolchain, passes.miri) {
+        let what = "Miri: cargo +nightly miri test -p rdma-verbs --lib";
+        match (toolchain, miri_job) {
+            (Ok(_), Some(job)) => {
+                let (r, output) = job.join().map_err(|_| "the Miri pass's thread panicked".to_string())??;
+                eprintln!("xtask: ==== Miri's output ({:.0} s):", r.elapsed.as_secs_f64());
+                eprint!("{output}");
+                summary.counted(what, r.code, parse_libtest(&r.stdout), r.note);
+                summary.took(r.elapsed);
+            }
+            (Err(why), _) => summary.counted(what, -1, None, why.clone()),
+            (Ok(_), None) => summary.counted(what, -1, None, "not started"),
+        }
+    }
+    eprintln!(
+        "xtask: the host passes beside the device job took {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(summary)
+}
+
+/// Gives the calling thread (and the threads and processes it starts) the lowest CPU priority
+/// (`nice` 19: Linux keeps a nice value per thread). Best effort: a refusal leaves it as it was.
+fn lowest_priority() {
+    // SAFETY: gettid has no arguments and cannot fail; setpriority takes plain integers and
+    // changes only the scheduling priority of the calling thread.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 19);
     }
 }
 
@@ -438,19 +528,8 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
             "",
         );
         summary.took(t.elapsed());
-        // The `serde` feature's host test: every wire and configuration type to JSON and back.
-        let t = Instant::now();
-        let (code, tally) = cargo_test(
-            &root,
-            &["test".into(), "--features".into(), "serde".into(), "--test".into(), "serde_roundtrip".into()],
-        )?;
-        summary.counted(
-            "serde host test (cargo test --features serde --test serde_roundtrip)",
-            code,
-            tally,
-            "",
-        );
-        summary.took(t.elapsed());
+        // The `serde` feature's host test (every wire and configuration type to JSON and back)
+        // is one of the host tests above: `cargo::FEATURES` enables `serde`.
     }
     // The instruction-count gate's benchmarks (release build), run under callgrind in the
     // device job ([`crate::gate`]).
@@ -466,84 +545,34 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
     } else {
         false
     };
-    let nightly_start = Instant::now();
     let toolchain = passes.need_nightly().then(nightly::ensure);
     interrupted()?;
     if let Some(Err(why)) = &toolchain {
         eprintln!("xtask: error: {why}");
     }
-    // Miri runs beside the host passes that follow (publish checks, nightly doc tests, the
-    // ThreadSanitizer build): its tests run on one thread, which leaves the other CPU to them
-    // (CI: ~1 min less). Its output is kept and shown when it is done.
-    let miri_job = match &toolchain {
-        Some(Ok(tc)) if passes.miri => {
-            eprintln!(
-                "xtask: ==== Miri: cargo +{tc} miri test -p rdma-verbs --lib (beside the next passes; its output comes when it is done)"
-            );
-            let (tc, root) = (tc.clone(), root.clone());
-            Some(std::thread::spawn(move || nightly::miri(&tc, &root)))
-        }
-        _ => None,
-    };
-    if passes.publish {
-        publish_checks(&root, &target_dir, &mut summary)?;
-    }
-
+    // The ThreadSanitizer build first: the device job runs its binaries.
     let mut tsan = None;
-    if let Some(toolchain) = toolchain {
-        let t = nightly_start;
-        if passes.nightly_doc {
-            let what = "doc tests with nightly rustdoc (checks compile_fail codes)";
-            match &toolchain {
-                Ok(tc) => {
-                    let r = nightly::doc_tests(tc, &root, &target_dir)?;
-                    summary.counted(what, r.code, parse_libtest(&r.stdout), r.note);
-                    summary.took(r.elapsed);
-                    let t = Instant::now();
-                    let check = nightly::check_error_codes(tc, &root);
-                    interrupted()?;
-                    if let Ok(record) = &check {
-                        eprintln!("xtask: self-test: rustdoc error codes ... ok ({record})");
-                    }
-                    summary.check(
-                        "self-test: nightly rustdoc fails a compile_fail doc test whose error code is wrong",
-                        check.map(|_| ()),
-                    );
-                    summary.took(t.elapsed());
-                }
-                Err(why) => summary.counted(what, -1, None, why.clone()),
+    if let (Some(toolchain), true) = (&toolchain, passes.tsan) {
+        let what = "ThreadSanitizer build of tests/device_threads*.rs and tests/device_async.rs";
+        let built = toolchain.clone().and_then(|tc| nightly::build_tsan(&tc, &root, &target_dir));
+        interrupted()?;
+        match built {
+            Ok(b) => {
+                summary.check(what, Ok(()));
+                summary.took(b.elapsed);
+                tsan = Some(b);
             }
+            Err(why) => summary.check(what, Err(why)),
         }
-        if passes.tsan {
-            let what = "ThreadSanitizer build of tests/device_threads*.rs and tests/device_async.rs";
-            let built = toolchain.clone().and_then(|tc| nightly::build_tsan(&tc, &root, &target_dir));
-            interrupted()?;
-            match built {
-                Ok(b) => {
-                    summary.check(what, Ok(()));
-                    summary.took(b.elapsed);
-                    tsan = Some(b);
-                }
-                Err(why) => summary.check(what, Err(why)),
-            }
-        }
-        if passes.miri {
-            let what = "Miri: cargo +nightly miri test -p rdma-verbs --lib";
-            match (&toolchain, miri_job) {
-                (Ok(_), Some(job)) => {
-                    let (r, output) =
-                        job.join().map_err(|_| "the Miri pass's thread panicked".to_string())??;
-                    eprintln!("xtask: ==== Miri's output ({:.0} s):", r.elapsed.as_secs_f64());
-                    eprint!("{output}");
-                    summary.counted(what, r.code, parse_libtest(&r.stdout), r.note);
-                    summary.took(r.elapsed);
-                }
-                (Err(why), _) => summary.counted(what, -1, None, why.clone()),
-                (Ok(_), None) => summary.counted(what, -1, None, "not started"),
-            }
-        }
-        eprintln!("xtask: the publish checks and nightly passes took {:.0} s", t.elapsed().as_secs_f64());
     }
+    // The host passes nothing on the device needs (Miri, the publish checks, the nightly doc
+    // tests) run beside the device job, on the CPU time its VMs leave: at the lowest priority,
+    // so that a device test's timing (a plain run has one VM, which leaves a core idle) never
+    // competes with them ([`host_lane`]). Their lines join the summary when they are done.
+    let lane = {
+        let (root, target_dir, toolchain) = (root.clone(), target_dir.clone(), toolchain.clone());
+        std::thread::spawn(move || host_lane(passes, &root, &target_dir, toolchain))
+    };
 
     // The VM boots if something is to run there (not for a failed ThreadSanitizer build alone).
     if passes.plain || passes.valgrind || tsan.is_some() || gate {
@@ -583,6 +612,14 @@ pub fn run(opts: &TestOptions) -> Result<u8, String> {
         run_kernel2_stage(opts, &device, &mut summary);
         interrupted()?;
     }
+
+    let t = Instant::now();
+    match lane.join() {
+        Ok(Ok(lines)) => summary.absorb(lines),
+        Ok(Err(why)) => return Err(why),
+        Err(_) => summary.check("host passes beside the device job", Err("their thread panicked".into())),
+    }
+    eprintln!("xtask: waited {:.0} s for the host passes beside the device job", t.elapsed().as_secs_f64());
 
     summary.print();
     eprintln!("xtask: test took {:.0} s", start.elapsed().as_secs_f64());
@@ -1704,27 +1741,80 @@ fn run_status(code: i32) -> String {
 /// The prefix of the second valgrind VM's lines.
 const SIDE_TAG: &str = "[valgrind VM 2] ";
 
-/// Splits the device runs between the main VM and a second one: in the VM backend, every other
-/// valgrind run (in order) goes to the second VM. Memcheck runs a program's threads one at a time,
-/// so a valgrind run keeps one host core busy; two VMs use two (the valgrind pass was about half
-/// of a CI run). Each VM still runs one binary at a time on its own device. Nothing is split on
-/// a host's own device, whose tests must run one at a time, or for fewer than 2 valgrind runs.
+/// Seconds each device test binary took under valgrind in the VM (CI-like run of 2026-12-07,
+/// QEMU TCG on 2 cores), to split the valgrind runs between the two VMs ([`split_valgrind`]);
+/// a binary not listed counts as [`VALGRIND_UNKNOWN_SECS`]. Only the balance depends on them.
+const VALGRIND_SECS: [(&str, f64); 25] = [
+    ("device_async", 151.0),
+    ("device_core", 119.0),
+    ("device_cm", 118.0),
+    ("device_accounting", 117.0),
+    ("device_soundness", 107.0),
+    ("device_events", 94.0),
+    ("device_scope", 69.0),
+    ("device_ex", 68.0),
+    ("device_multi_qp", 67.0),
+    ("device_select", 66.0),
+    ("device_parity", 62.0),
+    ("device_soak", 61.0),
+    ("device_threads", 59.0),
+    ("device_alloc", 58.0),
+    ("device_pool", 58.0),
+    ("device_mw", 55.0),
+    ("device_threads_srq", 53.0),
+    ("device_caps", 52.0),
+    ("device_dmabuf", 50.0),
+    ("device_prepared", 48.0),
+    ("device_window_drops", 40.0),
+    ("device_srq", 40.0),
+    ("device_threads_split", 39.0),
+    ("device_mcast", 36.0),
+    ("device_qp_attrs", 31.0),
+];
+
+/// The weight of a valgrind run of a binary [`VALGRIND_SECS`] does not list.
+const VALGRIND_UNKNOWN_SECS: f64 = 60.0;
+
+/// The main VM's work after the valgrind runs, in seconds (ThreadSanitizer runs, the gate,
+/// self-tests): its head start in [`split_valgrind`]'s balance.
+const MAIN_TAIL_SECS: f64 = 80.0;
+
+/// Splits the device runs between the main VM and a second one: in the VM backend, the valgrind
+/// runs are shared out longest first ([`VALGRIND_SECS`]), each to the VM with less work so far
+/// (the main VM starting with its [`MAIN_TAIL_SECS`]), so that both end about together; each VM
+/// keeps the runs in their order. Memcheck runs a program's threads one at a time, so a valgrind
+/// run keeps one host core busy; two VMs use two (the valgrind pass was about half of a CI run).
+/// Each VM still runs one binary at a time on its own device. Nothing is split on a host's own
+/// device, whose tests must run one at a time, or for fewer than 2 valgrind runs.
 fn split_valgrind(runs: Vec<DeviceRun>, backend: &Backend) -> (Vec<DeviceRun>, Vec<DeviceRun>) {
     let valgrind = runs.iter().filter(|r| r.kind == Kind::Valgrind).count();
     if !matches!(backend, Backend::Vm { .. }) || valgrind < 2 {
         return (runs, Vec::new());
     }
-    let (mut main, mut side) = (Vec::new(), Vec::new());
-    let mut k = 0;
-    for run in runs {
-        if run.kind == Kind::Valgrind {
-            k += 1;
-            if k % 2 == 0 {
-                side.push(run);
-                continue;
-            }
+    let weight = |r: &DeviceRun| {
+        let name = r.what.split_whitespace().next().unwrap_or_default();
+        VALGRIND_SECS.iter().find(|(n, _)| *n == name).map_or(VALGRIND_UNKNOWN_SECS, |(_, s)| *s)
+    };
+    let mut order: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].kind == Kind::Valgrind).collect();
+    // Stable: equal weights keep the runs' order.
+    order.sort_by(|&a, &b| weight(&runs[b]).total_cmp(&weight(&runs[a])));
+    let mut to_side = vec![false; runs.len()];
+    let (mut main_load, mut side_load) = (MAIN_TAIL_SECS, 0.0);
+    for i in order {
+        if side_load < main_load {
+            side_load += weight(&runs[i]);
+            to_side[i] = true;
+        } else {
+            main_load += weight(&runs[i]);
         }
-        main.push(run);
+    }
+    let (mut main, mut side) = (Vec::new(), Vec::new());
+    for (run, side_run) in runs.into_iter().zip(to_side) {
+        if side_run {
+            side.push(run);
+        } else {
+            main.push(run);
+        }
     }
     (main, side)
 }
@@ -2260,7 +2350,7 @@ mod tests {
     }
 
     #[test]
-    fn every_other_valgrind_run_goes_to_a_second_vm_only_in_the_vm() {
+    fn valgrind_runs_are_balanced_over_a_second_vm_only_in_the_vm() {
         let run = |name: &str, kind| DeviceRun {
             what: name.into(),
             kind,
@@ -2283,9 +2373,20 @@ mod tests {
         };
         let names = |v: &[DeviceRun]| v.iter().map(|r| r.what.clone()).collect::<Vec<_>>();
         let vm = Backend::Vm { mtu: 1500, device: vm::VmDevice::Rxe };
+        // Unlisted binaries weigh the same: the second VM takes runs until it has more work
+        // than the main VM's tail.
         let (main, side) = split_valgrind(runs(), &vm);
-        assert_eq!(names(&main), ["a", "b", "a vg", "c vg", "t"]);
-        assert_eq!(names(&side), ["b vg"]);
+        assert_eq!(names(&main), ["a", "b", "c vg", "t"]);
+        assert_eq!(names(&side), ["a vg", "b vg"]);
+        // Longest first, each to the VM with less work: async (151) to the second VM, core (119)
+        // to the main one (80 + 119), cm (118) to the second (151 < 199), accounting to the main.
+        let heavy = ["device_accounting", "device_async", "device_cm", "device_core"]
+            .map(|n| run(&format!("{n} (valgrind)"), Kind::Valgrind))
+            .into_iter()
+            .collect();
+        let (main, side) = split_valgrind(heavy, &vm);
+        assert_eq!(names(&main), ["device_accounting (valgrind)", "device_core (valgrind)"]);
+        assert_eq!(names(&side), ["device_async (valgrind)", "device_cm (valgrind)"]);
         let host =
             Backend::Local(crate::prereq::HostDevice { name: "x0".into(), gid_index: None, ipv4: None });
         let (main, side) = split_valgrind(runs(), &host);
