@@ -426,10 +426,7 @@ fn host_lane(
             (Ok(_), None) => summary.counted(what, -1, None, "not started"),
         }
     }
-    eprintln!(
-        "xtask: the host passes beside the device job took {:.0} s",
-        started.elapsed().as_secs_f64()
-    );
+    eprintln!("xtask: the host passes beside the device job took {:.0} s", started.elapsed().as_secs_f64());
     Ok(summary)
 }
 
