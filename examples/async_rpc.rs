@@ -11,6 +11,10 @@
 //! (`MemoryRegion::into_chunks`): a receive or send takes a chunk, its completion hands it back
 //! (`Completion::take_chunk`), and no buffer is allocated or registered while requests run.
 //!
+//! `--sync` makes the client the synchronous safe level instead (one thread busy-polling the CQ,
+//! the same messages): run against the same server, it is the baseline the async client is
+//! compared with across two hosts.
+//!
 //! The queue pairs' addresses (and the run's parameters) are exchanged over TCP (`--port`). With
 //! `-R` the queue pairs connect through RDMA-CM instead (the one way on iWARP): the server
 //! listens on an RDMA-CM port it sends in that exchange, and the client connects to it at the
@@ -70,6 +74,10 @@ struct Args {
     /// Busy-poll the completion queue instead.
     #[arg(long, conflicts_with = "adaptive_us")]
     busy_poll: bool,
+    /// Client: the synchronous safe level instead of the async adaptor (one thread
+    /// busy-polling `CompletionQueue::poll`, the same messages), to compare with across hosts.
+    #[arg(long, conflicts_with_all = ["events", "busy_poll", "adaptive_us", "bench"], requires = "server")]
+    sync: bool,
     /// The adaptive wait's spin in microseconds (busy poll that long after the CQ ran dry, then
     /// sleep on the channel); without --events or --busy-poll the adaptive wait is used, with
     /// this spin or the library's default (WaitPolicy::DEFAULT_SPIN). --bench: the spin of its
@@ -362,6 +370,12 @@ fn run(args: &Args) -> Result<(), String> {
         common::net::write_all(&stream, &[1], until())
             .map_err(|e| format!("telling the client we are ready: {e:?}"))
     };
+    if args.sync {
+        let mut byte = [0u8];
+        common::net::read_exact_checked(&mut client_stream, &mut byte, until(), |_| Ok(()))
+            .map_err(|(_, f)| format!("waiting for the server to be ready: {f:?} (--timeout {} s)", args.timeout))?;
+        return sync_client(side, n, size, conc, Duration::from_secs(args.timeout));
+    }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     let policy = wait_policy(args);
     let mode = match policy {
@@ -609,6 +623,73 @@ async fn client(
         }
     }
     Ok(all)
+}
+
+/// `--sync`: the client on the synchronous safe level. One thread keeps `conc` requests in
+/// flight (the same messages as `client`: slot and sequence number in the first 16 bytes),
+/// busy-polling the CQ; prints the client's lines as the async client does.
+fn sync_client(mut side: Side, n: u64, size: u32, conc: u32, limit: Duration) -> Result<(), String> {
+    let conc = conc as usize;
+    // The replies' receives (as many as the async client keeps posted), and the staging buffers.
+    for buf in pool(&side.pd, size, conc as u32 + 2)? {
+        side.qp.post_recv(RecvRequest::new(Local::whole(buf))).map_err(|e| e.error.to_string())?;
+    }
+    let mut free: Vec<(u64, Chunk)> = (0..conc as u64).zip(pool(&side.pd, size, conc as u32)?).collect();
+    let mut started: Vec<Option<(u64, Instant)>> = vec![None; conc];
+    let mut lat = Vec::with_capacity(n.min(1 << 20) as usize);
+    let mut out: Vec<Completion> = (0..16).map(|_| Completion::default()).collect();
+    let (mut next, mut done) = (0u64, 0u64);
+    let (cpu0, t0) = (cpu_time(), Instant::now());
+    let mut last = Instant::now();
+    while done < n {
+        while next < n {
+            let Some((slot, mut m)) = free.pop() else { break };
+            m.as_mut_slice()[..8].copy_from_slice(&slot.to_le_bytes());
+            m.as_mut_slice()[8..16].copy_from_slice(&next.to_le_bytes());
+            started[slot as usize] = Some((next, Instant::now()));
+            side.qp.post_send(SendRequest::send(Local::whole(m)).wr_id(slot)).map_err(|e| e.error.to_string())?;
+            next += 1;
+        }
+        let got = side.cq.poll(&mut out).map_err(|e| e.to_string())?;
+        if !got.is_empty() {
+            last = Instant::now();
+        } else if last.elapsed() > limit {
+            return Err(format!("no completion within {} s (--timeout): {done} of {n} replies", limit.as_secs()));
+        }
+        for comp in got.iter_mut() {
+            check(comp, "a client completion")?;
+            let m = comp.take_chunk().ok_or("a completion without its buffer")?;
+            if comp.opcode() == ibverbs::WcOpcode::RECV {
+                let slot = u64::from_le_bytes(m.as_slice()[..8].try_into().unwrap());
+                let seq = u64::from_le_bytes(m.as_slice()[8..16].try_into().unwrap());
+                match started.get_mut(slot as usize).and_then(Option::take) {
+                    Some((want, t)) if want == seq => lat.push(t.elapsed()),
+                    other => return Err(format!("slot {slot}: reply for request {seq}, waiting for {other:?}")),
+                }
+                done += 1;
+                side.qp.post_recv(RecvRequest::new(Local::whole(m))).map_err(|e| e.error.to_string())?;
+            } else {
+                free.push((comp.wr_id(), m));
+            }
+        }
+    }
+    let (cpu, wall) = (cpu_time() - cpu0, t0.elapsed());
+    lat.sort_unstable();
+    let mode = "sync busy-poll";
+    println!(
+        "async_rpc client ({mode}): {n} requests of {size} B, {conc} in flight: {:.0} requests/s; latency p50 {:.1} us, p99 {:.1} us, p999 {:.1} us",
+        n as f64 / wall.as_secs_f64(),
+        us(percentile(&lat, 0.50)),
+        us(percentile(&lat, 0.99)),
+        us(percentile(&lat, 0.999)),
+    );
+    println!(
+        "async_rpc cpu ({mode}): {:.3} s user+sys over {:.3} s wall ({:.0}%)",
+        cpu.as_secs_f64(),
+        wall.as_secs_f64(),
+        100.0 * cpu.as_secs_f64() / wall.as_secs_f64()
+    );
+    Ok(())
 }
 
 // ---- --bench: the same load in one process, sync safe level against the async adaptor ----
