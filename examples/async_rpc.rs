@@ -372,8 +372,9 @@ fn run(args: &Args) -> Result<(), String> {
     };
     if args.sync {
         let mut byte = [0u8];
-        common::net::read_exact_checked(&mut client_stream, &mut byte, until(), |_| Ok(()))
-            .map_err(|(_, f)| format!("waiting for the server to be ready: {f:?} (--timeout {} s)", args.timeout))?;
+        common::net::read_exact_checked(&mut client_stream, &mut byte, until(), |_| Ok(())).map_err(
+            |(_, f)| format!("waiting for the server to be ready: {f:?} (--timeout {} s)", args.timeout),
+        )?;
         return sync_client(side, n, size, conc, Duration::from_secs(args.timeout));
     }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
@@ -647,14 +648,19 @@ fn sync_client(mut side: Side, n: u64, size: u32, conc: u32, limit: Duration) ->
             m.as_mut_slice()[..8].copy_from_slice(&slot.to_le_bytes());
             m.as_mut_slice()[8..16].copy_from_slice(&next.to_le_bytes());
             started[slot as usize] = Some((next, Instant::now()));
-            side.qp.post_send(SendRequest::send(Local::whole(m)).wr_id(slot)).map_err(|e| e.error.to_string())?;
+            side.qp
+                .post_send(SendRequest::send(Local::whole(m)).wr_id(slot))
+                .map_err(|e| e.error.to_string())?;
             next += 1;
         }
         let got = side.cq.poll(&mut out).map_err(|e| e.to_string())?;
         if !got.is_empty() {
             last = Instant::now();
         } else if last.elapsed() > limit {
-            return Err(format!("no completion within {} s (--timeout): {done} of {n} replies", limit.as_secs()));
+            return Err(format!(
+                "no completion within {} s (--timeout): {done} of {n} replies",
+                limit.as_secs()
+            ));
         }
         for comp in got.iter_mut() {
             check(comp, "a client completion")?;
@@ -664,7 +670,9 @@ fn sync_client(mut side: Side, n: u64, size: u32, conc: u32, limit: Duration) ->
                 let seq = u64::from_le_bytes(m.as_slice()[8..16].try_into().unwrap());
                 match started.get_mut(slot as usize).and_then(Option::take) {
                     Some((want, t)) if want == seq => lat.push(t.elapsed()),
-                    other => return Err(format!("slot {slot}: reply for request {seq}, waiting for {other:?}")),
+                    other => {
+                        return Err(format!("slot {slot}: reply for request {seq}, waiting for {other:?}"))
+                    }
                 }
                 done += 1;
                 side.qp.post_recv(RecvRequest::new(Local::whole(m))).map_err(|e| e.error.to_string())?;
