@@ -635,8 +635,12 @@ fn sync_client(mut side: Side, n: u64, size: u32, conc: u32, limit: Duration) ->
     for buf in pool(&side.pd, size, conc as u32 + 2)? {
         side.qp.post_recv(RecvRequest::new(Local::whole(buf))).map_err(|e| e.error.to_string())?;
     }
+    // A slot is free again once both its request's send completion (which hands the buffer
+    // back) and its reply came, in either order.
     let mut free: Vec<(u64, Chunk)> = (0..conc as u64).zip(pool(&side.pd, size, conc as u32)?).collect();
     let mut started: Vec<Option<(u64, Instant)>> = vec![None; conc];
+    let mut sent: Vec<Option<Chunk>> = (0..conc).map(|_| None).collect();
+    let mut answered = vec![false; conc];
     let mut lat = Vec::with_capacity(n.min(1 << 20) as usize);
     let mut out: Vec<Completion> = (0..16).map(|_| Completion::default()).collect();
     let (mut next, mut done) = (0u64, 0u64);
@@ -669,7 +673,13 @@ fn sync_client(mut side: Side, n: u64, size: u32, conc: u32, limit: Duration) ->
                 let slot = u64::from_le_bytes(m.as_slice()[..8].try_into().unwrap());
                 let seq = u64::from_le_bytes(m.as_slice()[8..16].try_into().unwrap());
                 match started.get_mut(slot as usize).and_then(Option::take) {
-                    Some((want, t)) if want == seq => lat.push(t.elapsed()),
+                    Some((want, t)) if want == seq => {
+                        lat.push(t.elapsed());
+                        match sent[slot as usize].take() {
+                            Some(buf) => free.push((slot, buf)),
+                            None => answered[slot as usize] = true,
+                        }
+                    }
                     other => {
                         return Err(format!("slot {slot}: reply for request {seq}, waiting for {other:?}"))
                     }
@@ -677,7 +687,12 @@ fn sync_client(mut side: Side, n: u64, size: u32, conc: u32, limit: Duration) ->
                 done += 1;
                 side.qp.post_recv(RecvRequest::new(Local::whole(m))).map_err(|e| e.error.to_string())?;
             } else {
-                free.push((comp.wr_id(), m));
+                let slot = comp.wr_id() as usize;
+                if std::mem::take(&mut answered[slot]) {
+                    free.push((slot as u64, m));
+                } else {
+                    sent[slot] = Some(m);
+                }
             }
         }
     }
