@@ -71,7 +71,7 @@ impl CqCore {
         loop {
             match self.cq.poll(out) {
                 Ok(got) if !got.is_empty() => {
-                    self.wait.found();
+                    self.wait.found(std::time::Instant::now);
                     return Poll::Ready(Ok(got.len()));
                 }
                 Ok(_) => {}

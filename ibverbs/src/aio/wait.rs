@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 /// |---|---|---|---|
 /// | [`Events`](Self::Events) | arm the CQ (`ibv_req_notify_cq()`), poll again, sleep in the reactor | a wake-up per idle gap (channel event, reactor, task switch) | none |
 /// | [`BusyPoll`](Self::BusyPoll) | wake its own task and yield to the executor | lowest | a core, for as long as anything waits |
-/// | [`Adaptive`](Self::Adaptive) | busy poll for at most `spin`, then as `Events` | as `BusyPoll` when completions come within `spin` | at most `spin` per idle gap, then none |
+/// | [`Adaptive`](Self::Adaptive) | busy poll for at most `spin` (less after gaps that outlast it), then as `Events` | as `BusyPoll` when completions come within `spin` | at most `spin` per idle gap, then none |
 ///
 /// The adaptive wait is the one sockets call busy polling (`SO_BUSY_POLL`): a completion that
 /// comes soon after the CQ ran dry (the peer's answer to a request in flight) is taken without a
@@ -21,6 +21,10 @@ use std::time::{Duration, Instant};
 /// completion or after `spin`; polls in between (of any task of the driver) spin, polls after it
 /// arm the CQ and sleep, until a completion comes and a later empty poll opens a new window. So
 /// the CPU spent spinning is bounded by `spin` per idle gap of the CQ, however many tasks wait.
+/// When idle gaps outlast `spin` twice over (completions come from a peer far slower than the
+/// spin), each such gap in a row halves the next window, down to `spin / 16`; a completion that comes while
+/// the window is open, or within `spin` of its start, gives the next window the whole `spin`
+/// again (finding out costs one clock read per gap the tasks slept through).
 /// (The clock is read at every 8th empty poll only, a clock read costing as much as a system call
 /// on some machines: the window starts at the 8th empty poll and ends at the first reading at
 /// least `spin` later, so it spins `spin` plus at most 15 polls.)
@@ -86,24 +90,36 @@ pub(crate) enum Empty {
 /// has no vDSO fast path), more than the poll it would time.
 pub(crate) const CLOCK_EVERY: u32 = 8;
 
+/// The most halvings of the adaptive window (to 1/16 of `spin`) after idle gaps that outlasted it.
+pub(crate) const MAX_BACKOFF: u32 = 4;
+
 /// The wait policy with the adaptive wait's window (pure logic: the caller gives the time).
 ///
-/// The window spins `CLOCK_EVERY` empty polls before it first reads the clock, then until `spin`
-/// has passed since that read (checked every `CLOCK_EVERY` polls): at most `spin` plus
-/// `2 * CLOCK_EVERY - 1` polls of spinning per idle gap.
+/// The window spins `CLOCK_EVERY` empty polls before it first reads the clock, then until its
+/// length has passed since that read (checked every `CLOCK_EVERY` polls): at most `spin` plus
+/// `2 * CLOCK_EVERY - 1` polls of spinning per idle gap. Its length is `spin` halved once per
+/// idle gap in a row that outlasted the whole `spin` (at most [`MAX_BACKOFF`] times): when the
+/// completions come much later than the spin (a peer across a slow link), spinning would only
+/// burn the CPU the sleep then saves. A completion that comes while the window is open, or after
+/// it closed but within `spin` of its start (a whole `spin` would have caught it), gives the next
+/// window the whole `spin` again; a gap between one and two `spin`s changes nothing (a busy host's
+/// hiccup can stretch a gap that far). Finding out costs one clock read per gap the task slept
+/// through.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SpinWindow {
     policy: WaitPolicy,
     /// When the current idle gap's window first read the clock (`None`: not yet, or the last
     /// poll found completions).
     since: Option<Instant>,
-    /// Empty polls in the current idle gap.
+    /// Empty polls in the current idle gap (`u32::MAX` once its window closed).
     polls: u32,
+    /// Idle gaps in a row that outlasted the whole `spin` (at most [`MAX_BACKOFF`]).
+    misses: u32,
 }
 
 impl SpinWindow {
     pub(crate) fn new(policy: WaitPolicy) -> SpinWindow {
-        SpinWindow { policy: Self::clamped(policy), since: None, polls: 0 }
+        SpinWindow { policy: Self::clamped(policy), since: None, polls: 0, misses: 0 }
     }
 
     fn clamped(policy: WaitPolicy) -> WaitPolicy {
@@ -123,10 +139,34 @@ impl SpinWindow {
         *self = SpinWindow::new(policy);
     }
 
-    /// A poll found completions: the idle gap (if any) is over.
-    pub(crate) fn found(&mut self) {
+    /// A poll found completions: the idle gap (if any) is over. `now` gives the time; it is
+    /// called only under the adaptive policy, and only when the gap's window had closed (once
+    /// per gap the task slept through).
+    pub(crate) fn found(&mut self, now: impl FnOnce() -> Instant) {
+        if let WaitPolicy::Adaptive { spin } = self.policy {
+            if self.polls == u32::MAX {
+                // Slept through the gap: would the whole spin have caught this completion?
+                if let Some(since) = self.since {
+                    let gap = now().saturating_duration_since(since);
+                    if gap <= spin {
+                        self.misses = 0;
+                    } else if gap > 2 * spin {
+                        // Well past the spin: not a gap that a hiccup of the host made longer.
+                        self.misses = (self.misses + 1).min(MAX_BACKOFF);
+                    }
+                }
+            } else if self.polls > 0 {
+                // Caught while spinning.
+                self.misses = 0;
+            }
+        }
         self.since = None;
         self.polls = 0;
+    }
+
+    /// The current window's length: `spin` halved once per miss.
+    fn window(&self, spin: Duration) -> Duration {
+        spin / (1 << self.misses)
     }
 
     /// A poll found the CQ empty; `now` gives the time (called only for the adaptive policy,
@@ -148,7 +188,7 @@ impl SpinWindow {
                 let now = now();
                 let since = *self.since.get_or_insert(now);
                 // `since` never lies ahead of `now` (Instant is monotonic); saturating anyway.
-                if now.saturating_duration_since(since) < spin {
+                if now.saturating_duration_since(since) < self.window(spin) {
                     Empty::Spin
                 } else {
                     self.polls = u32::MAX;
@@ -205,8 +245,9 @@ mod tests {
         for _ in 0..3 * e {
             assert_eq!(w.empty(|| panic!("no clock once closed")), Empty::Sleep);
         }
-        // A completion ends the gap: the next empty poll opens a new window.
-        w.found();
+        // A completion ends the gap: the next empty poll opens a new window. It came within
+        // the whole spin of the window's start (poll e), so the next window is whole too.
+        w.found(|| t0 + Duration::from_micros(u64::from(e) + 100));
         let t1 = t0 + Duration::from_secs(5);
         let spun = spins_until_sleep(&mut w, |i| t1 + Duration::from_micros(10 * u64::from(i)));
         // 10 us per poll: 100 us after poll e is poll e + 10, first checked at the next
@@ -214,9 +255,75 @@ mod tests {
         assert_eq!(spun, (e + 10).div_ceil(e) * e - 1);
         // Polls that find the CQ empty long after each other (the task was not scheduled) end
         // the window at the second clock read.
-        w.found();
+        w.found(|| t1 + Duration::from_micros(10 * u64::from(e) + 50));
         let spun = spins_until_sleep(&mut w, |i| t1 + Duration::from_secs(u64::from(i)));
         assert_eq!(spun, 2 * e - 1);
+    }
+
+    /// Polls of `w` at one microsecond each from `base` until it says `Sleep`; returns how many
+    /// spun (as [`spins_until_sleep`]).
+    fn gap(w: &mut SpinWindow, base: Instant) -> u32 {
+        spins_until_sleep(w, |i| base + Duration::from_micros(u64::from(i)))
+    }
+
+    /// The polls a window of `us` microseconds spins at one microsecond per poll.
+    fn spun_for(us: u32) -> u32 {
+        (CLOCK_EVERY + us).div_ceil(CLOCK_EVERY) * CLOCK_EVERY - 1
+    }
+
+    #[test]
+    fn adaptive_window_halves_after_gaps_it_cannot_catch_and_comes_back_whole() {
+        let e = CLOCK_EVERY;
+        let spin = Duration::from_micros(160);
+        let mut w = SpinWindow::new(WaitPolicy::adaptive(spin));
+        let mut base = Instant::now();
+        // Completions a second after each window closed: 160, 80, 40, 20, 10 us, then 10 us
+        // again (at most MAX_BACKOFF halvings).
+        for us in [160, 80, 40, 20, 10, 10] {
+            assert_eq!(gap(&mut w, base), spun_for(us), "a window of {us} us");
+            w.found(|| base + Duration::from_secs(1));
+            base += Duration::from_secs(2);
+        }
+        // A completion while the window is open (no clock read for it): the next one is whole.
+        for _ in 0..3 {
+            assert_eq!(w.empty(|| base), Empty::Spin);
+        }
+        w.found(|| panic!("no clock for a completion caught while spinning"));
+        assert_eq!(gap(&mut w, base), spun_for(160));
+        // Halved once, the window closes after 80 us; a completion 120 us after its start is
+        // one the whole spin would have caught: the next window is whole again.
+        w.found(|| base + Duration::from_secs(1));
+        base += Duration::from_secs(2);
+        assert_eq!(gap(&mut w, base), spun_for(80));
+        w.found(|| base + Duration::from_micros(u64::from(e) + 120));
+        base += Duration::from_secs(2);
+        assert_eq!(gap(&mut w, base), spun_for(160));
+        // A gap between one and two spins changes nothing: still whole after it.
+        w.found(|| base + Duration::from_micros(u64::from(e) + 250));
+        base += Duration::from_secs(2);
+        assert_eq!(gap(&mut w, base), spun_for(160));
+        // And after a halving, such a gap keeps the halved window.
+        w.found(|| base + Duration::from_secs(1));
+        base += Duration::from_secs(2);
+        assert_eq!(gap(&mut w, base), spun_for(80));
+        w.found(|| base + Duration::from_micros(u64::from(e) + 300));
+        base += Duration::from_secs(2);
+        assert_eq!(gap(&mut w, base), spun_for(80));
+        // A second miss in a row halves it again; completions back to back (no empty poll
+        // between them) change nothing.
+        w.found(|| base + Duration::from_secs(1));
+        w.found(|| panic!("no clock without an idle gap"));
+        base += Duration::from_secs(2);
+        assert_eq!(gap(&mut w, base), spun_for(40));
+    }
+
+    #[test]
+    fn events_and_busy_poll_never_read_the_clock_at_a_completion() {
+        for policy in [WaitPolicy::Events, WaitPolicy::BusyPoll] {
+            let mut w = SpinWindow::new(policy);
+            let _ = w.empty(|| panic!("no clock"));
+            w.found(|| panic!("no clock"));
+        }
     }
 
     #[test]
