@@ -396,8 +396,11 @@ fn run(args: &Args) -> Result<(), String> {
         let work = async {
             if args.server.is_some() {
                 let mut byte = [0u8];
-                common::net::read_exact_checked(&mut client_stream, &mut byte, until(), |_| Ok(()))
-                    .map_err(|(_, f)| format!("waiting for the server to be ready: {f:?} (--timeout {} s)", args.timeout))?;
+                common::net::read_exact_checked(&mut client_stream, &mut byte, until(), |_| Ok(())).map_err(
+                    |(_, f)| {
+                        format!("waiting for the server to be ready: {f:?} (--timeout {} s)", args.timeout)
+                    },
+                )?;
                 client(ep.clone(), side.pd.clone(), n, size, conc, limit).await
             } else {
                 server(ep.clone(), side.pd.clone(), n, size, conc, ready).await.map(|()| Vec::new())
@@ -408,24 +411,11 @@ fn run(args: &Args) -> Result<(), String> {
             .map_err(|_| format!("the run took more than {} s (10 × --timeout)", whole.as_secs()))??;
         let (cpu, wall) = (cpu_time() - cpu0, t0.elapsed());
         if args.server.is_some() {
-            let mut lat = lat;
-            lat.sort_unstable();
-            println!(
-                "async_rpc client ({mode}): {n} requests of {size} B, {conc} in flight: {:.0} requests/s; latency p50 {:.1} us, p99 {:.1} us, p999 {:.1} us",
-                n as f64 / wall.as_secs_f64(),
-                us(percentile(&lat, 0.50)),
-                us(percentile(&lat, 0.99)),
-                us(percentile(&lat, 0.999)),
-            );
+            report_client(mode, (n, size, conc), lat, wall);
         } else {
             println!("async_rpc server ({mode}): answered {n} requests");
         }
-        println!(
-            "async_rpc cpu ({mode}): {:.3} s user+sys over {:.3} s wall ({:.0}%)",
-            cpu.as_secs_f64(),
-            wall.as_secs_f64(),
-            100.0 * cpu.as_secs_f64() / wall.as_secs_f64()
-        );
+        report_cpu(mode, cpu, wall);
         Ok(())
     })
 }
@@ -697,8 +687,15 @@ fn sync_client(mut side: Side, n: u64, size: u32, conc: u32, limit: Duration) ->
         }
     }
     let (cpu, wall) = (cpu_time() - cpu0, t0.elapsed());
+    report_client("sync busy-poll", (n, size, conc as u32), lat, wall);
+    report_cpu("sync busy-poll", cpu, wall);
+    Ok(())
+}
+
+/// The client's line: `n` requests of `size` bytes, `conc` in flight, their latencies `lat`
+/// over `wall`.
+fn report_client(mode: &str, (n, size, conc): (u64, u32, u32), mut lat: Vec<Duration>, wall: Duration) {
     lat.sort_unstable();
-    let mode = "sync busy-poll";
     println!(
         "async_rpc client ({mode}): {n} requests of {size} B, {conc} in flight: {:.0} requests/s; latency p50 {:.1} us, p99 {:.1} us, p999 {:.1} us",
         n as f64 / wall.as_secs_f64(),
@@ -706,13 +703,16 @@ fn sync_client(mut side: Side, n: u64, size: u32, conc: u32, limit: Duration) ->
         us(percentile(&lat, 0.99)),
         us(percentile(&lat, 0.999)),
     );
+}
+
+/// The process's CPU time line.
+fn report_cpu(mode: &str, cpu: Duration, wall: Duration) {
     println!(
         "async_rpc cpu ({mode}): {:.3} s user+sys over {:.3} s wall ({:.0}%)",
         cpu.as_secs_f64(),
         wall.as_secs_f64(),
         100.0 * cpu.as_secs_f64() / wall.as_secs_f64()
     );
-    Ok(())
 }
 
 // ---- --bench: the same load in one process, sync safe level against the async adaptor ----
@@ -810,6 +810,15 @@ fn bench_sync(args: &Args) -> Result<Figures, String> {
     Ok(figures(n, t0.elapsed(), cpu_time() - cpu0, lat))
 }
 
+/// One side's queue pair on a driver of its own with `policy` (inside a tokio runtime), and
+/// its protection domain.
+fn driven(side: Side, policy: WaitPolicy) -> Result<(AsyncQueuePair, Arc<ProtectionDomain>), String> {
+    let driver = Driver::tokio(side.cq, &side.channel).map_err(|e| e.to_string())?;
+    driver.set_wait_policy(policy);
+    let ep = AsyncQueuePair::new(side.qp, &driver).map_err(|(_, e)| e.to_string())?;
+    Ok((ep, side.pd))
+}
+
 /// The async adaptor: the same server and client as the two-process run, in one runtime.
 fn bench_async(args: &Args, policy: WaitPolicy) -> Result<Figures, String> {
     let (n, size, conc) = (args.requests, args.size, args.concurrency);
@@ -817,15 +826,10 @@ fn bench_async(args: &Args, policy: WaitPolicy) -> Result<Figures, String> {
     let limit = Duration::from_secs(args.timeout);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async move {
-        let cd = Driver::tokio(c.cq, &c.channel).map_err(|e| e.to_string())?;
-        let sd = Driver::tokio(s.cq, &s.channel).map_err(|e| e.to_string())?;
-        cd.set_wait_policy(policy);
-        sd.set_wait_policy(policy);
-        let cep = Arc::new(AsyncQueuePair::new(c.qp, &cd).map_err(|(_, e)| e.to_string())?);
-        let sep = Arc::new(AsyncQueuePair::new(s.qp, &sd).map_err(|(_, e)| e.to_string())?);
+        let ((cep, cpd), (sep, spd)) = (driven(c, policy)?, driven(s, policy)?);
         let (cpu0, t0) = (cpu_time(), Instant::now());
-        let srv = tokio::spawn(server(sep, s.pd.clone(), n, size, conc, || Ok(())));
-        let lat = tokio::time::timeout(limit * 10, client(cep, c.pd.clone(), n, size, conc, limit))
+        let srv = tokio::spawn(server(Arc::new(sep), spd, n, size, conc, || Ok(())));
+        let lat = tokio::time::timeout(limit * 10, client(Arc::new(cep), cpd, n, size, conc, limit))
             .await
             .map_err(|_| "async bench: timed out".to_string())??;
         let (wall, cpu) = (t0.elapsed(), cpu_time() - cpu0);
@@ -844,13 +848,8 @@ fn bench_pingpong(args: &Args, policy: WaitPolicy) -> Result<Figures, String> {
     let limit = Duration::from_secs(args.timeout);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async move {
-        let cd = Driver::tokio(c.cq, &c.channel).map_err(|e| e.to_string())?;
-        let sd = Driver::tokio(s.cq, &s.channel).map_err(|e| e.to_string())?;
-        cd.set_wait_policy(policy);
-        sd.set_wait_policy(policy);
-        let cep = AsyncQueuePair::new(c.qp, &cd).map_err(|(_, e)| e.to_string())?;
-        let sep = AsyncQueuePair::new(s.qp, &sd).map_err(|(_, e)| e.to_string())?;
-        let mut sbufs = pool(&s.pd, size, 2)?;
+        let ((cep, cpd), (sep, spd)) = (driven(c, policy)?, driven(s, policy)?);
+        let mut sbufs = pool(&spd, size, 2)?;
         let (mut spare, first) =
             (sbufs.pop().ok_or("the pool ran out")?, sbufs.pop().ok_or("the pool ran out")?);
         let mut op = sep.post_recv(RecvRequest::new(Local::whole(first))).map_err(|e| e.error.to_string())?;
@@ -871,7 +870,7 @@ fn bench_pingpong(args: &Args, policy: WaitPolicy) -> Result<Figures, String> {
             Ok::<(), String>(())
         });
         let client = async {
-            let mut bufs = pool(&c.pd, size, 2)?;
+            let mut bufs = pool(&cpd, size, 2)?;
             let (mut sbuf, mut rbuf) =
                 (bufs.pop().ok_or("the pool ran out")?, bufs.pop().ok_or("the pool ran out")?);
             let mut lat = Vec::with_capacity(n.min(1 << 20) as usize);
