@@ -8,8 +8,8 @@
 //!    ([`publish`]) and the nightly passes ([`nightly`]): the doc tests again with nightly rustdoc
 //!    (which checks the error codes of `compile_fail,E....` doc tests) plus a self-test proving it
 //!    does, and Miri over the library's unit tests;
-//! 4. in ONE VM boot, one binary after the other, each with `--test-threads=1` (but every other
-//!    valgrind runs go to a second VM, booted when the plain runs are done: [`split_valgrind`]):
+//! 4. in ONE VM boot, one binary after the other, each with `--test-threads=1` (but about half
+//!    of the valgrind runs go to a second VM, booted when the plain runs are done: [`split_valgrind`]):
 //!    - the device test binaries — the integration tests of the root package named `device_*`
 //!      (`tests/device_*.rs`);
 //!    - the same binaries under valgrind's memcheck ([`valgrind_argv`]: memory errors and definite
@@ -1788,21 +1788,25 @@ fn split_valgrind(runs: Vec<DeviceRun>, backend: &Backend) -> (Vec<DeviceRun>, V
     if !matches!(backend, Backend::Vm { .. }) || valgrind < 2 {
         return (runs, Vec::new());
     }
-    let weight = |r: &DeviceRun| {
-        let name = r.what.split_whitespace().next().unwrap_or_default();
-        VALGRIND_SECS.iter().find(|(n, _)| *n == name).map_or(VALGRIND_UNKNOWN_SECS, |(_, s)| *s)
-    };
+    // Each run's weight, looked up once (by the binary's name, the first word of its label).
+    let weight: Vec<f64> = runs
+        .iter()
+        .map(|r| {
+            let name = r.what.split_whitespace().next().unwrap_or_default();
+            VALGRIND_SECS.iter().find(|(n, _)| *n == name).map_or(VALGRIND_UNKNOWN_SECS, |(_, s)| *s)
+        })
+        .collect();
     let mut order: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].kind == Kind::Valgrind).collect();
     // Stable: equal weights keep the runs' order.
-    order.sort_by(|&a, &b| weight(&runs[b]).total_cmp(&weight(&runs[a])));
+    order.sort_by(|&a, &b| weight[b].total_cmp(&weight[a]));
     let mut to_side = vec![false; runs.len()];
     let (mut main_load, mut side_load) = (MAIN_TAIL_SECS, 0.0);
     for i in order {
         if side_load < main_load {
-            side_load += weight(&runs[i]);
+            side_load += weight[i];
             to_side[i] = true;
         } else {
-            main_load += weight(&runs[i]);
+            main_load += weight[i];
         }
     }
     let (mut main, mut side) = (Vec::new(), Vec::new());

@@ -69,10 +69,15 @@ fn token(idx: u32, gen: u32) -> u64 {
     TOKEN_MARK | u64::from(gen & GEN_MASK) << 32 | u64::from(idx)
 }
 
+/// The slot index a token names.
+fn index(tok: u64) -> u32 {
+    (tok & 0xffff_ffff) as u32
+}
+
 impl State {
     fn slot(&mut self, tok: u64) -> Option<&mut Slot> {
-        let s = self.slots.get_mut((tok & 0xffff_ffff) as usize)?;
-        (token((tok & 0xffff_ffff) as u32, s.gen) == tok).then_some(s)
+        let s = self.slots.get_mut(index(tok) as usize)?;
+        (token(index(tok), s.gen) == tok).then_some(s)
     }
 
     fn alloc(&mut self, user_wr_id: u64, qp_num: u32, owner: u64) -> u64 {
@@ -90,28 +95,28 @@ impl State {
         token(idx, s.gen)
     }
 
-    /// Frees the slot of `tok` (which must be live); returns what it held.
-    fn release(&mut self, tok: u64) -> Entry {
-        let idx = (tok & 0xffff_ffff) as u32;
-        let s = &mut self.slots[idx as usize];
+    /// Retires the slot of `tok` (which must be live): a new generation, back on the free list.
+    /// Its entry is the caller's to empty.
+    fn retire(&mut self, tok: u64) -> &mut Slot {
+        self.free.push(index(tok));
+        let s = &mut self.slots[index(tok) as usize];
         s.gen = s.gen.wrapping_add(1);
-        self.free.push(idx);
-        std::mem::replace(&mut s.entry, Entry::Free)
+        s
     }
 
-    /// Takes the completion of `tok`'s slot and frees the slot, if the slot is live and done
-    /// (`None`, the slot untouched, otherwise). The completion is moved once, out of the slot.
+    /// Frees the slot of `tok` (which must be live); returns what it held.
+    fn release(&mut self, tok: u64) -> Entry {
+        std::mem::replace(&mut self.retire(tok).entry, Entry::Free)
+    }
+
+    /// Frees the slot of `tok`, which must be live and done, and takes its completion: moved
+    /// once, out of the slot (not as the whole entry, as [`release`](Self::release) returns it).
     #[inline]
-    fn take_done(&mut self, tok: u64) -> Option<Completion> {
-        let idx = (tok & 0xffff_ffff) as u32;
-        let s = self.slot(tok)?;
-        if !matches!(s.entry, Entry::Done(_)) {
-            return None;
+    fn take_done(&mut self, tok: u64) -> Completion {
+        match std::mem::replace(&mut self.retire(tok).entry, Entry::Free) {
+            Entry::Done(c) => c,
+            _ => unreachable!("take_done on a slot that is not done"),
         }
-        let Entry::Done(c) = std::mem::replace(&mut s.entry, Entry::Free) else { return None };
-        s.gen = s.gen.wrapping_add(1);
-        self.free.push(idx);
-        Some(c)
     }
 
     /// Hands the polled completions `batch[..n]` to their futures. Returns the wakers to wake
@@ -141,8 +146,7 @@ impl State {
                     let c = &mut self.batch[i];
                     c.set_wr_id(user);
                     // Re-borrowed: `slot` and the batch are two fields of `self`.
-                    let idx = (tok & 0xffff_ffff) as usize;
-                    self.slots[idx].entry = Entry::Done(std::mem::take(c));
+                    self.slots[index(tok) as usize].entry = Entry::Done(std::mem::take(c));
                     if tok != own {
                         wake.extend(w);
                     }
@@ -603,7 +607,7 @@ impl Future for Op {
                 // Done?
                 match st.slot(tok).map(|s| &mut s.entry) {
                     Some(Entry::Done(_)) => {
-                        done = st.take_done(tok);
+                        done = Some(st.take_done(tok));
                         break Step::Done;
                     }
                     Some(Entry::Waiting(w, _)) => {

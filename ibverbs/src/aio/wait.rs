@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 /// |---|---|---|---|
 /// | [`Events`](Self::Events) | arm the CQ (`ibv_req_notify_cq()`), poll again, sleep in the reactor | a wake-up per idle gap (channel event, reactor, task switch) | none |
 /// | [`BusyPoll`](Self::BusyPoll) | wake its own task and yield to the executor | lowest | a core, for as long as anything waits |
-/// | [`Adaptive`](Self::Adaptive) | busy poll for at most `spin` (less after gaps that outlast it), then as `Events` | as `BusyPoll` when completions come within `spin` | at most `spin` per idle gap, then none |
+/// | [`Adaptive`](Self::Adaptive) | busy poll for at most `spin` (less after gaps that outlast it twice over), then as `Events` | as `BusyPoll` when completions come within `spin` | at most `spin` per idle gap, then none |
 ///
 /// The adaptive wait is the one sockets call busy polling (`SO_BUSY_POLL`): a completion that
 /// comes soon after the CQ ran dry (the peer's answer to a request in flight) is taken without a
@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 /// arm the CQ and sleep, until a completion comes and a later empty poll opens a new window. So
 /// the CPU spent spinning is bounded by `spin` per idle gap of the CQ, however many tasks wait.
 /// When idle gaps outlast `spin` twice over (completions come from a peer far slower than the
-/// spin), each such gap in a row halves the next window, down to `spin / 16`; a completion that comes while
-/// the window is open, or within `spin` of its start, gives the next window the whole `spin`
-/// again (finding out costs one clock read per gap the tasks slept through).
+/// spin), each such gap in a row halves the next window, down to `spin / 16`; a completion that
+/// comes while the window is open, or within `spin` of its start, gives the next window the whole
+/// `spin` again (finding out costs one clock read per gap the tasks slept through).
 /// (The clock is read at every 8th empty poll only, a clock read costing as much as a system call
 /// on some machines: the window starts at the 8th empty poll and ends at the first reading at
 /// least `spin` later, so it spins `spin` plus at most 15 polls.)
@@ -90,7 +90,8 @@ pub(crate) enum Empty {
 /// has no vDSO fast path), more than the poll it would time.
 pub(crate) const CLOCK_EVERY: u32 = 8;
 
-/// The most halvings of the adaptive window (to 1/16 of `spin`) after idle gaps that outlasted it.
+/// The most halvings of the adaptive window (to 1/16 of `spin`) after idle gaps that outlasted
+/// twice its `spin`.
 pub(crate) const MAX_BACKOFF: u32 = 4;
 
 /// The wait policy with the adaptive wait's window (pure logic: the caller gives the time).
@@ -98,7 +99,7 @@ pub(crate) const MAX_BACKOFF: u32 = 4;
 /// The window spins `CLOCK_EVERY` empty polls before it first reads the clock, then until its
 /// length has passed since that read (checked every `CLOCK_EVERY` polls): at most `spin` plus
 /// `2 * CLOCK_EVERY - 1` polls of spinning per idle gap. Its length is `spin` halved once per
-/// idle gap in a row that outlasted the whole `spin` (at most [`MAX_BACKOFF`] times): when the
+/// idle gap in a row that outlasted twice the `spin` (at most [`MAX_BACKOFF`] times): when the
 /// completions come much later than the spin (a peer across a slow link), spinning would only
 /// burn the CPU the sleep then saves. A completion that comes while the window is open, or after
 /// it closed but within `spin` of its start (a whole `spin` would have caught it), gives the next
@@ -113,7 +114,7 @@ pub(crate) struct SpinWindow {
     since: Option<Instant>,
     /// Empty polls in the current idle gap (`u32::MAX` once its window closed).
     polls: u32,
-    /// Idle gaps in a row that outlasted the whole `spin` (at most [`MAX_BACKOFF`]).
+    /// Idle gaps in a row that outlasted twice the `spin` (at most [`MAX_BACKOFF`]).
     misses: u32,
 }
 
