@@ -554,9 +554,12 @@ async fn client(
         }));
     }
     let next = Arc::new(AtomicU64::new(0));
+    // Replies taken: the watchdog fails the run when it stands still for `limit` (a timer per
+    // request would cost each request a clock read and a timer wheel's insert and removal).
+    let answered = Arc::new(AtomicU64::new(0));
     let mut senders = Vec::new();
     for slot in 0..conc {
-        let (ep, waiters, next) = (ep.clone(), waiters.clone(), next.clone());
+        let (ep, waiters, next, answered) = (ep.clone(), waiters.clone(), next.clone(), answered.clone());
         let mut buf = buffers.pop().ok_or("the pool ran out")?;
         senders.push(tokio::spawn(async move {
             let mut lat = Vec::new();
@@ -573,27 +576,53 @@ async fn client(
                 let mut c = ep.send(SendRequest::send(Local::whole(buf))).await.map_err(|e| e.to_string())?;
                 check(&c, "a request")?;
                 buf = c.take_chunk().ok_or("the request's buffer did not come back")?;
-                let got = tokio::time::timeout(limit, rx)
-                    .await
-                    .map_err(|_| {
-                        format!("no reply to request {seq} within {} s (--timeout)", limit.as_secs())
-                    })?
-                    .map_err(|_| "the receivers stopped".to_string())?;
+                // No timer of its own: the watchdog below bounds the wait.
+                let got = rx.await.map_err(|_| "the receivers stopped".to_string())?;
                 if got != seq {
                     return Err(format!("slot {slot}: reply for request {got}, expected {seq}"));
                 }
+                answered.fetch_add(1, Ordering::Relaxed);
                 lat.push(t.elapsed());
             }
         }));
     }
-    let mut all = Vec::with_capacity(n.min(1 << 20) as usize);
-    for s in senders {
-        match s.await {
-            Ok(Ok(l)) => all.extend(l),
-            Ok(Err(e)) => return Err(e),
-            Err(e) => return Err(format!("a client task failed: {e}")),
+    let watchdog = async {
+        let mut last = answered.load(Ordering::Relaxed);
+        loop {
+            tokio::time::sleep(limit).await;
+            let now = answered.load(Ordering::Relaxed);
+            if now == last {
+                return format!(
+                    "no reply within {} s (--timeout): {now} of {n} requests answered",
+                    limit.as_secs()
+                );
+            }
+            last = now;
         }
-    }
+    };
+    let collect = async {
+        let mut all = Vec::with_capacity(n.min(1 << 20) as usize);
+        for s in senders.iter_mut() {
+            match s.await {
+                Ok(Ok(l)) => all.extend(l),
+                Ok(Err(e)) => return Err(e),
+                Err(e) => return Err(format!("a client task failed: {e}")),
+            }
+        }
+        Ok(all)
+    };
+    let all = tokio::select! {
+        r = collect => r,
+        e = watchdog => Err(e),
+    };
+    let all = match all {
+        Ok(all) => all,
+        Err(e) => {
+            senders.iter().for_each(|t| t.abort());
+            receivers.iter().for_each(|t| t.abort());
+            return Err(e);
+        }
+    };
     for r in &receivers {
         if r.is_finished() {
             continue;
@@ -874,7 +903,11 @@ fn bench_pingpong(args: &Args, policy: WaitPolicy) -> Result<Figures, String> {
             }
             Ok::<(), String>(())
         });
-        let client = async {
+        // A task of its own, not `block_on`'s future: a spinning wait wakes its own task, and
+        // tokio's current-thread scheduler answers a wake-up of the `block_on` future with a
+        // poll of its I/O driver (`epoll_wait()`) when no other task is queued, while a
+        // spawned task's goes to the run queue.
+        let client = tokio::spawn(async move {
             let mut bufs = pool(&cpd, size, 2)?;
             let (mut sbuf, mut rbuf) =
                 (bufs.pop().ok_or("the pool ran out")?, bufs.pop().ok_or("the pool ran out")?);
@@ -899,10 +932,11 @@ fn bench_pingpong(args: &Args, policy: WaitPolicy) -> Result<Figures, String> {
                 lat.push(t.elapsed());
             }
             Ok::<_, String>(lat)
-        };
+        });
         let lat = tokio::time::timeout(limit * 10, client)
             .await
-            .map_err(|_| "async ping-pong: timed out".to_string())??;
+            .map_err(|_| "async ping-pong: timed out".to_string())?
+            .map_err(|e| e.to_string())??;
         let (wall, cpu) = (t0.elapsed(), cpu_time() - cpu0);
         tokio::time::timeout(limit, srv)
             .await

@@ -539,8 +539,10 @@ pub struct Op {
     tok: u64,
     finished: bool,
     /// The operation's completion, taken by a poll that then unwound (a buffer of another
-    /// completion panicked in its drop): the next poll returns it.
-    kept: Option<Completion>,
+    /// completion panicked in its drop): the next poll returns it. Boxed: it is there only
+    /// after such a panic, and a completion (a few hundred bytes) inline would be moved with
+    /// every move of the future.
+    kept: Option<Box<Completion>>,
     _qp: Arc<QpCell>,
 }
 
@@ -586,12 +588,9 @@ impl Future for Op {
                 reason: "the operation's future was polled after it completed",
             }));
         }
-        // Looked at before it is taken: taking moves the whole (large) option.
-        if self.kept.is_some() {
-            if let Some(c) = self.kept.take() {
-                self.finished = true;
-                return Poll::Ready(Ok(c));
-            }
+        if let Some(c) = self.kept.take() {
+            self.finished = true;
+            return Poll::Ready(Ok(*c));
         }
         let tok = self.tok;
         let mut wake = Wakers::default();
@@ -660,8 +659,8 @@ impl Future for Op {
         if let Some(panic) = drop_each(drop_later) {
             // This operation's completion, if it came, is not lost with the panic: kept for
             // the next poll.
-            if done.is_some() {
-                self.kept = done;
+            if let Some(c) = done {
+                self.kept = Some(Box::new(c));
             }
             std::panic::resume_unwind(panic);
         }
@@ -1005,5 +1004,15 @@ impl AsyncQueuePair {
             }
             Err(qp) => Err(AsyncQueuePair { qp, detached: self.detached, driver: self.driver }),
         }
+    }
+}
+#[cfg(test)]
+mod tests {
+    /// A future is moved whole (into the task, through every `async fn` that awaits it): an
+    /// `Op` stays a handful of words, its rare kept completion boxed.
+    #[test]
+    fn an_operation_future_is_a_few_words() {
+        assert!(std::mem::size_of::<super::Op>() <= 48, "{}", std::mem::size_of::<super::Op>());
+        assert!(std::mem::size_of::<crate::queue::Completion>() > 100);
     }
 }
