@@ -776,6 +776,127 @@ fn a_forgotten_future_leaves_no_other_waiting_task_unwoken() {
     }));
 }
 
+/// Counts its wake-ups: tells whether a poll that returned `Pending` woke its own task (spins)
+/// or left it to sleep.
+#[derive(Default)]
+struct CountingWaker(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl CountingWaker {
+    fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Polls `op` once with `waker`; whether it is still pending.
+fn poll_once(op: &mut std::pin::Pin<Box<ibverbs::aio::Op>>, waker: &Arc<CountingWaker>) -> bool {
+    use std::future::Future as _;
+    let w = std::task::Waker::from(waker.clone());
+    op.as_mut().poll(&mut std::task::Context::from_waker(&w)).is_pending()
+}
+
+/// Under the adaptive wait only the oldest waiting operation of a work queue spins (its
+/// completion is the only one that can come next: a queue completes in order); one behind it
+/// sleeps (its poll does not wake its task), is woken when it comes to the front, and spins
+/// from then on. Under `BusyPoll` every waiting operation spins.
+#[test]
+fn only_the_front_operation_of_a_queue_spins_the_ones_behind_it_sleep_until_their_turn() {
+    let s = setup(1, 8);
+    let Setup { pd, channel, cq, mut qps, .. } = s;
+    let rt = rt_current();
+    rt.block_on(bounded("the front of a queue spins", async {
+        let driver = Driver::tokio(cq, &channel).unwrap();
+        // The longest spin: the window stays open for the whole test.
+        driver.set_wait_policy(WaitPolicy::adaptive(Duration::from_secs(1)));
+        let (a, b) = endpoints(&driver, std::mem::take(&mut qps)).pop().unwrap();
+        let recv = |id| {
+            Box::pin(b.post_recv(RecvRequest::new(Local::whole(pd.allocate(64).unwrap())).wr_id(id)).unwrap())
+        };
+        let (mut first, mut second) = (recv(1), recv(2));
+        let (w1, w2) = (Arc::new(CountingWaker::default()), Arc::new(CountingWaker::default()));
+        // Behind the first: sleeps.
+        assert!(poll_once(&mut second, &w2));
+        assert_eq!(w2.count(), 0, "the second receive woke its task: it spins behind the first");
+        // At the front: spins (wakes its own task to be polled again).
+        assert!(poll_once(&mut first, &w1));
+        assert_eq!(w1.count(), 1, "the first receive did not wake its task: it does not spin");
+        // The first message lands in the first receive; its poll takes it and wakes the second.
+        drop(a.post_send(SendRequest::send_inline(&pattern(16, 1))).unwrap());
+        let deadline = Instant::now() + scaled(Duration::from_secs(10));
+        while poll_once(&mut first, &w1) {
+            assert!(Instant::now() < deadline, "the first message never came");
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(w2.count(), 1, "the second receive was not woken when it came to the front");
+        // Now at the front: it spins.
+        assert!(poll_once(&mut second, &w2));
+        assert_eq!(w2.count(), 2, "the second receive, at the front, did not spin");
+        drop(a.post_send(SendRequest::send_inline(&pattern(24, 2))).unwrap());
+        let c = bounded("the second message", second).await.unwrap();
+        assert!(c.is_ok(), "{c:?}");
+        assert_eq!((c.wr_id(), c.byte_len()), (2, 24));
+
+        // Busy polling: the one behind spins too.
+        driver.set_wait_policy(WaitPolicy::BusyPoll);
+        let (mut first, mut second) = (recv(3), recv(4));
+        let (w1, w2) = (Arc::new(CountingWaker::default()), Arc::new(CountingWaker::default()));
+        assert!(poll_once(&mut second, &w2));
+        assert_eq!(w2.count(), 1, "busy polling: the second receive did not spin");
+        assert!(poll_once(&mut first, &w1));
+        assert_eq!(w1.count(), 1);
+        // Both messages, so that both futures resolve (and nothing is left behind).
+        drop(a.post_send(SendRequest::send_inline(&pattern(8, 3))).unwrap());
+        drop(a.post_send(SendRequest::send_inline(&pattern(8, 4))).unwrap());
+        let (c1, c2) = (first.await.unwrap(), second.await.unwrap());
+        assert_eq!((c1.wr_id(), c2.wr_id()), (3, 4));
+        assert!(c1.is_ok() && c2.is_ok(), "{c1:?} {c2:?}");
+    }));
+}
+
+/// The front operation of a queue kept aside (polled once, never again, as if forgotten) does
+/// not strand the one behind it, which sleeps instead of spinning: the sleeper armed the CQ, so
+/// the channel wakes it, its poll hands the kept-aside operation its completion, and its own
+/// message comes next.
+#[test]
+fn a_kept_aside_front_operation_leaves_the_one_behind_it_to_the_channel() {
+    use std::future::Future as _;
+    use std::task::Poll;
+    let s = setup(1, 8);
+    let Setup { pd, channel, cq, mut qps, .. } = s;
+    let rt = rt_current();
+    rt.block_on(bounded("a kept-aside front operation", async {
+        let driver = Driver::tokio(cq, &channel).unwrap();
+        // A window that stays open: only the sleeper's arming can wake anybody.
+        driver.set_wait_policy(WaitPolicy::adaptive(Duration::from_secs(1)));
+        let (a, b) = endpoints(&driver, std::mem::take(&mut qps)).pop().unwrap();
+        let mut front =
+            Box::pin(b.post_recv(RecvRequest::new(Local::whole(pd.allocate(64).unwrap())).wr_id(1)).unwrap());
+        let pending = std::future::poll_fn(|cx| Poll::Ready(front.as_mut().poll(cx).is_pending())).await;
+        assert!(pending);
+        let waiter = tokio::spawn({
+            let (b, buf) = (b.clone(), pd.allocate(64).unwrap());
+            async move { b.recv(RecvRequest::new(Local::whole(buf)).wr_id(2)).await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(b.outstanding_recvs(), 2, "the waiter posted its receive and sleeps behind the front one");
+        // Kept aside: never polled again (reachable, for valgrind's leak check).
+        KEPT_ASIDE.lock().unwrap().push(front);
+        drop(a.post_send(SendRequest::send_inline(&pattern(16, 1))).unwrap());
+        drop(a.post_send(SendRequest::send_inline(&pattern(32, 2))).unwrap());
+        let c = waiter.await.unwrap().unwrap();
+        assert!(c.is_ok(), "{c:?}");
+        assert_eq!((c.wr_id(), c.byte_len()), (2, 32));
+    }));
+}
+
 /// A queue pair replaced or reset through `with_qp` (even by a closure that panics afterwards)
 /// ends the operations waiting on it with an error instead of leaving their futures pending
 /// forever; a replacement on another CQ refuses posts until one on the driver's CQ is put back.
@@ -937,15 +1058,6 @@ fn a_panicking_buffer_free_in_a_futures_poll_loses_no_completion() {
         assert_eq!((got.wr_id(), got.byte_len()), (1, 16));
         assert_eq!(driver.in_flight(), 0);
     }));
-}
-
-/// A waker that counts its wakes.
-struct CountingWaker(std::sync::atomic::AtomicUsize);
-
-impl std::task::Wake for CountingWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    }
 }
 
 /// A CQ full of completions nobody waits for (requests posted behind the driver; a provider

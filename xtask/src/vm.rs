@@ -425,37 +425,35 @@ fn spawn_qemu(
 ) -> Result<Child, String> {
     let log = File::create(qemu_log).map_err(|e| format!("creating {}: {e}", qemu_log.display()))?;
     let log2 = log.try_clone().map_err(|e| e.to_string())?;
+    // IBVERBS_XTASK_ICOUNT=shift=N: the guest's clock counts the instructions it runs (2^N ns
+    // each), user and kernel alike, instead of following the host's (on one TCG thread: icount
+    // needs it). A benchmark's times then do not move with the host's load.
+    let icount = std::env::var("IBVERBS_XTASK_ICOUNT").ok().filter(|v| !v.is_empty());
+    let tcg = if icount.is_some() { "tcg,thread=single" } else { "tcg,thread=multi" };
+    let icount_args = icount.map(|v| vec!["-icount".to_string(), v]).unwrap_or_default();
     let mut cmd = Command::new("qemu-system-x86_64");
-    cmd.args([
-        "-nodefaults",
-        "-no-user-config",
-        "-machine",
-        "pc",
-        "-accel",
-        "tcg,thread=multi",
-        "-cpu",
-        "max",
-    ])
-    .arg("-smp")
-    .arg(if extras.smp == 0 { "2".to_string() } else { extras.smp.to_string() })
-    .args(["-m", "2G", "-display", "none", "-monitor", "none", "-nic", "none", "-no-reboot"])
-    .arg("-chardev")
-    .arg(format!("file,id=console,path={}", qemu_escape(console)))
-    .args(["-serial", "chardev:console"])
-    .arg("-kernel")
-    .arg(&image.kernel)
-    .arg("-initrd")
-    .arg(&image.initramfs)
-    .arg("-append")
-    .arg(kernel_cmdline())
-    .arg("-virtfs")
-    .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
-    .arg("-virtfs")
-    .arg(format!("local,path={},mount_tag=xtask,security_model=none,multidevs=remap", qemu_escape(job)))
-    .args(&extras.qemu_args)
-    .stdin(Stdio::null())
-    .stdout(log)
-    .stderr(log2);
+    cmd.args(["-nodefaults", "-no-user-config", "-machine", "pc", "-accel", tcg, "-cpu", "max"])
+        .args(&icount_args)
+        .arg("-smp")
+        .arg(if extras.smp == 0 { "2".to_string() } else { extras.smp.to_string() })
+        .args(["-m", "2G", "-display", "none", "-monitor", "none", "-nic", "none", "-no-reboot"])
+        .arg("-chardev")
+        .arg(format!("file,id=console,path={}", qemu_escape(console)))
+        .args(["-serial", "chardev:console"])
+        .arg("-kernel")
+        .arg(&image.kernel)
+        .arg("-initrd")
+        .arg(&image.initramfs)
+        .arg("-append")
+        .arg(kernel_cmdline())
+        .arg("-virtfs")
+        .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
+        .arg("-virtfs")
+        .arg(format!("local,path={},mount_tag=xtask,security_model=none,multidevs=remap", qemu_escape(job)))
+        .args(&extras.qemu_args)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2);
     signals::own_group_dying_with_us(&mut cmd);
     cmd.spawn().map_err(|e| format!("starting qemu-system-x86_64 (is qemu-system-x86 installed?): {e}"))
 }

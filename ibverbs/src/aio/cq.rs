@@ -55,12 +55,16 @@ impl CqCore {
 
     /// The whole sequence: `Ready(n)` with `n > 0` completions in `out[..n]`, or `Pending` with
     /// the reactor watching the channel for `reactor` (`cx`'s waker when `None`; busy polling
-    /// wakes `cx`'s task itself).
+    /// wakes `cx`'s task itself). `front()`, asked when the CQ is empty: whether the poller
+    /// waits for the completion that comes next on its queue (the stream's poller always does);
+    /// one that waits behind an older operation does not spin under the adaptive wait
+    /// ([`SpinWindow::empty_behind`]).
     pub(super) fn poll_ready(
         &mut self,
         cx: &mut TaskContext<'_>,
         reactor: Option<&std::task::Waker>,
         out: &mut [Completion],
+        front: impl Fn() -> bool,
     ) -> Poll<Result<usize>> {
         if out.is_empty() {
             return Poll::Ready(Ok(0));
@@ -79,7 +83,9 @@ impl CqCore {
             }
             if !asked {
                 asked = true;
-                if self.wait.empty(std::time::Instant::now) == Empty::Spin {
+                let next =
+                    if front() { self.wait.empty(std::time::Instant::now) } else { self.wait.empty_behind() };
+                if next == Empty::Spin {
                     // Busy polling (within the adaptive window, or for ever with `BusyPoll`):
                     // ask to be polled again at once; no arming, no wait.
                     cx.waker().wake_by_ref();
@@ -192,7 +198,7 @@ impl AsyncCompletionQueue {
             self.pos += n;
             return Poll::Ready(Ok(n));
         }
-        self.core.poll_ready(cx, None, out)
+        self.core.poll_ready(cx, None, out, || true)
     }
 
     /// Waits for at least one completion (`ibv_poll_cq()`, and `ibv_req_notify_cq()` +
@@ -221,7 +227,7 @@ impl AsyncCompletionQueue {
             self.pos = 0;
             self.len = 0;
             let AsyncCompletionQueue { core, batch, .. } = self;
-            match core.poll_ready(cx, None, batch) {
+            match core.poll_ready(cx, None, batch, || true) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Ready(Ok(n)) => self.len = n,

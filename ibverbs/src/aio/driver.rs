@@ -49,6 +49,8 @@ struct Slot {
     /// The queue pair's [`QueuePair`] id (never reused, unlike QP numbers): which operations
     /// [`State::forget`] ends.
     owner: u64,
+    /// The work queue (a queue pair's send or receive queue: [`State::queues`]) it was posted on.
+    queue: u32,
     entry: Entry,
 }
 
@@ -57,6 +59,14 @@ struct State {
     batch: Box<[Completion]>,
     slots: Vec<Slot>,
     free: Vec<u32>,
+    /// Per work queue of the driven queue pairs (two each), the tokens of its operations whose
+    /// completions have not come, oldest first. A work queue completes its requests in the
+    /// order they were posted, so only the front one's completion can come next: under the
+    /// adaptive wait the others sleep instead of spinning, and each is woken when it comes to
+    /// the front ([`State::wake_front`]).
+    queues: Vec<std::collections::VecDeque<u64>>,
+    /// Indices of `queues` no queue pair uses.
+    free_queues: Vec<u32>,
 }
 
 /// The top byte of every token: `wr_id`s of requests the driver did not post (the usual small
@@ -80,11 +90,11 @@ impl State {
         (token(index(tok), s.gen) == tok).then_some(s)
     }
 
-    fn alloc(&mut self, user_wr_id: u64, qp_num: u32, owner: u64) -> u64 {
+    fn alloc(&mut self, user_wr_id: u64, qp_num: u32, owner: u64, queue: u32) -> u64 {
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
-                self.slots.push(Slot { gen: 0, qp_num: 0, owner: 0, entry: Entry::Free });
+                self.slots.push(Slot { gen: 0, qp_num: 0, owner: 0, queue: 0, entry: Entry::Free });
                 u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 operations in flight")
             }
         };
@@ -92,7 +102,83 @@ impl State {
         s.entry = Entry::Waiting(None, user_wr_id);
         s.qp_num = qp_num;
         s.owner = owner;
-        token(idx, s.gen)
+        s.queue = queue;
+        let tok = token(idx, s.gen);
+        self.queues[queue as usize].push_back(tok);
+        tok
+    }
+
+    /// Two work queues for a queue pair (send, receive), empty.
+    fn open_queues(&mut self) -> [u32; 2] {
+        [(); 2].map(|()| match self.free_queues.pop() {
+            Some(q) => q,
+            None => {
+                self.queues.push(std::collections::VecDeque::new());
+                u32::try_from(self.queues.len() - 1).expect("fewer than 2^32 queue pairs")
+            }
+        })
+    }
+
+    /// Gives back the work queues of a queue pair that is gone; operations of it still
+    /// outstanding are no longer in any queue's order.
+    fn close_queues(&mut self, queues: [u32; 2]) {
+        for q in queues {
+            self.queues[q as usize].clear();
+            self.free_queues.push(q);
+        }
+    }
+
+    /// Takes `tok` out of its work queue's order (its completion came, or it was never posted).
+    /// Usually the front (or, for a post that failed, the back); searched otherwise, and
+    /// nothing when it is not there (its queue pair's queues were closed or cleared).
+    #[inline]
+    fn unqueue(&mut self, tok: u64, queue: u32) {
+        let q = &mut self.queues[queue as usize];
+        if q.front() == Some(&tok) {
+            q.pop_front();
+        } else {
+            Self::unqueue_slow(q, tok);
+        }
+    }
+
+    #[inline(never)]
+    fn unqueue_slow(q: &mut std::collections::VecDeque<u64>, tok: u64) {
+        if q.back() == Some(&tok) {
+            q.pop_back();
+        } else if let Some(i) = q.iter().position(|&t| t == tok) {
+            q.remove(i);
+        }
+    }
+
+    /// Whether no operation whose future waits was posted before `tok` on its work queue: its
+    /// completion is the next one a waiting future of that queue can get. (Operations of
+    /// dropped futures ahead of it do not count: nobody waits for them.)
+    #[inline]
+    fn is_front(&self, tok: u64) -> bool {
+        is_front(&self.slots, &self.queues, tok)
+    }
+
+    /// Adds to `wake` the waker of the oldest operation of work queue `queue` whose future waits
+    /// (it may have slept behind the one that just left the front), unless it is `own`.
+    #[inline]
+    fn wake_front(&self, queue: u32, own: u64, wake: &mut Wakers) {
+        let q = &self.queues[queue as usize];
+        if q.is_empty() {
+            return;
+        }
+        self.wake_front_slow(q, own, wake);
+    }
+
+    #[inline(never)]
+    fn wake_front_slow(&self, q: &std::collections::VecDeque<u64>, own: u64, wake: &mut Wakers) {
+        for &t in q {
+            if let Entry::Waiting(w, _) = &self.slots[index(t) as usize].entry {
+                if t != own {
+                    wake.extend(w.clone());
+                }
+                return;
+            }
+        }
     }
 
     /// Retires the slot of `tok` (which must be live): a new generation, back on the free list.
@@ -140,6 +226,7 @@ impl State {
                 drop_later.push(std::mem::take(&mut self.batch[i]));
                 continue;
             };
+            let queue = slot.queue;
             match &mut slot.entry {
                 Entry::Waiting(w, user) => {
                     let (w, user) = (w.take(), *user);
@@ -150,10 +237,14 @@ impl State {
                     if tok != own {
                         wake.extend(w);
                     }
+                    self.unqueue(tok, queue);
+                    self.wake_front(queue, own, wake);
                 }
                 Entry::Abandoned => {
                     drop_later.push(std::mem::take(&mut self.batch[i]));
                     self.release(tok);
+                    self.unqueue(tok, queue);
+                    self.wake_front(queue, own, wake);
                 }
                 _ => {
                     // One completion per signaled request: a second can only be of a request
@@ -167,8 +258,12 @@ impl State {
     /// Ends the operations of the queue pair whose id is `owner` that wait for a completion
     /// (the queue pair was reset, replaced or destroyed): their futures resolve to an error,
     /// the slots of dropped ones are freed (a completion that still comes finds its slot's
-    /// generation moved on and is dropped). Returns the wakers of their tasks.
-    fn forget(&mut self, owner: u64) -> Vec<Waker> {
+    /// generation moved on and is dropped), its work queues `queues` are emptied. Returns the
+    /// wakers of their tasks.
+    fn forget(&mut self, owner: u64, queues: [u32; 2]) -> Vec<Waker> {
+        for q in queues {
+            self.queues[q as usize].clear();
+        }
         let mut wake = Vec::new();
         let mut freed = Vec::new();
         for (i, s) in self.slots.iter_mut().enumerate() {
@@ -203,6 +298,32 @@ impl State {
         }
         wake
     }
+}
+
+/// [`State::is_front`] on the state's two fields it reads (a poll asks it while the CQ, a third
+/// field, is borrowed).
+#[inline]
+fn is_front(slots: &[Slot], queues: &[std::collections::VecDeque<u64>], tok: u64) -> bool {
+    let Some(s) = slots.get(index(tok) as usize) else { return true };
+    let Some(q) = queues.get(s.queue as usize) else { return true };
+    match q.front() {
+        None => true,
+        Some(&t) if t == tok => true,
+        Some(_) => is_front_slow(slots, q, tok),
+    }
+}
+
+#[inline(never)]
+fn is_front_slow(slots: &[Slot], q: &std::collections::VecDeque<u64>, tok: u64) -> bool {
+    for &t in q {
+        if t == tok {
+            return true;
+        }
+        if matches!(slots[index(t) as usize].entry, Entry::Waiting(..)) {
+            return false;
+        }
+    }
+    true
 }
 
 /// The wakers a poll collects under the lock, to wake once it is let go: the first inline (a
@@ -403,6 +524,8 @@ impl Driver {
             batch: (0..BATCH).map(|_| Completion::default()).collect(),
             slots: Vec::new(),
             free: Vec::new(),
+            queues: Vec::new(),
+            free_queues: Vec::new(),
         };
         Ok(Driver { shared: Shared::new(state) })
     }
@@ -482,8 +605,8 @@ impl Driver {
         st.slots.len() - st.free.len()
     }
 
-    fn begin(&self, user_wr_id: u64, qp: &QueuePair) -> u64 {
-        self.shared.lock().alloc(user_wr_id, qp.qp_num(), qp.id)
+    fn begin(&self, user_wr_id: u64, qp: &QueuePair, queue: u32) -> u64 {
+        self.shared.lock().alloc(user_wr_id, qp.qp_num(), qp.id, queue)
     }
 }
 
@@ -560,12 +683,17 @@ struct Reaper {
     shared: Option<Arc<Shared>>,
     /// The queue pair's id (changed when [`AsyncQueuePair::with_qp`] replaces it).
     owner: std::sync::atomic::AtomicU64,
+    /// Its send and receive queues' orders in the driver ([`State::queues`]).
+    queues: [u32; 2],
 }
 
 impl Drop for Reaper {
     fn drop(&mut self) {
         if let Some(shared) = &self.shared {
-            let wake = shared.lock().forget(*self.owner.get_mut());
+            let mut st = shared.lock();
+            let wake = st.forget(*self.owner.get_mut(), self.queues);
+            st.close_queues(self.queues);
+            drop(st);
             // No operation of the queue pair is waiting (each `Op` holds it): nothing to wake.
             drop(wake);
         }
@@ -634,8 +762,12 @@ impl Future for Op {
                 // per `ibv_poll_cq()`: most polls of a waiting future find the CQ empty (its
                 // completion is not there yet), and the one-entry poll is the cheap one; a
                 // burst costs a provider call per completion (the loop comes back for the next).
-                let State { core, batch, .. } = st;
-                match core.poll_ready(cx, Some(&self.shared.reactor), &mut batch[..1]) {
+                // Only the front operation of its work queue spins under the adaptive wait:
+                // another's completion cannot come before the front one's (asked only when the
+                // CQ is empty).
+                let State { core, batch, slots, queues, .. } = st;
+                let front = || is_front(slots, queues, tok);
+                match core.poll_ready(cx, Some(&self.shared.reactor), &mut batch[..1], front) {
                     Poll::Ready(Ok(n)) => {
                         handled += n;
                         st.dispatch(n, tok, &mut wake, &mut drop_later);
@@ -721,17 +853,25 @@ impl Drop for Op {
         if self.finished || self.kept.is_some() {
             return;
         }
+        let mut wake = Wakers::default();
         let done = {
             let mut st = self.shared.lock();
-            match st.slot(self.tok).map(|s| &mut s.entry) {
-                Some(e @ Entry::Waiting(..)) => {
+            let front = st.is_front(self.tok);
+            match st.slot(self.tok) {
+                Some(Slot { entry: e @ Entry::Waiting(..), queue, .. }) => {
                     *e = Entry::Abandoned;
+                    // The next waiting operation of its queue is at the front now: it spins.
+                    let queue = *queue;
+                    if front {
+                        st.wake_front(queue, self.tok, &mut wake);
+                    }
                     None
                 }
-                Some(Entry::Done(_) | Entry::Forgotten) => Some(st.release(self.tok)),
+                Some(Slot { entry: Entry::Done(_) | Entry::Forgotten, .. }) => Some(st.release(self.tok)),
                 _ => None,
             }
         };
+        wake.wake_all();
         drop(done);
     }
 }
@@ -786,9 +926,10 @@ impl AsyncQueuePair {
             };
             return Err((qp, e));
         }
+        let queues = driver.shared.lock().open_queues();
         Ok(AsyncQueuePair {
             qp: Arc::new(QpCell {
-                reaper: Reaper { shared: Some(driver.shared.clone()), owner: qp.id.into() },
+                reaper: Reaper { shared: Some(driver.shared.clone()), owner: qp.id.into(), queues },
                 qp: Mutex::new(qp),
             }),
             detached: AtomicBool::new(false),
@@ -831,7 +972,7 @@ impl AsyncQueuePair {
             let attached = qp.completes_into(&st.core.cq) && qp.has_send && qp.has_recv;
             self.detached.store(!attached, Ordering::Relaxed);
             self.qp.reaper.owner.store(qp.id, Ordering::Relaxed);
-            let wake = st.forget(before.id);
+            let wake = st.forget(before.id, self.qp.reaper.queues);
             drop(st);
             drop(qp);
             wake.into_iter().for_each(Waker::wake);
@@ -864,7 +1005,7 @@ impl AsyncQueuePair {
         if let Err(error) = self.check_attached("ibv_post_send") {
             return Err(PostError { error, request: wr });
         }
-        let tok = self.driver.begin(wr.wr_id, &qp);
+        let tok = self.driver.begin(wr.wr_id, &qp, self.qp.reaper.queues[0]);
         let wr = wr.wr_id(tok);
         self.post_retrying(qp, tok, wr, |qp, wr| qp.post_send(wr)).map_err(|mut e| {
             e.request.wr_id = self.release(tok);
@@ -883,7 +1024,7 @@ impl AsyncQueuePair {
         if let Err(error) = self.check_attached("ibv_post_recv") {
             return Err(PostError { error, request: wr });
         }
-        let tok = self.driver.begin(wr.wr_id, &qp);
+        let tok = self.driver.begin(wr.wr_id, &qp, self.qp.reaper.queues[1]);
         let wr = wr.wr_id(tok);
         self.post_retrying(qp, tok, wr, |qp, wr| qp.post_recv(wr)).map_err(|mut e| {
             e.request.wr_id = self.release(tok);
@@ -931,7 +1072,12 @@ impl AsyncQueuePair {
 
     /// Frees slot `tok` of a request that was never posted; the caller's `wr_id` it held.
     fn release(&self, tok: u64) -> u64 {
-        match self.driver.shared.lock().release(tok) {
+        let mut st = self.driver.shared.lock();
+        let queue = st.slot(tok).map(|s| s.queue);
+        if let Some(q) = queue {
+            st.unqueue(tok, q);
+        }
+        match st.release(tok) {
             Entry::Waiting(_, user) => user,
             _ => 0,
         }
@@ -998,8 +1144,10 @@ impl AsyncQueuePair {
         match Arc::try_unwrap(self.qp) {
             Ok(QpCell { qp, mut reaper }) => {
                 // Its abandoned operations' requests stay posted: their slots stay taken until
-                // their completions come (the driver drops them then).
-                reaper.shared = None;
+                // their completions come (the driver drops them then). Its queues' orders go.
+                if let Some(shared) = reaper.shared.take() {
+                    shared.lock().close_queues(reaper.queues);
+                }
                 Ok(qp.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner))
             }
             Err(qp) => Err(AsyncQueuePair { qp, detached: self.detached, driver: self.driver }),

@@ -18,8 +18,9 @@
 //! (`ibv_get_cq_event()`, `ibv_ack_cq_events()`), and start over. What a poll that finds the CQ
 //! empty does first is its [`WaitPolicy`]: by default ([`WaitPolicy::ADAPTIVE`]) it busy polls
 //! for a bounded while after the CQ ran dry (the task wakes itself and yields to its executor),
-//! then arms and sleeps as above, with the reactor watching the descriptor; [`WaitPolicy::Events`]
-//! never spins, [`WaitPolicy::BusyPoll`] never sleeps.
+//! then arms and sleeps as above, with the reactor watching the descriptor (of a [`Driver`]'s
+//! operations only the oldest waiting one of each work queue spins: the others' completions
+//! cannot come first); [`WaitPolicy::Events`] never spins, [`WaitPolicy::BusyPoll`] never sleeps.
 //!
 //! # Two ways in
 //! - [`AsyncCompletionQueue`]: a stream of completions from one CQ ([`next`](AsyncCompletionQueue::next),

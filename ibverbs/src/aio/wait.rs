@@ -11,16 +11,22 @@ use std::time::{Duration, Instant};
 /// |---|---|---|---|
 /// | [`Events`](Self::Events) | arm the CQ (`ibv_req_notify_cq()`), poll again, sleep in the reactor | a wake-up per idle gap (channel event, reactor, task switch) | none |
 /// | [`BusyPoll`](Self::BusyPoll) | wake its own task and yield to the executor | lowest | a core, for as long as anything waits |
-/// | [`Adaptive`](Self::Adaptive) | busy poll for at most `spin` (less after gaps that outlast it twice over), then as `Events` | as `BusyPoll` when completions come within `spin` | at most `spin` per idle gap, then none |
+/// | [`Adaptive`](Self::Adaptive) | busy poll for at most `spin` (less after gaps that outlast it twice over), then as `Events`; only the oldest waiting operation of each work queue spins | as `BusyPoll` when completions come within `spin` | at most `spin` per idle gap, then none |
 ///
 /// The adaptive wait is the one sockets call busy polling (`SO_BUSY_POLL`): a completion that
 /// comes soon after the CQ ran dry (the peer's answer to a request in flight) is taken without a
 /// sleep and a wake-up; a CQ that stays empty costs at most `spin` of CPU before the task sleeps
 /// as on the event path. The window is the driver's (or the stream's), not each task's: it opens
 /// when a poll first finds the CQ empty after taking completions, and closes at the first
-/// completion or after `spin`; polls in between (of any task of the driver) spin, polls after it
-/// arm the CQ and sleep, until a completion comes and a later empty poll opens a new window. So
-/// the CPU spent spinning is bounded by `spin` per idle gap of the CQ, however many tasks wait.
+/// completion or after `spin`; polls in between spin, polls after it arm the CQ and sleep, until
+/// a completion comes and a later empty poll opens a new window. So the CPU spent spinning is
+/// bounded by `spin` per idle gap of the CQ, however many tasks wait. Of a [`Driver`]'s waiting
+/// operations only the oldest of each work queue (a queue pair's send or receive queue) spins: a
+/// queue completes its requests in the order they were posted, so the others' completions cannot
+/// come first. They sleep as on the event path (the CQ armed: a kept-aside or forgotten front
+/// future strands nobody), and each is woken when it comes to the front.
+///
+/// [`Driver`]: super::Driver
 /// When idle gaps outlast `spin` twice over (completions come from a peer far slower than the
 /// spin), each such gap in a row halves the next window, down to `spin / 16`; a completion that
 /// comes while the window is open, or within `spin` of its start, gives the next window the whole
@@ -168,6 +174,16 @@ impl SpinWindow {
     /// The current window's length: `spin` halved once per miss.
     fn window(&self, spin: Duration) -> Duration {
         spin / (1 << self.misses)
+    }
+
+    /// A poll found the CQ empty for an operation that cannot complete next (an older one of
+    /// its queue still waits): it spins only under `BusyPoll`; under the adaptive wait it
+    /// sleeps, leaving the window to the operations at the front of their queues.
+    pub(crate) fn empty_behind(&self) -> Empty {
+        match self.policy {
+            WaitPolicy::BusyPoll => Empty::Spin,
+            _ => Empty::Sleep,
+        }
     }
 
     /// A poll found the CQ empty; `now` gives the time (called only for the adaptive policy,
