@@ -205,6 +205,31 @@ impl State {
         }
     }
 
+    /// When `batch[0]` is the completion of `tok`, a waiting operation (whose poll took it):
+    /// frees its slot (the operation behind it in its queue is woken into `wake`) and returns
+    /// it, with the caller's `wr_id`. Otherwise `None`, the batch untouched.
+    #[inline]
+    fn take_own(&mut self, tok: u64, wake: &mut Wakers) -> Option<Completion> {
+        let c = &self.batch[0];
+        if !c.is_tracked() || c.wr_id() != tok {
+            return None;
+        }
+        let qp_num = c.qp_num();
+        let s = self.slot(tok)?;
+        let Entry::Waiting(_, user) = s.entry else { return None };
+        if s.qp_num != qp_num {
+            return None;
+        }
+        let queue = s.queue;
+        // Its waker (this poll's task) goes with the entry.
+        self.retire(tok).entry = Entry::Free;
+        self.unqueue(tok, queue);
+        self.wake_front(queue, tok, wake);
+        let mut c = std::mem::take(&mut self.batch[0]);
+        c.set_wr_id(user);
+        Some(c)
+    }
+
     /// Hands the polled completions `batch[..n]` to their futures. Returns the wakers to wake
     /// (outside the lock) and the completions to drop (outside the lock too: dropping a buffer
     /// may run a caller's callback). The waker of operation `own` (the one being polled, which
@@ -770,6 +795,14 @@ impl Future for Op {
                 match core.poll_ready(cx, Some(&self.shared.reactor), &mut batch[..1], front) {
                     Poll::Ready(Ok(n)) => {
                         handled += n;
+                        // Its own completion (the usual find of a waiting operation's poll):
+                        // taken straight from the batch, not moved into the slot and out.
+                        if n == 1 {
+                            if let Some(c) = st.take_own(tok, &mut wake) {
+                                done = Some(c);
+                                break Step::Done;
+                            }
+                        }
                         st.dispatch(n, tok, &mut wake, &mut drop_later);
                     }
                     Poll::Ready(Err(e)) => {
