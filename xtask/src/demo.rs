@@ -100,6 +100,28 @@ pub const BENCH: &[(&str, &str)] = &[
     ),
 ];
 
+/// The async adaptor against the synchronous safe level on the host's clock (the last step of
+/// [`BENCH`]'s boot): `async_rpc --bench`, five rounds with one request in flight and three with
+/// 16, each round running every path in one process.
+const BENCH_ASYNC: (&str, &str) = (
+    "the async adaptor vs the synchronous safe level (async_rpc --bench, one process over one device; 5 rounds at 1 in flight, 3 at 16)",
+    r#"b="$TARGET_DIR/release/examples/async_rpc" && for r in 1 2 3 4 5; do echo "round $r, 1 in flight"; "$b" --bench -n 3000 -c 1 || exit 1; done && for r in 1 2 3; do echo "round $r, 16 in flight"; "$b" --bench -n 5000 -c 16 || exit 1; done"#,
+);
+
+/// The runs of a second boot whose clock counts instructions ([`vm::Extras::icount`]
+/// `shift=0`): the same programs, whose times then repeat from run to run (one round each is
+/// enough), user and kernel instructions weighing alike.
+pub const BENCH_ICOUNT: &[(&str, &str)] = &[
+    (
+        "under icount (guest time = instructions run): the async adaptor vs the synchronous safe level, 1 and 16 in flight",
+        r#"b="$TARGET_DIR/release/examples/async_rpc" && "$b" --bench -n 3000 -c 1 && "$b" --bench -n 5000 -c 16"#,
+    ),
+    (
+        "under icount: the new user's program, C vs the safe one-shot level vs the unsafe level, 3 rounds",
+        r#"ROUNDS=3 LAT_ITERS=3000 BW_ITERS=1000 sh examples/perf/newuser.sh "$TARGET_DIR/release/examples""#,
+    ),
+];
+
 /// The sweep's settings in `cargo xtask bench` (the environment overrides them): 10 rounds at
 /// the target sizes (2 B, 4 KiB, 64 KiB), 2 elsewhere.
 pub const BENCH_SWEEP: &[(&str, &str)] = &[("PAIRS", "2"), ("TARGET_PAIRS", "10")];
@@ -126,10 +148,12 @@ pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: b
         // The size and scaling sweeps (ours at both levels against perftest, with the targets'
         // ratios), in a boot of their own.
         sweep_code = crate::sweep::run(backend, None, BENCH_SWEEP)?;
-        cargo::run(&root, &["build", "--release", "--examples"])?;
+        // The tokio feature for async_rpc.
+        cargo::run(&root, &["build", "--release", "--examples", "--features", "tokio"])?;
     }
     cargo::run(&root, &["bench", "--no-run", "--bench", "post_poll", "--bench", "async_op"])?;
-    let lines = if callgrind_only { &[][..] } else { BENCH };
+    let with_async: Vec<(&str, &str)> = BENCH.iter().copied().chain([BENCH_ASYNC]).collect();
+    let lines = if callgrind_only { &[][..] } else { &with_async[..] };
     let timeout = timeout.unwrap_or(BENCH_TIMEOUT);
     let captured = [
         (
@@ -150,7 +174,8 @@ pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: b
             &gate_script,
         ),
     ];
-    let (code, results) = run_lines_with(backend, lines, &captured, timeout, "bench")?;
+    let (code, results) =
+        run_lines_with(backend, lines, &captured, timeout, "bench", &vm::Extras::default())?;
     let outs = results.get(lines.len()..).unwrap_or(&[]);
     let Some(out) = outs.first() else {
         eprintln!("xtask: the callgrind step did not run");
@@ -257,7 +282,15 @@ pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: b
         && batch_code == 0
         && gate_problems.is_empty()
         && gate_code == 0;
-    Ok(if ok { code.max(sweep_code) } else { code.max(sweep_code).max(1) })
+    // The icount boot (the VM device only: a host's own device has no instruction clock).
+    let mut icount_code = 0;
+    if !callgrind_only && matches!(backend, vm::Backend::Vm { .. }) {
+        eprintln!("xtask: a second boot whose clock counts instructions (QEMU -icount shift=0)");
+        let extras = vm::Extras { icount: Some("shift=0".into()), ..Default::default() };
+        icount_code = run_lines_with(backend, BENCH_ICOUNT, &[], timeout, "bench (icount)", &extras)?.0;
+    }
+    let code = code.max(sweep_code).max(icount_code);
+    Ok(if ok { code } else { code.max(1) })
 }
 
 /// The workspace's commit (`git rev-parse --short HEAD`, with `-dirty` for local changes).
@@ -362,7 +395,7 @@ fn run_lines(
     timeout: Duration,
     what: &str,
 ) -> Result<u8, String> {
-    run_lines_with(backend, lines, &[], timeout, what).map(|(code, _)| code)
+    run_lines_with(backend, lines, &[], timeout, what, &vm::Extras::default()).map(|(code, _)| code)
 }
 
 /// [`run_lines`], then the `captured` (title, line) steps, whose output is only kept (the caller
@@ -373,6 +406,7 @@ fn run_lines_with(
     captured: &[(&str, &str)],
     timeout: Duration,
     what: &str,
+    extras: &vm::Extras,
 ) -> Result<(u8, Vec<vm::StepResult>), String> {
     let root = crate::workspace_root();
     let mut target_dir = b"TARGET_DIR=".to_vec();
@@ -397,7 +431,7 @@ fn run_lines_with(
         });
     }
     let mut failed = 0;
-    let report = vm::run(&steps, backend, &mut |i, r| {
+    let report = vm::run_with(&steps, backend, extras, &mut |i, r| {
         if i >= lines.len() {
             return; // the captured steps: judged by the caller
         }
@@ -434,7 +468,17 @@ mod tests {
                 seen += 1;
             }
         }
+        for (_, cmd) in BENCH_ICOUNT {
+            for word in cmd.split_whitespace().filter(|w| w.starts_with("examples/perf/")) {
+                assert!(root.join(word).is_file(), "{word} (in `{cmd}`) is not a file");
+            }
+        }
         assert!(seen >= 2, "the bench runs compare.sh and newuser.sh");
+        let async_rpc = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+        assert!(
+            async_rpc.contains("name = \"async_rpc\"\nrequired-features = [\"tokio\", \"cm\"]"),
+            "the bench builds the examples with the features async_rpc needs (tokio; cm by default)"
+        );
         assert!(root.join("examples/perf/newuser.c").is_file(), "newuser.sh compiles newuser.c");
     }
 

@@ -261,6 +261,11 @@ pub struct Extras {
     pub smp: u32,
     /// The console log is kept as `last-console<suffix>.log` in the cache folder.
     pub console_suffix: &'static str,
+    /// QEMU's `-icount` value (`shift=0`: the guest's clock counts the instructions it runs,
+    /// 1 ns each, user and kernel alike, instead of following the host's; one TCG thread, as
+    /// icount needs). A benchmark's times then repeat from run to run, whatever the host's load.
+    /// `None`: `IBVERBS_XTASK_ICOUNT` if set, else the host's clock.
+    pub icount: Option<String>,
 }
 
 /// Runs `steps` on `backend`, one after the other, calling `on_result` after each.
@@ -425,10 +430,11 @@ fn spawn_qemu(
 ) -> Result<Child, String> {
     let log = File::create(qemu_log).map_err(|e| format!("creating {}: {e}", qemu_log.display()))?;
     let log2 = log.try_clone().map_err(|e| e.to_string())?;
-    // IBVERBS_XTASK_ICOUNT=shift=N: the guest's clock counts the instructions it runs (2^N ns
-    // each), user and kernel alike, instead of following the host's (on one TCG thread: icount
-    // needs it). A benchmark's times then do not move with the host's load.
-    let icount = std::env::var("IBVERBS_XTASK_ICOUNT").ok().filter(|v| !v.is_empty());
+    // Extras::icount, or IBVERBS_XTASK_ICOUNT=shift=N (2^N ns per instruction).
+    let icount = extras
+        .icount
+        .clone()
+        .or_else(|| std::env::var("IBVERBS_XTASK_ICOUNT").ok().filter(|v| !v.is_empty()));
     let tcg = if icount.is_some() { "tcg,thread=single" } else { "tcg,thread=multi" };
     let icount_args = icount.map(|v| vec!["-icount".to_string(), v]).unwrap_or_default();
     let mut cmd = Command::new("qemu-system-x86_64");
