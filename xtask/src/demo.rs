@@ -108,7 +108,7 @@ const BENCH_ASYNC: (&str, &str) = (
     r#"b="$TARGET_DIR/release/examples/async_rpc" && for r in 1 2 3 4 5; do echo "round $r, 1 in flight"; "$b" --bench -n 3000 -c 1 || exit 1; done && for r in 1 2 3; do echo "round $r, 16 in flight"; "$b" --bench -n 5000 -c 16 || exit 1; done"#,
 );
 
-/// The runs of a second boot whose clock counts instructions ([`vm::Extras::icount`]
+/// The runs of a boot of their own whose clock counts instructions ([`vm::Extras::icount`]
 /// `shift=0`): the same programs, whose times then repeat from run to run (one round each is
 /// enough), user and kernel instructions weighing alike.
 pub const BENCH_ICOUNT: &[(&str, &str)] = &[
@@ -285,7 +285,7 @@ pub fn bench(backend: &vm::Backend, timeout: Option<Duration>, callgrind_only: b
     // The icount boot (the VM device only: a host's own device has no instruction clock).
     let mut icount_code = 0;
     if !callgrind_only && matches!(backend, vm::Backend::Vm { .. }) {
-        eprintln!("xtask: a second boot whose clock counts instructions (QEMU -icount shift=0)");
+        eprintln!("xtask: one more boot, whose clock counts instructions (QEMU -icount shift=0)");
         let extras = vm::Extras { icount: Some("shift=0".into()), ..Default::default() };
         icount_code = run_lines_with(backend, BENCH_ICOUNT, &[], timeout, "bench (icount)", &extras)?.0;
     }

@@ -820,8 +820,7 @@ pub fn run(
                 tag: Some(side.tag()),
                 smp: opts.smp,
                 console_suffix: if side == Side::A { "-a" } else { "-b" },
-                // Two guests linked through the host keep the host's clock (IBVERBS_XTASK_ICOUNT
-                // still applies).
+                // The environment's choice (IBVERBS_XTASK_ICOUNT), as for one guest.
                 icount: None,
             };
             let (shared, ready, results, reported, on_result, backend) =

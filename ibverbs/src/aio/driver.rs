@@ -1,5 +1,6 @@
 //! A shared driver of one completion queue and the queue pairs whose futures await on it.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
@@ -64,7 +65,7 @@ struct State {
     /// order they were posted, so only the front one's completion can come next: under the
     /// adaptive wait the others sleep instead of spinning, and each is woken when it comes to
     /// the front ([`State::wake_front`]).
-    queues: Vec<std::collections::VecDeque<u64>>,
+    queues: Vec<VecDeque<u64>>,
     /// Indices of `queues` no queue pair uses.
     free_queues: Vec<u32>,
 }
@@ -113,7 +114,7 @@ impl State {
         [(); 2].map(|()| match self.free_queues.pop() {
             Some(q) => q,
             None => {
-                self.queues.push(std::collections::VecDeque::new());
+                self.queues.push(VecDeque::new());
                 u32::try_from(self.queues.len() - 1).expect("fewer than 2^32 queue pairs")
             }
         })
@@ -142,7 +143,7 @@ impl State {
     }
 
     #[inline(never)]
-    fn unqueue_slow(q: &mut std::collections::VecDeque<u64>, tok: u64) {
+    fn unqueue_slow(q: &mut VecDeque<u64>, tok: u64) {
         if q.back() == Some(&tok) {
             q.pop_back();
         } else if let Some(i) = q.iter().position(|&t| t == tok) {
@@ -158,6 +159,14 @@ impl State {
         is_front(&self.slots, &self.queues, tok)
     }
 
+    /// `tok`'s completion came: out of its work queue's order, and the operation now at the
+    /// front (if it waits, and is not `own`) into `wake`.
+    #[inline]
+    fn leave_queue(&mut self, tok: u64, queue: u32, own: u64, wake: &mut Wakers) {
+        self.unqueue(tok, queue);
+        self.wake_front(queue, own, wake);
+    }
+
     /// Adds to `wake` the waker of the oldest operation of work queue `queue` whose future waits
     /// (it may have slept behind the one that just left the front), unless it is `own`.
     #[inline]
@@ -170,7 +179,7 @@ impl State {
     }
 
     #[inline(never)]
-    fn wake_front_slow(&self, q: &std::collections::VecDeque<u64>, own: u64, wake: &mut Wakers) {
+    fn wake_front_slow(&self, q: &VecDeque<u64>, own: u64, wake: &mut Wakers) {
         for &t in q {
             if let Entry::Waiting(w, _) = &self.slots[index(t) as usize].entry {
                 if t != own {
@@ -223,8 +232,7 @@ impl State {
         let queue = s.queue;
         // Its waker (this poll's task) goes with the entry.
         self.retire(tok).entry = Entry::Free;
-        self.unqueue(tok, queue);
-        self.wake_front(queue, tok, wake);
+        self.leave_queue(tok, queue, tok, wake);
         let mut c = std::mem::take(&mut self.batch[0]);
         c.set_wr_id(user);
         Some(c)
@@ -262,14 +270,12 @@ impl State {
                     if tok != own {
                         wake.extend(w);
                     }
-                    self.unqueue(tok, queue);
-                    self.wake_front(queue, own, wake);
+                    self.leave_queue(tok, queue, own, wake);
                 }
                 Entry::Abandoned => {
                     drop_later.push(std::mem::take(&mut self.batch[i]));
                     self.release(tok);
-                    self.unqueue(tok, queue);
-                    self.wake_front(queue, own, wake);
+                    self.leave_queue(tok, queue, own, wake);
                 }
                 _ => {
                     // One completion per signaled request: a second can only be of a request
@@ -328,7 +334,7 @@ impl State {
 /// [`State::is_front`] on the state's two fields it reads (a poll asks it while the CQ, a third
 /// field, is borrowed).
 #[inline]
-fn is_front(slots: &[Slot], queues: &[std::collections::VecDeque<u64>], tok: u64) -> bool {
+fn is_front(slots: &[Slot], queues: &[VecDeque<u64>], tok: u64) -> bool {
     let Some(s) = slots.get(index(tok) as usize) else { return true };
     let Some(q) = queues.get(s.queue as usize) else { return true };
     match q.front() {
@@ -339,7 +345,7 @@ fn is_front(slots: &[Slot], queues: &[std::collections::VecDeque<u64>], tok: u64
 }
 
 #[inline(never)]
-fn is_front_slow(slots: &[Slot], q: &std::collections::VecDeque<u64>, tok: u64) -> bool {
+fn is_front_slow(slots: &[Slot], q: &VecDeque<u64>, tok: u64) -> bool {
     for &t in q {
         if t == tok {
             return true;
@@ -1187,6 +1193,7 @@ impl AsyncQueuePair {
         }
     }
 }
+
 #[cfg(test)]
 mod tests {
     /// A future is moved whole (into the task, through every `async fn` that awaits it): an

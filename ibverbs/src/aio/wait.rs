@@ -20,13 +20,7 @@ use std::time::{Duration, Instant};
 /// when a poll first finds the CQ empty after taking completions, and closes at the first
 /// completion or after `spin`; polls in between spin, polls after it arm the CQ and sleep, until
 /// a completion comes and a later empty poll opens a new window. So the CPU spent spinning is
-/// bounded by `spin` per idle gap of the CQ, however many tasks wait. Of a [`Driver`]'s waiting
-/// operations only the oldest of each work queue (a queue pair's send or receive queue) spins: a
-/// queue completes its requests in the order they were posted, so the others' completions cannot
-/// come first. They sleep as on the event path (the CQ armed: a kept-aside or forgotten front
-/// future strands nobody), and each is woken when it comes to the front.
-///
-/// [`Driver`]: super::Driver
+/// bounded by `spin` per idle gap of the CQ, however many tasks wait.
 /// When idle gaps outlast `spin` twice over (completions come from a peer far slower than the
 /// spin), each such gap in a row halves the next window, down to `spin / 16`; a completion that
 /// comes while the window is open, or within `spin` of its start, gives the next window the whole
@@ -37,8 +31,16 @@ use std::time::{Duration, Instant};
 /// Arming is followed by a poll before the sleep (the classic race: a completion that came
 /// between the last poll and the arming raises no event), on every policy that sleeps.
 ///
+/// Of a [`Driver`]'s waiting operations only the oldest of each work queue (a queue pair's send
+/// or receive queue) spins under the adaptive wait: a queue completes its requests in the order
+/// they were posted, so the others' completions cannot come first. They sleep as on the event
+/// path (the CQ armed: a kept-aside or forgotten front future strands nobody), and each is woken
+/// when it comes to the front.
+///
 /// [`Default`] is [`WaitPolicy::ADAPTIVE`] (`Adaptive` with [`DEFAULT_SPIN`](Self::DEFAULT_SPIN)):
 /// see `docs/benchmarks.md` for what it costs and gains against the others.
+///
+/// [`Driver`]: super::Driver
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WaitPolicy {
